@@ -935,10 +935,13 @@ class RegisterToolsRequest(_message.Message):
     SCOPE_ID_FIELD_NUMBER: _builtins.int
     RESULT_FIELD_NUMBER: _builtins.int
     DYNAMIC_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The owning session."""
     scope_id: _builtins.str
     """A scope handle from OpenScope for the scope's layer; empty for the global layer."""
+    name: _builtins.str
+    """A label that errors use to name this provider (for example the function's name)."""
     @_builtins.property
     def result(self) -> Global___ToolProviderResult:
         """A static result."""
@@ -954,10 +957,11 @@ class RegisterToolsRequest(_message.Message):
         scope_id: _builtins.str = ...,
         result: Global___ToolProviderResult | None = ...,
         dynamic: Global___Dynamic | None = ...,
+        name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["dynamic", b"dynamic", "result", b"result", "source", b"source"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dynamic", b"dynamic", "result", b"result", "scope_id", b"scope_id", "session_id", b"session_id", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dynamic", b"dynamic", "name", b"name", "result", b"result", "scope_id", b"scope_id", "session_id", b"session_id", "source", b"source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_source: _TypeAlias = _typing.Literal["result", "dynamic"]  # noqa: Y015
     _WhichOneofArgType_source: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015

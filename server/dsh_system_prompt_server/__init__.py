@@ -1,0 +1,1 @@
+"""The dsh-system-prompt sidecar: the registry served over gRPC."""

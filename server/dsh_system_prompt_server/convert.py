@@ -1,0 +1,81 @@
+"""Registry values <-> protobuf messages."""
+
+from __future__ import annotations
+
+import json
+
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+
+from .registry import AssembleContext, Assembly, Part, Tool, ToolSet
+from .status import bad_request
+
+
+def assembly_to_proto(assembly: Assembly) -> pb.PromptAssembly:
+    return pb.PromptAssembly(
+        sections=[pb.AssembledSection(name=p.name, text=p.text) for p in assembly.sections],
+        contexts=[pb.AssembledContext(name=p.name, text=p.text) for p in assembly.contexts],
+        tools=[tool_to_proto(t) for t in assembly.tools],
+        variables=[
+            pb.Variable(name=name) if value is None else pb.Variable(name=name, value=value)
+            for name, value in assembly.variables.items()
+        ],
+    )
+
+
+def assembly_from_proto(message: pb.PromptAssembly) -> Assembly:
+    """An assembly returned by a listener (JSON checked like any registration)."""
+    return Assembly(
+        sections=[Part(s.name, s.text) for s in message.sections],
+        contexts=[Part(c.name, c.text) for c in message.contexts],
+        tools=[tool_from_proto(t) for t in message.tools],
+        variables={v.name: v.value if v.HasField("value") else None for v in message.variables},
+    )
+
+
+def tool_to_proto(tool: Tool) -> pb.ToolSchema:
+    return pb.ToolSchema(
+        name=tool.name, description=tool.description, parameters_json=tool.parameters_json
+    )
+
+
+def tool_from_proto(message: pb.ToolSchema) -> Tool:
+    check_parameters(message.name, message.parameters_json)
+    return Tool(message.name, message.description, message.parameters_json)
+
+
+def toolset_from_proto(message: pb.ToolProviderResult) -> ToolSet:
+    known = tuple(message.known_names.names) if message.HasField("known_names") else None
+    return ToolSet(tuple(tool_from_proto(t) for t in message.schemas), known)
+
+
+def context_to_proto(context: AssembleContext) -> pb.AssembleContext:
+    return pb.AssembleContext(scope=context.scope or "", fields_json=context.fields_json)
+
+
+def context_from_proto(message: pb.AssembleContext) -> AssembleContext:
+    if message.fields_json:
+        try:
+            fields = json.loads(message.fields_json)
+        except ValueError as error:
+            raise bad_request(
+                "INVALID_JSON", f"assemble fields are not valid JSON: {error}"
+            ) from None
+        if not isinstance(fields, dict):
+            raise bad_request("INVALID_JSON", "assemble fields must be a JSON object")
+    return AssembleContext(message.scope or None, message.fields_json)
+
+
+def check_parameters(name: str, parameters_json: str) -> None:
+    """Tool parameters must be a JSON object (kept as text, never re-encoded)."""
+    try:
+        parameters = json.loads(parameters_json, parse_constant=_reject_constant)
+    except ValueError as error:
+        raise bad_request(
+            "INVALID_JSON", f'tool "{name}" parameters are not valid JSON: {error}'
+        ) from None
+    if not isinstance(parameters, dict):
+        raise bad_request("INVALID_JSON", f'tool "{name}" parameters must be a JSON object')
+
+
+def _reject_constant(constant: str) -> float:
+    raise ValueError(f"{constant} is not JSON")

@@ -1,0 +1,152 @@
+"""Listener streams: one waterfall listener per bidi stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Awaitable, Callable
+
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+
+from .convert import assembly_from_proto, assembly_to_proto, context_to_proto
+from .registry import AssembleContext, Assembly, NextFn, RegistryError, Status
+
+Send = Callable[[pb.ListenResponse], Awaitable[None]]
+
+
+class ListenerStream:
+    """Runs invocations of one listener over its stream (a registry ListenerHost)."""
+
+    def __init__(self, name: str, send: Send) -> None:
+        self.name = name or "(unnamed)"
+        self._send_raw = send
+        self._send_lock = asyncio.Lock()
+        self._inboxes: dict[int, asyncio.Queue[pb.ListenRequest | None]] = {}
+        self._invocation_ids = itertools.count(1)
+        self.ended = asyncio.Event()
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def invoke(
+        self, assembly: Assembly, context: AssembleContext, next_: NextFn, timeout: float | None
+    ) -> Assembly:
+        if self.ended.is_set():
+            raise self._unavailable()
+        invocation_id = next(self._invocation_ids)
+        inbox: asyncio.Queue[pb.ListenRequest | None] = asyncio.Queue()
+        self._inboxes[invocation_id] = inbox
+        try:
+            await self._send(
+                pb.ListenResponse(
+                    invocation=pb.ListenerInvocation(
+                        invocation_id=invocation_id,
+                        assembly=assembly_to_proto(assembly),
+                        context=context_to_proto(context),
+                    )
+                )
+            )
+            reply = await self._receive(inbox, timeout)
+            if reply.WhichOneof("kind") == "next":
+                handed = self._decode(reply.next.assembly)
+                returned = await next_(handed)
+                if reply.next.tail:
+                    return returned
+                await self._send(
+                    pb.ListenResponse(
+                        next_result=pb.ListenerNextResult(
+                            invocation_id=invocation_id, assembly=assembly_to_proto(returned)
+                        )
+                    )
+                )
+                reply = await self._receive(inbox, timeout)
+            return self._final(reply)
+        except BaseException:
+            self._abandon(invocation_id)
+            raise
+        finally:
+            del self._inboxes[invocation_id]
+
+    def deliver(self, request: pb.ListenRequest) -> None:
+        """Route a message from the client to the invocation it belongs to."""
+        kind = request.WhichOneof("kind")
+        if kind is None or kind == "start":
+            return
+        invocation_id: int = getattr(request, kind).invocation_id
+        inbox = self._inboxes.get(invocation_id)
+        if inbox is not None:
+            inbox.put_nowait(request)
+
+    def end(self) -> None:
+        """The stream is over (closed or disposed): waiting invocations fail."""
+        self.ended.set()
+        for inbox in self._inboxes.values():
+            inbox.put_nowait(None)
+
+    def disposed(self) -> None:
+        self.end()
+
+    async def _receive(
+        self, inbox: asyncio.Queue[pb.ListenRequest | None], timeout: float | None
+    ) -> pb.ListenRequest:
+        try:
+            async with asyncio.timeout(timeout):
+                reply = await inbox.get()
+        except TimeoutError:
+            raise RegistryError(
+                Status.DEADLINE_EXCEEDED,
+                "LISTENER_TIMEOUT",
+                f'listener "{self.name}" did not answer within {timeout:g}s',
+            ) from None
+        if reply is None:
+            raise self._unavailable()
+        return reply
+
+    def _final(self, reply: pb.ListenRequest) -> Assembly:
+        kind = reply.WhichOneof("kind")
+        if kind == "result":
+            return self._decode(reply.result.assembly)
+        if kind == "failure":
+            raise RegistryError(
+                Status.ABORTED,
+                "LISTENER_FAILED",
+                f'listener "{self.name}" failed: {reply.failure.message}',
+            )
+        raise RegistryError(
+            Status.ABORTED,
+            "LISTENER_FAILED",
+            f'listener "{self.name}" failed: it called next() more than once',
+        )
+
+    def _decode(self, message: pb.PromptAssembly) -> Assembly:
+        try:
+            return assembly_from_proto(message)
+        except RegistryError as error:
+            raise RegistryError(
+                Status.ABORTED, "LISTENER_FAILED", f'listener "{self.name}" failed: {error.message}'
+            ) from None
+
+    async def _send(self, message: pb.ListenResponse) -> None:
+        if self.ended.is_set():
+            raise self._unavailable()
+        async with self._send_lock:  # one outstanding write per stream
+            await self._send_raw(message)
+
+    def _abandon(self, invocation_id: int) -> None:
+        # Sent in the background: the assembly may itself be being cancelled.
+        if self.ended.is_set():
+            return
+        message = pb.ListenResponse(cancel=pb.ListenerCancel(invocation_id=invocation_id))
+        task = asyncio.ensure_future(self._send_quietly(message))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _send_quietly(self, message: pb.ListenResponse) -> None:
+        with contextlib.suppress(Exception):  # the stream may be going away
+            await self._send(message)
+
+    def _unavailable(self) -> RegistryError:
+        return RegistryError(
+            Status.UNAVAILABLE,
+            "LISTENER_UNAVAILABLE",
+            f'listener "{self.name}" is unavailable: its stream has closed',
+        )

@@ -1,0 +1,62 @@
+"""The registry's semantics in plain Python: layers, shadowing, ordering, assembly.
+
+Nothing here knows about gRPC; the service translates to and from it.
+"""
+
+from .changes import ChangeFeed, Missed, Subscription
+from .errors import RegistryError, Status
+from .model import (
+    AssembleContext,
+    Assembly,
+    ChangeEvent,
+    Dynamic,
+    Entry,
+    Kind,
+    ListenerHost,
+    NextFn,
+    Part,
+    ProvidedValue,
+    ProviderCall,
+    ProviderHost,
+    Tool,
+    ToolSet,
+)
+from .registry import (
+    HARNESS_IDENTITY_TEXT,
+    PERSONA_SECTION,
+    SIDECAR_OWNER,
+    Registry,
+    RegistrySettings,
+    new_id,
+)
+from .tool_order import TOOL_ORDER_REST, validate_tool_order
+
+__all__ = [
+    "HARNESS_IDENTITY_TEXT",
+    "PERSONA_SECTION",
+    "SIDECAR_OWNER",
+    "TOOL_ORDER_REST",
+    "AssembleContext",
+    "Assembly",
+    "ChangeEvent",
+    "ChangeFeed",
+    "Dynamic",
+    "Entry",
+    "Kind",
+    "ListenerHost",
+    "Missed",
+    "NextFn",
+    "Part",
+    "ProvidedValue",
+    "ProviderCall",
+    "ProviderHost",
+    "Registry",
+    "RegistryError",
+    "RegistrySettings",
+    "Status",
+    "Subscription",
+    "Tool",
+    "ToolSet",
+    "new_id",
+    "validate_tool_order",
+]

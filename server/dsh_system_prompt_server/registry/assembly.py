@@ -1,0 +1,168 @@
+"""One assembly, step by step (contract.md section 2), on a snapshot plan."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from . import errors
+from .invariants import validate
+from .model import (
+    AssembleContext,
+    Assembly,
+    ContextEntry,
+    Dynamic,
+    Entry,
+    ListenerEntry,
+    Part,
+    ProvidedValue,
+    ProviderCall,
+    ProviderHost,
+    SectionEntry,
+    Tool,
+    ToolsEntry,
+    ToolSet,
+    VariableEntry,
+)
+from .tool_order import TOOL_ORDER_REST, check_known, order_tools
+
+# Seconds left to answer, or None without a limit; asked anew at every call.
+Timeout = Callable[[], float | None]
+
+
+@dataclass(slots=True)
+class Plan:
+    """The registrations one assembly works on, taken when it starts."""
+
+    context: AssembleContext
+    suppressed: bool
+    variables: list[VariableEntry]
+    sections: list[SectionEntry]
+    contexts: list[ContextEntry]
+    tools: list[ToolsEntry]
+    listeners: list[ListenerEntry]
+
+    def complete_section(self) -> SectionEntry | None:
+        """The effective complete section; more than one rejects the assembly."""
+        complete = [entry for entry in self.sections if entry.complete]
+        if len(complete) > 1:
+            raise errors.multiple_complete(entry.name for entry in complete)
+        return complete[0] if complete else None
+
+
+async def run(plan: Plan, tool_order: Sequence[str] | None, timeout: Timeout) -> Assembly:
+    """Evaluate, order, run the waterfall, enforce and validate."""
+    complete = plan.complete_section()
+    values = await _evaluate(plan, timeout)
+    sections = [Part(e.name, _text(e, values)) for e in plan.sections]
+    tools = _collect_tools(plan.tools, values, tool_order)
+    assembly = Assembly(
+        sections=sections,
+        contexts=[Part(e.name, _text(e, values)) for e in plan.contexts],
+        tools=tools,
+        variables={e.name: _variable(e, values) for e in plan.variables},
+    )
+    result = await _waterfall(plan.listeners, assembly, plan.context, timeout)
+    if complete is not None:
+        result.sections = [Part(complete.name, _text(complete, values))]
+    if plan.suppressed:
+        result.contexts = []
+    validate(result)
+    return result
+
+
+def _dynamic_calls(plan: Plan) -> dict[ProviderHost, list[tuple[Entry, ProviderCall]]]:
+    calls: dict[ProviderHost, list[tuple[Entry, ProviderCall]]] = {}
+    entries: list[Entry] = [*plan.variables, *plan.sections, *plan.contexts, *plan.tools]
+    for entry in entries:
+        value = _stored_value(entry)
+        if isinstance(value, Dynamic) and not entry.disposed:
+            calls.setdefault(value.host, []).append((entry, entry.provider_call(value.key)))
+    return calls
+
+
+async def _evaluate(plan: Plan, timeout: Timeout) -> dict[Entry, ProvidedValue]:
+    """Ask each host once, all hosts at the same time; the first failure wins."""
+    by_host = _dynamic_calls(plan)
+    if not by_host:
+        return {}
+    tasks = {
+        asyncio.ensure_future(host.provide([c for _, c in pairs], plan.context, timeout())): pairs
+        for host, pairs in by_host.items()
+    }
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            task.result()  # raise the first failure
+    finally:
+        for task in tasks:
+            task.cancel()
+    values: dict[Entry, ProvidedValue] = {}
+    for task, pairs in tasks.items():
+        answers: Mapping[str, ProvidedValue] = task.result()
+        for entry, call in pairs:
+            values[entry] = answers[call.key]
+    return values
+
+
+def _stored_value(entry: Entry) -> object:
+    if isinstance(entry, SectionEntry | ContextEntry):
+        return entry.text
+    if isinstance(entry, VariableEntry):
+        return entry.value
+    if isinstance(entry, ToolsEntry):
+        return entry.source
+    return None
+
+
+def _text(entry: SectionEntry | ContextEntry, values: Mapping[Entry, ProvidedValue]) -> str:
+    if isinstance(entry.text, str):
+        return entry.text
+    value = values.get(entry, "")
+    return value if isinstance(value, str) else ""
+
+
+def _variable(entry: VariableEntry, values: Mapping[Entry, ProvidedValue]) -> str | None:
+    if not isinstance(entry.value, Dynamic):
+        return entry.value
+    value = values.get(entry)
+    return value if isinstance(value, str) else None
+
+
+def _collect_tools(
+    providers: list[ToolsEntry],
+    values: Mapping[Entry, ProvidedValue],
+    tool_order: Sequence[str] | None,
+) -> list[Tool]:
+    collected: list[Tool] = []
+    known: list[str] = []
+    for entry in providers:
+        source = entry.source if isinstance(entry.source, ToolSet) else values.get(entry)
+        if not isinstance(source, ToolSet):
+            continue  # disposed before it was asked
+        collected.extend(source.schemas)
+        known.extend(source.known())
+    if any(tool.name == TOOL_ORDER_REST for tool in collected):
+        raise errors.reserved_tool_name(TOOL_ORDER_REST)
+    if tool_order is not None:
+        check_known(tool_order, known)
+    return order_tools(collected, tool_order)
+
+
+async def _waterfall(
+    listeners: list[ListenerEntry], assembly: Assembly, context: AssembleContext, timeout: Timeout
+) -> Assembly:
+    async def step(index: int, current: Assembly) -> Assembly:
+        while index < len(listeners) and listeners[index].disposed:
+            index += 1  # disposed while the assembly ran: skipped
+        if index == len(listeners):
+            return current
+        listener = listeners[index]
+
+        async def next_(handed: Assembly) -> Assembly:
+            return await step(index + 1, handed)
+
+        return await listener.host.invoke(current, context, next_, timeout())
+
+    return await step(0, assembly)

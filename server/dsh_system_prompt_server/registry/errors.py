@@ -1,0 +1,109 @@
+"""Registry failures: a status, a stable reason and the spec's message.
+
+The registry knows nothing of gRPC; `Status` names the gRPC code each failure
+maps to, and the service layer translates it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+
+class Status(enum.Enum):
+    """The status class of a failure; values are gRPC status code names."""
+
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    NOT_FOUND = "NOT_FOUND"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    ABORTED = "ABORTED"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    UNAVAILABLE = "UNAVAILABLE"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    CANCELLED = "CANCELLED"
+
+
+class RegistryError(Exception):
+    """A rejected registration, disposal or assembly."""
+
+    def __init__(self, status: Status, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+def quoted_list(names: Iterable[str]) -> str:
+    return ", ".join(f'"{name}"' for name in names)
+
+
+def duplicate_entry(noun: str, name: str, scope: str | None) -> RegistryError:
+    """`prompt section "x" is already registered` (global) or `... in this scope`."""
+    message = f'{noun} "{name}" is already registered'
+    if scope is not None:
+        message += " in this scope"
+    elif noun != "prompt variable":
+        message += " (for a per-agent override, register through that agent's scope instead)"
+    return RegistryError(Status.ALREADY_EXISTS, "DUPLICATE_NAME", message)
+
+
+def invalid_order(noun: str, name: str) -> RegistryError:
+    return RegistryError(
+        Status.INVALID_ARGUMENT, "INVALID_ORDER", f'{noun} "{name}" order must be a finite number'
+    )
+
+
+def empty_name(noun: str) -> RegistryError:
+    return RegistryError(Status.INVALID_ARGUMENT, "INVALID_NAME", f"{noun} names must be non-empty")
+
+
+def invalid_variable_name(name: str) -> RegistryError:
+    return RegistryError(
+        Status.INVALID_ARGUMENT,
+        "INVALID_VARIABLE_NAME",
+        f'invalid prompt variable name "{name}" (must match /^[a-z][a-z0-9_]*$/)',
+    )
+
+
+def invalid_argument(reason: str, message: str) -> RegistryError:
+    return RegistryError(Status.INVALID_ARGUMENT, reason, message)
+
+
+def not_found() -> RegistryError:
+    return RegistryError(
+        Status.NOT_FOUND,
+        "REGISTRATION_NOT_FOUND",
+        "no such registration in this session (already disposed, or never registered here)",
+    )
+
+
+def multiple_complete(names: Iterable[str]) -> RegistryError:
+    return RegistryError(
+        Status.FAILED_PRECONDITION,
+        "MULTIPLE_COMPLETE_SECTIONS",
+        f"multiple complete prompt sections are active: {quoted_list(names)}",
+    )
+
+
+def reserved_tool_name(rest: str) -> RegistryError:
+    return RegistryError(
+        Status.FAILED_PRECONDITION,
+        "RESERVED_TOOL_NAME",
+        f'tool provider returned reserved tool name "{rest}"'
+        " (reserved for toolOrder's rest entry)",
+    )
+
+
+def unknown_tool_order_names(unknown: list[str], known: list[str]) -> RegistryError:
+    noun = "tool" if len(unknown) == 1 else "tools"
+    known_text = ", ".join(known) if known else "(none)"
+    return RegistryError(
+        Status.FAILED_PRECONDITION,
+        "UNKNOWN_TOOL_ORDER_NAME",
+        f"toolOrder lists unregistered {noun} {quoted_list(unknown)}; known tools: {known_text}",
+    )
+
+
+def invariant(message: str) -> RegistryError:
+    return RegistryError(Status.FAILED_PRECONDITION, "INVARIANT_VIOLATION", message)

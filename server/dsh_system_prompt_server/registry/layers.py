@@ -1,0 +1,97 @@
+"""Layers (global and per scope) and the scope tree that chains them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import RegistryError, Status
+from .model import ContextEntry, Entry, SectionEntry, ToolsEntry, VariableEntry
+
+
+@dataclass(eq=False)
+class Layer:
+    """The registrations of one layer, each map in registration order."""
+
+    sections: dict[str, SectionEntry] = field(default_factory=dict)
+    contexts: dict[str, ContextEntry] = field(default_factory=dict)
+    variables: dict[str, VariableEntry] = field(default_factory=dict)
+    tools: dict[str, ToolsEntry] = field(default_factory=dict)
+    suppressors: dict[str, Entry] = field(default_factory=dict)
+
+    def is_empty(self) -> bool:
+        return not (
+            self.sections or self.contexts or self.variables or self.tools or self.suppressors
+        )
+
+
+class ScopeTree:
+    """Scope keys, their parent bindings and open handles.
+
+    A key's parent is bound once. A key is forgotten when it has no open
+    handle and no bound child, so closed agents leave nothing behind.
+    """
+
+    def __init__(self) -> None:
+        self._parent: dict[str, str | None] = {}
+        self._handles: dict[str, int] = {}
+        self._children: dict[str, int] = {}
+
+    def check_open(self, key: str, parent: str | None) -> None:
+        """Raise unless a handle on `key` with `parent` may be opened."""
+        if not key:
+            raise RegistryError(
+                Status.INVALID_ARGUMENT, "INVALID_SCOPE", "scope keys must be non-empty"
+            )
+        if parent is None:
+            return
+        bound = self._parent.get(key)
+        if bound is not None and bound != parent:
+            raise RegistryError(
+                Status.ALREADY_EXISTS,
+                "SCOPE_PARENT_CONFLICT",
+                f'scope "{key}" already has parent "{bound}"; it cannot be bound to "{parent}"',
+            )
+        ancestors = self.chain(parent)
+        if bound is None and key in ancestors:
+            cycle = " -> ".join([key, *ancestors[: ancestors.index(key) + 1]])
+            raise RegistryError(
+                Status.INVALID_ARGUMENT,
+                "SCOPE_CYCLE",
+                f'binding scope "{key}" to parent "{parent}" would close a cycle: {cycle}',
+            )
+
+    def open(self, key: str, parent: str | None) -> None:
+        """Record a handle on `key` (after `check_open`), binding its parent if given."""
+        self._handles[key] = self._handles.get(key, 0) + 1
+        if parent is not None and self._parent.get(key) is None:
+            self._parent[key] = parent
+            self._children[parent] = self._children.get(parent, 0) + 1
+        else:
+            self._parent.setdefault(key, None)
+
+    def close(self, key: str) -> None:
+        """Drop one handle on `key`, forgetting keys that nothing holds any more."""
+        self._handles[key] -= 1
+        self._forget_if_unused(key)
+
+    def chain(self, scope: str | None) -> list[str]:
+        """The scope, its parent, ... farthest ancestor last; empty for no scope."""
+        chain: list[str] = []
+        key = scope
+        while key is not None:
+            chain.append(key)
+            key = self._parent.get(key)
+        return chain
+
+    def keys(self) -> list[str]:
+        return list(self._parent)
+
+    def _forget_if_unused(self, key: str) -> None:
+        while key in self._parent and not self._handles.get(key) and not self._children.get(key):
+            parent = self._parent.pop(key)
+            self._handles.pop(key, None)
+            self._children.pop(key, None)
+            if parent is None:
+                return
+            self._children[parent] -= 1
+            key = parent

@@ -1,0 +1,200 @@
+"""Values the registry stores and assembles, and the interfaces of the parties it calls.
+
+Assembly values are immutable where they can be (parts and tools), so that an
+assembly can share them with the registry and with other assemblies without
+copying; the lists and the variable map of an `Assembly` are fresh per assembly.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """A section or runtime context of an assembly: resolved, not yet interpolated."""
+
+    name: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A tool schema; `parameters_json` is kept byte-for-byte as registered."""
+
+    name: str
+    description: str
+    parameters_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSet:
+    """A tool provider's answer: visible schemas and the pre-restriction universe."""
+
+    schemas: tuple[Tool, ...]
+    known_names: tuple[str, ...] | None = None
+
+    def known(self) -> tuple[str, ...]:
+        """The names toolOrder is checked against (the schemas' names by default)."""
+        if self.known_names is not None:
+            return self.known_names
+        return tuple(tool.name for tool in self.schemas)
+
+
+@dataclass(slots=True)
+class Assembly:
+    """The assembled prompt handed to listeners and returned to callers."""
+
+    sections: list[Part]
+    contexts: list[Part]
+    tools: list[Tool]
+    variables: dict[str, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class AssembleContext:
+    """What one assembly is for; `fields_json` is passed through unread."""
+
+    scope: str | None = None
+    fields_json: str = ""
+
+
+class Kind(enum.Enum):
+    """What a registration is; the values are the change events' `kind` words."""
+
+    SECTION = "section"
+    CONTEXT = "context"
+    TOOLS = "tools"
+    VARIABLE = "variable"
+    SUPPRESSOR = "suppressor"
+    LISTENER = "listener"
+    SCOPE = "scope"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderCall:
+    """One dynamic provider that an assembly needs the value of."""
+
+    key: str
+    kind: Kind
+    name: str
+    scope: str | None
+
+    def describe(self) -> str:
+        """How errors name the provider: `section provider "cwd" in scope "a"`."""
+        where = f' in scope "{self.scope}"' if self.scope is not None else " (global)"
+        label = f' "{self.name}"' if self.name else ""
+        return f"{self.kind.value} provider{label}{where}"
+
+
+ProvidedValue = str | None | ToolSet
+
+
+class ProviderHost(Protocol):
+    """Whoever evaluates dynamic providers (a client session)."""
+
+    async def provide(
+        self, calls: Sequence[ProviderCall], context: AssembleContext, timeout: float | None
+    ) -> Mapping[str, ProvidedValue]:
+        """Evaluate every call in one exchange; return each value by call key.
+
+        Raises RegistryError naming the failing provider (PROVIDER_FAILED,
+        PROVIDER_TIMEOUT, or UNAVAILABLE when the host is gone).
+        """
+        ...
+
+
+NextFn = Callable[[Assembly], Awaitable[Assembly]]
+
+
+class ListenerHost(Protocol):
+    """Whoever runs a waterfall listener (a client's listener stream)."""
+
+    async def invoke(
+        self, assembly: Assembly, context: AssembleContext, next_: NextFn, timeout: float | None
+    ) -> Assembly:
+        """Run the listener once; it may call `next_` at most once.
+
+        The host must not mutate `assembly`. Raises RegistryError naming the
+        listener (LISTENER_FAILED, LISTENER_TIMEOUT, UNAVAILABLE).
+        """
+        ...
+
+    def disposed(self) -> None:
+        """The listener's registration is gone; it will not be invoked again."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Dynamic:
+    """A value that the owning host provides at each assembly."""
+
+    host: ProviderHost
+    key: str
+
+
+@dataclass(eq=False, kw_only=True)
+class Entry:
+    """One registration: owned by a session, living in one layer."""
+
+    id: str
+    owner: str
+    kind: Kind
+    scope: str | None
+    handle: str | None
+    name: str = ""
+    disposed: bool = False
+
+    def provider_call(self, key: str) -> ProviderCall:
+        return ProviderCall(key, self.kind, self.name, self.scope)
+
+
+@dataclass(eq=False, kw_only=True)
+class SectionEntry(Entry):
+    order: float
+    text: str | Dynamic
+    complete: bool = False
+
+
+@dataclass(eq=False, kw_only=True)
+class ContextEntry(Entry):
+    order: float
+    text: str | Dynamic
+
+
+@dataclass(eq=False, kw_only=True)
+class VariableEntry(Entry):
+    value: str | Dynamic | None
+
+
+@dataclass(eq=False, kw_only=True)
+class ToolsEntry(Entry):
+    source: ToolSet | Dynamic
+
+
+@dataclass(eq=False, kw_only=True)
+class ListenerEntry(Entry):
+    host: ListenerHost
+    global_: bool
+    position: int
+
+
+@dataclass(eq=False, kw_only=True)
+class ScopeHandle(Entry):
+    """A session's handle on a scope key; registrations made through it die with it."""
+
+    children: dict[str, Entry] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    """One registration or disposal, numbered by a revision that only grows."""
+
+    revision: int
+    kind: Kind
+    registered: bool
+    name: str
+    scope: str | None

@@ -1,0 +1,415 @@
+"""The registry: layered registrations owned by sessions, and assembly over them."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import secrets
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from . import assembly, errors
+from .changes import ChangeFeed
+from .invariants import is_variable_name
+from .layers import Layer, ScopeTree
+from .model import (
+    AssembleContext,
+    Assembly,
+    ContextEntry,
+    Dynamic,
+    Entry,
+    Kind,
+    ListenerEntry,
+    ListenerHost,
+    ScopeHandle,
+    SectionEntry,
+    ToolsEntry,
+    ToolSet,
+    VariableEntry,
+)
+
+HARNESS_IDENTITY_SECTION = "harness:identity"
+HARNESS_IDENTITY_ORDER = -100.0
+HARNESS_IDENTITY_TEXT = "You are an AI agent powered by DeepSeek Harness."
+PERSONA_SECTION = "deployment:persona"
+PERSONA_ORDER = 0.0
+SIDECAR_OWNER = ""  # no session id is empty, so no session can dispose the built-ins
+
+
+E = TypeVar("E", bound=Entry)
+Ordered = TypeVar("Ordered", SectionEntry, ContextEntry)
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    """The registry's part of the sidecar config (the spec's defaults)."""
+
+    persona: str = ""
+    include_harness_identity: bool = True
+    include_runtime_context: bool = True
+    tool_order: tuple[str, ...] | None = None
+    provider_timeout_s: float = 5.0
+
+
+def new_id() -> str:
+    """An unguessable identifier for registrations and sessions."""
+    return secrets.token_urlsafe(18)
+
+
+class Registry:
+    """Every registration of the sidecar, by layer and by owner."""
+
+    def __init__(self, settings: RegistrySettings | None = None) -> None:
+        self.settings = settings or RegistrySettings()
+        self.changes = ChangeFeed()
+        self._global = Layer()
+        self._scoped: dict[str, Layer] = {}
+        self._scopes = ScopeTree()
+        self._entries: dict[str, Entry] = {}
+        self._by_owner: dict[str, dict[str, Entry]] = {}
+        self._listeners_everywhere: dict[str, ListenerEntry] = {}
+        self._listeners_by_scope: dict[str, dict[str, ListenerEntry]] = {}
+        self._listener_count = 0
+        if self.settings.include_harness_identity:
+            self.register_section(
+                SIDECAR_OWNER,
+                None,
+                HARNESS_IDENTITY_SECTION,
+                HARNESS_IDENTITY_ORDER,
+                HARNESS_IDENTITY_TEXT,
+            )
+        self.register_section(
+            SIDECAR_OWNER, None, PERSONA_SECTION, PERSONA_ORDER, self.settings.persona
+        )
+
+    @property
+    def revision(self) -> int:
+        return self.changes.revision
+
+    # -- registration -----------------------------------------------------------------
+
+    def register_section(
+        self,
+        owner: str,
+        handle: str | None,
+        name: str,
+        order: float,
+        text: str | Dynamic,
+        complete: bool = False,
+    ) -> SectionEntry:
+        """Add a section to the global layer or the layer of scope handle `handle`."""
+        scope_handle = self._handle(owner, handle)
+        layer = self._layer_for(scope_handle)
+        self._check_named("prompt section", name, order, layer.sections, scope_handle)
+        entry = SectionEntry(
+            id=new_id(),
+            owner=owner,
+            kind=Kind.SECTION,
+            scope=_key(scope_handle),
+            handle=handle,
+            name=name,
+            order=order,
+            text=text,
+            complete=complete,
+        )
+        layer.sections[name] = entry
+        return self._added(entry, scope_handle)
+
+    def register_context(
+        self, owner: str, handle: str | None, name: str, order: float, text: str | Dynamic
+    ) -> ContextEntry:
+        """Add a runtime context to the global layer or a scope's layer."""
+        scope_handle = self._handle(owner, handle)
+        layer = self._layer_for(scope_handle)
+        self._check_named("prompt context", name, order, layer.contexts, scope_handle)
+        entry = ContextEntry(
+            id=new_id(),
+            owner=owner,
+            kind=Kind.CONTEXT,
+            scope=_key(scope_handle),
+            handle=handle,
+            name=name,
+            order=order,
+            text=text,
+        )
+        layer.contexts[name] = entry
+        return self._added(entry, scope_handle)
+
+    def register_variable(
+        self, owner: str, handle: str | None, name: str, value: str | Dynamic | None
+    ) -> VariableEntry:
+        """Add a variable, referenced from text as {{name}}."""
+        scope_handle = self._handle(owner, handle)
+        layer = self._layer_for(scope_handle)
+        if not is_variable_name(name):
+            raise errors.invalid_variable_name(name)
+        if name in layer.variables:
+            raise errors.duplicate_entry("prompt variable", name, _key(scope_handle))
+        entry = VariableEntry(
+            id=new_id(),
+            owner=owner,
+            kind=Kind.VARIABLE,
+            scope=_key(scope_handle),
+            handle=handle,
+            name=name,
+            value=value,
+        )
+        layer.variables[name] = entry
+        return self._added(entry, scope_handle)
+
+    def register_tools(
+        self, owner: str, handle: str | None, source: ToolSet | Dynamic, name: str = ""
+    ) -> ToolsEntry:
+        """Add a tool provider (any number per layer)."""
+        scope_handle = self._handle(owner, handle)
+        entry = ToolsEntry(
+            id=new_id(),
+            owner=owner,
+            kind=Kind.TOOLS,
+            scope=_key(scope_handle),
+            handle=handle,
+            name=name,
+            source=source,
+        )
+        self._layer_for(scope_handle).tools[entry.id] = entry
+        return self._added(entry, scope_handle)
+
+    def suppress_runtime_context(self, owner: str, handle: str | None) -> Entry:
+        """Suppress runtime context for a scope (or everywhere) until disposed."""
+        scope_handle = self._handle(owner, handle)
+        entry = Entry(
+            id=new_id(),
+            owner=owner,
+            kind=Kind.SUPPRESSOR,
+            scope=_key(scope_handle),
+            handle=handle,
+        )
+        self._layer_for(scope_handle).suppressors[entry.id] = entry
+        return self._added(entry, scope_handle)
+
+    def add_listener(
+        self,
+        owner: str,
+        handle: str | None,
+        host: ListenerHost,
+        *,
+        prepend: bool = False,
+        global_: bool = False,
+        name: str = "",
+    ) -> ListenerEntry:
+        """Install a waterfall listener; `prepend` runs it before earlier ones."""
+        scope_handle = self._handle(owner, handle)
+        self._listener_count += 1
+        entry = ListenerEntry(
+            id=new_id(),
+            owner=owner,
+            kind=Kind.LISTENER,
+            scope=_key(scope_handle),
+            handle=handle,
+            name=name,
+            host=host,
+            global_=global_,
+            position=-self._listener_count if prepend else self._listener_count,
+        )
+        if entry.scope is None or global_:
+            self._listeners_everywhere[entry.id] = entry
+        else:
+            self._listeners_by_scope.setdefault(entry.scope, {})[entry.id] = entry
+        return self._added(entry, scope_handle)
+
+    def open_scope(self, owner: str, key: str, parent: str | None = None) -> ScopeHandle:
+        """Open a handle on scope `key`, binding its parent the first time one is given."""
+        self._scopes.check_open(key, parent)
+        self._scopes.open(key, parent)
+        handle = ScopeHandle(
+            id=new_id(), owner=owner, kind=Kind.SCOPE, scope=key, handle=None, name=key
+        )
+        return self._added(handle, None)
+
+    # -- disposal ---------------------------------------------------------------------
+
+    def dispose(self, owner: str, registration_id: str) -> None:
+        """Dispose one of `owner`'s registrations; anyone else's is NOT_FOUND."""
+        entry = self._by_owner.get(owner, {}).get(registration_id)
+        if entry is None:
+            raise errors.not_found()
+        self._remove(entry)
+
+    def dispose_owner(self, owner: str) -> int:
+        """Dispose everything `owner` registered, newest first; returns how many."""
+        owned = self._by_owner.get(owner, {})
+        count = 0
+        while owned:
+            self._remove(next(reversed(owned.values())))
+            count += 1
+        self._by_owner.pop(owner, None)
+        return count
+
+    def _remove(self, entry: Entry) -> None:
+        if isinstance(entry, ScopeHandle):
+            for child in reversed(list(entry.children.values())):
+                self._remove(child)
+        entry.disposed = True
+        del self._entries[entry.id]
+        del self._by_owner[entry.owner][entry.id]
+        if entry.handle is not None:
+            parent = self._entries.get(entry.handle)
+            if isinstance(parent, ScopeHandle):
+                parent.children.pop(entry.id, None)
+        self._unlink(entry)
+        self.changes.publish(entry.kind, False, entry.name, entry.scope)
+
+    def _unlink(self, entry: Entry) -> None:
+        if isinstance(entry, ScopeHandle):
+            self._scopes.close(entry.name)
+            return
+        if isinstance(entry, ListenerEntry):
+            self._unlink_listener(entry)
+            return
+        layer = self._global if entry.scope is None else self._scoped[entry.scope]
+        if isinstance(entry, SectionEntry):
+            del layer.sections[entry.name]
+        elif isinstance(entry, ContextEntry):
+            del layer.contexts[entry.name]
+        elif isinstance(entry, VariableEntry):
+            del layer.variables[entry.name]
+        elif isinstance(entry, ToolsEntry):
+            del layer.tools[entry.id]
+        else:
+            del layer.suppressors[entry.id]
+        if entry.scope is not None and layer.is_empty():
+            del self._scoped[entry.scope]
+
+    def _unlink_listener(self, entry: ListenerEntry) -> None:
+        entry.host.disposed()
+        if self._listeners_everywhere.pop(entry.id, None) is not None:
+            return
+        assert entry.scope is not None
+        scoped = self._listeners_by_scope[entry.scope]
+        del scoped[entry.id]
+        if not scoped:
+            del self._listeners_by_scope[entry.scope]
+
+    # -- assembly ---------------------------------------------------------------------
+
+    async def assemble(
+        self, context: AssembleContext | None = None, deadline: float | None = None
+    ) -> Assembly:
+        """Assemble for `context` on the registrations present now.
+
+        `deadline` is an event-loop time after which no provider or listener
+        is waited for; each waits at most `provider_timeout_s` anyway.
+        """
+        plan = self.plan(context or AssembleContext())
+        return await assembly.run(plan, self.settings.tool_order, self._timeout(deadline))
+
+    def plan(self, context: AssembleContext) -> assembly.Plan:
+        """Snapshot the registrations an assembly for `context` works on."""
+        chain = self._scopes.chain(context.scope)
+        layers = [self._global, *(self._scoped[k] for k in reversed(chain) if k in self._scoped)]
+        suppressed = not self.settings.include_runtime_context or any(
+            layer.suppressors for layer in layers
+        )
+        return assembly.Plan(
+            context=context,
+            suppressed=suppressed,
+            variables=list(_merged(layer.variables for layer in layers).values()),
+            sections=_sorted(_merged(layer.sections for layer in layers)),
+            contexts=[] if suppressed else _sorted(_merged(layer.contexts for layer in layers)),
+            tools=[tools for layer in layers for tools in layer.tools.values()],
+            listeners=self._admitted_listeners(chain),
+        )
+
+    def _admitted_listeners(self, chain: list[str]) -> list[ListenerEntry]:
+        admitted = list(self._listeners_everywhere.values())
+        for key in chain:
+            admitted.extend(self._listeners_by_scope.get(key, {}).values())
+        admitted.sort(key=lambda entry: entry.position)
+        return admitted
+
+    def _timeout(self, deadline: float | None) -> Callable[[], float | None]:
+        limit = self.settings.provider_timeout_s
+
+        def remaining() -> float:
+            if deadline is None:
+                return limit
+            left = deadline - asyncio.get_running_loop().time()
+            # Leave the caller time to receive an error that names the culprit.
+            return max(0.0, min(limit, left - min(0.1, left * 0.1)))
+
+        return remaining
+
+    # -- inspection -------------------------------------------------------------------
+
+    def registrations(self, owner: str | None = None) -> list[Entry]:
+        """Every live registration (of `owner`, when given), oldest first."""
+        if owner is None:
+            return list(self._entries.values())
+        return list(self._by_owner.get(owner, {}).values())
+
+    def scope_keys(self) -> list[str]:
+        return self._scopes.keys()
+
+    def scope_chain(self, scope: str | None) -> list[str]:
+        return self._scopes.chain(scope)
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _handle(self, owner: str, handle: str | None) -> ScopeHandle | None:
+        if handle is None:
+            return None
+        entry = self._by_owner.get(owner, {}).get(handle)
+        if not isinstance(entry, ScopeHandle):
+            raise errors.RegistryError(
+                errors.Status.NOT_FOUND, "SCOPE_NOT_FOUND", "no such scope handle in this session"
+            )
+        return entry
+
+    def _layer_for(self, handle: ScopeHandle | None) -> Layer:
+        if handle is None:
+            return self._global
+        layer = self._scoped.get(handle.name)
+        if layer is None:
+            layer = self._scoped[handle.name] = Layer()
+        return layer
+
+    def _check_named(
+        self,
+        noun: str,
+        name: str,
+        order: float,
+        existing: dict[str, SectionEntry] | dict[str, ContextEntry],
+        handle: ScopeHandle | None,
+    ) -> None:
+        if not name:
+            raise errors.empty_name(noun)
+        if not math.isfinite(order):
+            raise errors.invalid_order(noun, name)
+        if name in existing:
+            raise errors.duplicate_entry(noun, name, _key(handle))
+
+    def _added(self, entry: E, handle: ScopeHandle | None) -> E:
+        self._entries[entry.id] = entry
+        self._by_owner.setdefault(entry.owner, {})[entry.id] = entry
+        if handle is not None:
+            handle.children[entry.id] = entry
+        self.changes.publish(entry.kind, True, entry.name, entry.scope)
+        return entry
+
+
+def _key(handle: ScopeHandle | None) -> str | None:
+    return None if handle is None else handle.name
+
+
+def _merged(layers: Iterable[dict[str, E]]) -> dict[str, E]:
+    # Farther layers first: a nearer layer's entry replaces the value but keeps
+    # the position where the name first appeared.
+    merged: dict[str, E] = {}
+    for layer in layers:
+        merged.update(layer)
+    return merged
+
+
+def _sorted(merged: dict[str, Ordered]) -> list[Ordered]:
+    return sorted(merged.values(), key=lambda entry: entry.order)

@@ -1,0 +1,340 @@
+"""The gRPC servicer: messages in, registry calls, messages out, errors as statuses."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
+from dsh_system_prompt.errors import RenderError
+from dsh_system_prompt.render import render_context_snapshot, render_prompt
+
+from .convert import assembly_to_proto, context_from_proto, toolset_from_proto
+from .gate import Gate
+from .listeners import ListenerStream
+from .registry import ChangeEvent, Dynamic, Kind, Missed, Registry, RegistryError, Status
+from .sessions import Session, Sessions
+from .status import abort, bad_request
+
+# grpcio ships no typing, so the servicer context is untyped.
+Context = Any
+Reply = TypeVar("Reply")
+
+CHANGE_KINDS = {
+    Kind.SECTION: pb.CHANGE_KIND_SECTION,
+    Kind.CONTEXT: pb.CHANGE_KIND_CONTEXT,
+    Kind.TOOLS: pb.CHANGE_KIND_TOOLS,
+    Kind.VARIABLE: pb.CHANGE_KIND_VARIABLE,
+    Kind.SUPPRESSOR: pb.CHANGE_KIND_SUPPRESSOR,
+    Kind.LISTENER: pb.CHANGE_KIND_LISTENER,
+    Kind.SCOPE: pb.CHANGE_KIND_SCOPE,
+}
+
+
+class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
+    """Translates the wire contract to registry calls; holds no semantics of its own."""
+
+    def __init__(self, registry: Registry, watch_buffer: int = 1024) -> None:
+        self.registry = registry
+        self.sessions = Sessions(registry)
+        self.gate = Gate()
+        self._watch_buffer = watch_buffer
+
+    # -- sessions ---------------------------------------------------------------------
+
+    # Reader/writer API (context.read and context.write), not a generator.
+    async def OpenSession(  # type: ignore[override]
+        self, request_iterator: AsyncIterator[pb.OpenSessionRequest], context: Context
+    ) -> None:
+        first = await context.read()
+        if not isinstance(first, pb.OpenSessionRequest) or not first.HasField("start"):
+            await abort(
+                context, bad_request("BAD_STREAM", "a session must start with SessionStart")
+            )
+        session = await self._unary(context, lambda: self.sessions.open(first.start.client_name))
+        writer = asyncio.create_task(_pump(session.outbox, context))
+        try:
+            await context.write(
+                pb.OpenSessionResponse(
+                    opened=pb.SessionOpened(session_id=session.id, revision=self.registry.revision)
+                )
+            )
+            while (request := await context.read()) is not grpc.aio.EOF:
+                if isinstance(request, pb.OpenSessionRequest) and request.HasField("provided"):
+                    session.deliver(request.provided)
+        finally:
+            writer.cancel()
+            self.sessions.close(session)
+
+    # -- registrations ----------------------------------------------------------------
+
+    async def RegisterSection(
+        self, request: pb.RegisterSectionRequest, context: Context
+    ) -> pb.RegisterSectionResponse:
+        def register() -> pb.RegisterSectionResponse:
+            session = self.sessions.get(request.session_id)
+            source = request.WhichOneof("text_source")
+            entry = self.registry.register_section(
+                session.id,
+                _handle(request.scope_id),
+                request.name,
+                request.order,
+                _dynamic(session, request.dynamic)
+                if source == "dynamic"
+                else _static(source, request.text),
+                request.complete,
+            )
+            return pb.RegisterSectionResponse(
+                registration_id=entry.id, revision=self.registry.revision
+            )
+
+        return await self._unary(context, register)
+
+    async def RegisterContext(
+        self, request: pb.RegisterContextRequest, context: Context
+    ) -> pb.RegisterContextResponse:
+        def register() -> pb.RegisterContextResponse:
+            session = self.sessions.get(request.session_id)
+            source = request.WhichOneof("text_source")
+            entry = self.registry.register_context(
+                session.id,
+                _handle(request.scope_id),
+                request.name,
+                request.order,
+                _dynamic(session, request.dynamic)
+                if source == "dynamic"
+                else _static(source, request.text),
+            )
+            return pb.RegisterContextResponse(
+                registration_id=entry.id, revision=self.registry.revision
+            )
+
+        return await self._unary(context, register)
+
+    async def SuppressRuntimeContext(
+        self, request: pb.SuppressRuntimeContextRequest, context: Context
+    ) -> pb.SuppressRuntimeContextResponse:
+        def register() -> pb.SuppressRuntimeContextResponse:
+            session = self.sessions.get(request.session_id)
+            entry = self.registry.suppress_runtime_context(session.id, _handle(request.scope_id))
+            return pb.SuppressRuntimeContextResponse(
+                registration_id=entry.id, revision=self.registry.revision
+            )
+
+        return await self._unary(context, register)
+
+    async def RegisterTools(
+        self, request: pb.RegisterToolsRequest, context: Context
+    ) -> pb.RegisterToolsResponse:
+        def register() -> pb.RegisterToolsResponse:
+            session = self.sessions.get(request.session_id)
+            source = request.WhichOneof("source")
+            if source is None:
+                raise bad_request(
+                    "MISSING_VALUE", "tools need a static result or a dynamic provider"
+                )
+            entry = self.registry.register_tools(
+                session.id,
+                _handle(request.scope_id),
+                _dynamic(session, request.dynamic)
+                if source == "dynamic"
+                else toolset_from_proto(request.result),
+                request.name,
+            )
+            return pb.RegisterToolsResponse(
+                registration_id=entry.id, revision=self.registry.revision
+            )
+
+        return await self._unary(context, register)
+
+    async def RegisterVariable(
+        self, request: pb.RegisterVariableRequest, context: Context
+    ) -> pb.RegisterVariableResponse:
+        def register() -> pb.RegisterVariableResponse:
+            session = self.sessions.get(request.session_id)
+            source = request.WhichOneof("value_source")
+            value: str | Dynamic | None
+            if source == "dynamic":
+                value = _dynamic(session, request.dynamic)
+            elif source == "no_value":
+                value = None
+            else:
+                value = _static(source, request.value)
+            entry = self.registry.register_variable(
+                session.id, _handle(request.scope_id), request.name, value
+            )
+            return pb.RegisterVariableResponse(
+                registration_id=entry.id, revision=self.registry.revision
+            )
+
+        return await self._unary(context, register)
+
+    async def OpenScope(
+        self, request: pb.OpenScopeRequest, context: Context
+    ) -> pb.OpenScopeResponse:
+        def open_scope() -> pb.OpenScopeResponse:
+            session = self.sessions.get(request.session_id)
+            handle = self.registry.open_scope(session.id, request.key, request.parent_key or None)
+            return pb.OpenScopeResponse(scope_id=handle.id, revision=self.registry.revision)
+
+        return await self._unary(context, open_scope)
+
+    async def Dispose(self, request: pb.DisposeRequest, context: Context) -> pb.DisposeResponse:
+        def dispose() -> pb.DisposeResponse:
+            session = self.sessions.get(request.session_id)
+            self.registry.dispose(session.id, request.registration_id)
+            return pb.DisposeResponse(revision=self.registry.revision)
+
+        return await self._unary(context, dispose)
+
+    # -- assembly ---------------------------------------------------------------------
+
+    async def Assemble(self, request: pb.AssembleRequest, context: Context) -> pb.AssembleResponse:
+        try:
+            with self.gate.call():
+                return await self._assemble(request, context)
+        except RegistryError as error:
+            await abort(context, error)
+
+    async def _assemble(self, request: pb.AssembleRequest, context: Context) -> pb.AssembleResponse:
+        assemble_context = context_from_proto(request.context)
+        remaining = context.time_remaining()
+        loop = asyncio.get_running_loop()
+        deadline = None if remaining is None else loop.time() + remaining
+        revision = self.registry.revision
+        assembly = await self.registry.assemble(assemble_context, deadline)
+        response = pb.AssembleResponse(assembly=assembly_to_proto(assembly), revision=revision)
+        if request.render:
+            try:
+                response.rendered.prompt = render_prompt(assembly)
+                response.rendered.context_snapshot = render_context_snapshot(assembly)
+            except RenderError as error:
+                raise RegistryError(
+                    Status.FAILED_PRECONDITION, "RENDER_FAILED", str(error)
+                ) from None
+        return response
+
+    # -- change events ----------------------------------------------------------------
+
+    async def WatchChanges(
+        self, request: pb.WatchChangesRequest, context: Context
+    ) -> AsyncIterator[pb.WatchChangesResponse]:
+        if self.gate.draining:
+            await self._unary(context, self.gate.call().__enter__)
+        subscription = self.registry.changes.subscribe(self._watch_buffer)
+        try:
+            yield pb.WatchChangesResponse(
+                subscribed=pb.WatchSubscribed(revision=subscription.revision)
+            )
+            while True:
+                yield _change_message(await subscription.next())
+        finally:
+            subscription.close()
+
+    # -- listeners --------------------------------------------------------------------
+
+    # Reader/writer API (context.read and context.write), not a generator.
+    async def Listen(  # type: ignore[override]
+        self, request_iterator: AsyncIterator[pb.ListenRequest], context: Context
+    ) -> None:
+        first = await context.read()
+        if not isinstance(first, pb.ListenRequest) or not first.HasField("start"):
+            await abort(
+                context, bad_request("BAD_STREAM", "a listener must start with ListenStart")
+            )
+        start = first.start
+        stream = ListenerStream(start.name, context.write)
+
+        def install() -> tuple[str, str]:
+            session = self.sessions.get(start.session_id)
+            entry = self.registry.add_listener(
+                session.id,
+                _handle(start.scope_id),
+                stream,
+                prepend=start.prepend,
+                global_=start.__getattribute__("global"),
+                name=start.name,
+            )
+            return session.id, entry.id
+
+        owner, registration_id = await self._unary(context, install)
+        reader = asyncio.create_task(_route(context, stream))
+        try:
+            await context.write(
+                pb.ListenResponse(
+                    registered=pb.ListenerRegistered(
+                        registration_id=registration_id, revision=self.registry.revision
+                    )
+                )
+            )
+            ended = asyncio.create_task(stream.ended.wait())
+            await asyncio.wait({reader, ended}, return_when=asyncio.FIRST_COMPLETED)
+            ended.cancel()
+        finally:
+            reader.cancel()
+            stream.end()
+            with contextlib.suppress(RegistryError):  # already disposed, or with its session
+                self.registry.dispose(owner, registration_id)
+
+    # -- helpers ----------------------------------------------------------------------
+
+    async def _unary(self, context: Context, action: Callable[[], Reply]) -> Reply:
+        try:
+            with self.gate.call():
+                return action()
+        except RegistryError as error:
+            await abort(context, error)
+
+
+async def _pump(outbox: asyncio.Queue[pb.OpenSessionResponse], context: Context) -> None:
+    while True:
+        await context.write(await outbox.get())
+
+
+async def _route(context: Context, stream: ListenerStream) -> None:
+    while (request := await context.read()) is not grpc.aio.EOF:
+        if isinstance(request, pb.ListenRequest):
+            stream.deliver(request)
+
+
+def _handle(scope_id: str) -> str | None:
+    return scope_id or None
+
+
+def _static(source: str | None, text: str) -> str:
+    if source is None:
+        raise bad_request("MISSING_VALUE", "a static value or a dynamic provider is required")
+    return text
+
+
+def _dynamic(session: Session, dynamic: pb.Dynamic) -> Dynamic:
+    if not dynamic.provider_key:
+        raise bad_request("MISSING_VALUE", "a dynamic provider needs a provider_key")
+    return Dynamic(session, dynamic.provider_key)
+
+
+def _change_message(item: ChangeEvent | Missed) -> pb.WatchChangesResponse:
+    if isinstance(item, Missed):
+        return pb.WatchChangesResponse(
+            missed=pb.ChangesMissed(
+                first_missed_revision=item.first_revision,
+                count=item.count,
+                resync_revision=item.resync_revision,
+            )
+        )
+    return pb.WatchChangesResponse(
+        event=pb.ChangeEvent(
+            revision=item.revision,
+            kind=CHANGE_KINDS[item.kind],
+            action=pb.CHANGE_ACTION_REGISTERED
+            if item.registered
+            else pb.CHANGE_ACTION_UNREGISTERED,
+            name=item.name,
+            scope=item.scope or "",
+        )
+    )

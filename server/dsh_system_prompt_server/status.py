@@ -1,0 +1,50 @@
+"""RegistryError -> gRPC status with a google.rpc.ErrorInfo detail."""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import grpc
+import grpc.aio
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from .registry import RegistryError, Status
+
+ERROR_DOMAIN = "dsh.systemprompt.v1"
+
+
+def to_grpc_status(error: RegistryError) -> grpc.Status:
+    """The status a client sees: code, the registry's message, ErrorInfo reason."""
+    info = error_details_pb2.ErrorInfo(reason=error.reason, domain=ERROR_DOMAIN)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(
+        code=code_pb2.Code.Value(error.status.value), message=error.message, details=[detail]
+    )
+    return rpc_status.to_status(status)
+
+
+async def abort(
+    context: grpc.aio.ServicerContext[object, object], error: RegistryError
+) -> NoReturn:
+    """End the call with `error`'s status."""
+    await context.abort_with_status(to_grpc_status(error))
+    raise AssertionError("abort_with_status returned")  # pragma: no cover
+
+
+def shutting_down() -> RegistryError:
+    return RegistryError(Status.UNAVAILABLE, "SHUTTING_DOWN", "the sidecar is shutting down")
+
+
+def unknown_session() -> RegistryError:
+    return RegistryError(
+        Status.FAILED_PRECONDITION,
+        "UNKNOWN_SESSION",
+        "unknown or closed session: open one with OpenSession and name its session_id",
+    )
+
+
+def bad_request(reason: str, message: str) -> RegistryError:
+    return RegistryError(Status.INVALID_ARGUMENT, reason, message)
