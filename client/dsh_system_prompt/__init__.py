@@ -1,0 +1,50 @@
+"""dsh_system_prompt: the Python client of the dsh-system-prompt sidecar.
+
+import dsh_system_prompt as dsp
+async with dsp.connect("127.0.0.1:50051") as client:
+    await client.section("rules", 10, "Be precise.")
+    print(dsp.render_prompt(await client.assemble()))
+"""
+
+from ._changes import ChangeStream
+from .client import Client, Disposer, Scope, connect
+from .errors import RenderError, SystemPromptError
+from .render import render_context_snapshot, render_prompt
+from .types import (
+    PERSONA_ORDER,
+    PERSONA_SECTION,
+    TOOL_ORDER_REST,
+    AssembleContext,
+    AssembledContext,
+    AssembledSection,
+    ChangeEvent,
+    ChangesMissed,
+    PromptAssembly,
+    RenderedPrompt,
+    ToolProviderResult,
+    ToolSchema,
+)
+
+__all__ = [
+    "PERSONA_ORDER",
+    "PERSONA_SECTION",
+    "TOOL_ORDER_REST",
+    "AssembleContext",
+    "AssembledContext",
+    "AssembledSection",
+    "ChangeEvent",
+    "ChangeStream",
+    "ChangesMissed",
+    "Client",
+    "Disposer",
+    "PromptAssembly",
+    "RenderError",
+    "RenderedPrompt",
+    "Scope",
+    "SystemPromptError",
+    "ToolProviderResult",
+    "ToolSchema",
+    "connect",
+    "render_context_snapshot",
+    "render_prompt",
+]

@@ -1,0 +1,117 @@
+"""Client value types <-> protobuf messages."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+
+from .errors import SystemPromptError
+from .types import (
+    AssembleContext,
+    AssembledContext,
+    AssembledSection,
+    ChangeAction,
+    ChangeEvent,
+    ChangeKind,
+    PromptAssembly,
+    ToolProviderResult,
+    ToolSchema,
+)
+
+_CHANGE_KINDS: dict[int, ChangeKind] = {
+    pb.CHANGE_KIND_SECTION: "section",
+    pb.CHANGE_KIND_CONTEXT: "context",
+    pb.CHANGE_KIND_TOOLS: "tools",
+    pb.CHANGE_KIND_VARIABLE: "variable",
+    pb.CHANGE_KIND_SUPPRESSOR: "suppressor",
+    pb.CHANGE_KIND_LISTENER: "listener",
+    pb.CHANGE_KIND_SCOPE: "scope",
+}
+_CHANGE_ACTIONS: dict[int, ChangeAction] = {
+    pb.CHANGE_ACTION_REGISTERED: "registered",
+    pb.CHANGE_ACTION_UNREGISTERED: "unregistered",
+}
+
+
+def invalid(message: str) -> SystemPromptError:
+    return SystemPromptError(message, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
+
+
+def dump_json(value: object, what: str) -> str:
+    """Deterministic JSON text; key order is kept so schemas stay byte-identical."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise invalid(f"{what} cannot be sent as JSON: {error}") from None
+
+
+def tool_to_proto(tool: ToolSchema) -> pb.ToolSchema:
+    if not isinstance(tool, ToolSchema):
+        raise invalid(f"expected a ToolSchema, got {type(tool).__name__}")
+    return pb.ToolSchema(
+        name=tool.name,
+        description=tool.description,
+        parameters_json=dump_json(tool.parameters, f'tool "{tool.name}" parameters'),
+    )
+
+
+def tools_to_proto(result: ToolProviderResult | list[ToolSchema]) -> pb.ToolProviderResult:
+    if isinstance(result, list | tuple):
+        result = ToolProviderResult(schemas=list(result))
+    if not isinstance(result, ToolProviderResult):
+        raise invalid(f"expected ToolProviderResult or a list of ToolSchema, got {result!r}")
+    message = pb.ToolProviderResult(schemas=[tool_to_proto(t) for t in result.schemas])
+    if result.known_names is not None:
+        message.known_names.names.extend(result.known_names)
+    return message
+
+
+def tool_from_proto(message: pb.ToolSchema) -> ToolSchema:
+    return ToolSchema(message.name, message.description, json.loads(message.parameters_json))
+
+
+def assembly_from_proto(message: pb.PromptAssembly) -> PromptAssembly:
+    return PromptAssembly(
+        sections=[AssembledSection(s.name, s.text) for s in message.sections],
+        contexts=[AssembledContext(c.name, c.text) for c in message.contexts],
+        tools=[tool_from_proto(t) for t in message.tools],
+        variables={v.name: v.value if v.HasField("value") else None for v in message.variables},
+    )
+
+
+def assembly_to_proto(assembly: PromptAssembly) -> pb.PromptAssembly:
+    if not isinstance(assembly, PromptAssembly):
+        raise invalid(f"a listener must return a PromptAssembly, not {type(assembly).__name__}")
+    return pb.PromptAssembly(
+        sections=[pb.AssembledSection(name=s.name, text=s.text) for s in assembly.sections],
+        contexts=[pb.AssembledContext(name=c.name, text=c.text) for c in assembly.contexts],
+        tools=[tool_to_proto(t) for t in assembly.tools],
+        variables=[
+            pb.Variable(name=name) if value is None else pb.Variable(name=name, value=value)
+            for name, value in assembly.variables.items()
+        ],
+    )
+
+
+def context_to_proto(scope: str | None, fields: Mapping[str, Any] | None) -> pb.AssembleContext:
+    fields_json = dump_json(dict(fields), "assemble fields") if fields else ""
+    return pb.AssembleContext(scope=scope or "", fields_json=fields_json)
+
+
+def context_from_proto(message: pb.AssembleContext) -> AssembleContext:
+    fields = json.loads(message.fields_json) if message.fields_json else {}
+    return AssembleContext(scope=message.scope or None, fields=fields)
+
+
+def change_from_proto(message: pb.ChangeEvent) -> ChangeEvent:
+    return ChangeEvent(
+        revision=message.revision,
+        kind=_CHANGE_KINDS[message.kind],
+        action=_CHANGE_ACTIONS[message.action],
+        name=message.name,
+        scope=message.scope or None,
+    )
