@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 import grpc
@@ -16,7 +16,10 @@ from .errors import SystemPromptError, error_from_rpc
 from .types import AssembleContext, PromptAssembly
 
 NextFn = Callable[..., Awaitable[PromptAssembly]]
-Listener = Callable[[PromptAssembly, AssembleContext, NextFn], Awaitable[PromptAssembly]]
+# A listener returns the final assembly, or `next()` itself for a tail call.
+Listener = Callable[
+    [PromptAssembly, AssembleContext, NextFn], Awaitable[PromptAssembly | Awaitable[PromptAssembly]]
+]
 
 
 def listener_name(listener: object) -> str:
@@ -91,33 +94,15 @@ class ListenerStream:
     async def _invoke(self, invocation: pb.ListenerInvocation) -> None:
         invocation_id = invocation.invocation_id
         assembly = assembly_from_proto(invocation.assembly)
-        context = context_from_proto(invocation.context)
-        called = False
-
-        async def next_(handed: PromptAssembly | None = None) -> PromptAssembly:
-            nonlocal called
-            if called:
-                raise SystemPromptError(
-                    "next() may be called once per invocation", grpc.StatusCode.FAILED_PRECONDITION
-                )
-            called = True
-            waiting = asyncio.get_running_loop().create_future()
-            self._next_results[invocation_id] = waiting
-            try:
-                await self._write(
-                    pb.ListenRequest(
-                        next=pb.ListenerNext(
-                            invocation_id=invocation_id,
-                            assembly=assembly_to_proto(handed if handed is not None else assembly),
-                        )
-                    )
-                )
-                return assembly_from_proto(await waiting)
-            finally:
-                del self._next_results[invocation_id]
-
+        next_ = _Next(self, invocation_id, assembly)
         try:
-            result = await self._listener(assembly, context, next_)
+            result = await self._listener(assembly, context_from_proto(invocation.context), next_)
+            if isinstance(result, NextCall) and not result.started:
+                # `return next()` without awaiting: a tail call, one round trip.
+                await result.send(tail=True)
+                return
+            if not isinstance(result, PromptAssembly):
+                raise TypeError(f"a listener must return a PromptAssembly, not {result!r}")
             reply = pb.ListenRequest(
                 result=pb.ListenerResult(
                     invocation_id=invocation_id, assembly=assembly_to_proto(result)
@@ -133,7 +118,73 @@ class ListenerStream:
             )
         await self._write(reply)
 
+    async def _next(
+        self, invocation_id: int, handed: PromptAssembly, tail: bool
+    ) -> PromptAssembly | None:
+        message = pb.ListenRequest(
+            next=pb.ListenerNext(
+                invocation_id=invocation_id, assembly=assembly_to_proto(handed), tail=tail
+            )
+        )
+        if tail:
+            await self._write(message)
+            return None
+        waiting: asyncio.Future[pb.PromptAssembly] = asyncio.get_running_loop().create_future()
+        self._next_results[invocation_id] = waiting
+        try:
+            await self._write(message)
+            return assembly_from_proto(await waiting)
+        finally:
+            del self._next_results[invocation_id]
+
     async def _write(self, message: pb.ListenRequest) -> None:
         async with self._write_lock:  # one outstanding write per stream
             with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
                 await self._call.write(message)
+
+
+class NextCall:
+    """What `next()` returns: await it for the rest of the chain's result, or
+    return it un-awaited (`return next()`) to hand that result on untouched,
+    which saves the sidecar a round trip."""
+
+    def __init__(self, stream: ListenerStream, invocation_id: int, handed: PromptAssembly) -> None:
+        self._stream = stream
+        self._invocation_id = invocation_id
+        self._handed = handed
+        self.started = False
+
+    def __await__(self) -> Generator[Any, None, PromptAssembly]:
+        return self._run().__await__()
+
+    async def _run(self) -> PromptAssembly:
+        self.started = True
+        result = await self._stream._next(self._invocation_id, self._handed, tail=False)
+        assert result is not None
+        return result
+
+    async def send(self, tail: bool) -> None:
+        self.started = True
+        await self._stream._next(self._invocation_id, self._handed, tail=tail)
+
+
+class _Next:
+    """The `next` a listener receives; callable once per invocation."""
+
+    def __init__(
+        self, stream: ListenerStream, invocation_id: int, assembly: PromptAssembly
+    ) -> None:
+        self._stream = stream
+        self._invocation_id = invocation_id
+        self._assembly = assembly
+        self._called = False
+
+    def __call__(self, handed: PromptAssembly | None = None) -> NextCall:
+        if self._called:
+            raise SystemPromptError(
+                "next() may be called once per invocation", grpc.StatusCode.FAILED_PRECONDITION
+            )
+        self._called = True
+        return NextCall(
+            self._stream, self._invocation_id, self._assembly if handed is None else handed
+        )

@@ -25,6 +25,7 @@ class ListenerStream:
         self._inboxes: dict[int, asyncio.Queue[pb.ListenRequest | None]] = {}
         self._invocation_ids = itertools.count(1)
         self.ended = asyncio.Event()
+        self.messages_sent = 0  # invocations, next results and cancels, for round-trip counts
         self._background: set[asyncio.Task[None]] = set()
 
     async def invoke(
@@ -129,6 +130,7 @@ class ListenerStream:
         if self.ended.is_set():
             raise self._unavailable()
         async with self._send_lock:  # one outstanding write per stream
+            self.messages_sent += 1
             await self._send_raw(message)
 
     def _abandon(self, invocation_id: int) -> None:

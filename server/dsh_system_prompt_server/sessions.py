@@ -43,6 +43,7 @@ class Session:
         self.client_name = client_name
         self.outbox: asyncio.Queue[pb.OpenSessionResponse] = asyncio.Queue()
         self.closed = False
+        self.provide_requests = 0  # one per assembly that needed this session
         self._pending: dict[int, asyncio.Future[pb.ProvideResponse]] = {}
         self._call_ids = itertools.count(1)
 
@@ -53,6 +54,7 @@ class Session:
         if self.closed:
             raise _unavailable(calls)
         call_id = next(self._call_ids)
+        self.provide_requests += 1
         answer: asyncio.Future[pb.ProvideResponse] = asyncio.get_running_loop().create_future()
         self._pending[call_id] = answer
         self.outbox.put_nowait(
