@@ -1,0 +1,49 @@
+"""The change feed's bounded buffers, in plain Python (no server needed)."""
+
+from __future__ import annotations
+
+from dsh_system_prompt_server.registry import ChangeEvent, ChangeFeed, Kind, Missed
+
+
+def publish(feed: ChangeFeed, count: int) -> None:
+    for index in range(count):
+        feed.publish(Kind.SECTION, True, f"s{index}", None)
+
+
+async def test_a_full_buffer_turns_further_events_into_one_gap_after_the_queued_ones() -> None:
+    feed = ChangeFeed()
+    subscription = feed.subscribe(capacity=3)
+    publish(feed, 10)
+    items = [await subscription.next() for _ in range(4)]
+    assert [i.revision for i in items[:3] if isinstance(i, ChangeEvent)] == [1, 2, 3]
+    assert items[3] == Missed(first_revision=4, count=7, resync_revision=10)
+
+
+async def test_events_after_a_reported_gap_flow_again() -> None:
+    feed = ChangeFeed()
+    subscription = feed.subscribe(capacity=1)
+    publish(feed, 3)
+    assert isinstance(await subscription.next(), ChangeEvent)
+    assert await subscription.next() == Missed(2, 2, 3)
+    publish(feed, 1)
+    event = await subscription.next()
+    assert isinstance(event, ChangeEvent) and event.revision == 4
+
+
+async def test_a_slow_subscriber_does_not_affect_another() -> None:
+    feed = ChangeFeed()
+    slow = feed.subscribe(capacity=1)
+    fast = feed.subscribe(capacity=100)
+    publish(feed, 50)
+    received = [await fast.next() for _ in range(50)]
+    assert all(isinstance(item, ChangeEvent) for item in received)
+    assert isinstance(await slow.next(), ChangeEvent)
+
+
+async def test_unsubscribed_subscribers_receive_nothing_more() -> None:
+    feed = ChangeFeed()
+    subscription = feed.subscribe(capacity=10)
+    subscription.close()
+    publish(feed, 5)
+    assert feed.subscriber_count() == 0
+    assert feed.revision == 5

@@ -1,0 +1,135 @@
+"""Change events: one per registration and disposal, revisions that only grow."""
+
+from __future__ import annotations
+
+import asyncio
+
+import dsh_system_prompt as dsp
+from conftest import ClientFactory, SidecarFactory
+from dsh_system_prompt_server.app import Sidecar
+from helpers import tool
+
+
+async def take(changes: dsp.ChangeStream, count: int) -> list[dsp.ChangeEvent]:
+    events: list[dsp.ChangeEvent] = []
+    while len(events) < count:
+        event = await asyncio.wait_for(changes.__anext__(), 5)
+        assert isinstance(event, dsp.ChangeEvent), event
+        events.append(event)
+    return events
+
+
+def summary(events: list[dsp.ChangeEvent]) -> list[tuple[str, str, str, str | None]]:
+    return [(e.kind, e.action, e.name, e.scope) for e in events]
+
+
+async def test_every_registration_and_disposal_is_an_event_in_order(client: dsp.Client) -> None:
+    changes = await client.watch_changes()
+    scope = await client.scope("agent-1")
+    offs = [
+        await client.section("rules", 1, "r"),
+        await client.context("cwd", 1, "c"),
+        await client.tools([tool("bash")]),
+        await client.variable("model", "m"),
+        await scope.suppress_runtime_context(),
+    ]
+
+    async def listener(a: dsp.PromptAssembly, c: dsp.AssembleContext, n: object) -> object:
+        return a
+
+    offs.append(await client.on_assemble(listener))
+    for off in offs:
+        await off()
+    await scope.dispose()
+    events = await take(changes, 14)
+    assert summary(events) == [
+        ("scope", "registered", "agent-1", "agent-1"),
+        ("section", "registered", "rules", None),
+        ("context", "registered", "cwd", None),
+        ("tools", "registered", "", None),
+        ("variable", "registered", "model", None),
+        ("suppressor", "registered", "", "agent-1"),
+        ("listener", "registered", listener.__qualname__, None),
+        ("section", "unregistered", "rules", None),
+        ("context", "unregistered", "cwd", None),
+        ("tools", "unregistered", "", None),
+        ("variable", "unregistered", "model", None),
+        ("suppressor", "unregistered", "", "agent-1"),
+        ("listener", "unregistered", listener.__qualname__, None),
+        ("scope", "unregistered", "agent-1", "agent-1"),
+    ]
+    revisions = [e.revision for e in events]
+    assert revisions == list(range(changes.revision + 1, changes.revision + 15))
+
+
+async def test_subscription_is_in_place_when_watch_changes_returns(
+    connect: ClientFactory,
+) -> None:
+    watcher, other = await connect(), await connect()
+    changes = await watcher.watch_changes()
+    await other.section("right-after", 1, "x")
+    [event] = await take(changes, 1)
+    assert (event.kind, event.name) == ("section", "right-after")
+
+
+async def test_scope_events_are_sent_per_handle(connect: ClientFactory) -> None:
+    one, two = await connect(), await connect()
+    changes = await one.watch_changes()
+    await one.scope("shared")
+    await two.scope("shared")
+    assert summary(await take(changes, 2)) == [
+        ("scope", "registered", "shared", "shared"),
+        ("scope", "registered", "shared", "shared"),
+    ]
+
+
+async def test_closing_a_session_emits_an_unregistered_event_per_registration(
+    connect: ClientFactory,
+) -> None:
+    watcher, owner = await connect(), await connect()
+    await owner.section("a", 1, "a")
+    await owner.variable("b", "b")
+    changes = await watcher.watch_changes()
+    await owner.close()
+    assert sorted(summary(await take(changes, 2))) == [
+        ("section", "unregistered", "a", None),
+        ("variable", "unregistered", "b", None),
+    ]
+
+
+async def test_a_stuck_watcher_blocks_no_registration_and_is_told_what_it_missed(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar: Sidecar = await make_sidecar(watch_buffer=16)
+    async with dsp.connect(sidecar.address) as client:
+        stuck = await client.watch_changes()  # never read until the end
+        live = await client.watch_changes()
+        live_events: list[dsp.ChangeEvent | dsp.ChangesMissed] = []
+
+        async def read_live() -> None:
+            async for event in live:
+                live_events.append(event)
+
+        reader = asyncio.create_task(read_live())
+        padding = "x" * 8192  # big events fill the transport's flow-control windows
+        offs = await asyncio.wait_for(
+            asyncio.gather(*(client.section(f"s{i}{padding}", i, "") for i in range(1000))), 60
+        )
+        for off in offs[:500]:
+            await off()
+        await asyncio.sleep(0.2)
+        reader.cancel()
+        assert all(isinstance(e, dsp.ChangeEvent) for e in live_events)
+        assert len(live_events) == 1500
+        last = live_events[-1].revision
+        seen: list[dsp.ChangeEvent | dsp.ChangesMissed] = []
+        while not seen or _reached(seen[-1]) < last:
+            seen.append(await asyncio.wait_for(stuck.__anext__(), 5))
+        gaps = [item for item in seen if isinstance(item, dsp.ChangesMissed)]
+        assert gaps, "the stuck watcher should have been told it missed events"
+        delivered = sum(isinstance(item, dsp.ChangeEvent) for item in seen)
+        assert delivered + sum(gap.count for gap in gaps) == 1500
+
+
+def _reached(item: dsp.ChangeEvent | dsp.ChangesMissed) -> int:
+    return item.revision if isinstance(item, dsp.ChangeEvent) else item.resync_revision
