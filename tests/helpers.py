@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
+
 import dsh_system_prompt as dsp
+import grpc
+import grpc.aio
+import pytest
+from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 
 IDENTITY = "You are an AI agent powered by DeepSeek Harness."
 
@@ -21,3 +28,49 @@ def tool_names(assembly: dsp.PromptAssembly) -> list[str]:
 
 def tool(name: str, description: str = "") -> dsp.ToolSchema:
     return dsp.ToolSchema(name, description or f"the {name} tool", {"type": "object"})
+
+
+# -- sessions and change events -------------------------------------------------------
+
+BUILTIN_SECTIONS = ("harness:identity", dsp.PERSONA_SECTION)
+
+
+async def next_events(
+    stream: dsp.ChangeStream, count: int, timeout: float = 5.0
+) -> list[dsp.ChangeEvent]:
+    """The next `count` change events (a ChangesMissed fails the test)."""
+    events: list[dsp.ChangeEvent] = []
+    while len(events) < count:
+        item = await asyncio.wait_for(anext(stream), timeout)
+        assert isinstance(item, dsp.ChangeEvent), f"unexpected {item!r}"
+        events.append(item)
+    return events
+
+
+def raw_channel(address: str) -> grpc.aio.Channel:
+    """A plain channel for calling the wire contract directly."""
+    return grpc.aio.insecure_channel(address)
+
+
+def raw_stub(channel: grpc.aio.Channel) -> pb_grpc.SystemPromptServiceStub:
+    return pb_grpc.SystemPromptServiceStub(channel)
+
+
+def context(name: str, text: str) -> dsp.AssembledContext:
+    return dsp.AssembledContext(name, text)
+
+
+def section(name: str, text: str) -> dsp.AssembledSection:
+    return dsp.AssembledSection(name, text)
+
+
+async def rejection(awaitable: Awaitable[object]) -> dsp.SystemPromptError:
+    """The SystemPromptError `awaitable` fails with (the test fails if it succeeds)."""
+    with pytest.raises(dsp.SystemPromptError) as caught:
+        await awaitable
+    return caught.value
+
+
+def failure(error: dsp.SystemPromptError) -> tuple[grpc.StatusCode, str, str]:
+    """(code, reason, message): compare a whole failure in one assertion."""
+    return error.code, error.reason, error.message

@@ -149,7 +149,7 @@ async def test_listener_returning_duplicate_section_names_is_rejected(client: ds
     [
         (lambda a: a.sections.append(dsp.AssembledSection("", "x")),
          "assembled section names must be non-empty"),
-        (lambda a: a.contexts.extend([dsp.AssembledContext("c", "1"), dsp.AssembledContext("c", "2")]),
+        (lambda a: a.contexts.extend([dsp.AssembledContext("c", "1")] * 2),
          'assembled context name "c" is duplicated'),
         (lambda a: a.contexts.append(dsp.AssembledContext("", "x")),
          "assembled context names must be non-empty"),
