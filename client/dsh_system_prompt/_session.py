@@ -56,12 +56,21 @@ class Session:
         self.id = opened.opened.session_id
         self._reader = asyncio.create_task(self._read())
 
-    async def rpc(self, call: Awaitable[T]) -> T:
-        """Await a unary call, turning gRPC failures into SystemPromptError."""
+    async def call(self, method: Callable[..., Awaitable[T]], request: Any, **options: Any) -> T:
+        """Make a unary call for this session; gRPC failures become SystemPromptError."""
+        self.check_open()
         try:
-            return await call
+            return await method(request, **options)
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise SystemPromptError(
+                "this client is closed: its session and registrations are gone",
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "SESSION_CLOSED",
+            )
 
     def add_provider(self, provider: Provider) -> str:
         """Keep `provider` here; the returned key is what the sidecar asks for."""

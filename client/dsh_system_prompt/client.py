@@ -15,7 +15,7 @@ from ._changes import ChangeStream
 from ._convert import assembly_from_proto, context_to_proto, tools_to_proto
 from ._listeners import Listener, ListenerStream
 from ._session import Session
-from .errors import SystemPromptError
+from .errors import SystemPromptError, error_from_rpc
 from .types import AssembleContext, PromptAssembly, RenderedPrompt, ToolProviderResult, ToolSchema
 
 TextSource = str | Callable[[AssembleContext], str | Awaitable[str]]
@@ -114,6 +114,7 @@ class _Registrar:
         self, listener: Listener, prepend: bool = False, global_: bool = False
     ) -> Disposer:
         """Install a waterfall listener: `async def listener(assembly, context, next)`."""
+        self._session.check_open()
         stream = ListenerStream(self._session.stub, listener)
         registration_id = await stream.start(self._session.id, self._scope_id, prepend, global_)
 
@@ -138,7 +139,7 @@ class _Registrar:
 
     async def _register(self, method: Any, request: Any, key: str | None) -> Any:
         try:
-            return await self._session.rpc(method(request))
+            return await self._session.call(method, request)
         except BaseException:
             if key is not None:
                 self._session.drop_provider(key)
@@ -157,7 +158,7 @@ class _Registrar:
             return  # the session's end disposed it already
         request = pb.DisposeRequest(session_id=self._session.id, registration_id=registration_id)
         try:
-            await self._session.rpc(self._session.stub.Dispose(request))
+            await self._session.call(self._session.stub.Dispose, request)
         except SystemPromptError as error:
             if error.code != grpc.StatusCode.NOT_FOUND:  # NOT_FOUND: gone already
                 raise
@@ -190,7 +191,7 @@ class Client(_Registrar):
     async def scope(self, key: str, parent: str | None = None) -> Scope:
         """Open a handle on scope `key`, optionally binding its parent."""
         request = pb.OpenScopeRequest(session_id=self._session.id, key=key, parent_key=parent or "")
-        reply = await self._session.rpc(self._session.stub.OpenScope(request))
+        reply = await self._session.call(self._session.stub.OpenScope, request)
         return Scope(self._session, key, parent, reply.scope_id)
 
     async def assemble(
@@ -219,8 +220,12 @@ class Client(_Registrar):
 
     async def watch_changes(self) -> ChangeStream:
         """Subscribe to change events; subscribed when this returns."""
+        self._session.check_open()
         call = self._session.stub.WatchChanges(pb.WatchChangesRequest())
-        first = await self._session.rpc(call.read())
+        try:
+            first = await call.read()
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
         if first is grpc.aio.EOF:
             raise SystemPromptError("the sidecar closed the change stream", await call.code())
         return ChangeStream(call, first.subscribed.revision)
@@ -237,7 +242,7 @@ class Client(_Registrar):
         render: bool,
     ) -> pb.AssembleResponse:
         request = pb.AssembleRequest(context=context_to_proto(scope, fields), render=render)
-        return await self._session.rpc(self._session.stub.Assemble(request, timeout=timeout))
+        return await self._session.call(self._session.stub.Assemble, request, timeout=timeout)
 
 
 class _Connecting:

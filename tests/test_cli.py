@@ -1,0 +1,373 @@
+"""The `dsh-system-prompt serve` command, health, reflection and draining."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import dsh_system_prompt as dsp
+import grpc
+import grpc.aio
+import pytest
+from conftest import SidecarFactory
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from helpers import IDENTITY, raw_channel, section_names, tool, tool_names
+
+SERVICE = "dsh.systemprompt.v1.SystemPromptService"
+LISTENING = re.compile(r"listening on (\S+)")
+
+
+def _command() -> str:
+    beside = Path(sys.executable).parent / "dsh-system-prompt"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("dsh-system-prompt")
+    assert found, "the dsh-system-prompt command is not installed"
+    return found
+
+
+class Served:
+    def __init__(self, process: asyncio.subprocess.Process, line: str, address: str) -> None:
+        self.process = process
+        self.line = line
+        self.address = address
+
+
+@contextlib.asynccontextmanager
+async def serve(*args: str) -> AsyncIterator[Served]:
+    """Run `dsh-system-prompt serve ARGS` until it says where it listens; kill it after."""
+    process = await asyncio.create_subprocess_exec(
+        _command(),
+        "serve",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 15)).decode()
+        found = LISTENING.search(line)
+        if found is None:
+            process.kill()
+            err = await asyncio.wait_for(process.stderr.read(), 5)
+            pytest.fail(f"serve printed {line!r}; stderr: {err.decode()[-2000:]}")
+        yield Served(process, line, found.group(1))
+    finally:
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(process.wait(), 5)
+
+
+def _serve_and_fail(tmp_path: Path, toml: str) -> subprocess.CompletedProcess[str]:
+    """Run serve with a config that must be refused; it must exit on its own."""
+    config = tmp_path / "sidecar.toml"
+    config.write_text(toml)
+    return subprocess.run(
+        [_command(), "serve", "--config", str(config), "--listen", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=15,
+        check=False,
+    )
+
+
+async def _health(address: str, service: str = "") -> int:
+    async with raw_channel(address) as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=5
+        )
+    return int(reply.status)
+
+
+# -- serve ---------------------------------------------------------------------------
+
+
+async def test_serve_prints_listening_on_the_bound_tcp_address() -> None:
+    async with serve("--listen", "127.0.0.1:0") as served:
+        found = re.search(r"listening on 127\.0\.0\.1:(\d+)", served.line)
+        assert found is not None, served.line
+        assert int(found.group(1)) > 0
+
+
+async def test_a_client_can_assemble_from_the_served_address() -> None:
+    async with (
+        serve("--listen", "127.0.0.1:0") as served,
+        dsp.connect(served.address) as client,
+    ):
+        await client.section("rules", 10, "Be precise.")
+        rendered = await client.render(timeout=5)
+    assert rendered.prompt == f"{IDENTITY}\n\nBe precise."
+
+
+async def test_serve_listens_on_a_unix_socket() -> None:
+    directory = tempfile.mkdtemp(prefix="dsp-", dir="/tmp")
+    path = f"{directory}/sidecar.sock"
+    try:
+        async with serve("--listen", f"unix:{path}") as served:
+            assert path in served.line
+            async with dsp.connect(f"unix:{path}") as client:
+                assembly = await client.assemble(timeout=5)
+        assert section_names(assembly) == ["harness:identity", dsp.PERSONA_SECTION]
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def test_config_file_persona_and_identity_switch_are_honoured(tmp_path: Path) -> None:
+    config = tmp_path / "sidecar.toml"
+    config.write_text('persona = "You are Ada."\ninclude_harness_identity = false\n')
+    async with (
+        serve("--config", str(config), "--listen", "127.0.0.1:0") as served,
+        dsp.connect(served.address) as client,
+    ):
+        assembly = await client.assemble(timeout=5)
+    assert assembly.sections == [dsp.AssembledSection(dsp.PERSONA_SECTION, "You are Ada.")]
+
+
+async def test_config_file_tool_order_is_honoured(tmp_path: Path) -> None:
+    config = tmp_path / "sidecar.toml"
+    config.write_text('tool_order = ["todo_write", "<unlisted-tools>", "bash"]\n')
+    async with (
+        serve("--config", str(config), "--listen", "127.0.0.1:0") as served,
+        dsp.connect(served.address) as client,
+    ):
+        await client.tools([tool("bash"), tool("zeta"), tool("alpha"), tool("todo_write")])
+        assembly = await client.assemble(timeout=5)
+    assert tool_names(assembly) == ["todo_write", "alpha", "zeta", "bash"]
+
+
+def test_tool_order_without_the_rest_entry_stops_the_sidecar(tmp_path: Path) -> None:
+    result = _serve_and_fail(tmp_path, 'tool_order = ["bash", "todo_write"]\n')
+    assert result.returncode != 0
+    assert 'toolOrder must contain the "<unlisted-tools>" rest entry' in result.stderr
+    assert "listening on" not in result.stdout
+
+
+def test_tool_order_with_a_duplicate_stops_the_sidecar(tmp_path: Path) -> None:
+    result = _serve_and_fail(tmp_path, 'tool_order = ["bash", "<unlisted-tools>", "bash"]\n')
+    assert result.returncode != 0
+    assert 'toolOrder lists "bash" more than once' in result.stderr
+    assert "listening on" not in result.stdout
+
+
+def test_tool_order_with_the_rest_entry_twice_stops_the_sidecar(tmp_path: Path) -> None:
+    result = _serve_and_fail(
+        tmp_path, 'tool_order = ["<unlisted-tools>", "bash", "<unlisted-tools>"]\n'
+    )
+    assert result.returncode != 0
+    assert "listening on" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("key", "toml"),
+    [
+        ("persona", "persona = 3"),
+        ("include_harness_identity", 'include_harness_identity = "yes"'),
+        ("include_runtime_context", "include_runtime_context = 1"),
+        ("tool_order", 'tool_order = "bash"'),
+        ("provider_timeout_s", "provider_timeout_s = -1"),
+        ("provider_timeout_s", 'provider_timeout_s = "5"'),
+        ("shutdown_grace_s", "shutdown_grace_s = -1"),
+    ],
+)
+def test_a_config_value_of_the_wrong_type_or_range_stops_the_sidecar_naming_the_key(
+    tmp_path: Path, key: str, toml: str
+) -> None:
+    result = _serve_and_fail(tmp_path, toml + "\n")
+    assert result.returncode != 0
+    assert key in result.stderr
+    assert "listening on" not in result.stdout
+
+
+async def test_sigterm_exits_zero() -> None:
+    async with serve("--listen", "127.0.0.1:0") as served:
+        served.process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(served.process.wait(), 15) == 0
+
+
+async def test_sigterm_with_a_session_open_exits_zero() -> None:
+    async with serve("--listen", "127.0.0.1:0") as served:
+        client = await dsp.connect(served.address)
+        try:
+            await client.section("rules", 10, lambda ctx: "dynamic")
+            await client.assemble(timeout=5)
+            served.process.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(served.process.wait(), 15) == 0
+        finally:
+            await asyncio.wait_for(client.close(), 10)
+
+
+async def test_sigterm_lets_an_in_flight_assembly_finish_and_refuses_new_calls() -> None:
+    async with serve("--listen", "127.0.0.1:0") as served:
+        client = await dsp.connect(served.address)
+        try:
+            asked, release = asyncio.Event(), asyncio.Event()
+
+            async def slow(ctx: dsp.AssembleContext) -> str:
+                asked.set()
+                await release.wait()
+                return "slow text"
+
+            await client.section("slow", 1, slow)
+            in_flight = asyncio.create_task(client.assemble(timeout=10))
+            await asyncio.wait_for(asked.wait(), 5)
+
+            served.process.send_signal(signal.SIGTERM)
+            await _wait_for_health(served.address, health_pb2.HealthCheckResponse.NOT_SERVING)
+            with pytest.raises(dsp.SystemPromptError) as refused:
+                await client.assemble(timeout=5)
+            assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+
+            release.set()
+            assembly = await asyncio.wait_for(in_flight, 10)
+            assert assembly.sections[-1] == dsp.AssembledSection("slow", "slow text")
+            assert await asyncio.wait_for(served.process.wait(), 15) == 0
+        finally:
+            await asyncio.wait_for(client.close(), 10)
+
+
+async def _wait_for_health(address: str, wanted: int) -> None:
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + 5
+    while (status := await _health(address)) != wanted:
+        assert loop.time() < give_up, f"health stayed {status}, wanted {wanted}"
+        await asyncio.sleep(0.02)
+
+
+# -- health and reflection -----------------------------------------------------------
+
+
+async def test_health_answers_serving() -> None:
+    async with serve("--listen", "127.0.0.1:0") as served:
+        assert await _health(served.address) == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_health_answers_serving_for_the_system_prompt_service() -> None:
+    async with serve("--listen", "127.0.0.1:0") as served:
+        assert await _health(served.address, SERVICE) == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_reflection_lists_the_system_prompt_service() -> None:
+    async with serve("--listen", "127.0.0.1:0") as served, raw_channel(served.address) as channel:
+        call = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(timeout=5)
+        await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
+        reply = await call.read()
+        await call.done_writing()
+    names = [service.name for service in reply.list_services_response.service]
+    assert SERVICE in names
+    assert "grpc.health.v1.Health" in names
+
+
+async def test_reflection_describes_the_contract_package() -> None:
+    async with serve("--listen", "127.0.0.1:0") as served, raw_channel(served.address) as channel:
+        call = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(timeout=5)
+        await call.write(reflection_pb2.ServerReflectionRequest(file_containing_symbol=SERVICE))
+        reply = await call.read()
+        await call.done_writing()
+    assert reply.WhichOneof("message_response") == "file_descriptor_response"
+
+
+# -- drain, in process ---------------------------------------------------------------
+
+
+async def test_drain_turns_health_not_serving_and_refuses_new_calls(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar()
+    client = await dsp.connect(sidecar.address)
+    drain: asyncio.Task[None] | None = None
+    try:
+        asked, release = asyncio.Event(), asyncio.Event()
+
+        async def slow(ctx: dsp.AssembleContext) -> str:
+            asked.set()
+            await release.wait()
+            return "slow text"
+
+        await client.section("slow", 1, slow)
+        in_flight = asyncio.create_task(client.assemble(timeout=10))
+        await asyncio.wait_for(asked.wait(), 5)
+
+        drain = asyncio.create_task(sidecar.drain())
+        await _wait_for_health(sidecar.address, health_pb2.HealthCheckResponse.NOT_SERVING)
+        with pytest.raises(dsp.SystemPromptError) as refused:
+            await client.assemble(timeout=5)
+        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(dsp.SystemPromptError) as refused_registration:
+            await client.section("late", 2, "too late")
+        assert refused_registration.value.code == grpc.StatusCode.UNAVAILABLE
+
+        release.set()
+        assembly = await asyncio.wait_for(in_flight, 10)
+        assert assembly.sections[-1] == dsp.AssembledSection("slow", "slow text")
+        await asyncio.wait_for(drain, 10)
+    finally:
+        if drain is not None and not drain.done():
+            drain.cancel()
+        await asyncio.wait_for(client.close(), 10)
+
+
+async def test_drain_refuses_new_sessions(make_sidecar: SidecarFactory) -> None:
+    sidecar = await make_sidecar()
+    client = await dsp.connect(sidecar.address)
+    drain: asyncio.Task[None] | None = None
+    try:
+        asked, release = asyncio.Event(), asyncio.Event()
+
+        async def slow(ctx: dsp.AssembleContext) -> str:
+            asked.set()
+            await release.wait()
+            return "slow"
+
+        await client.section("slow", 1, slow)
+        in_flight = asyncio.create_task(client.assemble(timeout=10))
+        await asyncio.wait_for(asked.wait(), 5)
+        drain = asyncio.create_task(sidecar.drain())
+        await _wait_for_health(sidecar.address, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+        with pytest.raises(dsp.SystemPromptError) as refused:
+            await asyncio.wait_for(dsp.connect(sidecar.address), 5)
+        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+
+        release.set()
+        await asyncio.wait_for(in_flight, 10)
+        await asyncio.wait_for(drain, 10)
+    finally:
+        if drain is not None and not drain.done():
+            drain.cancel()
+        await asyncio.wait_for(client.close(), 10)
+
+
+async def test_drain_cancels_an_assembly_that_outlives_the_grace_period(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(shutdown_grace_s=0.2)
+    client = await dsp.connect(sidecar.address)
+    try:
+        asked, never = asyncio.Event(), asyncio.Event()
+
+        async def stuck(ctx: dsp.AssembleContext) -> str:
+            asked.set()
+            await never.wait()
+            return "never"
+
+        await client.section("stuck", 1, stuck)
+        in_flight = asyncio.create_task(client.assemble(timeout=30))
+        await asyncio.wait_for(asked.wait(), 5)
+
+        await asyncio.wait_for(sidecar.drain(), 10)
+
+        with pytest.raises(dsp.SystemPromptError):
+            await asyncio.wait_for(in_flight, 10)
+    finally:
+        await asyncio.wait_for(client.close(), 10)
