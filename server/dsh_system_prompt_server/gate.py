@@ -18,11 +18,15 @@ class Gate:
         self._idle = asyncio.Event()
         self._idle.set()
 
+    def check(self) -> None:
+        """Raise UNAVAILABLE when draining (for streams that outlive the drain)."""
+        if self.draining:
+            raise shutting_down()
+
     @contextlib.contextmanager
     def call(self) -> Iterator[None]:
         """Hold the gate open for one call; raises when draining."""
-        if self.draining:
-            raise shutting_down()
+        self.check()
         self._in_flight += 1
         self._idle.clear()
         try:

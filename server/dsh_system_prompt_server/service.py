@@ -224,8 +224,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def WatchChanges(
         self, request: pb.WatchChangesRequest, context: Context
     ) -> AsyncIterator[pb.WatchChangesResponse]:
-        if self.gate.draining:
-            await self._unary(context, self.gate.call().__enter__)
+        await self._unary(context, self.gate.check)
         subscription = self.registry.changes.subscribe(self._watch_buffer)
         try:
             yield pb.WatchChangesResponse(
