@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import grpc.aio
@@ -12,11 +13,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from .auth import BearerTokenInterceptor, read_token
 from .config import SidecarConfig
+from .logs import logger
+from .metrics import Metrics
 from .registry import Registry
 from .service import SystemPromptService
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SystemPromptService"].full_name
+HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+_log = logger("app")
 
 
 @dataclass
@@ -26,6 +32,7 @@ class Sidecar:
     server: grpc.aio.Server
     service: SystemPromptService
     health: health_aio.HealthServicer
+    metrics: Metrics
     address: str
     config: SidecarConfig
 
@@ -38,8 +45,11 @@ class Sidecar:
         finish within the grace period, then end every session and stop."""
         await self.health.enter_graceful_shutdown()
         self.service.gate.close()
-        await self.service.gate.wait_idle(self.config.shutdown_grace_s)
+        finished = await self.service.gate.wait_idle(self.config.shutdown_grace_s)
+        if not finished:
+            _log.warning("calls still in flight after %ss: cancelled", self.config.shutdown_grace_s)
         await self.server.stop(grace=None)
+        _log.info("stopped")
 
     async def wait(self) -> None:
         await self.server.wait_for_termination()
@@ -47,24 +57,72 @@ class Sidecar:
 
 async def start_sidecar(config: SidecarConfig, listen: str = "127.0.0.1:50051") -> Sidecar:
     """Start serving on `listen` (HOST:PORT, port 0 for any, or unix:PATH)."""
-    server = grpc.aio.server()
-    service = SystemPromptService(Registry(config.registry), watch_buffer=config.watch_buffer)
+    interceptors = []
+    if config.security.auth_token_file:
+        interceptors.append(BearerTokenInterceptor(read_token(config.security.auth_token_file)))
+    server = grpc.aio.server(interceptors=interceptors, options=server_options(config))
+    metrics = Metrics()
+    service = SystemPromptService(Registry(config.registry), config, metrics)
     pb_grpc.add_SystemPromptServiceServicer_to_server(service, server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        (
-            SERVICE_NAME,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
-    )
-    port = server.add_insecure_port(listen)
+    if reflection_enabled(config, listen):
+        names = (SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, server)
+    credentials = server_credentials(config)
+    if credentials is None:
+        port = server.add_insecure_port(listen)
+    else:
+        port = server.add_secure_port(listen, credentials)
     await server.start()
     for name in ("", SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return Sidecar(server, service, health, bound_address(listen, port), config)
+    if config.metrics_listen:
+        metrics.serve(config.metrics_listen)
+    address = bound_address(listen, port)
+    _log.info("serving on %s (tls=%s, auth=%s)", address, credentials is not None,
+              bool(interceptors))  # fmt: skip
+    return Sidecar(server, service, health, metrics, address, config)
+
+
+def server_options(config: SidecarConfig) -> list[tuple[str, int]]:
+    """Message size and the keepalive that detects dead peers within the bound."""
+    half = max(1, int(config.dead_peer_timeout_s * 500))  # ms: ping, then wait as long
+    size = config.server_limits.max_message_bytes
+    return [
+        ("grpc.max_receive_message_length", size),
+        ("grpc.max_send_message_length", size),
+        ("grpc.keepalive_time_ms", half),
+        ("grpc.keepalive_timeout_ms", half),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]
+
+
+def server_credentials(config: SidecarConfig) -> grpc.ServerCredentials | None:
+    security = config.security
+    if not security.tls_cert_file and not security.tls_key_file:
+        return None
+    if not (security.tls_cert_file and security.tls_key_file):
+        raise ValueError("TLS needs both tls_cert_file and tls_key_file")
+    key = Path(security.tls_key_file).read_bytes()
+    cert = Path(security.tls_cert_file).read_bytes()
+    client_ca = (
+        Path(security.tls_client_ca_file).read_bytes() if security.tls_client_ca_file else None
+    )
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
+def reflection_enabled(config: SidecarConfig, listen: str) -> bool:
+    """As configured; by default only where no one but this host can reach it."""
+    if config.reflection is not None:
+        return config.reflection
+    host = listen.rpartition(":")[0].strip("[]")
+    return listen.startswith("unix:") or host in ("127.0.0.1", "localhost", "::1")
 
 
 def bound_address(listen: str, port: int) -> str:

@@ -9,18 +9,19 @@ import sys
 from collections.abc import Sequence
 
 from .app import start_sidecar
-from .config import ConfigError, SidecarConfig, load_config
+from .config import LOG_LEVELS, ConfigError, SidecarConfig, load_config, with_overrides
+from .logs import configure_logging, logger
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
+EXIT_CONFIG = 2
+EXIT_LISTEN = 1
+_log = logger("cli")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     args = _parser().parse_args(argv)
-    if args.command == "serve":
-        return _serve(args)
-    _parser().print_help()
-    return 2
+    return int(args.run(args))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,33 +30,60 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the sidecar")
+    serve.set_defaults(run=_serve)
     serve.add_argument("--config", help="TOML config file (defaults apply without one)")
     serve.add_argument(
         "--listen",
         default=DEFAULT_LISTEN,
         help=f"HOST:PORT (port 0 picks a free one) or unix:PATH (default {DEFAULT_LISTEN})",
     )
+    serve.add_argument("--auth-token-file", help="require 'authorization: Bearer <token>'")
+    serve.add_argument("--tls-cert", dest="tls_cert_file", help="server certificate (PEM)")
+    serve.add_argument("--tls-key", dest="tls_key_file", help="server private key (PEM)")
+    serve.add_argument(
+        "--tls-client-ca", dest="tls_client_ca_file", help="CA for client certificates (mTLS)"
+    )
+    serve.add_argument("--metrics-listen", help="serve Prometheus /metrics on HOST:PORT")
+    serve.add_argument("--log-level", choices=LOG_LEVELS)
+    serve.add_argument("--log-format", choices=("text", "json"))
+    serve.add_argument(
+        "--reflection",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="server reflection (default: on for loopback and unix sockets)",
+    )
     return parser
 
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config)
+        config = with_overrides(
+            load_config(args.config),
+            auth_token_file=args.auth_token_file,
+            tls_cert_file=args.tls_cert_file,
+            tls_key_file=args.tls_key_file,
+            tls_client_ca_file=args.tls_client_ca_file,
+            metrics_listen=args.metrics_listen,
+            log_level=args.log_level,
+            log_format=args.log_format,
+            reflection=args.reflection,
+        )
     except ConfigError as error:
         print(f"dsh-system-prompt: {error}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
+    configure_logging(config.log_level, config.log_format)
     try:
         asyncio.run(_run(config, args.listen))
-    except OSError as error:
-        print(f"dsh-system-prompt: cannot listen on {args.listen}: {error}", file=sys.stderr)
-        return 1
+    except (OSError, ValueError) as error:
+        print(f"dsh-system-prompt: cannot serve on {args.listen}: {error}", file=sys.stderr)
+        return EXIT_LISTEN
     return 0
 
 
 async def _run(config: SidecarConfig, listen: str) -> None:
     try:
         sidecar = await start_sidecar(config, listen)
-    except RuntimeError as error:
+    except RuntimeError as error:  # grpc reports a failed bind this way
         raise OSError(str(error)) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -63,5 +91,5 @@ async def _run(config: SidecarConfig, listen: str) -> None:
         loop.add_signal_handler(signum, stop.set)
     print(f"dsh-system-prompt listening on {sidecar.address}", flush=True)
     await stop.wait()
-    print("dsh-system-prompt draining", flush=True)
+    _log.info("draining (grace %ss)", config.shutdown_grace_s)
     await sidecar.drain()

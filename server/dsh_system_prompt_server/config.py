@@ -1,16 +1,18 @@
-"""The sidecar's TOML config, validated at start."""
+"""The sidecar's TOML config, validated at start: every key, its type and its range."""
 
 from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-from .registry import RegistryError, RegistrySettings, validate_tool_order
+from .registry import Limits, RegistryError, RegistrySettings, validate_tool_order
 
 T = TypeVar("T")
+LogFormat = Literal["text", "json"]
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class ConfigError(Exception):
@@ -18,23 +20,57 @@ class ConfigError(Exception):
 
 
 @dataclass(frozen=True)
+class ServerLimits:
+    """Limits of the transport and of the sidecar as a whole."""
+
+    max_message_bytes: int = 4 * 1024 * 1024
+    max_sessions: int = 1_000
+    max_watchers: int = 1_000
+
+
+@dataclass(frozen=True)
+class Security:
+    """Optional bearer-token auth and TLS (mutual when a client CA is given)."""
+
+    auth_token_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
+
+
+@dataclass(frozen=True)
 class SidecarConfig:
-    """Everything the sidecar reads from its config file."""
+    """Everything the sidecar reads from its config file (and flags)."""
 
     registry: RegistrySettings = field(default_factory=RegistrySettings)
+    server_limits: ServerLimits = field(default_factory=ServerLimits)
+    security: Security = field(default_factory=Security)
     shutdown_grace_s: float = 5.0
+    dead_peer_timeout_s: float = 20.0
     watch_buffer: int = 1024
+    reflection: bool | None = None  # None: on when listening on loopback or a unix socket
+    log_level: str = "info"
+    log_format: LogFormat = "text"
+    metrics_listen: str | None = None
 
 
-_KNOWN_KEYS = {
+_TOP_KEYS = {
     "persona",
     "include_harness_identity",
     "include_runtime_context",
     "tool_order",
     "provider_timeout_s",
     "shutdown_grace_s",
+    "dead_peer_timeout_s",
     "watch_buffer",
+    "reflection",
+    "log_level",
+    "log_format",
+    "metrics_listen",
+    "limits",
+    *(f.name for f in fields(Security)),
 }
+_LIMIT_KEYS = {f.name for f in (*fields(Limits), *fields(ServerLimits))}
 
 
 def load_config(path: str | Path | None) -> SidecarConfig:
@@ -53,39 +89,91 @@ def load_config(path: str | Path | None) -> SidecarConfig:
 
 def parse_config(raw: dict[str, Any]) -> SidecarConfig:
     """Validate a parsed config table."""
-    unknown = sorted(set(raw) - _KNOWN_KEYS)
-    if unknown:
-        raise ConfigError(f"unknown config key {unknown[0]!r}")
-    tool_order = raw.get("tool_order")
-    if tool_order is not None:
-        if not isinstance(tool_order, list) or not all(isinstance(n, str) for n in tool_order):
-            raise ConfigError("config key 'tool_order' must be a list of tool names")
-        try:
-            tool_order = validate_tool_order(tool_order)
-        except RegistryError as error:
-            raise ConfigError(error.message) from None
+    _no_unknown(raw, _TOP_KEYS, "")
+    limits_table = raw.get("limits", {})
+    if not isinstance(limits_table, dict):
+        raise ConfigError("config key 'limits' must be a table")
+    _no_unknown(limits_table, _LIMIT_KEYS, "limits.")
     registry = RegistrySettings(
         persona=_typed(raw, "persona", str, ""),
         include_harness_identity=_typed(raw, "include_harness_identity", bool, True),
         include_runtime_context=_typed(raw, "include_runtime_context", bool, True),
-        tool_order=tool_order,
+        tool_order=_tool_order(raw.get("tool_order")),
         provider_timeout_s=_seconds(raw, "provider_timeout_s", 5.0),
+        limits=Limits(**_counts(limits_table, Limits())),
     )
-    watch_buffer = _typed(raw, "watch_buffer", int, 1024)
-    if watch_buffer < 1:
-        raise ConfigError("config key 'watch_buffer' must be at least 1")
+    log_level = _typed(raw, "log_level", str, "info")
+    if log_level not in LOG_LEVELS:
+        raise ConfigError(f"config key 'log_level' must be one of {', '.join(LOG_LEVELS)}")
+    log_format = _typed(raw, "log_format", str, "text")
+    if log_format not in ("text", "json"):
+        raise ConfigError("config key 'log_format' must be 'text' or 'json'")
+    reflection = raw.get("reflection")
+    if reflection is not None and not isinstance(reflection, bool):
+        raise ConfigError(f"config key 'reflection' must be a bool, not {reflection!r}")
     return SidecarConfig(
         registry=registry,
+        server_limits=ServerLimits(**_counts(limits_table, ServerLimits())),
+        security=Security(**{f.name: _path(raw, f.name) for f in fields(Security)}),
         shutdown_grace_s=_seconds(raw, "shutdown_grace_s", 5.0, allow_zero=True),
-        watch_buffer=watch_buffer,
+        dead_peer_timeout_s=_seconds(raw, "dead_peer_timeout_s", 20.0),
+        watch_buffer=_count(raw, "watch_buffer", 1024),
+        reflection=reflection,
+        log_level=log_level,
+        log_format="json" if log_format == "json" else "text",
+        metrics_listen=_typed(raw, "metrics_listen", str, "") or None,
     )
 
 
-def _typed(raw: dict[str, Any], key: str, kind: type[T], default: T) -> T:
+def with_overrides(config: SidecarConfig, **overrides: Any) -> SidecarConfig:
+    """The config with command-line flags applied (None means "not given")."""
+    security = {k: v for k, v in overrides.items() if k in {f.name for f in fields(Security)}}
+    top = {k: v for k, v in overrides.items() if k not in security and v is not None}
+    given_security = {k: v for k, v in security.items() if v is not None}
+    return replace(config, security=replace(config.security, **given_security), **top)
+
+
+def _no_unknown(table: dict[str, Any], known: set[str], prefix: str) -> None:
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"unknown config key '{prefix}{unknown[0]}'")
+
+
+def _tool_order(value: object) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise ConfigError("config key 'tool_order' must be a list of tool names")
+    try:
+        return validate_tool_order(value)
+    except RegistryError as error:
+        raise ConfigError(error.message) from None
+
+
+def _counts(table: dict[str, Any], defaults: Limits | ServerLimits) -> dict[str, int]:
+    return {
+        f.name: _count(table, f.name, getattr(defaults, f.name), prefix="limits.")
+        for f in fields(defaults)
+    }
+
+
+def _count(raw: dict[str, Any], key: str, default: int, prefix: str = "") -> int:
+    value = _typed(raw, key, int, default, prefix)
+    if value < 1:
+        raise ConfigError(f"config key '{prefix}{key}' must be at least 1, not {value}")
+    return value
+
+
+def _path(raw: dict[str, Any], key: str) -> str | None:
+    value = _typed(raw, key, str, "")
+    return value or None
+
+
+def _typed(raw: dict[str, Any], key: str, kind: type[T], default: T, prefix: str = "") -> T:
     value = raw.get(key, default)
     # bool is an int in Python; a flag is not a number here, nor the reverse.
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise ConfigError(f"config key '{key}' must be a {kind.__name__}, not {value!r}")
+        raise ConfigError(f"config key '{prefix}{key}' must be a {kind.__name__}, not {value!r}")
     return value
 
 

@@ -14,10 +14,13 @@ from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt.errors import RenderError
 from dsh_system_prompt.render import render_context_snapshot, render_prompt
 
+from .config import SidecarConfig
 from .convert import assembly_to_proto, context_from_proto, toolset_from_proto
 from .gate import Gate
 from .listeners import ListenerStream
+from .metrics import ASSEMBLY_FAILURE_REASONS, Metrics
 from .registry import ChangeEvent, Dynamic, Kind, Missed, Registry, RegistryError, Status
+from .registry.limits import quota_exceeded
 from .sessions import Session, Sessions
 from .status import abort, bad_request
 
@@ -39,11 +42,18 @@ CHANGE_KINDS = {
 class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     """Translates the wire contract to registry calls; holds no semantics of its own."""
 
-    def __init__(self, registry: Registry, watch_buffer: int = 1024) -> None:
+    def __init__(self, registry: Registry, config: SidecarConfig, metrics: Metrics) -> None:
         self.registry = registry
-        self.sessions = Sessions(registry)
+        self.sessions = Sessions(registry, config.server_limits.max_sessions)
         self.gate = Gate()
-        self._watch_buffer = watch_buffer
+        self.metrics = metrics
+        self._watch_buffer = config.watch_buffer
+        self._max_watchers = config.server_limits.max_watchers
+        metrics.track(
+            sessions=lambda: len(self.sessions),
+            registrations=lambda: len(registry.registrations()),
+            watchers=registry.changes.subscriber_count,
+        )
 
     # -- sessions ---------------------------------------------------------------------
 
@@ -196,9 +206,11 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
 
     async def Assemble(self, request: pb.AssembleRequest, context: Context) -> pb.AssembleResponse:
         try:
-            with self.gate.call():
+            with self.gate.call(), self.metrics.assemble_seconds.time():
                 return await self._assemble(request, context)
         except RegistryError as error:
+            if error.reason in ASSEMBLY_FAILURE_REASONS:
+                self.metrics.assembly_failures.labels(error.reason).inc()
             await abort(context, error)
 
     async def _assemble(self, request: pb.AssembleRequest, context: Context) -> pb.AssembleResponse:
@@ -224,7 +236,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def WatchChanges(
         self, request: pb.WatchChangesRequest, context: Context
     ) -> AsyncIterator[pb.WatchChangesResponse]:
-        await self._unary(context, self.gate.check)
+        await self._unary(context, self._check_watchers)
         subscription = self.registry.changes.subscribe(self._watch_buffer)
         try:
             yield pb.WatchChangesResponse(
@@ -281,6 +293,12 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
                 self.registry.dispose(owner, registration_id)
 
     # -- helpers ----------------------------------------------------------------------
+
+    def _check_watchers(self) -> None:
+        self.gate.check()
+        watchers = self.registry.changes.subscriber_count()
+        if watchers >= self._max_watchers:
+            raise quota_exceeded(f"the sidecar already has {watchers} watchers, its limit")
 
     async def _unary(self, context: Context, action: Callable[[], Reply]) -> Reply:
         try:

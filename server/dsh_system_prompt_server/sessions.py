@@ -19,6 +19,7 @@ from .registry import (
     Status,
     new_id,
 )
+from .registry.limits import quota_exceeded
 from .status import unknown_session
 
 _KIND_TO_PROTO = {
@@ -115,11 +116,14 @@ class _SessionGone(Exception):
 class Sessions:
     """The open sessions; closing one disposes everything it registered."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, max_sessions: int = 1_000) -> None:
         self._registry = registry
+        self._max_sessions = max_sessions
         self._open: dict[str, Session] = {}
 
     def open(self, client_name: str) -> Session:
+        if len(self._open) >= self._max_sessions:
+            raise quota_exceeded(f"the sidecar already has {len(self._open)} sessions, its limit")
         session = Session(new_id(), client_name)
         self._open[session.id] = session
         return session

@@ -5,6 +5,7 @@ Nothing here knows about gRPC; the service translates to and from it.
 
 from .changes import ChangeFeed, Missed, Subscription
 from .errors import RegistryError, Status
+from .limits import Limits
 from .model import (
     AssembleContext,
     Assembly,
@@ -43,6 +44,7 @@ __all__ = [
     "Dynamic",
     "Entry",
     "Kind",
+    "Limits",
     "ListenerHost",
     "Missed",
     "NextFn",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from . import errors
 from .invariants import validate
+from .limits import Limits
 from .model import (
     AssembleContext,
     Assembly,
@@ -51,10 +52,13 @@ class Plan:
         return complete[0] if complete else None
 
 
-async def run(plan: Plan, tool_order: Sequence[str] | None, timeout: Timeout) -> Assembly:
+async def run(
+    plan: Plan, tool_order: Sequence[str] | None, limits: Limits, timeout: Timeout
+) -> Assembly:
     """Evaluate, order, run the waterfall, enforce and validate."""
     complete = plan.complete_section()
     values = await _evaluate(plan, timeout)
+    _check_provided(values, limits)
     sections = [Part(e.name, _text(e, values)) for e in plan.sections]
     tools = _collect_tools(plan.tools, values, tool_order)
     assembly = Assembly(
@@ -104,6 +108,21 @@ async def _evaluate(plan: Plan, timeout: Timeout) -> dict[Entry, ProvidedValue]:
         for entry, call in pairs:
             values[entry] = answers[call.key]
     return values
+
+
+def _check_provided(values: Mapping[Entry, ProvidedValue], limits: Limits) -> None:
+    """Provided values obey the limits registered ones do."""
+    for entry, value in values.items():
+        try:
+            if isinstance(value, str):
+                limits.check_text("its answer", value)
+            elif isinstance(value, ToolSet):
+                limits.check_tools(value)
+        except errors.RegistryError as error:
+            call = entry.provider_call("")
+            raise errors.RegistryError(
+                errors.Status.ABORTED, "PROVIDER_FAILED", f"{call.describe()} failed: {error}"
+            ) from None
 
 
 def _stored_value(entry: Entry) -> object:

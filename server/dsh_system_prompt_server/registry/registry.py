@@ -6,13 +6,14 @@ import asyncio
 import math
 import secrets
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from . import assembly, errors
 from .changes import ChangeFeed
 from .invariants import is_variable_name
 from .layers import Layer, ScopeTree
+from .limits import Limits, quota_exceeded
 from .model import (
     AssembleContext,
     Assembly,
@@ -50,6 +51,7 @@ class RegistrySettings:
     include_runtime_context: bool = True
     tool_order: tuple[str, ...] | None = None
     provider_timeout_s: float = 5.0
+    limits: Limits = field(default_factory=Limits)
 
 
 def new_id() -> str:
@@ -71,6 +73,7 @@ class Registry:
         self._listeners_everywhere: dict[str, ListenerEntry] = {}
         self._listeners_by_scope: dict[str, dict[str, ListenerEntry]] = {}
         self._listener_count = 0
+        self.limits = self.settings.limits
         if self.settings.include_harness_identity:
             self.register_section(
                 SIDECAR_OWNER,
@@ -102,6 +105,7 @@ class Registry:
         scope_handle = self._handle(owner, handle)
         layer = self._layer_for(scope_handle)
         self._check_named("prompt section", name, order, layer.sections, scope_handle)
+        self._check_value(owner, f'prompt section "{name}" text', text)
         entry = SectionEntry(
             id=new_id(),
             owner=owner,
@@ -123,6 +127,7 @@ class Registry:
         scope_handle = self._handle(owner, handle)
         layer = self._layer_for(scope_handle)
         self._check_named("prompt context", name, order, layer.contexts, scope_handle)
+        self._check_value(owner, f'prompt context "{name}" text', text)
         entry = ContextEntry(
             id=new_id(),
             owner=owner,
@@ -142,10 +147,12 @@ class Registry:
         """Add a variable, referenced from text as {{name}}."""
         scope_handle = self._handle(owner, handle)
         layer = self._layer_for(scope_handle)
+        self.limits.check_name("prompt variable", name)
         if not is_variable_name(name):
             raise errors.invalid_variable_name(name)
         if name in layer.variables:
             raise errors.duplicate_entry("prompt variable", name, _key(scope_handle))
+        self._check_value(owner, f'prompt variable "{name}" value', value)
         entry = VariableEntry(
             id=new_id(),
             owner=owner,
@@ -163,6 +170,10 @@ class Registry:
     ) -> ToolsEntry:
         """Add a tool provider (any number per layer)."""
         scope_handle = self._handle(owner, handle)
+        self.limits.check_name("tool provider", name)
+        if isinstance(source, ToolSet):
+            self.limits.check_tools(source)
+        self._check_quota(owner)
         entry = ToolsEntry(
             id=new_id(),
             owner=owner,
@@ -178,6 +189,7 @@ class Registry:
     def suppress_runtime_context(self, owner: str, handle: str | None) -> Entry:
         """Suppress runtime context for a scope (or everywhere) until disposed."""
         scope_handle = self._handle(owner, handle)
+        self._check_quota(owner)
         entry = Entry(
             id=new_id(),
             owner=owner,
@@ -200,6 +212,13 @@ class Registry:
     ) -> ListenerEntry:
         """Install a waterfall listener; `prepend` runs it before earlier ones."""
         scope_handle = self._handle(owner, handle)
+        self.limits.check_name("listener", name)
+        self._check_quota(owner)
+        listeners = len(self._listeners_everywhere) + sum(
+            map(len, self._listeners_by_scope.values())
+        )
+        if listeners >= self.limits.max_listeners:
+            raise quota_exceeded(f"the sidecar already has {listeners} listeners, its limit")
         self._listener_count += 1
         entry = ListenerEntry(
             id=new_id(),
@@ -220,6 +239,10 @@ class Registry:
 
     def open_scope(self, owner: str, key: str, parent: str | None = None) -> ScopeHandle:
         """Open a handle on scope `key`, binding its parent the first time one is given."""
+        self.limits.check_name("scope", key)
+        if parent is not None:
+            self.limits.check_name("scope", parent)
+        self._check_quota(owner)
         self._scopes.check_open(key, parent)
         self._scopes.open(key, parent)
         handle = ScopeHandle(
@@ -302,7 +325,9 @@ class Registry:
         is waited for; each waits at most `provider_timeout_s` anyway.
         """
         plan = self.plan(context or AssembleContext())
-        return await assembly.run(plan, self.settings.tool_order, self._timeout(deadline))
+        return await assembly.run(
+            plan, self.settings.tool_order, self.limits, self._timeout(deadline)
+        )
 
     def plan(self, context: AssembleContext) -> assembly.Plan:
         """Snapshot the registrations an assembly for `context` works on."""
@@ -374,6 +399,18 @@ class Registry:
             layer = self._scoped[handle.name] = Layer()
         return layer
 
+    def _check_value(self, owner: str, what: str, value: str | Dynamic | None) -> None:
+        if isinstance(value, str):
+            self.limits.check_text(what, value)
+        self._check_quota(owner)
+
+    def _check_quota(self, owner: str) -> None:
+        owned = len(self._by_owner.get(owner, ()))
+        if owner != SIDECAR_OWNER and owned >= self.limits.max_registrations_per_session:
+            raise quota_exceeded(
+                f"this session already has {owned} registrations, the limit per session"
+            )
+
     def _check_named(
         self,
         noun: str,
@@ -384,6 +421,7 @@ class Registry:
     ) -> None:
         if not name:
             raise errors.empty_name(noun)
+        self.limits.check_name(noun, name)
         if not math.isfinite(order):
             raise errors.invalid_order(noun, name)
         if name in existing:

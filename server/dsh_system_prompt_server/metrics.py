@@ -1,0 +1,56 @@
+"""Prometheus metrics, on their own registry and optional HTTP endpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+ASSEMBLY_FAILURE_REASONS = (
+    "PROVIDER_FAILED",
+    "PROVIDER_TIMEOUT",
+    "PROVIDER_UNAVAILABLE",
+    "LISTENER_FAILED",
+    "LISTENER_TIMEOUT",
+    "LISTENER_UNAVAILABLE",
+)
+
+
+class Metrics:
+    """The sidecar's metrics; gauges read live counts when scraped."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.assemble_seconds = Histogram(
+            "dsp_assemble_seconds",
+            "Time the sidecar spends on one Assemble call",
+            registry=self.registry,
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1, 5),
+        )
+        self.assembly_failures = Counter(
+            "dsp_assembly_failures",
+            "Assemblies failed, by ErrorInfo reason",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.sessions = Gauge("dsp_sessions", "Open sessions", registry=self.registry)
+        self.registrations = Gauge(
+            "dsp_registrations", "Live registrations (built-ins included)", registry=self.registry
+        )
+        self.watchers = Gauge("dsp_watchers", "Change-event subscribers", registry=self.registry)
+
+    def track(
+        self,
+        sessions: Callable[[], int],
+        registrations: Callable[[], int],
+        watchers: Callable[[], int],
+    ) -> None:
+        """Read these counts at every scrape."""
+        self.sessions.set_function(sessions)
+        self.registrations.set_function(registrations)
+        self.watchers.set_function(watchers)
+
+    def serve(self, listen: str) -> None:
+        """Serve /metrics on HOST:PORT in a background thread."""
+        host, _, port = listen.rpartition(":")
+        start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=self.registry)

@@ -1,0 +1,59 @@
+"""Size and count limits: generous for real agents, safe for a small pod."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import RegistryError, Status
+from .model import Tool, ToolSet
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Limits the registry enforces before it changes anything."""
+
+    max_name_bytes: int = 256
+    max_text_bytes: int = 256 * 1024
+    max_tool_schema_bytes: int = 64 * 1024
+    max_registrations_per_session: int = 10_000
+    max_listeners: int = 1_000
+
+    def check_name(self, what: str, name: str) -> None:
+        _check_size(f"{what} name", name, self.max_name_bytes)
+
+    def check_text(self, what: str, text: str) -> None:
+        _check_size(what, text, self.max_text_bytes)
+
+    def check_tools(self, tools: ToolSet) -> None:
+        for tool in tools.schemas:
+            self.check_tool(tool)
+
+    def check_tool(self, tool: Tool) -> None:
+        self.check_name("tool", tool.name)
+        size = _size(tool.description) + _size(tool.parameters_json)
+        if size > self.max_tool_schema_bytes:
+            raise too_large(f'tool "{tool.name}" schema', size, self.max_tool_schema_bytes)
+
+
+def too_large(what: str, size: int, limit: int) -> RegistryError:
+    return RegistryError(
+        Status.INVALID_ARGUMENT,
+        "VALUE_TOO_LARGE",
+        f"{what} is {size} bytes, over the limit of {limit}",
+    )
+
+
+def quota_exceeded(message: str) -> RegistryError:
+    return RegistryError(Status.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED", message)
+
+
+def _size(text: str) -> int:
+    # UTF-8 is at most 4 bytes a character: skip the encoding when that already fits.
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def _check_size(what: str, text: str, limit: int) -> None:
+    if len(text) > limit or (not text.isascii() and len(text) * 4 > limit):
+        size = _size(text)
+        if size > limit:
+            raise too_large(what, size, limit)
