@@ -7,6 +7,7 @@ async with dsp.connect("127.0.0.1:50051") as client:
 """
 
 from ._changes import ChangeStream
+from ._channel import TLS
 from .client import Client, Disposer, Scope, connect
 from .errors import RenderError, SystemPromptError
 from .render import render_context_snapshot, render_prompt
@@ -28,6 +29,7 @@ from .types import (
 __all__ = [
     "PERSONA_ORDER",
     "PERSONA_SECTION",
+    "TLS",
     "TOOL_ORDER_REST",
     "AssembleContext",
     "AssembledContext",

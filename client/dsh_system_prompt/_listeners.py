@@ -38,16 +38,9 @@ class ListenerStream:
         self._running: dict[int, asyncio.Task[None]] = {}
         self._next_results: dict[int, asyncio.Future[pb.PromptAssembly]] = {}
 
-    async def start(self, session_id: str, scope_id: str, prepend: bool, global_: bool) -> str:
+    async def start(self, start: pb.ListenStart) -> str:
         """Install the listener; returns its registration id."""
         self._call = self._stub.Listen()
-        start = pb.ListenStart(
-            session_id=session_id,
-            scope_id=scope_id,
-            prepend=prepend,
-            name=listener_name(self._listener),
-            **{"global": global_},
-        )
         try:
             await self._call.write(pb.ListenRequest(start=start))
             first = await self._call.read()

@@ -12,9 +12,10 @@ import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
 from ._changes import ChangeStream
+from ._channel import TLS, open_channel
+from ._connection import Connection, Record
 from ._convert import assembly_from_proto, context_to_proto, tools_to_proto
-from ._listeners import Listener, ListenerStream
-from ._session import Session
+from ._listeners import Listener, listener_name
 from .errors import SystemPromptError, error_from_rpc
 from .types import AssembleContext, PromptAssembly, RenderedPrompt, ToolProviderResult, ToolSchema
 
@@ -48,85 +49,61 @@ class Disposer:
 class _Registrar:
     """The registration methods shared by the client (global layer) and scope handles."""
 
-    def __init__(self, session: Session, scope_id: str) -> None:
-        self._session = session
-        self._scope_id = scope_id
+    def __init__(self, connection: Connection, scope: Record | None) -> None:
+        self._connection = connection
+        self._scope = scope
 
     async def section(
         self, name: str, order: float, text: TextSource, *, complete: bool = False
     ) -> Disposer:
         """Contribute a prompt section; `text` is a string or a provider of one."""
-        request = pb.RegisterSectionRequest(
-            session_id=self._session.id,
-            scope_id=self._scope_id,
-            name=name,
-            order=_order(order),
-            complete=complete,
-        )
-        key = self._source(request, "text", text)
-        reply = await self._register(self._session.stub.RegisterSection, request, key)
-        return self._disposer(reply.registration_id, key)
+        request = pb.RegisterSectionRequest(name=name, order=_order(order), complete=complete)
+        return await self._register("RegisterSection", request, self._source(request, "text", text))
 
     async def context(self, name: str, order: float, text: TextSource) -> Disposer:
         """Contribute an ordered runtime context; `text` is a string or a provider."""
-        request = pb.RegisterContextRequest(
-            session_id=self._session.id, scope_id=self._scope_id, name=name, order=_order(order)
-        )
-        key = self._source(request, "text", text)
-        reply = await self._register(self._session.stub.RegisterContext, request, key)
-        return self._disposer(reply.registration_id, key)
+        request = pb.RegisterContextRequest(name=name, order=_order(order))
+        return await self._register("RegisterContext", request, self._source(request, "text", text))
 
     async def suppress_runtime_context(self) -> Disposer:
         """Suppress runtime context here until the returned disposer runs."""
-        request = pb.SuppressRuntimeContextRequest(
-            session_id=self._session.id, scope_id=self._scope_id
-        )
-        reply = await self._register(self._session.stub.SuppressRuntimeContext, request, None)
-        return self._disposer(reply.registration_id, None)
+        return await self._register("SuppressRuntimeContext", pb.SuppressRuntimeContextRequest())
 
     async def tools(self, provider: ToolsSource) -> Disposer:
         """Contribute tool schemas: a list, a ToolProviderResult, or a provider of one."""
-        request = pb.RegisterToolsRequest(session_id=self._session.id, scope_id=self._scope_id)
+        request = pb.RegisterToolsRequest()
         key = None
         if callable(provider):
-            key = self._session.add_provider(provider)
+            key = self._connection.add_provider(provider)
             request.dynamic.provider_key = key
             request.name = getattr(provider, "__qualname__", "")
         else:
             request.result.CopyFrom(tools_to_proto(provider))
-        reply = await self._register(self._session.stub.RegisterTools, request, key)
-        return self._disposer(reply.registration_id, key)
+        return await self._register("RegisterTools", request, key)
 
     async def variable(self, name: str, value: VariableSource) -> Disposer:
         """Contribute {{name}}: a value, None (no value), or a provider of either."""
-        request = pb.RegisterVariableRequest(
-            session_id=self._session.id, scope_id=self._scope_id, name=name
-        )
+        request = pb.RegisterVariableRequest(name=name)
         key = None
         if value is None:
             request.no_value.SetInParent()
         else:
             key = self._source(request, "value", value)
-        reply = await self._register(self._session.stub.RegisterVariable, request, key)
-        return self._disposer(reply.registration_id, key)
+        return await self._register("RegisterVariable", request, key)
 
     async def on_assemble(
         self, listener: Listener, prepend: bool = False, global_: bool = False
     ) -> Disposer:
         """Install a waterfall listener: `async def listener(assembly, context, next)`."""
-        self._session.check_open()
-        stream = ListenerStream(self._session.stub, listener)
-        registration_id = await stream.start(self._session.id, self._scope_id, prepend, global_)
-
-        async def dispose() -> None:
-            await self._dispose_id(registration_id)
-            await stream.close()
-
-        return Disposer(dispose)
+        start = pb.ListenStart(prepend=prepend, name=listener_name(listener))
+        setattr(start, "global", global_)  # a Python keyword as a field name
+        record = Record("Listen", start, scope=self._scope, listener=listener)
+        await self._connection.register(record)
+        return Disposer(lambda: self._connection.dispose(record))
 
     def _source(self, request: Any, field: str, value: object) -> str | None:
         if callable(value):
-            key = self._session.add_provider(value)
+            key = self._connection.add_provider(value)
             request.dynamic.provider_key = key
             return key
         if not isinstance(value, str):
@@ -137,62 +114,49 @@ class _Registrar:
         setattr(request, field, value)
         return None
 
-    async def _register(self, method: Any, request: Any, key: str | None) -> Any:
-        try:
-            return await self._session.call(method, request)
-        except BaseException:
-            if key is not None:
-                self._session.drop_provider(key)
-            raise
-
-    def _disposer(self, registration_id: str, key: str | None) -> Disposer:
-        async def dispose() -> None:
-            await self._dispose_id(registration_id)
-            if key is not None:
-                self._session.drop_provider(key)
-
-        return Disposer(dispose)
-
-    async def _dispose_id(self, registration_id: str) -> None:
-        if self._session.closed:
-            return  # the session's end disposed it already
-        request = pb.DisposeRequest(session_id=self._session.id, registration_id=registration_id)
-        try:
-            await self._session.call(self._session.stub.Dispose, request)
-        except SystemPromptError as error:
-            if error.code != grpc.StatusCode.NOT_FOUND:  # NOT_FOUND: gone already
-                raise
+    async def _register(self, method: str, request: Any, key: str | None = None) -> Disposer:
+        record = Record(method, request, scope=self._scope, provider_key=key)
+        await self._connection.register(record)
+        return Disposer(lambda: self._connection.dispose(record))
 
 
 class Scope(_Registrar):
     """A handle on a scope key: registrations land in that scope's layer."""
 
-    def __init__(self, session: Session, key: str, parent: str | None, scope_id: str) -> None:
-        super().__init__(session, scope_id)
+    def __init__(
+        self, connection: Connection, key: str, parent: str | None, record: Record
+    ) -> None:
+        super().__init__(connection, record)
         self.key = key
         self.parent = parent
-        self._disposer_fn = self._disposer(scope_id, None)
+        self._disposer = Disposer(lambda: connection.dispose(record))
 
     async def dispose(self) -> None:
         """Close the handle and dispose everything registered through it."""
-        await self._disposer_fn()
+        await self._disposer()
 
 
 class Client(_Registrar):
     """A session with the sidecar; registrations made here are global."""
 
-    def __init__(self, session: Session) -> None:
-        super().__init__(session, "")
+    def __init__(self, connection: Connection) -> None:
+        super().__init__(connection, None)
 
     @property
     def session_id(self) -> str:
-        return self._session.id
+        """The current session's id (a new one after a reconnect)."""
+        return self._connection.session_id
+
+    @property
+    def connected(self) -> bool:
+        """False while the connection is down and being re-established."""
+        return bool(self._connection.connected.is_set())
 
     async def scope(self, key: str, parent: str | None = None) -> Scope:
         """Open a handle on scope `key`, optionally binding its parent."""
-        request = pb.OpenScopeRequest(session_id=self._session.id, key=key, parent_key=parent or "")
-        reply = await self._session.call(self._session.stub.OpenScope, request)
-        return Scope(self._session, key, parent, reply.scope_id)
+        record = Record("OpenScope", pb.OpenScopeRequest(key=key, parent_key=parent or ""))
+        await self._connection.register(record)
+        return Scope(self._connection, key, parent, record)
 
     async def assemble(
         self,
@@ -200,7 +164,11 @@ class Client(_Registrar):
         fields: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> PromptAssembly:
-        """Assemble the prompt for `scope` with `fields` passed to providers and listeners."""
+        """Assemble the prompt for `scope` with `fields` passed to providers and listeners.
+
+        While the connection is down this fails fast with UNAVAILABLE, or, with
+        a `timeout`, waits up to that long for the reconnect first.
+        """
         reply = await self._assemble(scope, fields, timeout, render=False)
         return assembly_from_proto(reply.assembly)
 
@@ -220,8 +188,8 @@ class Client(_Registrar):
 
     async def watch_changes(self) -> ChangeStream:
         """Subscribe to change events; subscribed when this returns."""
-        self._session.check_open()
-        call = self._session.stub.WatchChanges(pb.WatchChangesRequest())
+        await self._connection.ready()
+        call = self._connection.stub.WatchChanges(pb.WatchChangesRequest())
         try:
             first = await call.read()
         except grpc.RpcError as error:
@@ -232,7 +200,7 @@ class Client(_Registrar):
 
     async def close(self) -> None:
         """End the session; the sidecar disposes everything it registered."""
-        await self._session.close()
+        await self._connection.close()
 
     async def _assemble(
         self,
@@ -242,25 +210,31 @@ class Client(_Registrar):
         render: bool,
     ) -> pb.AssembleResponse:
         request = pb.AssembleRequest(context=context_to_proto(scope, fields), render=render)
-        return await self._session.call(self._session.stub.Assemble, request, timeout=timeout)
+        reply: pb.AssembleResponse = await self._connection.call(
+            self._connection.stub.Assemble, request, timeout=timeout
+        )
+        return reply
 
 
 class _Connecting:
     """What connect() returns: await it, or use it with `async with`."""
 
-    def __init__(self, address: str, client_name: str | None) -> None:
+    def __init__(self, address: str, client_name: str, token: str | None, tls: TLS | None) -> None:
         self._address = address
-        self._client_name = client_name or f"python-{os.getpid()}"
+        self._client_name = client_name
+        self._token = token
+        self._tls = tls
         self._client: Client | None = None
 
     async def _connect(self) -> Client:
-        session = Session(grpc.aio.insecure_channel(self._address))
+        channel = open_channel(self._address, self._token, self._tls)
+        connection = Connection(channel, self._client_name)
         try:
-            await session.open(self._client_name)
+            await connection.open()
         except BaseException:
-            await session.channel.close()
+            await channel.close()
             raise
-        return Client(session)
+        return Client(connection)
 
     def __await__(self) -> Generator[Any, None, Client]:
         return self._connect().__await__()
@@ -273,15 +247,25 @@ class _Connecting:
         self,
         kind: type[BaseException] | None,
         error: BaseException | None,
-        tb: TracebackType | None,
+        traceback: TracebackType | None,
     ) -> None:
         if self._client is not None:
             await self._client.close()
 
 
-def connect(address: str, *, client_name: str | None = None) -> _Connecting:
-    """Open a session with the sidecar at `address` (HOST:PORT or unix:PATH)."""
-    return _Connecting(address, client_name)
+def connect(
+    address: str,
+    *,
+    client_name: str | None = None,
+    token: str | None = None,
+    tls: TLS | None = None,
+) -> _Connecting:
+    """Open a session with the sidecar at `address` (HOST:PORT or unix:PATH).
+
+    `token` is sent as `authorization: Bearer <token>` on every call; `tls`
+    switches to TLS (mutual TLS when it carries a client certificate).
+    """
+    return _Connecting(address, client_name or f"python-{os.getpid()}", token, tls)
 
 
 def _order(order: float) -> float:

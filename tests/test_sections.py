@@ -1,0 +1,577 @@
+"""Prompt sections and runtime contexts with static text (contract.md sections 2 and 3)."""
+
+from __future__ import annotations
+
+import math
+
+import dsh_system_prompt as dsp
+import grpc
+import pytest
+from conftest import ClientFactory, SidecarFactory
+from helpers import IDENTITY, context, context_names, failure, rejection, section, section_names
+
+IDENTITY_SECTION = "harness:identity"
+NON_FINITE = [
+    pytest.param(math.nan, id="nan"),
+    pytest.param(math.inf, id="inf"),
+    pytest.param(-math.inf, id="-inf"),
+]
+
+
+# -- built-in sections ----------------------------------------------------------------
+
+
+async def test_every_assembly_opens_with_the_harness_identity(client: dsp.Client) -> None:
+    assembly = await client.assemble()
+    assert assembly.sections[0] == section(IDENTITY_SECTION, IDENTITY)
+
+
+async def test_the_harness_identity_sits_at_order_minus_100(client: dsp.Client) -> None:
+    await client.section("just-after", -99, "after")
+    await client.section("just-before", -101, "before")
+    assembly = await client.assemble()
+    assert section_names(assembly)[:3] == ["just-before", IDENTITY_SECTION, "just-after"]
+
+
+async def test_the_persona_comes_from_the_config(make_sidecar: SidecarFactory) -> None:
+    sidecar = await make_sidecar(persona="You are a careful reviewer.")
+    async with dsp.connect(sidecar.address) as client:
+        assembly = await client.assemble()
+    assert assembly.sections == [
+        section(IDENTITY_SECTION, IDENTITY),
+        section(dsp.PERSONA_SECTION, "You are a careful reviewer."),
+    ]
+
+
+async def test_the_persona_sits_at_order_zero(client: dsp.Client) -> None:
+    await client.section("after", 1, "after")
+    await client.section("before", -1, "before")
+    assembly = await client.assemble()
+    assert section_names(assembly) == [IDENTITY_SECTION, "before", dsp.PERSONA_SECTION, "after"]
+    assert dsp.PERSONA_ORDER == 0
+
+
+async def test_a_section_at_order_zero_follows_the_earlier_registered_persona(
+    client: dsp.Client,
+) -> None:
+    await client.section("also-zero", 0, "tie")
+    assembly = await client.assemble()
+    assert section_names(assembly) == [IDENTITY_SECTION, dsp.PERSONA_SECTION, "also-zero"]
+
+
+async def test_include_harness_identity_false_omits_only_the_identity(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(include_harness_identity=False, persona="Persona.")
+    async with dsp.connect(sidecar.address) as client:
+        await client.section("rules", 10, "Be precise.")
+        assembly = await client.assemble()
+    assert assembly.sections == [
+        section(dsp.PERSONA_SECTION, "Persona."),
+        section("rules", "Be precise."),
+    ]
+
+
+async def test_the_built_in_sections_survive_a_session_closing(connect: ClientFactory) -> None:
+    first = await connect()
+    await first.section("mine", 5, "mine")
+    await first.close()
+    second = await connect()
+    assembly = await second.assemble()
+    assert section_names(assembly) == [IDENTITY_SECTION, dsp.PERSONA_SECTION]
+
+
+async def test_a_global_section_named_like_a_built_in_is_a_duplicate(client: dsp.Client) -> None:
+    error = await rejection(client.section(dsp.PERSONA_SECTION, 0, "Another persona."))
+    assert error.code == grpc.StatusCode.ALREADY_EXISTS
+    assert error.reason == "DUPLICATE_NAME"
+
+
+# -- ordering -------------------------------------------------------------------------
+
+
+async def test_sections_are_sorted_by_ascending_order(client: dsp.Client) -> None:
+    await client.section("thirty", 30, "3")
+    await client.section("ten", 10, "1")
+    await client.section("twenty", 20, "2")
+    assembly = await client.assemble()
+    assert section_names(assembly)[2:] == ["ten", "twenty", "thirty"]
+
+
+async def test_fractional_orders_sort_numerically(client: dsp.Client) -> None:
+    await client.section("two", 2, "2")
+    await client.section("one-and-a-half", 1.5, "1.5")
+    await client.section("one", 1, "1")
+    assembly = await client.assemble()
+    assert section_names(assembly)[2:] == ["one", "one-and-a-half", "two"]
+
+
+async def test_sections_with_equal_order_keep_registration_order(client: dsp.Client) -> None:
+    for name in ("bravo", "alpha", "charlie"):
+        await client.section(name, 150, name)
+    assembly = await client.assemble()
+    assert section_names(assembly)[2:] == ["bravo", "alpha", "charlie"]
+
+
+async def test_negative_orders_come_before_the_persona(client: dsp.Client) -> None:
+    await client.section("minus-five", -5, "-5")
+    await client.section("minus-two-hundred", -200, "-200")
+    assembly = await client.assemble()
+    assert section_names(assembly) == [
+        "minus-two-hundred",
+        IDENTITY_SECTION,
+        "minus-five",
+        dsp.PERSONA_SECTION,
+    ]
+
+
+async def test_sections_of_all_sessions_are_ordered_together(connect: ClientFactory) -> None:
+    first, second = await connect(), await connect()
+    await first.section("a-150", 150, "a")
+    await second.section("b-120", 120, "b")
+    await first.section("a-110", 110, "a")
+    assembly = await second.assemble()
+    assert section_names(assembly)[2:] == ["a-110", "b-120", "a-150"]
+
+
+async def test_a_section_keeps_its_text_exactly(client: dsp.Client) -> None:
+    text = "  Line one.\n\nLine two with unicode: héllo ✓ 𝄞  \n"
+    await client.section("exact", 10, text)
+    assembly = await client.assemble()
+    assert assembly.sections[-1] == section("exact", text)
+
+
+async def test_changing_a_returned_assembly_changes_nothing_in_the_registry(
+    client: dsp.Client,
+) -> None:
+    await client.section("rules", 10, "Be precise.")
+    await client.variable("model", "deepseek-v4")
+    first = await client.assemble()
+    expected = await client.assemble()
+    first.sections.clear()
+    first.variables["model"] = "changed"
+    first.contexts.append(context("injected", "x"))
+    assert await client.assemble() == expected
+
+
+# -- duplicates, orders, rejected registrations ----------------------------------------
+
+
+async def test_a_duplicate_global_section_is_rejected_with_the_override_hint(
+    client: dsp.Client,
+) -> None:
+    await client.section("rules", 10, "first")
+    error = await rejection(client.section("rules", 20, "second"))
+    assert failure(error) == (
+        grpc.StatusCode.ALREADY_EXISTS,
+        "DUPLICATE_NAME",
+        'prompt section "rules" is already registered'
+        " (for a per-agent override, register through that agent's scope instead)",
+    )
+
+
+async def test_a_global_section_name_is_unique_across_sessions(connect: ClientFactory) -> None:
+    first, second = await connect(), await connect()
+    await first.section("rules", 10, "first")
+    error = await rejection(second.section("rules", 10, "second"))
+    assert error.code == grpc.StatusCode.ALREADY_EXISTS
+    assert error.reason == "DUPLICATE_NAME"
+
+
+async def test_a_duplicate_section_in_a_scope_is_rejected_in_this_scope(
+    client: dsp.Client,
+) -> None:
+    scope = await client.scope("agent-1")
+    await scope.section("rules", 10, "first")
+    error = await rejection(scope.section("rules", 20, "second"))
+    assert failure(error) == (
+        grpc.StatusCode.ALREADY_EXISTS,
+        "DUPLICATE_NAME",
+        'prompt section "rules" is already registered in this scope',
+    )
+
+
+@pytest.mark.parametrize("order", NON_FINITE)
+async def test_a_non_finite_section_order_is_rejected(client: dsp.Client, order: float) -> None:
+    error = await rejection(client.section("bad-order", order, "text"))
+    assert failure(error) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_ORDER",
+        'prompt section "bad-order" order must be a finite number',
+    )
+
+
+@pytest.mark.parametrize("order", NON_FINITE)
+async def test_a_non_finite_section_order_is_rejected_in_a_scope(
+    client: dsp.Client, order: float
+) -> None:
+    scope = await client.scope("agent-1")
+    error = await rejection(scope.section("bad-order", order, "text"))
+    assert failure(error) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_ORDER",
+        'prompt section "bad-order" order must be a finite number',
+    )
+
+
+async def test_a_rejected_duplicate_leaves_the_first_section_in_place(
+    client: dsp.Client,
+) -> None:
+    await client.section("rules", 10, "first")
+    await rejection(client.section("rules", 20, "second"))
+    assembly = await client.assemble()
+    assert assembly.sections[2:] == [section("rules", "first")]
+
+
+async def test_a_section_rejected_for_its_order_leaves_nothing_behind(
+    client: dsp.Client,
+) -> None:
+    before = await client.assemble()
+    await rejection(client.section("bad-order", math.nan, "text"))
+    assert await client.assemble() == before
+    await client.section("bad-order", 5, "now fine")  # the name was not taken
+    assembly = await client.assemble()
+    assert section_names(assembly)[-1] == "bad-order"
+
+
+async def test_disposing_a_section_removes_it(client: dsp.Client) -> None:
+    before = await client.assemble()
+    off = await client.section("rules", 10, "Be precise.")
+    await off()
+    assert await client.assemble() == before
+
+
+async def test_disposing_a_section_frees_its_name(client: dsp.Client) -> None:
+    off = await client.section("rules", 10, "old")
+    await off()
+    await client.section("rules", 10, "new")
+    assembly = await client.assemble()
+    assert assembly.sections[2:] == [section("rules", "new")]
+
+
+# -- complete sections ----------------------------------------------------------------
+
+
+async def test_a_complete_section_becomes_the_only_section(client: dsp.Client) -> None:
+    await client.section("rules", 10, "Be precise.")
+    await client.section("all", 50, "Exact prompt.", complete=True)
+    await client.section("later", 60, "Later.")
+    assembly = await client.assemble()
+    assert assembly.sections == [section("all", "Exact prompt.")]
+
+
+async def test_a_complete_section_leaves_contexts_tools_and_variables(
+    client: dsp.Client,
+) -> None:
+    await client.section("all", 0.5, "Exact prompt for {{model}}.", complete=True)
+    await client.context("policy", 1, "Mode: plan.")
+    await client.tools([dsp.ToolSchema("echo", "echo back", {"type": "object"})])
+    await client.variable("model", "deepseek-v4")
+    assembly = await client.assemble()
+    assert assembly == dsp.PromptAssembly(
+        sections=[section("all", "Exact prompt for {{model}}.")],
+        contexts=[context("policy", "Mode: plan.")],
+        tools=[dsp.ToolSchema("echo", "echo back", {"type": "object"})],
+        variables={"model": "deepseek-v4"},
+    )
+
+
+async def test_a_complete_section_renders_as_the_whole_prompt(client: dsp.Client) -> None:
+    await client.section("rules", 10, "Be precise.")
+    await client.section("all", 0, "Exact prompt.", complete=True)
+    rendered = await client.render()
+    assert rendered.prompt == "Exact prompt."
+
+
+async def test_two_complete_sections_reject_the_assembly(client: dsp.Client) -> None:
+    await client.section("first", 1, "One.", complete=True)
+    await client.section("second", 2, "Two.", complete=True)
+    error = await rejection(client.assemble())
+    assert failure(error) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "MULTIPLE_COMPLETE_SECTIONS",
+        'multiple complete prompt sections are active: "first", "second"',
+    )
+
+
+async def test_two_complete_sections_reject_a_render_too(client: dsp.Client) -> None:
+    await client.section("first", 1, "One.", complete=True)
+    await client.section("second", 2, "Two.", complete=True)
+    error = await rejection(client.render())
+    assert (error.code, error.reason) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "MULTIPLE_COMPLETE_SECTIONS",
+    )
+
+
+async def test_disposing_one_of_two_complete_sections_restores_the_assembly(
+    client: dsp.Client,
+) -> None:
+    await client.section("first", 1, "One.", complete=True)
+    off = await client.section("second", 2, "Two.", complete=True)
+    await rejection(client.assemble())
+    await off()
+    assembly = await client.assemble()
+    assert assembly.sections == [section("first", "One.")]
+
+
+async def test_disposing_the_complete_section_restores_every_section(client: dsp.Client) -> None:
+    await client.section("rules", 10, "Be precise.")
+    off = await client.section("all", 0, "Exact prompt.", complete=True)
+    await off()
+    assembly = await client.assemble()
+    assert section_names(assembly) == [IDENTITY_SECTION, dsp.PERSONA_SECTION, "rules"]
+
+
+async def test_a_scoped_complete_section_shadowing_a_global_one_is_the_only_effective_one(
+    client: dsp.Client,
+) -> None:
+    await client.section("all", 0, "Global exact prompt.", complete=True)
+    scope = await client.scope("agent-1")
+    await scope.section("all", 0, "Agent exact prompt.", complete=True)
+    assembly = await client.assemble(scope="agent-1")
+    assert assembly.sections == [section("all", "Agent exact prompt.")]
+
+
+async def test_a_global_and_a_scoped_complete_section_reject_that_scopes_assembly(
+    client: dsp.Client,
+) -> None:
+    await client.section("global-all", 0, "Global.", complete=True)
+    scope = await client.scope("agent-1")
+    await scope.section("agent-all", 0, "Agent.", complete=True)
+    error = await rejection(client.assemble(scope="agent-1"))
+    assert error.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert error.reason == "MULTIPLE_COMPLETE_SECTIONS"
+    global_assembly = await client.assemble()
+    assert global_assembly.sections == [section("global-all", "Global.")]
+
+
+async def test_a_complete_section_shadowed_by_an_ordinary_one_is_not_effective(
+    client: dsp.Client,
+) -> None:
+    await client.section("all", 50, "Exact prompt.", complete=True)
+    scope = await client.scope("agent-1")
+    await scope.section("all", 50, "Just a section.")
+    assembly = await client.assemble(scope="agent-1")
+    assert assembly.sections == [
+        section(IDENTITY_SECTION, IDENTITY),
+        section(dsp.PERSONA_SECTION, ""),
+        section("all", "Just a section."),
+    ]
+
+
+# -- runtime contexts -----------------------------------------------------------------
+
+
+async def test_contexts_are_separate_from_sections(client: dsp.Client) -> None:
+    await client.context("policy", 1, "Mode: plan.")
+    assembly = await client.assemble()
+    assert assembly.contexts == [context("policy", "Mode: plan.")]
+    assert "policy" not in section_names(assembly)
+
+
+async def test_contexts_are_sorted_by_ascending_order(client: dsp.Client) -> None:
+    await client.context("late", 30, "3")
+    await client.context("early", -10, "1")
+    await client.context("middle", 0, "2")
+    assembly = await client.assemble()
+    assert context_names(assembly) == ["early", "middle", "late"]
+
+
+async def test_contexts_with_equal_order_keep_registration_order(client: dsp.Client) -> None:
+    for name in ("bravo", "alpha", "charlie"):
+        await client.context(name, 7, name)
+    assembly = await client.assemble()
+    assert context_names(assembly) == ["bravo", "alpha", "charlie"]
+
+
+async def test_a_duplicate_global_context_is_rejected_with_the_override_hint(
+    client: dsp.Client,
+) -> None:
+    await client.context("policy", 1, "first")
+    error = await rejection(client.context("policy", 2, "second"))
+    assert failure(error) == (
+        grpc.StatusCode.ALREADY_EXISTS,
+        "DUPLICATE_NAME",
+        'prompt context "policy" is already registered'
+        " (for a per-agent override, register through that agent's scope instead)",
+    )
+
+
+async def test_a_duplicate_context_in_a_scope_is_rejected_in_this_scope(
+    client: dsp.Client,
+) -> None:
+    scope = await client.scope("agent-1")
+    await scope.context("policy", 1, "first")
+    error = await rejection(scope.context("policy", 2, "second"))
+    assert failure(error) == (
+        grpc.StatusCode.ALREADY_EXISTS,
+        "DUPLICATE_NAME",
+        'prompt context "policy" is already registered in this scope',
+    )
+
+
+async def test_a_section_and_a_context_may_share_a_name(client: dsp.Client) -> None:
+    await client.section("policy", 10, "section text")
+    await client.context("policy", 10, "context text")
+    assembly = await client.assemble()
+    assert assembly.sections[-1] == section("policy", "section text")
+    assert assembly.contexts == [context("policy", "context text")]
+
+
+@pytest.mark.parametrize("order", NON_FINITE)
+async def test_a_non_finite_context_order_is_rejected(client: dsp.Client, order: float) -> None:
+    error = await rejection(client.context("bad-order", order, "text"))
+    assert failure(error) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_ORDER",
+        'prompt context "bad-order" order must be a finite number',
+    )
+
+
+async def test_a_rejected_context_leaves_nothing_behind(client: dsp.Client) -> None:
+    await client.context("policy", 1, "first")
+    await rejection(client.context("policy", 2, "second"))
+    await rejection(client.context("bad-order", math.inf, "text"))
+    assembly = await client.assemble()
+    assert assembly.contexts == [context("policy", "first")]
+
+
+async def test_disposing_a_context_removes_it_and_frees_its_name(client: dsp.Client) -> None:
+    off = await client.context("policy", 1, "old")
+    await off()
+    assert (await client.assemble()).contexts == []
+    await client.context("policy", 1, "new")
+    assert (await client.assemble()).contexts == [context("policy", "new")]
+
+
+async def test_contexts_render_as_a_snapshot_on_the_sidecar(client: dsp.Client) -> None:
+    await client.context("second", 2, "Two.")
+    await client.context("first", 1, "One.")
+    rendered = await client.render()
+    assert rendered.context_snapshot == (
+        "Current runtime context. This snapshot supersedes earlier runtime-context snapshots."
+        "\n\nOne.\n\nTwo."
+    )
+
+
+# -- runtime-context suppression ------------------------------------------------------
+
+
+async def test_a_global_suppressor_removes_every_context(client: dsp.Client) -> None:
+    await client.context("policy", 1, "Mode: plan.")
+    scope = await client.scope("agent-1")
+    await scope.context("agent-policy", 2, "Agent mode.")
+    await client.suppress_runtime_context()
+    assert (await client.assemble()).contexts == []
+    assert (await client.assemble(scope="agent-1")).contexts == []
+
+
+async def test_a_suppressor_leaves_sections_tools_and_variables(client: dsp.Client) -> None:
+    await client.section("rules", 10, "Be precise.")
+    await client.tools([dsp.ToolSchema("echo", "echo back", {"type": "object"})])
+    await client.variable("mode", "plan")
+    before = await client.assemble()
+    await client.context("policy", 1, "Mode: {{mode}}.")
+    await client.suppress_runtime_context()
+    assert await client.assemble() == before
+
+
+async def test_disposing_the_only_suppressor_restores_contexts(client: dsp.Client) -> None:
+    await client.context("policy", 1, "Mode: plan.")
+    off = await client.suppress_runtime_context()
+    await off()
+    assert (await client.assemble()).contexts == [context("policy", "Mode: plan.")]
+
+
+async def test_suppressors_compose_until_the_last_is_disposed(client: dsp.Client) -> None:
+    await client.context("policy", 1, "Mode: plan.")
+    first = await client.suppress_runtime_context()
+    second = await client.suppress_runtime_context()
+    await first()
+    assert (await client.assemble()).contexts == []
+    await second()
+    assert (await client.assemble()).contexts == [context("policy", "Mode: plan.")]
+
+
+async def test_suppressors_of_different_sessions_compose(connect: ClientFactory) -> None:
+    first, second = await connect(), await connect()
+    await first.context("policy", 1, "Mode: plan.")
+    await first.suppress_runtime_context()
+    off = await second.suppress_runtime_context()
+    await first.close()
+    await second.context("policy", 1, "Mode: act.")
+    assert (await second.assemble()).contexts == []
+    await off()
+    assert (await second.assemble()).contexts == [context("policy", "Mode: act.")]
+
+
+async def test_a_scoped_suppressor_affects_only_that_scope(client: dsp.Client) -> None:
+    await client.context("policy", 1, "Mode: plan.")
+    agent = await client.scope("agent-1")
+    await client.scope("agent-2")
+    await agent.suppress_runtime_context()
+    assert (await client.assemble(scope="agent-1")).contexts == []
+    assert (await client.assemble()).contexts == [context("policy", "Mode: plan.")]
+    assert (await client.assemble(scope="agent-2")).contexts == [context("policy", "Mode: plan.")]
+
+
+async def test_a_scoped_suppressor_affects_that_scopes_descendants(client: dsp.Client) -> None:
+    await client.context("policy", 1, "Mode: plan.")
+    parent = await client.scope("team")
+    child = await client.scope("worker", parent="team")
+    await child.context("worker-policy", 2, "Worker mode.")
+    await client.scope("grandchild", parent="worker")
+    await parent.suppress_runtime_context()
+    assert (await client.assemble(scope="worker")).contexts == []
+    assert (await client.assemble(scope="grandchild")).contexts == []
+
+
+async def test_a_child_scopes_suppressor_does_not_affect_its_parent(client: dsp.Client) -> None:
+    await client.context("policy", 1, "Mode: plan.")
+    await client.scope("team")
+    child = await client.scope("worker", parent="team")
+    await child.suppress_runtime_context()
+    assert (await client.assemble(scope="team")).contexts == [context("policy", "Mode: plan.")]
+
+
+async def test_disposing_a_scoped_suppressor_restores_that_scopes_contexts(
+    client: dsp.Client,
+) -> None:
+    await client.context("policy", 1, "Mode: plan.")
+    agent = await client.scope("agent-1")
+    off = await agent.suppress_runtime_context()
+    await off()
+    assert (await client.assemble(scope="agent-1")).contexts == [context("policy", "Mode: plan.")]
+
+
+async def test_a_suppressed_assembly_renders_an_empty_context_snapshot(
+    client: dsp.Client,
+) -> None:
+    await client.context("policy", 1, "Mode: {{unregistered}}.")
+    await client.suppress_runtime_context()
+    rendered = await client.render()
+    assert rendered.context_snapshot == ""
+
+
+async def test_include_runtime_context_false_removes_every_context(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(include_runtime_context=False)
+    async with dsp.connect(sidecar.address) as client:
+        await client.context("policy", 1, "Mode: plan.")
+        scope = await client.scope("agent-1")
+        await scope.context("agent-policy", 2, "Agent mode.")
+        assert (await client.assemble()).contexts == []
+        assert (await client.assemble(scope="agent-1")).contexts == []
+        assert (await client.render()).context_snapshot == ""
+
+
+async def test_include_runtime_context_false_still_validates_context_registrations(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(include_runtime_context=False)
+    async with dsp.connect(sidecar.address) as client:
+        await client.context("policy", 1, "Mode: plan.")
+        error = await rejection(client.context("policy", 2, "again"))
+    assert error.code == grpc.StatusCode.ALREADY_EXISTS

@@ -1,0 +1,430 @@
+"""Static tool lists, name order, the configured tool order and tool schemas on the wire."""
+
+from __future__ import annotations
+
+import json
+
+import dsh_system_prompt as dsp
+import grpc
+from conftest import ClientFactory, SidecarFactory
+from helpers import failure, rejection, tool, tool_names
+
+REST = dsp.TOOL_ORDER_REST
+
+
+async def ordered_client(make_sidecar: SidecarFactory, tool_order: list[str]) -> dsp.Client:
+    sidecar = await make_sidecar(tool_order=tool_order)
+    return await dsp.connect(sidecar.address)
+
+
+# -- static lists ---------------------------------------------------------------------
+
+
+async def test_a_static_tool_list_is_in_the_assembly(client: dsp.Client) -> None:
+    echo = dsp.ToolSchema("echo", "Echo the input back.", {"type": "object", "properties": {}})
+    await client.tools([echo])
+    assert (await client.assemble()).tools == [echo]
+
+
+async def test_a_static_tool_provider_result_is_in_the_assembly(client: dsp.Client) -> None:
+    await client.tools(dsp.ToolProviderResult(schemas=[tool("echo")]))
+    assert (await client.assemble()).tools == [tool("echo")]
+
+
+async def test_an_empty_tool_list_contributes_nothing(client: dsp.Client) -> None:
+    await client.tools([])
+    assert (await client.assemble()).tools == []
+
+
+async def test_tools_of_every_provider_are_collected(connect: ClientFactory) -> None:
+    first, second = await connect(), await connect()
+    await first.tools([tool("bash")])
+    await second.tools([tool("read"), tool("grep")])
+    await first.tools([tool("edit")])
+    assert tool_names(await first.assemble()) == ["bash", "edit", "grep", "read"]
+
+
+async def test_disposing_a_tool_provider_removes_its_tools(client: dsp.Client) -> None:
+    await client.tools([tool("bash")])
+    off = await client.tools([tool("read")])
+    await off()
+    assert tool_names(await client.assemble()) == ["bash"]
+
+
+# -- order without tool_order ---------------------------------------------------------
+
+
+async def test_tools_are_sorted_by_name_without_a_tool_order(client: dsp.Client) -> None:
+    await client.tools([tool("todo_write"), tool("bash")])
+    await client.tools([tool("read"), tool("edit")])
+    assert tool_names(await client.assemble()) == ["bash", "edit", "read", "todo_write"]
+
+
+async def test_tool_names_sort_in_code_point_order(client: dsp.Client) -> None:
+    await client.tools([tool(name) for name in ("b", "a", "_x", "Z", "B", "a1", "A")])
+    assert tool_names(await client.assemble()) == ["A", "B", "Z", "_x", "a", "a1", "b"]
+
+
+async def test_tool_names_beyond_the_basic_plane_sort_by_code_point_not_utf16(
+    client: dsp.Client,
+) -> None:
+    emoji, fullwidth = "\U0001f600tool", "\uff5etool"  # UTF-16 would put the emoji first
+    await client.tools([tool(emoji), tool(fullwidth)])
+    assert tool_names(await client.assemble()) == [fullwidth, emoji]
+
+
+async def test_tools_with_the_same_name_keep_registration_order(client: dsp.Client) -> None:
+    await client.tools([tool("echo", "first")])
+    await client.tools([tool("bash"), tool("echo", "second")])
+    assembly = await client.assemble()
+    assert [(t.name, t.description) for t in assembly.tools] == [
+        ("bash", "the bash tool"),
+        ("echo", "first"),
+        ("echo", "second"),
+    ]
+
+
+# -- tool_order -----------------------------------------------------------------------
+
+
+async def test_listed_tools_take_their_listed_place(make_sidecar: SidecarFactory) -> None:
+    client = await ordered_client(make_sidecar, ["todo_write", "bash", REST])
+    try:
+        await client.tools([tool("bash"), tool("todo_write")])
+        assert tool_names(await client.assemble()) == ["todo_write", "bash"]
+    finally:
+        await client.close()
+
+
+async def test_unlisted_tools_go_to_the_rest_entry_sorted_by_name(
+    make_sidecar: SidecarFactory,
+) -> None:
+    client = await ordered_client(make_sidecar, ["todo_write", REST, "bash"])
+    try:
+        await client.tools([tool("read"), tool("bash"), tool("todo_write")])
+        await client.tools([tool("grep"), tool("edit")])
+        assert tool_names(await client.assemble()) == [
+            "todo_write",
+            "edit",
+            "grep",
+            "read",
+            "bash",
+        ]
+    finally:
+        await client.close()
+
+
+async def test_a_rest_entry_alone_sorts_every_tool_by_name(make_sidecar: SidecarFactory) -> None:
+    client = await ordered_client(make_sidecar, [REST])
+    try:
+        await client.tools([tool("read"), tool("bash")])
+        assert tool_names(await client.assemble()) == ["bash", "read"]
+    finally:
+        await client.close()
+
+
+async def test_a_rest_entry_alone_with_no_tools_is_not_an_error(
+    make_sidecar: SidecarFactory,
+) -> None:
+    client = await ordered_client(make_sidecar, [REST])
+    try:
+        assert (await client.assemble()).tools == []
+    finally:
+        await client.close()
+
+
+async def test_tool_order_listing_unregistered_tools_rejects_the_assembly(
+    make_sidecar: SidecarFactory,
+) -> None:
+    client = await ordered_client(make_sidecar, ["ghost", "bash", REST, "wraith"])
+    try:
+        await client.tools([tool("todo_write"), tool("bash")])
+        error = await rejection(client.assemble())
+    finally:
+        await client.close()
+    assert failure(error) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "UNKNOWN_TOOL_ORDER_NAME",
+        'toolOrder lists unregistered tools "ghost", "wraith"; known tools: bash, todo_write',
+    )
+
+
+async def test_one_unregistered_tool_is_named_in_the_singular(
+    make_sidecar: SidecarFactory,
+) -> None:
+    client = await ordered_client(make_sidecar, ["ghost", REST])
+    try:
+        await client.tools([tool("bash")])
+        error = await rejection(client.assemble())
+    finally:
+        await client.close()
+    assert failure(error) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "UNKNOWN_TOOL_ORDER_NAME",
+        'toolOrder lists unregistered tool "ghost"; known tools: bash',
+    )
+
+
+async def test_with_nothing_known_the_known_tools_are_none(make_sidecar: SidecarFactory) -> None:
+    client = await ordered_client(make_sidecar, ["ghost", REST])
+    try:
+        error = await rejection(client.assemble())
+    finally:
+        await client.close()
+    assert failure(error) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "UNKNOWN_TOOL_ORDER_NAME",
+        'toolOrder lists unregistered tool "ghost"; known tools: (none)',
+    )
+
+
+async def test_known_tools_are_listed_once_each(make_sidecar: SidecarFactory) -> None:
+    client = await ordered_client(make_sidecar, ["ghost", REST])
+    try:
+        await client.tools([tool("bash")])
+        await client.tools(dsp.ToolProviderResult(schemas=[], known_names=["bash", "read"]))
+        error = await rejection(client.assemble())
+    finally:
+        await client.close()
+    assert error.message == 'toolOrder lists unregistered tool "ghost"; known tools: bash, read'
+
+
+async def test_registering_the_missing_tool_lets_the_assembly_through(
+    make_sidecar: SidecarFactory,
+) -> None:
+    client = await ordered_client(make_sidecar, ["ghost", REST])
+    try:
+        await rejection(client.assemble())
+        await client.tools([tool("ghost")])
+        assert tool_names(await client.assemble()) == ["ghost"]
+    finally:
+        await client.close()
+
+
+async def test_known_names_count_for_the_tool_order(make_sidecar: SidecarFactory) -> None:
+    client = await ordered_client(make_sidecar, ["todo_write", "bash", REST])
+    try:
+        await client.tools(
+            dsp.ToolProviderResult(schemas=[tool("bash")], known_names=["bash", "todo_write"])
+        )
+        assert tool_names(await client.assemble()) == ["bash"]
+    finally:
+        await client.close()
+
+
+async def test_known_names_of_every_provider_count(make_sidecar: SidecarFactory) -> None:
+    client = await ordered_client(make_sidecar, ["todo_write", "bash", REST])
+    try:
+        await client.tools(dsp.ToolProviderResult(schemas=[], known_names=["todo_write"]))
+        await client.tools(dsp.ToolProviderResult(schemas=[tool("bash")], known_names=["bash"]))
+        assert tool_names(await client.assemble()) == ["bash"]
+    finally:
+        await client.close()
+
+
+async def test_known_names_default_to_the_schemas_names(make_sidecar: SidecarFactory) -> None:
+    client = await ordered_client(make_sidecar, ["todo_write", REST])
+    try:
+        await client.tools(dsp.ToolProviderResult(schemas=[tool("todo_write")]))
+        assert tool_names(await client.assemble()) == ["todo_write"]
+    finally:
+        await client.close()
+
+
+async def test_a_disposed_providers_known_names_no_longer_count(
+    make_sidecar: SidecarFactory,
+) -> None:
+    client = await ordered_client(make_sidecar, ["todo_write", REST])
+    try:
+        off = await client.tools(dsp.ToolProviderResult(schemas=[], known_names=["todo_write"]))
+        await client.assemble()
+        await off()
+        error = await rejection(client.assemble())
+    finally:
+        await client.close()
+    assert error.reason == "UNKNOWN_TOOL_ORDER_NAME"
+
+
+async def test_a_scoped_providers_known_names_count_only_in_that_scope(
+    make_sidecar: SidecarFactory,
+) -> None:
+    client = await ordered_client(make_sidecar, ["agent_tool", REST])
+    try:
+        scope = await client.scope("agent-1")
+        await scope.tools([tool("agent_tool")])
+        assert tool_names(await client.assemble(scope="agent-1")) == ["agent_tool"]
+        error = await rejection(client.assemble())
+    finally:
+        await client.close()
+    assert failure(error) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "UNKNOWN_TOOL_ORDER_NAME",
+        'toolOrder lists unregistered tool "agent_tool"; known tools: (none)',
+    )
+
+
+# -- the reserved rest-entry name -----------------------------------------------------
+
+
+async def test_a_tool_named_like_the_rest_entry_rejects_the_assembly(client: dsp.Client) -> None:
+    await client.tools([tool("bash"), tool(REST)])
+    error = await rejection(client.assemble())
+    assert failure(error) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "RESERVED_TOOL_NAME",
+        'tool provider returned reserved tool name "<unlisted-tools>"'
+        " (reserved for toolOrder's rest entry)",
+    )
+
+
+async def test_the_reserved_name_rejects_with_a_tool_order_too(
+    make_sidecar: SidecarFactory,
+) -> None:
+    client = await ordered_client(make_sidecar, [REST])
+    try:
+        await client.tools([tool(REST)])
+        error = await rejection(client.assemble())
+    finally:
+        await client.close()
+    assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "RESERVED_TOOL_NAME")
+
+
+async def test_disposing_the_reserved_name_provider_restores_the_assembly(
+    client: dsp.Client,
+) -> None:
+    await client.tools([tool("bash")])
+    off = await client.tools([tool(REST)])
+    await rejection(client.assemble())
+    await off()
+    assert tool_names(await client.assemble()) == ["bash"]
+
+
+async def test_the_rest_entry_constant_is_the_reserved_name() -> None:
+    assert dsp.TOOL_ORDER_REST == "<unlisted-tools>"
+
+
+# -- parameters as JSON ---------------------------------------------------------------
+
+
+async def test_parameters_keep_their_key_order(client: dsp.Client) -> None:
+    parameters = {
+        "type": "object",
+        "required": ["zulu", "alpha"],
+        "properties": {
+            "zulu": {"type": "string", "description": "last letter first"},
+            "alpha": {"type": "integer", "minimum": 0},
+            "mike": {"type": "object", "properties": {"y": {}, "b": {}, "x": {}}},
+        },
+        "additionalProperties": False,
+    }
+    await client.tools([dsp.ToolSchema("ordered", "keys in order", parameters)])
+    (returned,) = (await client.assemble()).tools
+    assert json.dumps(returned.parameters) == json.dumps(parameters)
+
+
+async def test_integer_parameters_stay_integers(client: dsp.Client) -> None:
+    parameters = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9007199254740993}},
+        "maxProperties": 3,
+    }
+    await client.tools([dsp.ToolSchema("count", "integers", parameters)])
+    (returned,) = (await client.assemble()).tools
+    n = returned.parameters["properties"]["n"]
+    assert type(n["minimum"]) is int
+    assert n["maximum"] == 9007199254740993
+    assert type(returned.parameters["maxProperties"]) is int
+
+
+async def test_float_parameters_stay_floats(client: dsp.Client) -> None:
+    parameters = {"type": "number", "multipleOf": 0.5, "minimum": 1.0}
+    await client.tools([dsp.ToolSchema("half", "floats", parameters)])
+    (returned,) = (await client.assemble()).tools
+    assert json.dumps(returned.parameters) == json.dumps(parameters)
+
+
+async def test_parameters_keep_unicode_nulls_and_nesting(client: dsp.Client) -> None:
+    parameters = {
+        "type": "object",
+        "description": 'héllo ✓ 𝄞 "quoted" \\ back',
+        "default": None,
+        "enum": [[1, [2, {"deep": True}]], "x"],
+    }
+    await client.tools([dsp.ToolSchema("odd", "odd values", parameters)])
+    (returned,) = (await client.assemble()).tools
+    assert returned.parameters == parameters
+    assert json.dumps(returned.parameters) == json.dumps(parameters)
+
+
+async def test_empty_parameters_come_back_empty(client: dsp.Client) -> None:
+    await client.tools([dsp.ToolSchema("bare", "no parameters", {})])
+    assert (await client.assemble()).tools == [dsp.ToolSchema("bare", "no parameters", {})]
+
+
+# -- scoped providers -----------------------------------------------------------------
+
+
+async def test_a_scoped_provider_is_consulted_only_for_that_scopes_assemblies(
+    client: dsp.Client,
+) -> None:
+    await client.tools([tool("bash")])
+    agent = await client.scope("agent-1")
+    await client.scope("agent-2")
+    await agent.tools([tool("agent_tool")])
+    assert tool_names(await client.assemble(scope="agent-1")) == ["agent_tool", "bash"]
+    assert tool_names(await client.assemble()) == ["bash"]
+    assert tool_names(await client.assemble(scope="agent-2")) == ["bash"]
+
+
+async def test_scoped_and_global_tools_are_sorted_together(client: dsp.Client) -> None:
+    await client.tools([tool("read"), tool("bash")])
+    agent = await client.scope("agent-1")
+    await agent.tools([tool("grep"), tool("aardvark")])
+    assert tool_names(await client.assemble(scope="agent-1")) == [
+        "aardvark",
+        "bash",
+        "grep",
+        "read",
+    ]
+
+
+async def test_scoped_tools_follow_the_tool_order(make_sidecar: SidecarFactory) -> None:
+    client = await ordered_client(make_sidecar, ["todo_write", REST, "bash"])
+    try:
+        await client.tools([tool("bash"), tool("read")])
+        agent = await client.scope("agent-1")
+        await agent.tools([tool("todo_write"), tool("edit")])
+        assert tool_names(await client.assemble(scope="agent-1")) == [
+            "todo_write",
+            "edit",
+            "read",
+            "bash",
+        ]
+    finally:
+        await client.close()
+
+
+async def test_global_providers_come_before_scoped_ones_for_equal_names(
+    client: dsp.Client,
+) -> None:
+    agent = await client.scope("agent-1")
+    await agent.tools([tool("echo", "scoped, registered first")])
+    await client.tools([tool("echo", "global, registered later")])
+    assembly = await client.assemble(scope="agent-1")
+    assert [t.description for t in assembly.tools] == [
+        "global, registered later",
+        "scoped, registered first",
+    ]
+
+
+# -- invariants -----------------------------------------------------------------------
+
+
+async def test_a_tool_with_an_empty_name_rejects_the_assembly(client: dsp.Client) -> None:
+    await client.tools([dsp.ToolSchema("", "nameless", {})])
+    error = await rejection(client.assemble())
+    assert failure(error) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "INVARIANT_VIOLATION",
+        "assembled tool names must be non-empty",
+    )
