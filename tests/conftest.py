@@ -7,16 +7,14 @@ the sidecar exactly as `serve` builds it (health, reflection, drain, config).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import dsh_system_prompt as dsp
 import pytest
 from dsh_system_prompt_server.app import Sidecar, start_sidecar
 from dsh_system_prompt_server.config import parse_config
-
-SidecarFactory = Callable[..., Awaitable[Sidecar]]
-ClientFactory = Callable[..., Awaitable[dsp.Client]]
+from helpers import ClientFactory, SidecarFactory
 
 
 @pytest.fixture

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 import dsh_system_prompt as dsp
 import grpc
 import grpc.aio
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
+from dsh_system_prompt_server.app import Sidecar
+
+SidecarFactory = Callable[..., Awaitable[Sidecar]]
+ClientFactory = Callable[..., Awaitable[dsp.Client]]
 
 IDENTITY = "You are an AI agent powered by DeepSeek Harness."
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import dsh_system_prompt as dsp
-from conftest import ClientFactory, SidecarFactory
 from dsh_system_prompt_server.app import Sidecar
-from helpers import tool
+from helpers import ClientFactory, SidecarFactory, tool
 
 
 async def take(changes: dsp.ChangeStream, count: int) -> list[dsp.ChangeEvent]:

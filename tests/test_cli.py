@@ -17,10 +17,9 @@ import dsh_system_prompt as dsp
 import grpc
 import grpc.aio
 import pytest
-from conftest import SidecarFactory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from helpers import IDENTITY, raw_channel, section_names, tool, tool_names
+from helpers import IDENTITY, SidecarFactory, raw_channel, section_names, tool, tool_names
 
 SERVICE = "dsh.systemprompt.v1.SystemPromptService"
 LISTENING = re.compile(r"listening on (\S+)")

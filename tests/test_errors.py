@@ -10,12 +10,11 @@ import dsh_system_prompt as dsp
 import grpc
 import grpc.aio
 import pytest
-from conftest import ClientFactory
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server.app import Sidecar
 from google.rpc import error_details_pb2, status_pb2
-from helpers import rejection, section_names, tool
+from helpers import ClientFactory, rejection, section_names, tool
 
 ERROR_DOMAIN = "dsh.systemprompt.v1"
 

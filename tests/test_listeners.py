@@ -8,10 +8,9 @@ from collections.abc import Awaitable, Callable
 import dsh_system_prompt as dsp
 import grpc
 import pytest
-from conftest import ClientFactory, SidecarFactory
 from dsh_system_prompt_server.app import Sidecar
 from dsh_system_prompt_server.listeners import ListenerStream
-from helpers import section_names, tool, tool_names
+from helpers import ClientFactory, SidecarFactory, section_names, tool, tool_names
 
 Next = Callable[..., Awaitable[dsp.PromptAssembly]]
 

@@ -7,9 +7,8 @@ import asyncio
 import dsh_system_prompt as dsp
 import grpc
 import pytest
-from conftest import ClientFactory, SidecarFactory
 from dsh_system_prompt_server.app import Sidecar
-from helpers import section_names, tool, tool_names
+from helpers import ClientFactory, SidecarFactory, section_names, tool, tool_names
 
 
 def provide_requests(sidecar: Sidecar, client: dsp.Client) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import dsh_system_prompt as dsp
 import grpc
 import pytest
-from conftest import SidecarFactory
+from helpers import SidecarFactory
 
 HEADER = "Current runtime context. This snapshot supersedes earlier runtime-context snapshots."
 

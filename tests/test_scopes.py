@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dsh_system_prompt as dsp
 import grpc
-from conftest import ClientFactory, SidecarFactory
 from helpers import (
     IDENTITY,
+    ClientFactory,
+    SidecarFactory,
     context,
     context_names,
     failure,

@@ -7,8 +7,17 @@ import math
 import dsh_system_prompt as dsp
 import grpc
 import pytest
-from conftest import ClientFactory, SidecarFactory
-from helpers import IDENTITY, context, context_names, failure, rejection, section, section_names
+from helpers import (
+    IDENTITY,
+    ClientFactory,
+    SidecarFactory,
+    context,
+    context_names,
+    failure,
+    rejection,
+    section,
+    section_names,
+)
 
 IDENTITY_SECTION = "harness:identity"
 NON_FINITE = [

@@ -11,11 +11,11 @@ import dsh_system_prompt as dsp
 import grpc
 import grpc.aio
 import pytest
-from conftest import ClientFactory
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server.app import Sidecar
 from helpers import (
     BUILTIN_SECTIONS,
+    ClientFactory,
     context_names,
     next_events,
     raw_channel,

@@ -6,8 +6,7 @@ import json
 
 import dsh_system_prompt as dsp
 import grpc
-from conftest import ClientFactory, SidecarFactory
-from helpers import failure, rejection, tool, tool_names
+from helpers import ClientFactory, SidecarFactory, failure, rejection, tool, tool_names
 
 REST = dsp.TOOL_ORDER_REST
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import dsh_system_prompt as dsp
 import grpc
 import pytest
-from conftest import ClientFactory
-from helpers import failure, rejection
+from helpers import ClientFactory, failure, rejection
 
 
 @pytest.mark.parametrize("name", ["a", "model", "cwd", "m2", "git_state", "a_1_b", "x__"])
