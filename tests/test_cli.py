@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import dsh_system_prompt as dsp
@@ -20,52 +17,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from helpers import IDENTITY, SidecarFactory, raw_channel, section_names, tool, tool_names
+from processes import serve, sidecar_command
 
 SERVICE = "dsh.systemprompt.v1.SystemPromptService"
-LISTENING = re.compile(r"listening on (\S+)")
-
-
-def _command() -> str:
-    beside = Path(sys.executable).parent / "dsh-system-prompt"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("dsh-system-prompt")
-    assert found, "the dsh-system-prompt command is not installed"
-    return found
-
-
-class Served:
-    def __init__(self, process: asyncio.subprocess.Process, line: str, address: str) -> None:
-        self.process = process
-        self.line = line
-        self.address = address
-
-
-@contextlib.asynccontextmanager
-async def serve(*args: str) -> AsyncIterator[Served]:
-    """Run `dsh-system-prompt serve ARGS` until it says where it listens; kill it after."""
-    process = await asyncio.create_subprocess_exec(
-        _command(),
-        "serve",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        assert process.stdout is not None and process.stderr is not None
-        line = (await asyncio.wait_for(process.stdout.readline(), 15)).decode()
-        found = LISTENING.search(line)
-        if found is None:
-            process.kill()
-            err = await asyncio.wait_for(process.stderr.read(), 5)
-            pytest.fail(f"serve printed {line!r}; stderr: {err.decode()[-2000:]}")
-        yield Served(process, line, found.group(1))
-    finally:
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(process.wait(), 5)
 
 
 def _serve_and_fail(tmp_path: Path, toml: str) -> subprocess.CompletedProcess[str]:
@@ -73,7 +27,7 @@ def _serve_and_fail(tmp_path: Path, toml: str) -> subprocess.CompletedProcess[st
     config = tmp_path / "sidecar.toml"
     config.write_text(toml)
     return subprocess.run(
-        [_command(), "serve", "--config", str(config), "--listen", "127.0.0.1:0"],
+        [sidecar_command(), "serve", "--config", str(config), "--listen", "127.0.0.1:0"],
         capture_output=True,
         text=True,
         timeout=15,

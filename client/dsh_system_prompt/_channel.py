@@ -13,6 +13,7 @@ CHANNEL_OPTIONS = [
     # Notice a vanished sidecar within ~15 s even when no call is active.
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.ping_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     # Reconnect quickly after a sidecar restart instead of backing off for minutes.

@@ -94,8 +94,10 @@ def server_options(config: SidecarConfig) -> list[tuple[str, int]]:
         ("grpc.max_send_message_length", size),
         ("grpc.keepalive_time_ms", half),
         ("grpc.keepalive_timeout_ms", half),
+        ("grpc.http2.ping_timeout_ms", half),  # newer gRPC cores time pings out by this
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_sent_ping_interval_without_data_ms", half),
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
         ("grpc.http2.max_ping_strikes", 0),
     ]

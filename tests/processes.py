@@ -1,0 +1,78 @@
+"""Real processes for the tests: the installed `dsh-system-prompt serve` command."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+LISTENING = re.compile(r"listening on (\S+)")
+
+
+def sidecar_command() -> str:
+    """The installed command, preferring the one beside this interpreter."""
+    beside = Path(sys.executable).parent / "dsh-system-prompt"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("dsh-system-prompt")
+    assert found, "the dsh-system-prompt command is not installed"
+    return found
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now (for restarts on one address)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class Served:
+    """A running `serve` process and what it printed."""
+
+    def __init__(
+        self, process: asyncio.subprocess.Process, line: str, address: str, stderr: Path
+    ) -> None:
+        self.process = process
+        self.line = line
+        self.address = address
+        self.stderr = stderr
+
+    def logs(self) -> str:
+        return self.stderr.read_text(errors="replace")
+
+
+@contextlib.asynccontextmanager
+async def serve(*args: str) -> AsyncIterator[Served]:
+    """Run `dsh-system-prompt serve ARGS` until it says where it listens; kill it after.
+
+    Its stderr goes to a file, so a chatty sidecar can never block on a full pipe.
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        stderr_path = Path(folder) / "stderr.log"
+        with stderr_path.open("wb") as stderr:
+            process = await asyncio.create_subprocess_exec(
+                sidecar_command(), "serve", *args, stdout=asyncio.subprocess.PIPE, stderr=stderr
+            )
+        try:
+            assert process.stdout is not None
+            line = (await asyncio.wait_for(process.stdout.readline(), 15)).decode()
+            found = LISTENING.search(line)
+            if found is None:
+                process.kill()
+                await asyncio.wait_for(process.wait(), 5)
+                pytest.fail(f"serve printed {line!r}; stderr: {stderr_path.read_text()[-2000:]}")
+            yield Served(process, line, found.group(1), stderr_path)
+        finally:
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(process.wait(), 5)

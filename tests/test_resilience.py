@@ -1,0 +1,237 @@
+"""The sidecar as a neighbour in a pod: restarts, frozen and vanished peers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import dsh_system_prompt as dsp
+import grpc
+import pytest
+from helpers import section_names, tool
+from processes import free_port, serve
+
+CLIENT_SCRIPT = """
+import asyncio, sys
+import dsh_system_prompt as dsp
+
+async def main():
+    client = await dsp.connect(sys.argv[1])
+    await client.section("frozen", 50, "from the client process")
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+@contextlib.asynccontextmanager
+async def client_process(address: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", CLIENT_SCRIPT, address, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        assert (await asyncio.wait_for(process.stdout.readline(), 15)).strip() == b"ready"
+        yield process
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGCONT)
+            process.kill()
+        await asyncio.wait_for(process.wait(), 5)
+
+
+Check = Callable[[], Awaitable[bool]]
+Result = dsp.PromptAssembly
+Next = Callable[[], Awaitable[Result]]
+
+
+async def wait_until(condition_check: Check, timeout: float, interval: float = 0.1) -> float:
+    """Poll `condition_check()` until true; returns the seconds it took."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while not await condition_check():
+        if loop.time() - started > timeout:
+            pytest.fail(f"condition not reached within {timeout}s")
+        await asyncio.sleep(interval)
+    return loop.time() - started
+
+
+def config_file(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "sidecar.toml"
+    path.write_text(text)
+    return str(path)
+
+
+async def test_a_frozen_client_is_disposed_after_the_keepalive_bound_and_reconnects(
+    tmp_path: Path,
+) -> None:
+    config = config_file(tmp_path, "dead_peer_timeout_s = 2.0\n")
+    async with (
+        serve("--listen", "127.0.0.1:0", "--config", config) as served,
+        dsp.connect(served.address) as observer,
+        client_process(served.address) as peer,
+    ):
+
+        async def has_frozen() -> bool:
+            return "frozen" in section_names(await observer.assemble(timeout=5))
+
+        async def lacks_frozen() -> bool:
+            return not await has_frozen()
+
+        assert await has_frozen()
+        peer.send_signal(signal.SIGSTOP)
+        took = await wait_until(lacks_frozen, timeout=15)
+        assert took < 15
+        peer.send_signal(signal.SIGCONT)
+        await wait_until(has_frozen, timeout=15)
+
+
+async def test_clients_reconnect_and_replay_after_the_sidecar_restarts(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    config = config_file(
+        tmp_path, 'persona = "Persona."\ntool_order = ["two-tool", "<unlisted-tools>"]\n'
+    )
+    async with serve("--listen", address, "--config", config) as first:
+        one = await dsp.connect(address)
+        two = await dsp.connect(address)
+        try:
+            await register_agent(one, "one", 10)
+            await register_agent(two, "two", 20)
+            before = {
+                scope: await one.assemble(scope=scope, fields={"who": "w"}, timeout=5)
+                for scope in (None, "agent-one", "agent-two")
+            }
+            keep_assembling = asyncio.create_task(assemble_forever(one, two))
+            first.process.kill()
+            await first.process.wait()
+            async with serve("--listen", address, "--config", config):
+                for client in (one, two):
+                    await wait_until(_connected(client), timeout=20)
+                after = {
+                    scope: await one.assemble(scope=scope, fields={"who": "w"}, timeout=5)
+                    for scope in before
+                }
+                keep_assembling.cancel()
+                outcomes = await asyncio.gather(keep_assembling, return_exceptions=True)
+                assert after == before
+                assert not [o for o in outcomes if not isinstance(o, asyncio.CancelledError)]
+        finally:
+            await one.close()
+            await two.close()
+
+
+async def register_agent(client: dsp.Client, name: str, order: int) -> None:
+    """Static and dynamic registrations, a scope with a parent, and a listener."""
+    await client.section(f"{name}-static", order, f"{name} static")
+    await client.section(f"{name}-dynamic", order + 1, lambda ctx: f"{name} for {ctx.get('who')}")
+    await client.variable(f"{name}_var", name)
+    await client.tools([tool(f"{name}-tool")])
+    await client.context(f"{name}-context", order, "context")
+    base = await client.scope(f"base-{name}")
+    await base.section(f"{name}-base", order + 2, "inherited")
+    agent = await client.scope(f"agent-{name}", parent=f"base-{name}")
+    await agent.section("deployment:persona", 0, f"Persona of {name}.")
+
+    async def tag(
+        assembly: dsp.PromptAssembly,
+        ctx: dsp.AssembleContext,
+        next_: Callable[[], Awaitable[dsp.PromptAssembly]],
+    ) -> dsp.PromptAssembly:
+        assembly.variables[f"{name}_seen"] = "yes"
+        return await next_()
+
+    tag.__qualname__ = f"tag-{name}"
+    await agent.on_assemble(tag)
+    off = await client.section(f"{name}-gone", order + 3, "disposed before the restart")
+    await off()
+
+
+async def assemble_forever(*clients: dsp.Client) -> None:
+    """Assemble in a loop, accepting only 'sidecar unavailable' while it is down."""
+    while True:
+        for client in clients:
+            try:
+                await client.assemble(timeout=2)
+            except dsp.SystemPromptError as error:
+                if error.code not in (grpc.StatusCode.UNAVAILABLE,
+                                      grpc.StatusCode.FAILED_PRECONDITION,
+                                      grpc.StatusCode.DEADLINE_EXCEEDED):  # fmt: skip
+                    raise
+        await asyncio.sleep(0.02)
+
+
+def _connected(client: dsp.Client) -> Check:
+    async def check() -> bool:
+        return client.connected
+
+    return check
+
+
+async def test_calls_while_the_sidecar_is_down_fail_fast_as_unavailable() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    async with serve("--listen", address) as served:
+        client = await dsp.connect(address)
+        try:
+            served.process.kill()
+            await served.process.wait()
+            await wait_until(_disconnected(client), timeout=10)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(dsp.SystemPromptError) as failure:
+                await client.section("late", 1, "x")
+            assert loop.time() - started < 1
+            assert failure.value.code == grpc.StatusCode.UNAVAILABLE
+            assert "sidecar unavailable" in str(failure.value)
+        finally:
+            await client.close()
+
+
+async def test_an_assemble_with_a_deadline_waits_for_the_reconnect() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    async with serve("--listen", address) as served:
+        client = await dsp.connect(address)
+        try:
+            await client.section("kept", 5, "kept across the restart")
+            served.process.kill()
+            await served.process.wait()
+            await wait_until(_disconnected(client), timeout=10)
+            async with serve("--listen", address):
+                assembly = await client.assemble(timeout=20)
+            assert "kept" in section_names(assembly)
+        finally:
+            await client.close()
+
+
+async def test_disposers_from_before_a_restart_still_work_after_it() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    async with serve("--listen", address) as served:
+        client = await dsp.connect(address)
+        try:
+            off = await client.section("disposable", 5, "x")
+            scope = await client.scope("agent")
+            await scope.section("scoped", 5, "y")
+            served.process.kill()
+            await served.process.wait()
+            await wait_until(_disconnected(client), timeout=10)
+            async with serve("--listen", address):
+                await wait_until(_connected(client), timeout=20)
+                assert "disposable" in section_names(await client.assemble(timeout=5))
+                await off()
+                await scope.dispose()
+                assembly = await client.assemble(scope="agent", timeout=5)
+            assert "disposable" not in section_names(assembly)
+            assert "scoped" not in section_names(assembly)
+        finally:
+            await client.close()
+
+
+def _disconnected(client: dsp.Client) -> Check:
+    async def check() -> bool:
+        return not client.connected
+
+    return check
