@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 import grpc.aio
@@ -34,45 +32,22 @@ class TLS:
     server_name: str | None = None  # when the certificate names another host
 
 
-def open_channel(address: str, token: str | None, tls: TLS | None) -> grpc.aio.Channel:
+Metadata = tuple[tuple[str, str], ...]
+
+
+def call_metadata(token: str | None) -> Metadata:
+    """What every call and stream carries: the bearer token, when there is one."""
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def open_channel(address: str, tls: TLS | None) -> grpc.aio.Channel:
     """A channel to `address` (HOST:PORT or unix:PATH)."""
     options: list[tuple[str, int | str]] = list(CHANNEL_OPTIONS)
-    interceptors = [_BearerToken(token)] if token else None
     if tls is None:
-        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+        return grpc.aio.insecure_channel(address, options=options)
     if tls.server_name:
         options.append(("grpc.ssl_target_name_override", tls.server_name))
     credentials = grpc.ssl_channel_credentials(
         tls.root_certificates, tls.private_key, tls.certificate_chain
     )
-    return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
-
-
-class _BearerToken(
-    grpc.aio.UnaryUnaryClientInterceptor,  # type: ignore[misc]
-    grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[misc]
-    grpc.aio.StreamStreamClientInterceptor,  # type: ignore[misc]
-):
-    """Adds `authorization: Bearer <token>` to every call and stream."""
-
-    def __init__(self, token: str) -> None:
-        self._header = ("authorization", f"Bearer {token}")
-
-    def _with_token(self, details: Any) -> Any:
-        metadata = grpc.aio.Metadata(*(details.metadata or ()), self._header)
-        return details._replace(metadata=metadata)
-
-    async def intercept_unary_unary(
-        self, continuation: Callable[..., Awaitable[Any]], details: Any, request: Any
-    ) -> Any:
-        return await continuation(self._with_token(details), request)
-
-    async def intercept_unary_stream(
-        self, continuation: Callable[..., Awaitable[Any]], details: Any, request: Any
-    ) -> Any:
-        return await continuation(self._with_token(details), request)
-
-    async def intercept_stream_stream(
-        self, continuation: Callable[..., Awaitable[Any]], details: Any, request_iterator: Any
-    ) -> Any:
-        return await continuation(self._with_token(details), request_iterator)
+    return grpc.aio.secure_channel(address, credentials, options=options)

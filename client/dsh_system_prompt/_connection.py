@@ -23,6 +23,7 @@ import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 
+from ._channel import Metadata
 from ._convert import context_from_proto, tools_to_proto
 from ._listeners import Listener, ListenerStream
 from .errors import SystemPromptError, error_from_rpc
@@ -50,8 +51,9 @@ class Record:
 class Connection:
     """Owns the channel and the session stream; answers provider requests."""
 
-    def __init__(self, channel: grpc.aio.Channel, client_name: str) -> None:
+    def __init__(self, channel: grpc.aio.Channel, client_name: str, metadata: Metadata) -> None:
         self.channel = channel
+        self.metadata = metadata
         self.stub = pb_grpc.SystemPromptServiceStub(channel)
         self.client_name = client_name
         self.session_id = ""
@@ -88,7 +90,7 @@ class Connection:
         await self.channel.close()
 
     async def _open_session(self) -> None:
-        stream = self.stub.OpenSession()
+        stream = self.stub.OpenSession(metadata=self.metadata)
         try:
             await stream.write(
                 pb.OpenSessionRequest(start=pb.SessionStart(client_name=self.client_name))
@@ -157,7 +159,7 @@ class Connection:
         """Make a unary call for this session; gRPC failures become SystemPromptError."""
         await self.ready(options.get("timeout"))
         try:
-            return await method(request, **options)
+            return await method(request, metadata=self.metadata, **options)
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
 
@@ -226,12 +228,12 @@ class Connection:
         if record.scope is not None:
             request.scope_id = record.scope.registration_id
         if record.listener is not None:
-            stream = ListenerStream(self.stub, record.listener)
+            stream = ListenerStream(self.stub, record.listener, self.metadata)
             record.registration_id = await stream.start(request)
             record.stream = stream
             return
         try:
-            reply = await getattr(self.stub, record.method)(request)
+            reply = await getattr(self.stub, record.method)(request, metadata=self.metadata)
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
         record.registration_id = getattr(reply, "registration_id", "") or reply.scope_id

@@ -11,6 +11,7 @@ import grpc
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
+from ._channel import Metadata
 from ._convert import assembly_from_proto, assembly_to_proto, context_from_proto
 from .errors import SystemPromptError, error_from_rpc
 from .types import AssembleContext, PromptAssembly
@@ -29,8 +30,9 @@ def listener_name(listener: object) -> str:
 class ListenerStream:
     """Runs one listener for every invocation the sidecar sends."""
 
-    def __init__(self, stub: Any, listener: Listener) -> None:
+    def __init__(self, stub: Any, listener: Listener, metadata: Metadata) -> None:
         self._stub = stub
+        self._metadata = metadata
         self._listener = listener
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
@@ -40,7 +42,7 @@ class ListenerStream:
 
     async def start(self, start: pb.ListenStart) -> str:
         """Install the listener; returns its registration id."""
-        self._call = self._stub.Listen()
+        self._call = self._stub.Listen(metadata=self._metadata)
         try:
             await self._call.write(pb.ListenRequest(start=start))
             first = await self._call.read()

@@ -12,7 +12,7 @@ import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
 from ._changes import ChangeStream
-from ._channel import TLS, open_channel
+from ._channel import TLS, call_metadata, open_channel
 from ._connection import Connection, Record
 from ._convert import assembly_from_proto, context_to_proto, tools_to_proto
 from ._listeners import Listener, listener_name
@@ -189,7 +189,9 @@ class Client(_Registrar):
     async def watch_changes(self) -> ChangeStream:
         """Subscribe to change events; subscribed when this returns."""
         await self._connection.ready()
-        call = self._connection.stub.WatchChanges(pb.WatchChangesRequest())
+        call = self._connection.stub.WatchChanges(
+            pb.WatchChangesRequest(), metadata=self._connection.metadata
+        )
         try:
             first = await call.read()
         except grpc.RpcError as error:
@@ -227,8 +229,8 @@ class _Connecting:
         self._client: Client | None = None
 
     async def _connect(self) -> Client:
-        channel = open_channel(self._address, self._token, self._tls)
-        connection = Connection(channel, self._client_name)
+        channel = open_channel(self._address, self._tls)
+        connection = Connection(channel, self._client_name, call_metadata(self._token))
         try:
             await connection.open()
         except BaseException:
