@@ -24,7 +24,15 @@ Listener = Callable[
 
 
 def listener_name(listener: object) -> str:
-    return str(getattr(listener, "__qualname__", None) or type(listener).__name__)
+    """A label for errors: the function's qualified name, kept short."""
+    return label(str(getattr(listener, "__qualname__", None) or type(listener).__name__))
+
+
+def label(name: str) -> str:
+    return name if len(name) <= _LABEL_LIMIT else name[: _LABEL_LIMIT - 1] + "…"
+
+
+_LABEL_LIMIT = 60
 
 
 class ListenerStream:

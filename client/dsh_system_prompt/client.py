@@ -15,7 +15,7 @@ from ._changes import ChangeStream
 from ._channel import TLS, call_metadata, open_channel
 from ._connection import Connection, Record
 from ._convert import assembly_from_proto, context_to_proto, tools_to_proto
-from ._listeners import Listener, listener_name
+from ._listeners import Listener, label, listener_name
 from .errors import SystemPromptError, error_from_rpc
 from .types import AssembleContext, PromptAssembly, RenderedPrompt, ToolProviderResult, ToolSchema
 
@@ -76,7 +76,7 @@ class _Registrar:
         if callable(provider):
             key = self._connection.add_provider(provider)
             request.dynamic.provider_key = key
-            request.name = getattr(provider, "__qualname__", "")
+            request.name = label(getattr(provider, "__qualname__", ""))
         else:
             request.result.CopyFrom(tools_to_proto(provider))
         return await self._register("RegisterTools", request, key)

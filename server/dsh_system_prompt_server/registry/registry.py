@@ -75,16 +75,10 @@ class Registry:
         self._listener_count = 0
         self.limits = self.settings.limits
         if self.settings.include_harness_identity:
-            self.register_section(
-                SIDECAR_OWNER,
-                None,
-                HARNESS_IDENTITY_SECTION,
-                HARNESS_IDENTITY_ORDER,
-                HARNESS_IDENTITY_TEXT,
+            self._add_builtin(
+                HARNESS_IDENTITY_SECTION, HARNESS_IDENTITY_ORDER, HARNESS_IDENTITY_TEXT
             )
-        self.register_section(
-            SIDECAR_OWNER, None, PERSONA_SECTION, PERSONA_ORDER, self.settings.persona
-        )
+        self._add_builtin(PERSONA_SECTION, PERSONA_ORDER, self.settings.persona)
 
     @property
     def revision(self) -> int:
@@ -399,6 +393,15 @@ class Registry:
             layer = self._scoped[handle.name] = Layer()
         return layer
 
+    def _add_builtin(self, name: str, order: float, text: str) -> None:
+        # The sidecar's own sections come from its config, not from a session: no limits.
+        entry = SectionEntry(
+            id=new_id(), owner=SIDECAR_OWNER, kind=Kind.SECTION, scope=None, handle=None,
+            name=name, order=order, text=text,
+        )  # fmt: skip
+        self._global.sections[name] = entry
+        self._added(entry, None)
+
     def _check_value(self, owner: str, what: str, value: str | Dynamic | None) -> None:
         if isinstance(value, str):
             self.limits.check_text(what, value)
@@ -406,7 +409,7 @@ class Registry:
 
     def _check_quota(self, owner: str) -> None:
         owned = len(self._by_owner.get(owner, ()))
-        if owner != SIDECAR_OWNER and owned >= self.limits.max_registrations_per_session:
+        if owned >= self.limits.max_registrations_per_session:
             raise quota_exceeded(
                 f"this session already has {owned} registrations, the limit per session"
             )

@@ -1,0 +1,129 @@
+"""Limits: each with a clear error, nothing half-applied, the sidecar serving on."""
+
+from __future__ import annotations
+
+import dsh_system_prompt as dsp
+import grpc
+import pytest
+from dsh_system_prompt_server.app import Sidecar
+from helpers import SidecarFactory, section_names, tool
+
+SMALL = {
+    "max_name_bytes": 16,
+    "max_text_bytes": 64,
+    "max_tool_schema_bytes": 128,
+    "max_registrations_per_session": 5,
+    "max_listeners": 2,
+    "max_sessions": 2,
+    "max_watchers": 1,
+    "max_message_bytes": 4096,
+}
+
+
+@pytest.fixture
+async def small(make_sidecar: SidecarFactory) -> Sidecar:
+    return await make_sidecar(limits=SMALL)
+
+
+async def rejected(call: object) -> dsp.SystemPromptError:
+    with pytest.raises(dsp.SystemPromptError) as failure:
+        await call  # type: ignore[misc]
+    return failure.value
+
+
+async def test_a_name_over_the_limit_is_invalid_and_leaves_nothing(small: Sidecar) -> None:
+    async with dsp.connect(small.address) as client:
+        error = await rejected(client.section("n" * 17, 1, "x"))
+        assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "VALUE_TOO_LARGE")
+        assert str(error) == "prompt section name is 17 bytes, over the limit of 16"
+        assert len(small.registry.registrations(owner=client.session_id)) == 0
+
+
+async def test_names_are_measured_in_utf8_bytes(small: Sidecar) -> None:
+    async with dsp.connect(small.address) as client:
+        error = await rejected(client.variable("é" * 9, "x"))
+    assert "18 bytes, over the limit of 16" in str(error)
+
+
+async def test_a_text_over_the_limit_is_invalid(small: Sidecar) -> None:
+    async with dsp.connect(small.address) as client:
+        error = await rejected(client.context("long", 1, "x" * 65))
+        assert str(error) == 'prompt context "long" text is 65 bytes, over the limit of 64'
+        assert small.registry.changes.revision == 2  # only the built-ins ever registered
+
+
+async def test_a_tool_schema_over_the_limit_is_invalid(small: Sidecar) -> None:
+    big = dsp.ToolSchema("big", "d", {"type": "object", "description": "y" * 200})
+    async with dsp.connect(small.address) as client:
+        error = await rejected(client.tools([tool("ok"), big]))
+        assert error.reason == "VALUE_TOO_LARGE"
+        assert 'tool "big" schema is' in str(error)
+        assert (await client.assemble()).tools == []
+
+
+async def test_tool_parameters_must_be_a_json_object(client: dsp.Client) -> None:
+    error = await rejected(client.tools([dsp.ToolSchema("t", "d", [1, 2])]))  # type: ignore[arg-type]
+    assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_JSON")
+    assert str(error) == 'tool "t" parameters must be a JSON object'
+
+
+async def test_a_dynamic_answer_over_the_limit_fails_the_assembly(small: Sidecar) -> None:
+    async with dsp.connect(small.address) as client:
+        await client.section("grows", 1, lambda ctx: "z" * 100)
+        error = await rejected(client.assemble())
+    assert error.reason == "PROVIDER_FAILED"
+    assert 'section provider "grows" (global) failed' in str(error)
+    assert "over the limit of 64" in str(error)
+
+
+async def test_registrations_per_session_are_a_quota(small: Sidecar) -> None:
+    async with dsp.connect(small.address) as client:
+        for index in range(5):
+            await client.variable(f"v{index}", "x")
+        error = await rejected(client.variable("v5", "x"))
+        assert (error.code, error.reason) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "QUOTA_EXCEEDED",
+        )
+        assert "5 registrations" in str(error)
+        async with dsp.connect(small.address) as other:
+            await other.variable("v5", "another session has its own quota")
+
+
+async def test_sessions_are_a_quota(small: Sidecar) -> None:
+    async with dsp.connect(small.address), dsp.connect(small.address):
+        error = await rejected(dsp.connect(small.address))
+    assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "2 sessions" in str(error)
+
+
+async def test_listeners_are_a_quota(small: Sidecar) -> None:
+    async def passthrough(assembly, ctx, next_):  # type: ignore[no-untyped-def]
+        return next_()
+
+    passthrough.__qualname__ = "short"  # labels obey the 16-byte name limit here too
+
+    async with dsp.connect(small.address) as client:
+        await client.on_assemble(passthrough)
+        await client.on_assemble(passthrough)
+        error = await rejected(client.on_assemble(passthrough))
+        assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        await client.assemble()
+
+
+async def test_watchers_are_a_quota(small: Sidecar) -> None:
+    async with dsp.connect(small.address) as client:
+        first = await client.watch_changes()
+        error = await rejected(client.watch_changes())
+        assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        await first.close()
+
+
+async def test_a_message_over_the_size_limit_is_refused_and_the_sidecar_serves_on(
+    small: Sidecar,
+) -> None:
+    async with dsp.connect(small.address) as client:
+        error = await rejected(client.assemble(fields={"blob": "b" * 8192}))
+        assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        await client.section("after", 1, "still serving")
+        assert "after" in section_names(await client.assemble())
