@@ -29,10 +29,11 @@ def listener_name(listener: object) -> str:
 
 
 def label(name: str) -> str:
-    return name if len(name) <= _LABEL_LIMIT else name[: _LABEL_LIMIT - 1] + "…"
+    # The end of a qualified name is the telling part: keep it.
+    return name if len(name) <= _LABEL_LIMIT else "…" + name[1 - _LABEL_LIMIT :]
 
 
-_LABEL_LIMIT = 60
+_LABEL_LIMIT = 120
 
 
 class ListenerStream:
