@@ -1,0 +1,118 @@
+"""Servers in their own processes: the sidecar under test and the echo baseline.
+
+A client and a server in one process share one core, one GIL and one event
+loop, which distorts exactly the ratios this suite reports, so every server
+runs as a child process and the bench process is only ever the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import echo
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG_DIR = Path(tempfile.gettempdir()) / f"dsp-bench-{os.getpid()}"
+SIDECAR_READY = "dsh-system-prompt listening on "
+START_TIMEOUT_S = 30.0
+
+
+@dataclass
+class ServerProcess:
+    """A child process serving gRPC at `address` until `stop()`."""
+
+    process: asyncio.subprocess.Process
+    address: str
+    label: str
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def rss_kib(self) -> int:
+        """Resident set size now, from /proc/<pid>/status (VmRSS, KiB)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise RuntimeError(f"no VmRSS for pid {self.pid}")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the process has used, from /proc/<pid>/stat."""
+        stat = Path(f"/proc/{self.pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    async def stop(self) -> None:
+        if self.process.returncode is None:
+            self.process.terminate()
+            try:
+                await asyncio.wait_for(self.process.wait(), 10)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+
+
+async def start_sidecar(
+    listen: str = "127.0.0.1:0", config: dict[str, Any] | None = None, label: str = "sidecar"
+) -> ServerProcess:
+    """`dsh-system-prompt serve` with a config file written from `config`."""
+    argv = [sys.executable, "-c", _CLI, "serve", "--listen", listen]
+    if config:
+        handle, path = tempfile.mkstemp(prefix="dsp-bench-", suffix=".toml")
+        with os.fdopen(handle, "w") as file:
+            file.write(_toml(config))
+        argv += ["--config", path]
+    return await _start(argv, SIDECAR_READY, label)
+
+
+async def start_echo(listen: str = "127.0.0.1:0") -> ServerProcess:
+    argv = [sys.executable, "-m", "bench.echo", "--listen", listen]
+    return await _start(argv, echo.READY, "echo")
+
+
+# cli.py has no `if __name__ == "__main__"`; call its main() the way the script does.
+_CLI = "import sys; from dsh_system_prompt_server.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+async def _start(argv: Sequence[str], ready: str, label: str) -> ServerProcess:
+    # The server's log goes to a file: it is not part of the table, but it is
+    # where to look when a server fails to start or misbehaves.
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    log = LOG_DIR / f"{label}.log"
+    with log.open("wb") as stderr:
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=stderr, cwd=ROOT
+        )
+    assert process.stdout is not None
+    try:
+        async with asyncio.timeout(START_TIMEOUT_S):
+            while line := (await process.stdout.readline()).decode():
+                if line.startswith(ready):
+                    return ServerProcess(process, line[len(ready) :].strip(), label)
+    except TimeoutError:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+    await process.wait()
+    raise RuntimeError(f"{label} did not start: {' '.join(argv)}; see {log}")
+
+
+def _toml(config: dict[str, Any]) -> str:
+    lines = []
+    for key, value in config.items():
+        if isinstance(value, bool):
+            rendered = "true" if value else "false"
+        elif isinstance(value, str):
+            rendered = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        else:
+            rendered = repr(value)
+        lines.append(f"{key} = {rendered}")
+    return "\n".join(lines) + "\n"

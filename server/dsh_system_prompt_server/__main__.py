@@ -1,0 +1,7 @@
+"""`python -m dsh_system_prompt_server serve ...`, the same as `dsh-system-prompt`."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
