@@ -19,7 +19,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server.app import Sidecar, start_sidecar
 from dsh_system_prompt_server.config import parse_config
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 T = TypeVar("T")
@@ -182,8 +182,29 @@ def test_hostile_calls_get_a_clean_status_and_leave_the_registry_as_it_was(
 ) -> None:
     seen: set[object] = set()
 
+    mine = harness.mine
+    duplicate = pb.RegisterSectionRequest(
+        session_id=mine, name="harness:identity", order=1, text="again"
+    )
+    unknown_session = pb.RegisterVariableRequest(session_id="nobody", name="x", value="v")
+
     @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
     @given(call=requests(harness))
+    @example(call=("RegisterSection", duplicate))  # ALREADY_EXISTS
+    @example(
+        call=(
+            "RegisterSection",
+            pb.RegisterSectionRequest(session_id=mine, name="fine", order=1, text="accepted"),
+        )
+    )
+    @example(call=("RegisterVariable", unknown_session))  # FAILED_PRECONDITION
+    @example(call=("Dispose", pb.DisposeRequest(session_id=mine, registration_id="x")))
+    @example(
+        call=(
+            "RegisterSection",
+            pb.RegisterSectionRequest(session_id=mine, name="n", order=float("nan")),
+        )
+    )
     def check(call: tuple[str, Any]) -> None:
         method, request = call
         before = harness.snapshot()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from .errors import RenderError
@@ -56,6 +58,46 @@ def interpolate(text: str, variables: Mapping[str, str | None], where: str) -> s
     if "{{" not in text:
         return text
     out: list[str] = []
+    for piece in _compile(text):
+        if isinstance(piece, str):
+            out.append(piece)
+        else:
+            out.append(piece.resolve(variables, where))
+    return "".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class _Reference:
+    """A complete {{...}} group, or a malformed opening, found in a text."""
+
+    reference: str  # the group as written, or the snippet of a malformed opening
+    name: str | None  # the variable's name; None for a malformed opening
+
+    def resolve(self, variables: Mapping[str, str | None], where: str) -> str:
+        if self.name is None:
+            raise RenderError(
+                f'malformed prompt variable reference at "{self.reference}" in {where}'
+            )
+        if _NAME.fullmatch(self.name) is None:
+            raise RenderError(f'malformed prompt variable reference "{self.reference}" in {where}')
+        if self.name not in variables:
+            registered = ", ".join(variables) or "(none)"
+            raise RenderError(
+                f'unknown prompt variable "{self.reference}" in {where};'
+                f" registered variables: {registered}"
+            )
+        value = variables[self.name]
+        if value is None:
+            raise RenderError(
+                f'prompt variable "{self.reference}" has no value for this assembly ({where})'
+            )
+        return value
+
+
+@functools.lru_cache(maxsize=4096)
+def _compile(text: str) -> tuple[str | _Reference, ...]:
+    # Texts repeat from one assembly to the next: scan each once, then only substitute.
+    pieces: list[str | _Reference] = []
     position = 0
     while (start := text.find("{{", position)) >= 0:
         group = _GROUP.match(text, start)
@@ -63,14 +105,14 @@ def interpolate(text: str, variables: Mapping[str, str | None], where: str) -> s
             end = text.find("}}", start + 2)
             if end < 0:
                 break  # a lone "{{" with no "}}" after it stays literal
-            raise RenderError(
-                f'malformed prompt variable reference at "{_snippet(text, start, end)}" in {where}'
-            )
-        out.append(text[position:start])
-        out.append(_value(group.group(0), group.group(1), variables, where))
+            pieces.append(text[position:start])
+            pieces.append(_Reference(_snippet(text, start, end), None))
+            return tuple(pieces)  # rendering stops at the first malformed opening
+        pieces.append(text[position:start])
+        pieces.append(_Reference(group.group(0), group.group(1)))
         position = group.end()
-    out.append(text[position:])
-    return "".join(out)
+    pieces.append(text[position:])
+    return tuple(pieces)
 
 
 def _render_parts(
@@ -78,20 +120,6 @@ def _render_parts(
 ) -> str:
     rendered = (interpolate(part.text, variables, f'{noun} "{part.name}"') for part in parts)
     return "\n\n".join(text for text in rendered if text)
-
-
-def _value(reference: str, name: str, variables: Mapping[str, str | None], where: str) -> str:
-    if _NAME.fullmatch(name) is None:
-        raise RenderError(f'malformed prompt variable reference "{reference}" in {where}')
-    if name not in variables:
-        registered = ", ".join(variables) or "(none)"
-        raise RenderError(
-            f'unknown prompt variable "{reference}" in {where}; registered variables: {registered}'
-        )
-    value = variables[name]
-    if value is None:
-        raise RenderError(f'prompt variable "{reference}" has no value for this assembly ({where})')
-    return value
 
 
 def _snippet(text: str, start: int, end: int) -> str:

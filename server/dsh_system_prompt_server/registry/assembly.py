@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import errors
 from .invariants import validate
@@ -34,15 +34,30 @@ Timeout = Callable[[], float | None]
 
 @dataclass(slots=True)
 class Plan:
-    """The registrations one assembly works on, taken when it starts."""
+    """The registrations an assembly for one scope works on, at one revision.
 
-    context: AssembleContext
+    A plan does not change once made, so the registry reuses it until the
+    next registration or disposal. A static plan (no dynamic provider, no
+    listener) always yields the same assembly: it is kept in `result`, and
+    `memo` holds what callers derive from it (such as its encoded form).
+    """
+
+    revision: int
     suppressed: bool
     variables: list[VariableEntry]
     sections: list[SectionEntry]
     contexts: list[ContextEntry]
     tools: list[ToolsEntry]
     listeners: list[ListenerEntry]
+    result: Assembly | None = None
+    memo: dict[object, object] = field(default_factory=dict)
+
+    @property
+    def is_static(self) -> bool:
+        entries: list[Entry] = [*self.variables, *self.sections, *self.contexts, *self.tools]
+        return not self.listeners and not any(
+            isinstance(_stored_value(entry), Dynamic) for entry in entries
+        )
 
     def complete_section(self) -> SectionEntry | None:
         """The effective complete section; more than one rejects the assembly."""
@@ -53,11 +68,38 @@ class Plan:
 
 
 async def run(
-    plan: Plan, tool_order: Sequence[str] | None, limits: Limits, timeout: Timeout
+    plan: Plan,
+    context: AssembleContext,
+    tool_order: Sequence[str] | None,
+    limits: Limits,
+    timeout: Timeout,
 ) -> Assembly:
-    """Evaluate, order, run the waterfall, enforce and validate."""
+    """Evaluate, order, run the waterfall, enforce and validate (a fresh assembly)."""
+    if plan.result is None:
+        result = await _run(plan, context, tool_order, limits, timeout)
+        if not plan.is_static:
+            return result
+        plan.result = result
+    return copy(plan.result)
+
+
+def copy(assembly: Assembly) -> Assembly:
+    """A new assembly sharing the immutable parts and tools."""
+    return Assembly(
+        list(assembly.sections), list(assembly.contexts), list(assembly.tools),
+        dict(assembly.variables),
+    )  # fmt: skip
+
+
+async def _run(
+    plan: Plan,
+    context: AssembleContext,
+    tool_order: Sequence[str] | None,
+    limits: Limits,
+    timeout: Timeout,
+) -> Assembly:
     complete = plan.complete_section()
-    values = await _evaluate(plan, timeout)
+    values = await _evaluate(plan, context, timeout)
     _check_provided(values, limits)
     sections = [Part(e.name, _text(e, values)) for e in plan.sections]
     tools = _collect_tools(plan.tools, values, tool_order)
@@ -67,7 +109,7 @@ async def run(
         tools=tools,
         variables={e.name: _variable(e, values) for e in plan.variables},
     )
-    result = await _waterfall(plan.listeners, assembly, plan.context, timeout)
+    result = await _waterfall(plan.listeners, assembly, context, timeout)
     if complete is not None:
         result.sections = [Part(complete.name, _text(complete, values))]
     if plan.suppressed:
@@ -86,13 +128,15 @@ def _dynamic_calls(plan: Plan) -> dict[ProviderHost, list[tuple[Entry, ProviderC
     return calls
 
 
-async def _evaluate(plan: Plan, timeout: Timeout) -> dict[Entry, ProvidedValue]:
+async def _evaluate(
+    plan: Plan, context: AssembleContext, timeout: Timeout
+) -> dict[Entry, ProvidedValue]:
     """Ask each host once, all hosts at the same time; the first failure wins."""
     by_host = _dynamic_calls(plan)
     if not by_host:
         return {}
     tasks = {
-        asyncio.ensure_future(host.provide([c for _, c in pairs], plan.context, timeout())): pairs
+        asyncio.ensure_future(host.provide([c for _, c in pairs], context, timeout())): pairs
         for host, pairs in by_host.items()
     }
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import secrets
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -36,6 +37,7 @@ HARNESS_IDENTITY_TEXT = "You are an AI agent powered by DeepSeek Harness."
 PERSONA_SECTION = "deployment:persona"
 PERSONA_ORDER = 0.0
 SIDECAR_OWNER = ""  # no session id is empty, so no session can dispose the built-ins
+_PLANS_KEPT = 1024  # scopes whose plan is remembered between assemblies
 
 
 E = TypeVar("E", bound=Entry)
@@ -73,6 +75,7 @@ class Registry:
         self._listeners_everywhere: dict[str, ListenerEntry] = {}
         self._listeners_by_scope: dict[str, dict[str, ListenerEntry]] = {}
         self._listener_count = 0
+        self._plans: OrderedDict[str | None, assembly.Plan] = OrderedDict()
         self.limits = self.settings.limits
         if self.settings.include_harness_identity:
             self._add_builtin(
@@ -318,20 +321,35 @@ class Registry:
         `deadline` is an event-loop time after which no provider or listener
         is waited for; each waits at most `provider_timeout_s` anyway.
         """
-        plan = self.plan(context or AssembleContext())
+        context = context or AssembleContext()
         return await assembly.run(
-            plan, self.settings.tool_order, self.limits, self._timeout(deadline)
+            self.plan(context.scope),
+            context,
+            self.settings.tool_order,
+            self.limits,
+            self._timeout(deadline),
         )
 
-    def plan(self, context: AssembleContext) -> assembly.Plan:
-        """Snapshot the registrations an assembly for `context` works on."""
-        chain = self._scopes.chain(context.scope)
+    def plan(self, scope: str | None) -> assembly.Plan:
+        """The registrations an assembly for `scope` works on now (reused until a change)."""
+        plan = self._plans.get(scope)
+        if plan is not None and plan.revision == self.revision:
+            self._plans.move_to_end(scope)
+            return plan
+        plan = self._make_plan(scope)
+        self._plans[scope] = plan
+        if len(self._plans) > _PLANS_KEPT:
+            self._plans.popitem(last=False)
+        return plan
+
+    def _make_plan(self, scope: str | None) -> assembly.Plan:
+        chain = self._scopes.chain(scope)
         layers = [self._global, *(self._scoped[k] for k in reversed(chain) if k in self._scoped)]
         suppressed = not self.settings.include_runtime_context or any(
             layer.suppressors for layer in layers
         )
         return assembly.Plan(
-            context=context,
+            revision=self.revision,
             suppressed=suppressed,
             variables=list(_merged(layer.variables for layer in layers).values()),
             sections=_sorted(_merged(layer.sections for layer in layers)),
