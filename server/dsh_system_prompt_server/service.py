@@ -215,12 +215,14 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
 
     async def _assemble(self, request: pb.AssembleRequest, context: Context) -> pb.AssembleResponse:
         assemble_context = context_from_proto(request.context)
+        plan = self.registry.plan(assemble_context.scope)
+        cached = plan.memo.get(request.render)
+        if isinstance(cached, pb.AssembleResponse):
+            return cached  # a static plan's response, built once
         remaining = context.time_remaining()
-        loop = asyncio.get_running_loop()
-        deadline = None if remaining is None else loop.time() + remaining
-        revision = self.registry.revision
-        assembly = await self.registry.assemble(assemble_context, deadline)
-        response = pb.AssembleResponse(assembly=assembly_to_proto(assembly), revision=revision)
+        deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
+        assembly = await self.registry.run(plan, assemble_context, deadline)
+        response = pb.AssembleResponse(assembly=assembly_to_proto(assembly), revision=plan.revision)
         if request.render:
             try:
                 response.rendered.prompt = render_prompt(assembly)
@@ -229,6 +231,8 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
                 raise RegistryError(
                     Status.FAILED_PRECONDITION, "RENDER_FAILED", str(error)
                 ) from None
+        if plan.is_static:
+            plan.memo[request.render] = response
         return response
 
     # -- change events ----------------------------------------------------------------

@@ -49,13 +49,13 @@ class Plan:
     contexts: list[ContextEntry]
     tools: list[ToolsEntry]
     listeners: list[ListenerEntry]
+    is_static: bool = field(init=False)
     result: Assembly | None = None
     memo: dict[object, object] = field(default_factory=dict)
 
-    @property
-    def is_static(self) -> bool:
+    def __post_init__(self) -> None:
         entries: list[Entry] = [*self.variables, *self.sections, *self.contexts, *self.tools]
-        return not self.listeners and not any(
+        self.is_static = not self.listeners and not any(
             isinstance(_stored_value(entry), Dynamic) for entry in entries
         )
 

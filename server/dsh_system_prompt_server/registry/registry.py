@@ -322,12 +322,14 @@ class Registry:
         is waited for; each waits at most `provider_timeout_s` anyway.
         """
         context = context or AssembleContext()
+        return await self.run(self.plan(context.scope), context, deadline)
+
+    async def run(
+        self, plan: assembly.Plan, context: AssembleContext, deadline: float | None = None
+    ) -> Assembly:
+        """Assemble from `plan` (taken by `plan()`) for `context`."""
         return await assembly.run(
-            self.plan(context.scope),
-            context,
-            self.settings.tool_order,
-            self.limits,
-            self._timeout(deadline),
+            plan, context, self.settings.tool_order, self.limits, self._timeout(deadline)
         )
 
     def plan(self, scope: str | None) -> assembly.Plan:
