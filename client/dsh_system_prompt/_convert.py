@@ -52,10 +52,11 @@ def dump_json(value: object, what: str) -> str:
 def tool_to_proto(tool: ToolSchema) -> pb.ToolSchema:
     if not isinstance(tool, ToolSchema):
         raise invalid(f"expected a ToolSchema, got {type(tool).__name__}")
+    parameters_json = tool.parameters_json()
+    if parameters_json is None:
+        parameters_json = dump_json(tool.parameters, f'tool "{tool.name}" parameters')
     return pb.ToolSchema(
-        name=tool.name,
-        description=tool.description,
-        parameters_json=dump_json(tool.parameters, f'tool "{tool.name}" parameters'),
+        name=tool.name, description=tool.description, parameters_json=parameters_json
     )
 
 
@@ -71,7 +72,7 @@ def tools_to_proto(result: ToolProviderResult | list[ToolSchema]) -> pb.ToolProv
 
 
 def tool_from_proto(message: pb.ToolSchema) -> ToolSchema:
-    return ToolSchema(message.name, message.description, json.loads(message.parameters_json))
+    return ToolSchema.from_json(message.name, message.description, message.parameters_json)
 
 
 def assembly_from_proto(message: pb.PromptAssembly) -> PromptAssembly:

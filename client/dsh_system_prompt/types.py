@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -30,13 +31,63 @@ class AssembledContext:
     text: str
 
 
-@dataclass
 class ToolSchema:
-    """A tool as the model sees it; `parameters` is a JSON Schema object."""
+    """A tool as the model sees it; `parameters` is a JSON Schema object.
 
-    name: str
-    description: str
-    parameters: dict[str, Any] = field(default_factory=dict)
+    Received schemas keep their JSON text and parse it only when `parameters`
+    is first read, so passing tools along (listeners, adapters that send the
+    JSON on) costs no parsing and stays byte-identical.
+    """
+
+    __slots__ = ("_json", "_parameters", "description", "name")
+
+    def __init__(
+        self, name: str, description: str, parameters: dict[str, Any] | None = None
+    ) -> None:
+        self.name = name
+        self.description = description
+        self._parameters: dict[str, Any] | None = {} if parameters is None else parameters
+        self._json: str | None = None
+
+    @classmethod
+    def from_json(cls, name: str, description: str, parameters_json: str) -> ToolSchema:
+        """A schema whose parameters are JSON text, parsed when first read."""
+        tool = cls(name, description)
+        tool._parameters, tool._json = None, parameters_json
+        return tool
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        if self._parameters is None:
+            assert self._json is not None
+            self._parameters = json.loads(self._json)
+            self._json = None  # the dict may now change: it is the truth from here on
+        return self._parameters
+
+    @parameters.setter
+    def parameters(self, value: dict[str, Any]) -> None:
+        self._parameters, self._json = value, None
+
+    def parameters_json(self) -> str | None:
+        """The JSON text as received, while `parameters` has not been read; else None."""
+        return self._json
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ToolSchema):
+            return NotImplemented
+        return (self.name, self.description, self.parameters) == (
+            other.name,
+            other.description,
+            other.parameters,
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclasses beside it
+
+    def __repr__(self) -> str:
+        return (
+            f"ToolSchema(name={self.name!r}, description={self.description!r},"
+            f" parameters={self.parameters!r})"
+        )
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
@@ -22,12 +23,28 @@ def assembly_to_proto(assembly: Assembly) -> pb.PromptAssembly:
     )
 
 
-def assembly_from_proto(message: pb.PromptAssembly) -> Assembly:
-    """An assembly returned by a listener (JSON checked like any registration)."""
+KnownTools = Mapping[tuple[str, str, str], Tool]
+
+
+def known_tools(assembly: Assembly) -> KnownTools:
+    """The tools of an assembly we sent, to recognise them when they come back."""
+    return {(t.name, t.description, t.parameters_json): t for t in assembly.tools}
+
+
+def assembly_from_proto(message: pb.PromptAssembly, known: KnownTools | None = None) -> Assembly:
+    """An assembly returned by a listener (new tools' JSON checked like any registration).
+
+    Tools found in `known` come back as the very objects that were sent: their
+    JSON was checked when they were registered, so it is not parsed again.
+    """
+    known = known or {}
     return Assembly(
         sections=[Part(s.name, s.text) for s in message.sections],
         contexts=[Part(c.name, c.text) for c in message.contexts],
-        tools=[tool_from_proto(t) for t in message.tools],
+        tools=[
+            known.get((t.name, t.description, t.parameters_json)) or tool_from_proto(t)
+            for t in message.tools
+        ],
         variables={v.name: v.value if v.HasField("value") else None for v in message.variables},
     )
 

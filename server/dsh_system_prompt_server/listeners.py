@@ -9,7 +9,13 @@ from collections.abc import Awaitable, Callable
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
-from .convert import assembly_from_proto, assembly_to_proto, context_to_proto
+from .convert import (
+    KnownTools,
+    assembly_from_proto,
+    assembly_to_proto,
+    context_to_proto,
+    known_tools,
+)
 from .registry import AssembleContext, Assembly, NextFn, RegistryError, Status
 
 Send = Callable[[pb.ListenResponse], Awaitable[None]]
@@ -36,6 +42,7 @@ class ListenerStream:
         invocation_id = next(self._invocation_ids)
         inbox: asyncio.Queue[pb.ListenRequest | None] = asyncio.Queue()
         self._inboxes[invocation_id] = inbox
+        known = known_tools(assembly)
         try:
             await self._send(
                 pb.ListenResponse(
@@ -48,7 +55,7 @@ class ListenerStream:
             )
             reply = await self._receive(inbox, timeout)
             if reply.WhichOneof("kind") == "next":
-                handed = self._decode(reply.next.assembly)
+                handed = self._decode(reply.next.assembly, known)
                 returned = await next_(handed)
                 if reply.next.tail:
                     return returned
@@ -59,8 +66,9 @@ class ListenerStream:
                         )
                     )
                 )
+                known = {**known, **known_tools(returned)}
                 reply = await self._receive(inbox, timeout)
-            return self._final(reply)
+            return self._final(reply, known)
         except BaseException:
             self._abandon(invocation_id)
             raise
@@ -102,10 +110,10 @@ class ListenerStream:
             raise self._unavailable()
         return reply
 
-    def _final(self, reply: pb.ListenRequest) -> Assembly:
+    def _final(self, reply: pb.ListenRequest, known: KnownTools) -> Assembly:
         kind = reply.WhichOneof("kind")
         if kind == "result":
-            return self._decode(reply.result.assembly)
+            return self._decode(reply.result.assembly, known)
         if kind == "failure":
             raise RegistryError(
                 Status.ABORTED,
@@ -118,9 +126,9 @@ class ListenerStream:
             f'listener "{self.name}" failed: it called next() more than once',
         )
 
-    def _decode(self, message: pb.PromptAssembly) -> Assembly:
+    def _decode(self, message: pb.PromptAssembly, known: KnownTools) -> Assembly:
         try:
-            return assembly_from_proto(message)
+            return assembly_from_proto(message, known)
         except RegistryError as error:
             raise RegistryError(
                 Status.ABORTED, "LISTENER_FAILED", f'listener "{self.name}" failed: {error.message}'
