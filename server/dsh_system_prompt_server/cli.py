@@ -7,8 +7,10 @@ import asyncio
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .app import start_sidecar
+from .commands import add_connection_options, run
 from .config import LOG_LEVELS, ConfigError, SidecarConfig, load_config, with_overrides
 from .logs import configure_logging, logger
 
@@ -52,7 +54,33 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="server reflection (default: on for loopback and unix sockets)",
     )
+    _add_client_commands(commands)
     return parser
+
+
+def _add_client_commands(commands: Any) -> None:
+    assemble = commands.add_parser("assemble", help="print the rendered prompt (or --json)")
+    assemble.add_argument("--scope", help="the scope (agent) to assemble for")
+    assemble.add_argument(
+        "--field", action="append", metavar="KEY=VALUE", help="an assemble field (repeatable)"
+    )
+    assemble.add_argument("--json", action="store_true", help="print the assembly as JSON")
+    assemble.add_argument(
+        "--with-context", action="store_true", help="also print the runtime-context snapshot"
+    )
+    watch = commands.add_parser("watch", help="print change events as they happen")
+    watch.add_argument("--json", action="store_true", help="one JSON object per line")
+    render = commands.add_parser("render", help="render an assembly JSON file locally")
+    render.add_argument("file", help="a file as `assemble --json` prints it")
+    render.add_argument(
+        "--with-context", action="store_true", help="also print the runtime-context snapshot"
+    )
+    health = commands.add_parser("health", help="check the sidecar's gRPC health (exit 0: SERVING)")
+    health.add_argument("--service", default="", help="service name (default: the whole server)")
+    for name, parser in (("assemble", assemble), ("watch", watch), ("health", health)):
+        add_connection_options(parser)
+        parser.set_defaults(run=lambda args, name=name: run(name, args))
+    render.set_defaults(run=lambda args: run("render", args))
 
 
 def _serve(args: argparse.Namespace) -> int:

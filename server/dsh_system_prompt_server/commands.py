@@ -1,0 +1,263 @@
+"""The CLI's commands for people and scripts: assemble, watch, render, health.
+
+Output is plain text when piped and styled with rich on a terminal. Errors are
+one line on stderr; exit codes: 0 ok, 1 the sidecar refused (or rendering
+failed), 2 bad usage or input, 3 the sidecar is unreachable or not serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import dsh_system_prompt as dsp
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rich.console import Console
+from rich.table import Table
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+_UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+class CommandError(Exception):
+    """A one-line failure and the exit code it means."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """--address and the auth/TLS options every client command takes."""
+    parser.add_argument(
+        "--address", default="127.0.0.1:50051", help="sidecar HOST:PORT or unix:PATH"
+    )
+    parser.add_argument("--auth-token-file", help="send the bearer token in this file")
+    parser.add_argument("--tls-ca", help="CA certificate (PEM) to trust: switches TLS on")
+    parser.add_argument("--tls-cert", help="client certificate (PEM) for mutual TLS")
+    parser.add_argument("--tls-key", help="client private key (PEM) for mutual TLS")
+    parser.add_argument("--tls-server-name", help="name the server certificate carries")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+
+
+def run(command: str, args: argparse.Namespace) -> int:
+    """Run one client command; returns the exit code."""
+    try:
+        if command == "render":
+            return render(args)
+        return asyncio.run(_COMMANDS[command](args))
+    except CommandError as error:
+        print(f"dsh-system-prompt {command}: {error}", file=sys.stderr)
+        return error.code
+    except dsp.SystemPromptError as error:
+        code = EXIT_UNAVAILABLE if error.code in _UNREACHABLE else EXIT_REFUSED
+        print(f"dsh-system-prompt {command}: {error}", file=sys.stderr)
+        return code
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+async def assemble(args: argparse.Namespace) -> int:
+    fields = dict(_field(item) for item in args.field or ())
+    async with _connect(args) as client:
+        if args.json:
+            assembly = await client.assemble(args.scope, fields, timeout=args.timeout)
+            print(json.dumps(assembly_json(assembly), ensure_ascii=False, indent=2))
+            return EXIT_OK
+        rendered = await client.render(args.scope, fields, timeout=args.timeout)
+    _show_prompt(rendered.prompt, rendered.context_snapshot, rendered.assembly, args)
+    return EXIT_OK
+
+
+async def watch(args: argparse.Namespace) -> int:
+    async with _connect(args) as client:
+        changes = await client.watch_changes()
+        console = _console()
+        if not args.json:
+            console.print(f"watching from revision {changes.revision}", style="dim")
+        async for event in changes:
+            if args.json:
+                print(json.dumps(_event_json(event)), flush=True)
+            else:
+                console.print(_event_text(event), highlight=False)
+    return EXIT_OK
+
+
+def render(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise CommandError(f"cannot read {path}: {error.strerror}", EXIT_USAGE) from None
+    except ValueError as error:
+        raise CommandError(f"{path} is not valid JSON: {error}", EXIT_USAGE) from None
+    assembly = assembly_from_json(raw)
+    _show_prompt(dsp.render_prompt(assembly), dsp.render_context_snapshot(assembly), assembly, args)
+    return EXIT_OK
+
+
+async def health(args: argparse.Namespace) -> int:
+    channel = _channel(args)
+    try:
+        stub = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest(service=args.service)
+        try:
+            reply = await stub.Check(request, timeout=args.timeout, wait_for_ready=False)
+        except grpc.aio.AioRpcError as error:
+            raise CommandError(
+                f"{args.address}: {error.code().name}: {error.details()}", EXIT_UNAVAILABLE
+            ) from None
+    finally:
+        await channel.close()
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(status)
+    return EXIT_OK if reply.status == health_pb2.HealthCheckResponse.SERVING else EXIT_UNAVAILABLE
+
+
+def assembly_json(assembly: dsp.PromptAssembly) -> dict[str, Any]:
+    """The assembly as plain JSON (the shape `render FILE.json` reads)."""
+    return {
+        "sections": [{"name": s.name, "text": s.text} for s in assembly.sections],
+        "contexts": [{"name": c.name, "text": c.text} for c in assembly.contexts],
+        "tools": [
+            {"name": t.name, "description": t.description, "parameters": t.parameters}
+            for t in assembly.tools
+        ],
+        "variables": assembly.variables,
+    }
+
+
+def assembly_from_json(raw: object) -> dsp.PromptAssembly:
+    """Read the shape `assemble --json` prints; tools are optional."""
+    try:
+        assert isinstance(raw, dict)
+        variables = raw.get("variables", {})
+        assert isinstance(variables, dict)
+        assert all(v is None or isinstance(v, str) for v in variables.values())
+        return dsp.PromptAssembly(
+            sections=[
+                dsp.AssembledSection(str(s["name"]), str(s["text"]))
+                for s in raw.get("sections", [])
+            ],
+            contexts=[
+                dsp.AssembledContext(str(c["name"]), str(c["text"]))
+                for c in raw.get("contexts", [])
+            ],
+            tools=[
+                dsp.ToolSchema(t["name"], t.get("description", ""), t.get("parameters", {}))
+                for t in raw.get("tools", [])
+            ],
+            variables=variables,
+        )
+    except (AssertionError, KeyError, TypeError, AttributeError):
+        raise CommandError(
+            "an assembly file is a JSON object with sections and contexts ([{name, text}]),"
+            " tools and variables ({name: text or null}), as `assemble --json` prints",
+            EXIT_USAGE,
+        ) from None
+
+
+def _named(part: dict[str, Any]) -> tuple[str, str]:
+    name, text = part["name"], part["text"]
+    assert isinstance(name, str) and isinstance(text, str)
+    return name, text
+
+
+_COMMANDS = {"assemble": assemble, "watch": watch, "health": health}
+
+
+def _connect(args: argparse.Namespace) -> Any:
+    token = _read(args.auth_token_file).decode().strip() if args.auth_token_file else None
+    return dsp.connect(args.address, client_name="dsh-system-prompt-cli", token=token,
+                       tls=_tls(args))  # fmt: skip
+
+
+def _channel(args: argparse.Namespace) -> grpc.aio.Channel:
+    tls = _tls(args)
+    if tls is None:
+        return grpc.aio.insecure_channel(args.address)
+    options = [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
+    credentials = grpc.ssl_channel_credentials(
+        tls.root_certificates, tls.private_key, tls.certificate_chain
+    )
+    return grpc.aio.secure_channel(args.address, credentials, options=options)
+
+
+def _tls(args: argparse.Namespace) -> dsp.TLS | None:
+    if not (args.tls_ca or args.tls_cert):
+        return None
+    return dsp.TLS(
+        root_certificates=_read(args.tls_ca) if args.tls_ca else None,
+        private_key=_read(args.tls_key) if args.tls_key else None,
+        certificate_chain=_read(args.tls_cert) if args.tls_cert else None,
+        server_name=args.tls_server_name,
+    )
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as error:
+        raise CommandError(f"cannot read {path}: {error.strerror}", EXIT_USAGE) from None
+
+
+def _field(item: str) -> tuple[str, Any]:
+    key, separator, value = item.partition("=")
+    if not separator or not key:
+        raise CommandError(f"--field takes key=value, not {item!r}", EXIT_USAGE)
+    try:
+        return key, json.loads(value)  # numbers, booleans, objects as JSON
+    except ValueError:
+        return key, value  # anything else is a string
+
+
+def _console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+def _show_prompt(
+    prompt: str, snapshot: str, assembly: dsp.PromptAssembly, args: argparse.Namespace
+) -> None:
+    if not sys.stdout.isatty():
+        print(prompt)
+        if args.with_context and snapshot:
+            print()
+            print(snapshot)
+        return
+    console = _console()
+    summary = Table.grid(padding=(0, 2))
+    summary.add_row(
+        f"[bold]{len(assembly.sections)}[/] sections",
+        f"[bold]{len(assembly.contexts)}[/] contexts",
+        f"[bold]{len(assembly.tools)}[/] tools: " + ", ".join(t.name for t in assembly.tools),
+    )
+    console.print(summary)
+    console.rule("system prompt")
+    console.print(prompt, markup=False)
+    if args.with_context and snapshot:
+        console.rule("runtime context")
+        console.print(snapshot, markup=False)
+
+
+def _event_json(event: dsp.ChangeEvent | dsp.ChangesMissed) -> dict[str, Any]:
+    if isinstance(event, dsp.ChangesMissed):
+        return {"missed": event.count, "resync_revision": event.resync_revision}
+    return {"revision": event.revision, "kind": event.kind, "action": event.action,
+            "name": event.name, "scope": event.scope}  # fmt: skip
+
+
+def _event_text(event: dsp.ChangeEvent | dsp.ChangesMissed) -> str:
+    if isinstance(event, dsp.ChangesMissed):
+        return f"missed {event.count} events; resync at revision {event.resync_revision}"
+    where = f"scope {event.scope}" if event.scope else "global"
+    name = f" {event.name}" if event.name else ""
+    return f"r{event.revision} {event.action} {event.kind}{name} ({where})"

@@ -1,0 +1,161 @@
+"""The CLI for people and scripts: assemble, watch, render, health."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import dsh_system_prompt as dsp
+from dsh_system_prompt_server.app import Sidecar
+from helpers import IDENTITY, tool
+from processes import free_port, sidecar_command
+
+
+async def cli(*args: str, timeout: float = 20) -> tuple[int, str, str]:
+    """Run `dsh-system-prompt ARGS` (stdout piped: plain output); exit code, stdout, stderr."""
+    process = await asyncio.create_subprocess_exec(
+        sidecar_command(), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_assemble_prints_the_rendered_prompt(sidecar: Sidecar, client: dsp.Client) -> None:
+    await client.variable("model", "deepseek-v4")
+    await client.section("rules", 10, "You run on {{model}}.")
+    code, out, err = await cli("assemble", "--address", sidecar.address)
+    assert (code, err) == (0, "")
+    assert out == f"{IDENTITY}\n\nYou run on deepseek-v4.\n"
+
+
+async def test_assemble_takes_a_scope_and_fields(sidecar: Sidecar, client: dsp.Client) -> None:
+    agent = await client.scope("agent-1")
+    await agent.section("who", 10, lambda ctx: f"Talking to {ctx.get('who')} ({ctx.get('n')}).")
+    code, out, _ = await cli(
+        "assemble", "--address", sidecar.address, "--scope", "agent-1",
+        "--field", "who=alice", "--field", "n=3",
+    )  # fmt: skip
+    assert code == 0
+    assert out.endswith("Talking to alice (3).\n")
+
+
+async def test_assemble_with_context_prints_the_snapshot(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    await client.context("cwd", 1, "cwd: /work")
+    code, out, _ = await cli("assemble", "--address", sidecar.address, "--with-context")
+    assert code == 0
+    assert out.endswith("Current runtime context. This snapshot supersedes earlier "
+                        "runtime-context snapshots.\n\ncwd: /work\n")  # fmt: skip
+
+
+async def test_assemble_json_is_the_assembly(sidecar: Sidecar, client: dsp.Client) -> None:
+    await client.tools([tool("bash")])
+    await client.variable("cwd", None)
+    code, out, _ = await cli("assemble", "--address", sidecar.address, "--json")
+    assert code == 0
+    printed = json.loads(out)
+    assert printed["tools"] == [
+        {"name": "bash", "description": "the bash tool", "parameters": {"type": "object"}}
+    ]
+    assert printed["variables"] == {"cwd": None}
+    assert [s["name"] for s in printed["sections"]] == ["harness:identity", "deployment:persona"]
+
+
+async def test_render_renders_what_assemble_json_printed(
+    sidecar: Sidecar, client: dsp.Client, tmp_path: Path
+) -> None:
+    await client.variable("model", "m1")
+    await client.section("rules", 10, "Model {{model}}.")
+    _, printed, _ = await cli("assemble", "--address", sidecar.address, "--json")
+    (tmp_path / "assembly.json").write_text(printed)
+    code, out, _ = await cli("render", str(tmp_path / "assembly.json"))
+    _, direct, _ = await cli("assemble", "--address", sidecar.address)
+    assert code == 0
+    assert out == direct
+
+
+async def test_render_failure_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    path = tmp_path / "assembly.json"
+    path.write_text(json.dumps({"sections": [{"name": "s", "text": "{{nope}}"}], "variables": {}}))
+    code, out, err = await cli("render", str(path))
+    assert (code, out) == (1, "")
+    assert err.strip().count("\n") == 0
+    assert 'unknown prompt variable "{{nope}}" in section "s"; registered variables: (none)' in err
+
+
+async def test_render_of_a_malformed_file_is_a_usage_error(tmp_path: Path) -> None:
+    path = tmp_path / "assembly.json"
+    path.write_text('{"sections": 3}')
+    code, _, err = await cli("render", str(path))
+    assert code == 2
+    assert "assembly file" in err
+
+
+async def test_a_rejected_assembly_exits_1_with_the_sidecars_message(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    await client.section("one", 1, "a", complete=True)
+    await client.section("two", 2, "b", complete=True)
+    code, _, err = await cli("assemble", "--address", sidecar.address)
+    assert code == 1
+    assert 'multiple complete prompt sections are active: "one", "two"' in err
+
+
+async def test_an_unreachable_sidecar_exits_3() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    code, _, err = await cli("assemble", "--address", address, "--timeout", "2")
+    assert code == 3
+    assert err.startswith("dsh-system-prompt assemble: ")
+
+
+async def test_a_bad_field_is_a_usage_error(sidecar: Sidecar) -> None:
+    code, _, err = await cli("assemble", "--address", sidecar.address, "--field", "novalue")
+    assert code == 2
+    assert "--field takes key=value" in err
+
+
+async def test_health_says_serving_and_exits_0(sidecar: Sidecar) -> None:
+    assert await cli("health", "--address", sidecar.address) == (0, "SERVING\n", "")
+
+
+async def test_health_of_a_draining_sidecar_exits_3(sidecar: Sidecar) -> None:
+    await sidecar.health.enter_graceful_shutdown()
+    code, out, _ = await cli("health", "--address", sidecar.address)
+    assert (code, out) == (3, "NOT_SERVING\n")
+
+
+async def test_health_of_nothing_exits_3() -> None:
+    code, _, err = await cli("health", "--address", f"127.0.0.1:{free_port()}", "--timeout", "2")
+    assert code == 3
+    assert "UNAVAILABLE" in err or "DEADLINE_EXCEEDED" in err
+
+
+async def test_watch_prints_events_as_they_happen(sidecar: Sidecar, client: dsp.Client) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sidecar_command(), "watch", "--address", sidecar.address, "--json",
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        await _wait_for_watchers(sidecar, 1)
+        await client.section("watched", 1, "x")
+        event = json.loads(await asyncio.wait_for(process.stdout.readline(), 10))
+        assert (event["kind"], event["name"], event["action"]) == (
+            "section",
+            "watched",
+            "registered",
+        )
+    finally:
+        process.terminate()
+        await process.wait()
+
+
+async def _wait_for_watchers(sidecar: Sidecar, count: int) -> None:
+    for _ in range(200):
+        if sidecar.registry.changes.subscriber_count() >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the watch command never subscribed")
