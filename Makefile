@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 LISTEN ?= 127.0.0.1:50051
 CONFIG ?=
 
-.PHONY: serve test lint typecheck proto check-proto check bench clean
+.PHONY: serve test lint typecheck proto check-proto docs check-docs buf check bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,10 +39,37 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-check: check-proto lint typecheck
+## Regenerate docs/contract.md from the proto.
+docs: $(STAMP)
+	$(BIN)/python scripts/proto_docs.py
+
+## Fail when docs/contract.md differs from what the proto generates.
+check-docs: $(STAMP)
+	@$(BIN)/python scripts/proto_docs.py - | diff - docs/contract.md \
+	  && echo "contract reference is fresh"
+
+## buf lint (STANDARD + COMMENTS), and buf breaking against the previous commit.
+buf: $(STAMP)
+	$(BIN)/buf lint proto
+	@if git rev-parse --verify --quiet HEAD~1 >/dev/null; then \
+	  $(BIN)/buf breaking proto --against '.git#ref=HEAD~1,subdir=proto' \
+	    && echo "no breaking change against the previous commit"; \
+	else echo "no previous commit to check for breaking changes"; fi
+
+check: check-proto check-docs buf lint typecheck
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+## Install the Node.js example's dependencies (examples/node) from its lockfile,
+## when node_modules is missing or older than package.json / package-lock.json.
+NODE_EXAMPLE := examples/node
+.PHONY: node-deps
+node-deps: $(NODE_EXAMPLE)/node_modules/.package-lock.json
+
+$(NODE_EXAMPLE)/node_modules/.package-lock.json: $(NODE_EXAMPLE)/package.json $(NODE_EXAMPLE)/package-lock.json
+	cd $(NODE_EXAMPLE) && npm ci --no-audit --no-fund
+	touch $@
