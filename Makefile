@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 LISTEN ?= 127.0.0.1:50051
 CONFIG ?=
 
-.PHONY: serve test lint typecheck proto check-proto docs check-docs buf check bench clean
+.PHONY: serve test lint typecheck proto check-proto docs check-docs buf check bench soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,10 @@ check: check-proto check-docs buf lint typecheck
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+## A bounded soak test (not part of `make test`): SOAK_ARGS="--clients 8 --seconds 60".
+soak: $(STAMP)
+	$(BIN)/python -m bench.soak $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
