@@ -7,6 +7,7 @@ from .changes import ChangeFeed, Missed, Subscription
 from .errors import RegistryError, Status
 from .limits import Limits
 from .model import (
+    SIDECAR_OWNER,
     AssembleContext,
     Assembly,
     ChangeEvent,
@@ -22,10 +23,10 @@ from .model import (
     Tool,
     ToolSet,
 )
+from .origins import Origin, OriginKind, Origins
 from .registry import (
     HARNESS_IDENTITY_TEXT,
     PERSONA_SECTION,
-    SIDECAR_OWNER,
     Registry,
     RegistrySettings,
     new_id,
@@ -48,6 +49,9 @@ __all__ = [
     "ListenerHost",
     "Missed",
     "NextFn",
+    "Origin",
+    "OriginKind",
+    "Origins",
     "Part",
     "ProvidedValue",
     "ProviderCall",

@@ -26,6 +26,7 @@ from .model import (
     ToolSet,
     VariableEntry,
 )
+from .origins import Origins, entry_origin, record_changes
 from .tool_order import TOOL_ORDER_REST, check_known, order_tools
 
 # Seconds left to answer, or None without a limit; asked anew at every call.
@@ -43,6 +44,7 @@ class Plan:
     """
 
     revision: int
+    chain: list[str]
     suppressed: bool
     variables: list[VariableEntry]
     sections: list[SectionEntry]
@@ -73,8 +75,14 @@ async def run(
     tool_order: Sequence[str] | None,
     limits: Limits,
     timeout: Timeout,
+    track: bool = False,
 ) -> Assembly:
-    """Evaluate, order, run the waterfall, enforce and validate (a fresh assembly)."""
+    """Evaluate, order, run the waterfall, enforce and validate (a fresh assembly).
+
+    With `track`, the assembly's `origins` say where each part came from.
+    """
+    if track:
+        return await _run(plan, context, tool_order, limits, timeout, {})
     if plan.result is None:
         result = await _run(plan, context, tool_order, limits, timeout)
         if not plan.is_static:
@@ -97,6 +105,7 @@ async def _run(
     tool_order: Sequence[str] | None,
     limits: Limits,
     timeout: Timeout,
+    origins: Origins | None = None,
 ) -> Assembly:
     complete = plan.complete_section()
     values = await _evaluate(plan, context, timeout)
@@ -109,13 +118,34 @@ async def _run(
         tools=tools,
         variables={e.name: _variable(e, values) for e in plan.variables},
     )
-    result = await _waterfall(plan.listeners, assembly, context, timeout)
+    if origins is not None:
+        origins.update(_registered_origins(plan, values))
+    result = await _waterfall(plan.listeners, assembly, context, timeout, origins)
     if complete is not None:
         result.sections = [Part(complete.name, _text(complete, values))]
+        if origins is not None:
+            origins[("section", complete.name)] = entry_origin(complete, plan.chain)
     if plan.suppressed:
         result.contexts = []
     validate(result)
+    if origins is not None:
+        result.origins = dict(origins)
     return result
+
+
+def _registered_origins(plan: Plan, values: Mapping[Entry, ProvidedValue]) -> Origins:
+    origins: Origins = {}
+    for kind, entries in (
+        ("variable", plan.variables), ("section", plan.sections), ("context", plan.contexts)
+    ):  # fmt: skip
+        for entry in entries:
+            origins[(kind, entry.name)] = entry_origin(entry, plan.chain)
+    for provider in plan.tools:
+        source = provider.source if isinstance(provider.source, ToolSet) else values.get(provider)
+        if isinstance(source, ToolSet):
+            for tool in source.schemas:
+                origins[("tool", tool.name)] = entry_origin(provider, plan.chain)
+    return origins
 
 
 def _dynamic_calls(plan: Plan) -> dict[ProviderHost, list[tuple[Entry, ProviderCall]]]:
@@ -214,7 +244,11 @@ def _collect_tools(
 
 
 async def _waterfall(
-    listeners: list[ListenerEntry], assembly: Assembly, context: AssembleContext, timeout: Timeout
+    listeners: list[ListenerEntry],
+    assembly: Assembly,
+    context: AssembleContext,
+    timeout: Timeout,
+    origins: Origins | None,
 ) -> Assembly:
     async def step(index: int, current: Assembly) -> Assembly:
         while index < len(listeners) and listeners[index].disposed:
@@ -222,10 +256,18 @@ async def _waterfall(
         if index == len(listeners):
             return current
         listener = listeners[index]
+        from_next: list[Assembly] = []
 
         async def next_(handed: Assembly) -> Assembly:
-            return await step(index + 1, handed)
+            if origins is not None:  # what the listener changed before next()
+                record_changes(origins, current, handed, listener.name)
+            returned = await step(index + 1, handed)
+            from_next.append(returned)
+            return returned
 
-        return await listener.host.invoke(current, context, next_, timeout())
+        result = await listener.host.invoke(current, context, next_, timeout())
+        if origins is not None:  # what it changed after next(), or instead of it
+            record_changes(origins, from_next[0] if from_next else current, result, listener.name)
+        return result
 
     return await step(0, assembly)

@@ -10,7 +10,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .origins import Origin
+
+# No session id is empty, so no session can dispose the sidecar's built-ins.
+SIDECAR_OWNER = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +52,17 @@ class ToolSet:
 
 @dataclass(slots=True)
 class Assembly:
-    """The assembled prompt handed to listeners and returned to callers."""
+    """The assembled prompt handed to listeners and returned to callers.
+
+    `origins` is filled only when the caller asked to track provenance: it maps
+    ("section" | "context" | "tool" | "variable", name) to an `Origin`.
+    """
 
     sections: list[Part]
     contexts: list[Part]
     tools: list[Tool]
     variables: dict[str, str | None]
+    origins: dict[tuple[str, str], Origin] | None = None
 
 
 @dataclass(frozen=True, slots=True)

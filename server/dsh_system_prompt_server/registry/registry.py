@@ -16,6 +16,7 @@ from .invariants import is_variable_name
 from .layers import Layer, ScopeTree
 from .limits import Limits, quota_exceeded
 from .model import (
+    SIDECAR_OWNER,
     AssembleContext,
     Assembly,
     ContextEntry,
@@ -36,7 +37,6 @@ HARNESS_IDENTITY_ORDER = -100.0
 HARNESS_IDENTITY_TEXT = "You are an AI agent powered by DeepSeek Harness."
 PERSONA_SECTION = "deployment:persona"
 PERSONA_ORDER = 0.0
-SIDECAR_OWNER = ""  # no session id is empty, so no session can dispose the built-ins
 _PLANS_KEPT = 1024  # scopes whose plan is remembered between assemblies
 
 
@@ -325,11 +325,18 @@ class Registry:
         return await self.run(self.plan(context.scope), context, deadline)
 
     async def run(
-        self, plan: assembly.Plan, context: AssembleContext, deadline: float | None = None
+        self,
+        plan: assembly.Plan,
+        context: AssembleContext,
+        deadline: float | None = None,
+        track: bool = False,
     ) -> Assembly:
-        """Assemble from `plan` (taken by `plan()`) for `context`."""
+        """Assemble from `plan` (taken by `plan()`) for `context`.
+
+        With `track`, the result's `origins` say where each part came from.
+        """
         return await assembly.run(
-            plan, context, self.settings.tool_order, self.limits, self._timeout(deadline)
+            plan, context, self.settings.tool_order, self.limits, self._timeout(deadline), track
         )
 
     def plan(self, scope: str | None) -> assembly.Plan:
@@ -352,6 +359,7 @@ class Registry:
         )
         return assembly.Plan(
             revision=self.revision,
+            chain=chain,
             suppressed=suppressed,
             variables=list(_merged(layer.variables for layer in layers).values()),
             sections=_sorted(_merged(layer.sections for layer in layers)),

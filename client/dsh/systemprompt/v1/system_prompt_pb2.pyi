@@ -61,6 +61,66 @@ PROVIDER_KIND_VARIABLE: ProviderKind.ValueType  # 4
 """A variable provider: answer variable_value or no_value."""
 Global___ProviderKind: _TypeAlias = ProviderKind  # noqa: Y015
 
+class _SourceKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SourceKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SourceKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SOURCE_KIND_UNSPECIFIED: _SourceKind.ValueType  # 0
+    """Never sent."""
+    SOURCE_KIND_BUILTIN: _SourceKind.ValueType  # 1
+    """The sidecar's own harness:identity and deployment:persona."""
+    SOURCE_KIND_GLOBAL: _SourceKind.ValueType  # 2
+    """A session's registration in the global layer."""
+    SOURCE_KIND_SCOPE: _SourceKind.ValueType  # 3
+    """A registration in a scope's layer on the assembly's scope chain."""
+    SOURCE_KIND_LISTENER: _SourceKind.ValueType  # 4
+    """A waterfall listener added or changed it."""
+
+class SourceKind(_SourceKind, metaclass=_SourceKindEnumTypeWrapper):
+    """The kinds of origin of an assembled part."""
+
+SOURCE_KIND_UNSPECIFIED: SourceKind.ValueType  # 0
+"""Never sent."""
+SOURCE_KIND_BUILTIN: SourceKind.ValueType  # 1
+"""The sidecar's own harness:identity and deployment:persona."""
+SOURCE_KIND_GLOBAL: SourceKind.ValueType  # 2
+"""A session's registration in the global layer."""
+SOURCE_KIND_SCOPE: SourceKind.ValueType  # 3
+"""A registration in a scope's layer on the assembly's scope chain."""
+SOURCE_KIND_LISTENER: SourceKind.ValueType  # 4
+"""A waterfall listener added or changed it."""
+Global___SourceKind: _TypeAlias = SourceKind  # noqa: Y015
+
+class _PartKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PartKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PartKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PART_KIND_UNSPECIFIED: _PartKind.ValueType  # 0
+    """Never sent."""
+    PART_KIND_TOOL: _PartKind.ValueType  # 1
+    """A tool schema (the model sees tools first)."""
+    PART_KIND_SECTION: _PartKind.ValueType  # 2
+    """A system-prompt section, as rendered."""
+    PART_KIND_CONTEXT: _PartKind.ValueType  # 3
+    """A runtime context, as rendered (sent later, in the message history)."""
+
+class PartKind(_PartKind, metaclass=_PartKindEnumTypeWrapper):
+    """What kind of part a PartReport describes."""
+
+PART_KIND_UNSPECIFIED: PartKind.ValueType  # 0
+"""Never sent."""
+PART_KIND_TOOL: PartKind.ValueType  # 1
+"""A tool schema (the model sees tools first)."""
+PART_KIND_SECTION: PartKind.ValueType  # 2
+"""A system-prompt section, as rendered."""
+PART_KIND_CONTEXT: PartKind.ValueType  # 3
+"""A runtime context, as rendered (sent later, in the message history)."""
+Global___PartKind: _TypeAlias = PartKind  # noqa: Y015
+
 class _ChangeKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -1188,9 +1248,14 @@ class AssembleRequest(_message.Message):
 
     CONTEXT_FIELD_NUMBER: _builtins.int
     RENDER_FIELD_NUMBER: _builtins.int
+    REPORT_FIELD_NUMBER: _builtins.int
     render: _builtins.bool
     """Also render on the sidecar: prompt text and context snapshot, with the
     same strict interpolation errors as the client's renderer.
+    """
+    report: _builtins.bool
+    """Also report provenance, sizes and prefix stability against the previous
+    reported assembly of the same scope. Renders on the sidecar; costs more.
     """
     @_builtins.property
     def context(self) -> Global___AssembleContext:
@@ -1201,10 +1266,11 @@ class AssembleRequest(_message.Message):
         *,
         context: Global___AssembleContext | None = ...,
         render: _builtins.bool = ...,
+        report: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "render", b"render"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "render", b"render", "report", b"report"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1219,6 +1285,7 @@ class AssembleResponse(_message.Message):
     ASSEMBLY_FIELD_NUMBER: _builtins.int
     RENDERED_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
+    REPORT_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
     """The registry's revision the assembly was taken at."""
     @_builtins.property
@@ -1229,20 +1296,279 @@ class AssembleResponse(_message.Message):
     def rendered(self) -> Global___RenderedPrompt:
         """Present when the request asked for rendering."""
 
+    @_builtins.property
+    def report(self) -> Global___AssemblyReport:
+        """Present when the request asked for a report."""
+
     def __init__(
         self,
         *,
         assembly: Global___PromptAssembly | None = ...,
         rendered: Global___RenderedPrompt | None = ...,
         revision: _builtins.int = ...,
+        report: Global___AssemblyReport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "rendered", b"rendered"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "rendered", b"rendered", "report", b"report"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "rendered", b"rendered", "revision", b"revision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "rendered", b"rendered", "report", b"report", "revision", b"revision"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AssembleResponse: _TypeAlias = AssembleResponse  # noqa: Y015
+
+@_typing.final
+class Source(_message.Message):
+    """Where an assembled part came from."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    SCOPE_FIELD_NUMBER: _builtins.int
+    ANCESTOR_DEPTH_FIELD_NUMBER: _builtins.int
+    LISTENER_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    kind: Global___SourceKind.ValueType
+    """The kind of origin."""
+    scope: _builtins.str
+    """For SOURCE_KIND_SCOPE: the scope key whose layer holds the registration."""
+    ancestor_depth: _builtins.int
+    """For SOURCE_KIND_SCOPE: 0 for the assembly's own scope, 1 for its parent, and so on."""
+    listener: _builtins.str
+    """For SOURCE_KIND_LISTENER: the listener that added or last changed the part."""
+    description: _builtins.str
+    """The same in words, e.g. `scope "team" (ancestor of "agent-1")`."""
+    def __init__(
+        self,
+        *,
+        kind: Global___SourceKind.ValueType = ...,
+        scope: _builtins.str = ...,
+        ancestor_depth: _builtins.int = ...,
+        listener: _builtins.str = ...,
+        description: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ancestor_depth", b"ancestor_depth", "description", b"description", "kind", b"kind", "listener", b"listener", "scope", b"scope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Source: _TypeAlias = Source  # noqa: Y015
+
+@_typing.final
+class PartReport(_message.Message):
+    """One rendered part of an assembly."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    FINGERPRINT_FIELD_NUMBER: _builtins.int
+    STABLE_FIELD_NUMBER: _builtins.int
+    kind: Global___PartKind.ValueType
+    """Tool, section or context."""
+    name: _builtins.str
+    """The part's name."""
+    bytes: _builtins.int
+    """Its size in UTF-8 bytes: a tool as {"name","description","parameters"} JSON,
+    a section or context as rendered text.
+    """
+    tokens: _builtins.int
+    """Its size in tokens, when the sidecar has a tokenizer configured."""
+    fingerprint: _builtins.str
+    """A fingerprint of its rendered bytes (hex, 16 digits of SHA-256)."""
+    stable: _builtins.bool
+    """Whether it is byte-identical to the part at the same position of the
+    previous reported assembly of the same scope (and everything before it is).
+    """
+    @_builtins.property
+    def source(self) -> Global___Source:
+        """Where it came from."""
+
+    def __init__(
+        self,
+        *,
+        kind: Global___PartKind.ValueType = ...,
+        name: _builtins.str = ...,
+        source: Global___Source | None = ...,
+        bytes: _builtins.int = ...,
+        tokens: _builtins.int | None = ...,
+        fingerprint: _builtins.str = ...,
+        stable: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_tokens", b"_tokens", "source", b"source", "tokens", b"tokens"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tokens", b"_tokens", "bytes", b"bytes", "fingerprint", b"fingerprint", "kind", b"kind", "name", b"name", "source", b"source", "stable", b"stable", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__tokens: _TypeAlias = _typing.Literal["tokens"]  # noqa: Y015
+    _WhichOneofArgType__tokens: _TypeAlias = _typing.Literal["_tokens", b"_tokens"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tokens) -> _WhichOneofReturnType__tokens | None: ...
+
+Global___PartReport: _TypeAlias = PartReport  # noqa: Y015
+
+@_typing.final
+class Size(_message.Message):
+    """A size in bytes and, with a tokenizer, in tokens."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BYTES_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    bytes: _builtins.int
+    """UTF-8 bytes."""
+    tokens: _builtins.int
+    """Tokens, when the sidecar has a tokenizer configured."""
+    def __init__(
+        self,
+        *,
+        bytes: _builtins.int = ...,
+        tokens: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_tokens", b"_tokens", "tokens", b"tokens"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tokens", b"_tokens", "bytes", b"bytes", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__tokens: _TypeAlias = _typing.Literal["tokens"]  # noqa: Y015
+    _WhichOneofArgType__tokens: _TypeAlias = _typing.Literal["_tokens", b"_tokens"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tokens) -> _WhichOneofReturnType__tokens | None: ...
+
+Global___Size: _TypeAlias = Size  # noqa: Y015
+
+@_typing.final
+class PrefixStability(_message.Message):
+    """How much of the model-facing prefix (tools, then system prompt) stayed the same."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HAS_PREVIOUS_FIELD_NUMBER: _builtins.int
+    STABLE_BYTES_FIELD_NUMBER: _builtins.int
+    STABLE_TOKENS_FIELD_NUMBER: _builtins.int
+    PREFIX_FIELD_NUMBER: _builtins.int
+    FIRST_CHANGED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    has_previous: _builtins.bool
+    """False for the first reported assembly of a scope (nothing to compare with)."""
+    stable_bytes: _builtins.int
+    """Leading bytes of the prefix that are unchanged since the previous assembly."""
+    stable_tokens: _builtins.int
+    """The same in tokens, counting whole unchanged parts, with a tokenizer."""
+    first_changed: _builtins.str
+    """The first part that changed, e.g. `section "cwd"`; empty when nothing did."""
+    reason: _builtins.str
+    """Why it changed, in words a person acts on, e.g.
+    `section "cwd" text changed (variable {{cwd}} changed)`.
+    """
+    @_builtins.property
+    def prefix(self) -> Global___Size:
+        """The whole prefix: tools and system prompt."""
+
+    def __init__(
+        self,
+        *,
+        has_previous: _builtins.bool = ...,
+        stable_bytes: _builtins.int = ...,
+        stable_tokens: _builtins.int | None = ...,
+        prefix: Global___Size | None = ...,
+        first_changed: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_stable_tokens", b"_stable_tokens", "prefix", b"prefix", "stable_tokens", b"stable_tokens"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_stable_tokens", b"_stable_tokens", "first_changed", b"first_changed", "has_previous", b"has_previous", "prefix", b"prefix", "reason", b"reason", "stable_bytes", b"stable_bytes", "stable_tokens", b"stable_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__stable_tokens: _TypeAlias = _typing.Literal["stable_tokens"]  # noqa: Y015
+    _WhichOneofArgType__stable_tokens: _TypeAlias = _typing.Literal["_stable_tokens", b"_stable_tokens"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__stable_tokens) -> _WhichOneofReturnType__stable_tokens | None: ...
+
+Global___PrefixStability: _TypeAlias = PrefixStability  # noqa: Y015
+
+@_typing.final
+class VariableReport(_message.Message):
+    """Where a variable's value came from."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The variable's name."""
+    @_builtins.property
+    def source(self) -> Global___Source:
+        """Where its value came from."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        source: Global___Source | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VariableReport: _TypeAlias = VariableReport  # noqa: Y015
+
+@_typing.final
+class AssemblyReport(_message.Message):
+    """Provenance, sizes and prefix stability of one assembly."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKENIZER_FIELD_NUMBER: _builtins.int
+    PARTS_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
+    CONTEXT_SNAPSHOT_FIELD_NUMBER: _builtins.int
+    STABILITY_FIELD_NUMBER: _builtins.int
+    VARIABLES_FIELD_NUMBER: _builtins.int
+    tokenizer: _builtins.str
+    """The tokenizer behind token counts; empty when sizes are bytes only."""
+    @_builtins.property
+    def parts(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartReport]:
+        """Every part in model order: tools, then sections, then contexts."""
+
+    @_builtins.property
+    def tools(self) -> Global___Size:
+        """The tool list's size."""
+
+    @_builtins.property
+    def prompt(self) -> Global___Size:
+        """The rendered system prompt's size."""
+
+    @_builtins.property
+    def context_snapshot(self) -> Global___Size:
+        """The rendered runtime-context snapshot's size."""
+
+    @_builtins.property
+    def stability(self) -> Global___PrefixStability:
+        """The prefix (tools, then system prompt) against the previous assembly of the scope."""
+
+    @_builtins.property
+    def variables(self) -> _containers.RepeatedCompositeFieldContainer[Global___VariableReport]:
+        """Where each variable came from, in the assembly's order."""
+
+    def __init__(
+        self,
+        *,
+        tokenizer: _builtins.str = ...,
+        parts: _abc.Iterable[Global___PartReport] | None = ...,
+        tools: Global___Size | None = ...,
+        prompt: Global___Size | None = ...,
+        context_snapshot: Global___Size | None = ...,
+        stability: Global___PrefixStability | None = ...,
+        variables: _abc.Iterable[Global___VariableReport] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context_snapshot", b"context_snapshot", "prompt", b"prompt", "stability", b"stability", "tools", b"tools"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_snapshot", b"context_snapshot", "parts", b"parts", "prompt", b"prompt", "stability", b"stability", "tokenizer", b"tokenizer", "tools", b"tools", "variables", b"variables"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AssemblyReport: _TypeAlias = AssemblyReport  # noqa: Y015
 
 @_typing.final
 class RenderedPrompt(_message.Message):
