@@ -1,18 +1,54 @@
-# The dsh-system-prompt sidecar. Build: docker build -t dsh-system-prompt .
-FROM python:3.11-slim AS build
+# The dsh-system-prompt gRPC sidecar.
+#
+#   docker build -t dsh-system-prompt:0.1.0 .
+#   docker run --rm -p 50051:50051 \
+#       -v "$PWD/sidecar.toml:/etc/dsh-system-prompt/sidecar.toml:ro" dsh-system-prompt:0.1.0
+#
+# Configuration (deploy/docker/entrypoint.sh): DSP_LISTEN (default 0.0.0.0:50051), DSP_CONFIG
+# (default: /etc/dsh-system-prompt/sidecar.toml when mounted, else built-in defaults), and any
+# `serve` flags as arguments (`docker run IMAGE --log-format json`). When DSP_LISTEN moves,
+# set DSP_HEALTH_ADDRESS to match (e.g. unix:/run/dsp/dsp.sock) so the HEALTHCHECK follows.
+# Both stages use the same base, so the venv's interpreter links resolve in the final stage.
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
 WORKDIR /src
+# What the wheel is built from: pyproject's readme and its packages (client/, server/).
 COPY pyproject.toml README.md ./
 COPY client ./client
 COPY server ./server
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN /opt/venv/bin/pip install --no-cache-dir . \
+    && /opt/venv/bin/dsh-system-prompt --help >/dev/null
+COPY deploy/docker/entrypoint.sh /usr/local/bin/dsp-entrypoint
+RUN chmod 0755 /usr/local/bin/dsp-entrypoint
 
-FROM python:3.11-slim
-RUN useradd --system --uid 10001 --no-create-home sidecar
-COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
-USER sidecar
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="dsh-system-prompt" \
+      org.opencontainers.image.description="The dsh-system-prompt registry served as a gRPC sidecar" \
+      org.opencontainers.image.licenses="MIT"
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    DSP_LISTEN=0.0.0.0:50051 \
+    DSP_HEALTH_ADDRESS=127.0.0.1:50051
+# A numeric non-root user, so Kubernetes' runAsNonRoot can verify it without runAsUser.
+RUN groupadd --system --gid 10001 sidecar \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home \
+        --home-dir /nonexistent --shell /usr/sbin/nologin sidecar \
+    && mkdir -p /etc/dsh-system-prompt /run/dsp \
+    && chown 10001:10001 /run/dsp
+COPY --from=build /opt/venv /opt/venv
+COPY --from=build /usr/local/bin/dsp-entrypoint /usr/local/bin/dsp-entrypoint
+USER 10001:10001
 EXPOSE 50051
 STOPSIGNAL SIGTERM
-# Mount a config at /etc/dsh-system-prompt/sidecar.toml and add --config to use it.
-ENTRYPOINT ["dsh-system-prompt", "serve"]
-CMD ["--listen", "0.0.0.0:50051"]
+# The standard grpc.health.v1 check through the CLI (exempt from auth; exit 0 when SERVING).
+# Its own --timeout stays under Docker's, so a hung check reports itself; its other exit
+# codes (3: NOT_SERVING or unreachable) are folded into 1, the "unhealthy" Docker defines.
+# A sidecar serving TLS needs the check's --tls-ca too: override with --health-cmd.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["/bin/sh", "-c", "dsh-system-prompt health --address \"$DSP_HEALTH_ADDRESS\" --timeout 3 || exit 1"]
+ENTRYPOINT ["dsp-entrypoint"]
+CMD ["serve"]

@@ -56,7 +56,12 @@ buf: $(STAMP)
 	    && echo "no breaking change against the previous commit"; \
 	else echo "no previous commit to check for breaking changes"; fi
 
-check: check-proto check-docs buf lint typecheck
+check: check-proto check-docs buf lint typecheck validate-deploy
+
+.PHONY: validate-deploy
+## Lint the Dockerfile (hadolint) and validate deploy/kubernetes/ (kubernetes-validate).
+validate-deploy: $(STAMP)
+	BIN=$(BIN) scripts/validate-deploy.sh
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
