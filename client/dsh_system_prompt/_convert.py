@@ -14,10 +14,15 @@ from .types import (
     AssembleContext,
     AssembledContext,
     AssembledSection,
+    AssemblyReport,
     ChangeAction,
     ChangeEvent,
     ChangeKind,
+    PartReport,
+    PrefixStability,
     PromptAssembly,
+    Size,
+    Source,
     ToolProviderResult,
     ToolSchema,
 )
@@ -116,3 +121,61 @@ def change_from_proto(message: pb.ChangeEvent) -> ChangeEvent:
         name=message.name,
         scope=message.scope or None,
     )
+
+
+_SOURCE_KINDS: dict[int, Any] = {
+    pb.SOURCE_KIND_BUILTIN: "builtin",
+    pb.SOURCE_KIND_GLOBAL: "global",
+    pb.SOURCE_KIND_SCOPE: "scope",
+    pb.SOURCE_KIND_LISTENER: "listener",
+}
+_PART_KINDS: dict[int, Any] = {
+    pb.PART_KIND_TOOL: "tool",
+    pb.PART_KIND_SECTION: "section",
+    pb.PART_KIND_CONTEXT: "context",
+}
+
+
+def report_from_proto(message: pb.AssemblyReport) -> AssemblyReport:
+    stability = message.stability
+    return AssemblyReport(
+        tokenizer=message.tokenizer,
+        parts=[
+            PartReport(
+                kind=_PART_KINDS[part.kind],
+                name=part.name,
+                source=_source(part.source),
+                bytes=part.bytes,
+                tokens=part.tokens if part.HasField("tokens") else None,
+                fingerprint=part.fingerprint,
+                stable=part.stable,
+            )
+            for part in message.parts
+        ],
+        tools=_size(message.tools),
+        prompt=_size(message.prompt),
+        context_snapshot=_size(message.context_snapshot),
+        stability=PrefixStability(
+            has_previous=stability.has_previous,
+            stable_bytes=stability.stable_bytes,
+            stable_tokens=stability.stable_tokens if stability.HasField("stable_tokens") else None,
+            prefix=_size(stability.prefix),
+            first_changed=stability.first_changed,
+            reason=stability.reason,
+        ),
+        variables={v.name: _source(v.source) for v in message.variables},
+    )
+
+
+def _source(message: pb.Source) -> Source:
+    return Source(
+        kind=_SOURCE_KINDS[message.kind],
+        scope=message.scope or None,
+        ancestor_depth=message.ancestor_depth,
+        listener=message.listener,
+        description=message.description,
+    )
+
+
+def _size(message: pb.Size) -> Size:
+    return Size(message.bytes, message.tokens if message.HasField("tokens") else None)

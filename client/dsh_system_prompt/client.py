@@ -14,7 +14,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from ._changes import ChangeStream
 from ._channel import TLS, call_metadata, open_channel
 from ._connection import Connection, Record
-from ._convert import assembly_from_proto, context_to_proto, tools_to_proto
+from ._convert import assembly_from_proto, context_to_proto, report_from_proto, tools_to_proto
 from ._listeners import Listener, label, listener_name
 from .errors import SystemPromptError, error_from_rpc
 from .types import AssembleContext, PromptAssembly, RenderedPrompt, ToolProviderResult, ToolSchema
@@ -163,27 +163,30 @@ class Client(_Registrar):
         scope: str | None = None,
         fields: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        *,
+        report: bool = False,
     ) -> PromptAssembly:
         """Assemble the prompt for `scope` with `fields` passed to providers and listeners.
 
         While the connection is down this fails fast with UNAVAILABLE, or, with
-        a `timeout`, waits up to that long for the reconnect first.
+        a `timeout`, waits up to that long for the reconnect first. With
+        `report`, `assembly.report` tells provenance, sizes and prefix stability.
         """
-        reply = await self._assemble(scope, fields, timeout, render=False)
-        return assembly_from_proto(reply.assembly)
+        reply = await self._assemble(scope, fields, timeout, render=False, report=report)
+        return _assembly(reply)
 
     async def render(
         self,
         scope: str | None = None,
         fields: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        *,
+        report: bool = False,
     ) -> RenderedPrompt:
         """Assemble and render on the sidecar (raises RenderError like render_prompt)."""
-        reply = await self._assemble(scope, fields, timeout, render=True)
+        reply = await self._assemble(scope, fields, timeout, render=True, report=report)
         return RenderedPrompt(
-            reply.rendered.prompt,
-            reply.rendered.context_snapshot,
-            assembly_from_proto(reply.assembly),
+            reply.rendered.prompt, reply.rendered.context_snapshot, _assembly(reply)
         )
 
     async def watch_changes(self) -> ChangeStream:
@@ -210,8 +213,10 @@ class Client(_Registrar):
         fields: Mapping[str, Any] | None,
         timeout: float | None,
         render: bool,
+        report: bool,
     ) -> pb.AssembleResponse:
-        request = pb.AssembleRequest(context=context_to_proto(scope, fields), render=render)
+        context = context_to_proto(scope, fields)
+        request = pb.AssembleRequest(context=context, render=render, report=report)
         reply: pb.AssembleResponse = await self._connection.call(
             self._connection.stub.Assemble, request, timeout=timeout
         )
@@ -268,6 +273,13 @@ def connect(
     switches to TLS (mutual TLS when it carries a client certificate).
     """
     return _Connecting(address, client_name or f"python-{os.getpid()}", token, tls)
+
+
+def _assembly(reply: pb.AssembleResponse) -> PromptAssembly:
+    assembly = assembly_from_proto(reply.assembly)
+    if reply.HasField("report"):
+        assembly.report = report_from_proto(reply.report)
+    return assembly
 
 
 def _order(order: float) -> float:

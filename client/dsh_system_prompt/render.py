@@ -66,6 +66,13 @@ def interpolate(text: str, variables: Mapping[str, str | None], where: str) -> s
     return "".join(out)
 
 
+def references(text: str) -> list[str]:
+    """The variable names that `text` references with complete {{name}} groups, in order."""
+    if "{{" not in text:
+        return []
+    return [p.name for p in _compile(text) if isinstance(p, _Reference) and p.name is not None]
+
+
 @dataclass(frozen=True, slots=True)
 class _Reference:
     """A complete {{...}} group, or a malformed opening, found in a text."""

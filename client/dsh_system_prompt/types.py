@@ -98,14 +98,76 @@ class ToolProviderResult:
     known_names: list[str] | None = None
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where an assembled part came from: "builtin", "global", "scope" or "listener"."""
+
+    kind: Literal["builtin", "global", "scope", "listener"]
+    scope: str | None = None  # for "scope": the layer's scope key
+    ancestor_depth: int = 0  # for "scope": 0 is the assembly's own scope, 1 its parent, ...
+    listener: str = ""  # for "listener": the listener that added or last changed it
+    description: str = ""  # the same in words
+
+
+@dataclass(frozen=True)
+class Size:
+    """A size in UTF-8 bytes and, where the sidecar has a tokenizer, in tokens."""
+
+    bytes: int
+    tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class PartReport:
+    """One rendered part, in model order: its origin, size, fingerprint and stability."""
+
+    kind: Literal["tool", "section", "context"]
+    name: str
+    source: Source
+    bytes: int
+    tokens: int | None
+    fingerprint: str
+    stable: bool
+
+
+@dataclass(frozen=True)
+class PrefixStability:
+    """How much of the prefix (tools, then system prompt) is unchanged since last time."""
+
+    has_previous: bool
+    stable_bytes: int
+    stable_tokens: int | None
+    prefix: Size
+    first_changed: str  # e.g. 'section "cwd"'; "" when nothing changed
+    reason: str  # e.g. 'section "cwd" text changed (variable {{cwd}} changed)'
+
+
+@dataclass(frozen=True)
+class AssemblyReport:
+    """Provenance, sizes and prefix stability of one assembly (`assemble(report=True)`)."""
+
+    tokenizer: str  # "" when sizes are bytes only
+    parts: list[PartReport]
+    tools: Size
+    prompt: Size
+    context_snapshot: Size
+    stability: PrefixStability
+    variables: dict[str, Source]
+
+
 @dataclass
 class PromptAssembly:
-    """What the model is told: sections, contexts, tools and resolved variables."""
+    """What the model is told: sections, contexts, tools and resolved variables.
+
+    `report` is set when the assembly was asked for with `report=True`; it is
+    not part of the assembly's value (equality ignores it).
+    """
 
     sections: list[AssembledSection] = field(default_factory=list)
     contexts: list[AssembledContext] = field(default_factory=list)
     tools: list[ToolSchema] = field(default_factory=list)
     variables: dict[str, str | None] = field(default_factory=dict)
+    report: AssemblyReport | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

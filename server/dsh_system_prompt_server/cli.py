@@ -13,6 +13,7 @@ from .app import start_sidecar
 from .commands import add_connection_options, run
 from .config import LOG_LEVELS, ConfigError, SidecarConfig, load_config, with_overrides
 from .logs import configure_logging, logger
+from .tokens import TOKENIZERS
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 EXIT_CONFIG = 2
@@ -46,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
         "--tls-client-ca", dest="tls_client_ca_file", help="CA for client certificates (mTLS)"
     )
     serve.add_argument("--metrics-listen", help="serve Prometheus /metrics on HOST:PORT")
+    serve.add_argument(
+        "--tokenizer", choices=sorted(TOKENIZERS), help="count tokens in reports with this"
+    )
     serve.add_argument("--log-level", choices=LOG_LEVELS)
     serve.add_argument("--log-format", choices=("text", "json"))
     serve.add_argument(
@@ -67,6 +71,11 @@ def _add_client_commands(commands: Any) -> None:
     assemble.add_argument("--json", action="store_true", help="print the assembly as JSON")
     assemble.add_argument(
         "--with-context", action="store_true", help="also print the runtime-context snapshot"
+    )
+    assemble.add_argument(
+        "--report",
+        action="store_true",
+        help="show parts, sources, sizes and what changed since the last report (cache health)",
     )
     watch = commands.add_parser("watch", help="print change events as they happen")
     watch.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -92,6 +101,7 @@ def _serve(args: argparse.Namespace) -> int:
             tls_key_file=args.tls_key_file,
             tls_client_ca_file=args.tls_client_ca_file,
             metrics_listen=args.metrics_listen,
+            tokenizer=args.tokenizer,
             log_level=args.log_level,
             log_format=args.log_format,
             reflection=args.reflection,
@@ -102,9 +112,12 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(config.log_level, config.log_format)
     try:
         asyncio.run(_run(config, args.listen))
-    except (OSError, ValueError) as error:
+    except OSError as error:
         print(f"dsh-system-prompt: cannot serve on {args.listen}: {error}", file=sys.stderr)
         return EXIT_LISTEN
+    except ValueError as error:  # unreadable token or certificate, missing tokenizer package
+        print(f"dsh-system-prompt: {error}", file=sys.stderr)
+        return EXIT_CONFIG
     return 0
 
 

@@ -73,7 +73,12 @@ async def assemble(args: argparse.Namespace) -> int:
             assembly = await client.assemble(args.scope, fields, timeout=args.timeout)
             print(json.dumps(assembly_json(assembly), ensure_ascii=False, indent=2))
             return EXIT_OK
-        rendered = await client.render(args.scope, fields, timeout=args.timeout)
+        rendered = await client.render(args.scope, fields, timeout=args.timeout,
+                                       report=args.report)  # fmt: skip
+    if args.report:
+        assert rendered.assembly.report is not None
+        _show_report(rendered.assembly.report)
+        return EXIT_OK
     _show_prompt(rendered.prompt, rendered.context_snapshot, rendered.assembly, args)
     return EXIT_OK
 
@@ -246,6 +251,44 @@ def _show_prompt(
     if args.with_context and snapshot:
         console.rule("runtime context")
         console.print(snapshot, markup=False)
+
+
+def _show_report(report: dsp.AssemblyReport) -> None:
+    """A table: part, source, size, stable/changed; then the prefix verdict."""
+    unit = f"tokens ({report.tokenizer})" if report.tokenizer else None
+    table = Table(title="prompt parts in model order", title_justify="left")
+    for column in ("part", "source", "bytes", *([unit] if unit else []), "prefix"):
+        table.add_column(column, justify="right" if column in ("bytes", unit) else "left")
+    for part in report.parts:
+        cells = [f'{part.kind} "{part.name}"', part.source.description, str(part.bytes)]
+        if unit:
+            cells.append(str(part.tokens))
+        if part.kind == "context":
+            cells.append("(not in prefix)")
+        else:
+            cells.append("stable" if part.stable else "[bold red]changed[/]")
+        table.add_row(*cells)
+    console = _console() if sys.stdout.isatty() else Console(width=200, no_color=True)
+    console.print(table)
+    console.print(_verdict(report), highlight=False)
+
+
+def _verdict(report: dsp.AssemblyReport) -> str:
+    stability = report.stability
+    total = stability.prefix
+    sizes = f"{total.bytes} bytes" + (
+        f", {total.tokens} tokens" if total.tokens is not None else ""
+    )
+    if not report.tokenizer:
+        sizes += " (bytes only: no tokenizer configured)"
+    if not stability.has_previous:
+        return f"prefix: {sizes}; first report for this scope, nothing to compare with yet"
+    if not stability.reason:
+        return f"prefix: {sizes}; stable: every byte unchanged since the last report"
+    stable = f"{stability.stable_bytes} of {total.bytes} bytes stable"
+    if stability.stable_tokens is not None:
+        stable += f" ({stability.stable_tokens} tokens)"
+    return f"prefix: {stable}; cache broken by {stability.reason}"
 
 
 def _event_json(event: dsp.ChangeEvent | dsp.ChangesMissed) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from .registry import Limits, RegistryError, RegistrySettings, validate_tool_order
+from .tokens import TOKENIZERS
 
 T = TypeVar("T")
 LogFormat = Literal["text", "json"]
@@ -52,6 +53,8 @@ class SidecarConfig:
     log_level: str = "info"
     log_format: LogFormat = "text"
     metrics_listen: str | None = None
+    tokenizer: str | None = None  # for token counts in reports; None: bytes only
+    report_history: int = 8  # reported assemblies kept per scope
 
 
 _TOP_KEYS = {
@@ -67,6 +70,8 @@ _TOP_KEYS = {
     "log_level",
     "log_format",
     "metrics_listen",
+    "tokenizer",
+    "report_history",
     "limits",
     *(f.name for f in fields(Security)),
 }
@@ -122,6 +127,8 @@ def parse_config(raw: dict[str, Any]) -> SidecarConfig:
         log_level=log_level,
         log_format="json" if log_format == "json" else "text",
         metrics_listen=_typed(raw, "metrics_listen", str, "") or None,
+        tokenizer=_tokenizer(raw),
+        report_history=_count(raw, "report_history", 8),
     )
 
 
@@ -131,6 +138,14 @@ def with_overrides(config: SidecarConfig, **overrides: Any) -> SidecarConfig:
     top = {k: v for k, v in overrides.items() if k not in security and v is not None}
     given_security = {k: v for k, v in security.items() if v is not None}
     return replace(config, security=replace(config.security, **given_security), **top)
+
+
+def _tokenizer(raw: dict[str, Any]) -> str | None:
+    name = _typed(raw, "tokenizer", str, "") or None
+    if name is not None and name not in TOKENIZERS:
+        known = ", ".join(TOKENIZERS)
+        raise ConfigError(f"config key 'tokenizer' must be one of: {known} (not {name!r})")
+    return name
 
 
 def _no_unknown(table: dict[str, Any], known: set[str], prefix: str) -> None:

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
-from .registry import AssembleContext, Assembly, Part, Tool, ToolSet
+from .cache_report import Report, Size
+from .registry import AssembleContext, Assembly, Origin, OriginKind, Part, Tool, ToolSet
 from .status import bad_request
 
 
@@ -96,3 +97,61 @@ def check_parameters(name: str, parameters_json: str) -> None:
 
 def _reject_constant(constant: str) -> float:
     raise ValueError(f"{constant} is not JSON")
+
+
+_SOURCE_KINDS = {
+    OriginKind.BUILTIN: pb.SOURCE_KIND_BUILTIN,
+    OriginKind.GLOBAL: pb.SOURCE_KIND_GLOBAL,
+    OriginKind.SCOPE: pb.SOURCE_KIND_SCOPE,
+    OriginKind.LISTENER: pb.SOURCE_KIND_LISTENER,
+}
+_PART_KINDS = {"tool": pb.PART_KIND_TOOL, "section": pb.PART_KIND_SECTION,
+               "context": pb.PART_KIND_CONTEXT}  # fmt: skip
+
+
+def report_to_proto(report: Report) -> pb.AssemblyReport:
+    stability = report.stability
+    return pb.AssemblyReport(
+        tokenizer=report.tokenizer,
+        parts=[
+            pb.PartReport(
+                kind=_PART_KINDS[part.kind],
+                name=part.name,
+                source=source_to_proto(part.origin),
+                bytes=part.bytes,
+                tokens=part.tokens,
+                fingerprint=part.fingerprint,
+                stable=stable,
+            )
+            for part, stable in report.parts
+        ],
+        tools=size_to_proto(report.tools),
+        prompt=size_to_proto(report.prompt),
+        context_snapshot=size_to_proto(report.context_snapshot),
+        stability=pb.PrefixStability(
+            has_previous=stability.has_previous,
+            stable_bytes=stability.stable_bytes,
+            stable_tokens=stability.stable_tokens,
+            prefix=size_to_proto(stability.prefix),
+            first_changed=stability.first_changed,
+            reason=stability.reason,
+        ),
+        variables=[
+            pb.VariableReport(name=name, source=source_to_proto(origin))
+            for name, origin in report.variables
+        ],
+    )
+
+
+def source_to_proto(origin: Origin) -> pb.Source:
+    return pb.Source(
+        kind=_SOURCE_KINDS[origin.kind],
+        scope=origin.scope or "",
+        ancestor_depth=origin.depth,
+        listener=origin.listener,
+        description=origin.describe(),
+    )
+
+
+def size_to_proto(size: Size) -> pb.Size:
+    return pb.Size(bytes=size.bytes, tokens=size.tokens)

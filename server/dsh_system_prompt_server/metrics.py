@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -38,6 +39,20 @@ class Metrics:
             "dsp_registrations", "Live registrations (built-ins included)", registry=self.registry
         )
         self.watchers = Gauge("dsp_watchers", "Change-event subscribers", registry=self.registry)
+        self.prefix_stable_ratio = Gauge(
+            "dsp_prefix_stable_ratio",
+            "Share of the prompt prefix (tools, system prompt) unchanged at the last report",
+            ["scope"],
+            registry=self.registry,
+        )
+
+    def prefix_stable(self, scope: str | None, ratio: float) -> None:
+        self.prefix_stable_ratio.labels(scope or "").set(ratio)
+
+    def forget_scope(self, scope: str | None) -> None:
+        """Drop a scope's series (its report history was evicted)."""
+        with contextlib.suppress(KeyError):
+            self.prefix_stable_ratio.remove(scope or "")
 
     def track(
         self,

@@ -14,15 +14,26 @@ from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt.errors import RenderError
 from dsh_system_prompt.render import render_context_snapshot, render_prompt
 
+from .cache_report import ReportHistory, build_report, prefix_parts
 from .config import SidecarConfig
-from .convert import assembly_to_proto, context_from_proto, toolset_from_proto
+from .convert import assembly_to_proto, context_from_proto, report_to_proto, toolset_from_proto
 from .gate import Gate
 from .listeners import ListenerStream
 from .metrics import ASSEMBLY_FAILURE_REASONS, Metrics
-from .registry import ChangeEvent, Dynamic, Kind, Missed, Registry, RegistryError, Status
+from .registry import (
+    Assembly,
+    ChangeEvent,
+    Dynamic,
+    Kind,
+    Missed,
+    Registry,
+    RegistryError,
+    Status,
+)
 from .registry.limits import quota_exceeded
 from .sessions import Session, Sessions
 from .status import abort, bad_request
+from .tokens import load_tokenizer
 
 # grpcio ships no typing, so the servicer context is untyped.
 Context = Any
@@ -47,6 +58,8 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         self.sessions = Sessions(registry, config.server_limits.max_sessions)
         self.gate = Gate()
         self.metrics = metrics
+        self.tokenizer = load_tokenizer(config.tokenizer)
+        self.reports = ReportHistory(depth=config.report_history)
         self._watch_buffer = config.watch_buffer
         self._max_watchers = config.server_limits.max_watchers
         metrics.track(
@@ -216,24 +229,34 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def _assemble(self, request: pb.AssembleRequest, context: Context) -> pb.AssembleResponse:
         assemble_context = context_from_proto(request.context)
         plan = self.registry.plan(assemble_context.scope)
-        cached = plan.memo.get(request.render)
+        cached = None if request.report else plan.memo.get(request.render)
         if isinstance(cached, pb.AssembleResponse):
             return cached  # a static plan's response, built once
         remaining = context.time_remaining()
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
-        assembly = await self.registry.run(plan, assemble_context, deadline)
+        assembly = await self.registry.run(plan, assemble_context, deadline, track=request.report)
         response = pb.AssembleResponse(assembly=assembly_to_proto(assembly), revision=plan.revision)
-        if request.render:
-            try:
+        try:
+            if request.render:
                 response.rendered.prompt = render_prompt(assembly)
                 response.rendered.context_snapshot = render_context_snapshot(assembly)
-            except RenderError as error:
-                raise RegistryError(
-                    Status.FAILED_PRECONDITION, "RENDER_FAILED", str(error)
-                ) from None
-        if plan.is_static:
+            if request.report:
+                response.report.CopyFrom(self._report(assemble_context.scope, assembly))
+        except RenderError as error:
+            failure = RegistryError(Status.FAILED_PRECONDITION, "RENDER_FAILED", str(error))
+            raise failure from None
+        if plan.is_static and not request.report:
             plan.memo[request.render] = response
         return response
+
+    def _report(self, scope: str | None, assembly: Assembly) -> pb.AssemblyReport:
+        report = build_report(assembly, self.tokenizer, self.reports.previous(scope))
+        for forgotten in self.reports.remember(scope, prefix_parts(report)):
+            self.metrics.forget_scope(forgotten)
+        stability = report.stability
+        if stability.has_previous and stability.prefix.bytes:
+            self.metrics.prefix_stable(scope, stability.stable_bytes / stability.prefix.bytes)
+        return report_to_proto(report)
 
     # -- change events ----------------------------------------------------------------
 
