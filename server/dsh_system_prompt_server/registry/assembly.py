@@ -51,15 +51,19 @@ class Plan:
     contexts: list[ContextEntry]
     tools: list[ToolsEntry]
     listeners: list[ListenerEntry]
+    dynamic: list[tuple[Entry, Dynamic]] = field(init=False)
     is_static: bool = field(init=False)
     result: Assembly | None = None
     memo: dict[object, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         entries: list[Entry] = [*self.variables, *self.sections, *self.contexts, *self.tools]
-        self.is_static = not self.listeners and not any(
-            isinstance(_stored_value(entry), Dynamic) for entry in entries
-        )
+        self.dynamic = [
+            (entry, value)
+            for entry in entries
+            if isinstance(value := _stored_value(entry), Dynamic)
+        ]
+        self.is_static = not self.listeners and not self.dynamic
 
     def complete_section(self) -> SectionEntry | None:
         """The effective complete section; more than one rejects the assembly."""
@@ -150,10 +154,8 @@ def _registered_origins(plan: Plan, values: Mapping[Entry, ProvidedValue]) -> Or
 
 def _dynamic_calls(plan: Plan) -> dict[ProviderHost, list[tuple[Entry, ProviderCall]]]:
     calls: dict[ProviderHost, list[tuple[Entry, ProviderCall]]] = {}
-    entries: list[Entry] = [*plan.variables, *plan.sections, *plan.contexts, *plan.tools]
-    for entry in entries:
-        value = _stored_value(entry)
-        if isinstance(value, Dynamic) and not entry.disposed:
+    for entry, value in plan.dynamic:
+        if not entry.disposed:
             calls.setdefault(value.host, []).append((entry, entry.provider_call(value.key)))
     return calls
 
