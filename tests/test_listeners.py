@@ -340,3 +340,38 @@ async def test_listener_of_a_closed_session_is_removed(
     await owner.close()
     assert "owned" not in section_names(await caller.assemble())
     assert listener_streams(sidecar) == []
+
+
+async def test_a_tool_changed_in_place_reaches_the_rest_of_the_chain(client: dsp.Client) -> None:
+    seen: list[str] = []
+
+    async def rename(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Next):
+        assembly.tools[0].description = "changed in place"
+        return await next_()
+
+    async def look(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Next):
+        seen.extend(tool.description for tool in assembly.tools)
+        return next_()
+
+    await client.tools([tool("alpha"), tool("beta")])
+    await client.on_assemble(rename)
+    await client.on_assemble(look)
+    assembly = await client.assemble()
+    assert seen == ["changed in place", "the beta tool"]
+    assert [t.description for t in assembly.tools] == ["changed in place", "the beta tool"]
+
+
+async def test_tools_handed_back_reordered_keep_their_exact_schemas(client: dsp.Client) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}
+
+    async def shuffle(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Next):
+        result = await next_()
+        result.tools = [*reversed(result.tools), dsp.ToolSchema("added", "late", {"b": 2, "a": 1})]
+        return result
+
+    await client.tools([dsp.ToolSchema("one", "1", schema), dsp.ToolSchema("two", "2", schema)])
+    await client.on_assemble(shuffle)
+    assembly = await client.assemble()
+    assert tool_names(assembly) == ["two", "one", "added"]
+    assert assembly.tools[0].parameters == schema
+    assert list(assembly.tools[2].parameters) == ["b", "a"]  # key order kept

@@ -80,11 +80,14 @@ def tool_from_proto(message: pb.ToolSchema) -> ToolSchema:
     return ToolSchema.from_json(message.name, message.description, message.parameters_json)
 
 
-def assembly_from_proto(message: pb.PromptAssembly) -> PromptAssembly:
+def assembly_from_proto(
+    message: pb.PromptAssembly, tools: list[ToolSchema] | None = None
+) -> PromptAssembly:
+    """The assembly in `message`; `tools` when the caller already decoded them."""
     return PromptAssembly(
         sections=[AssembledSection(s.name, s.text) for s in message.sections],
         contexts=[AssembledContext(c.name, c.text) for c in message.contexts],
-        tools=[tool_from_proto(t) for t in message.tools],
+        tools=[tool_from_proto(t) for t in message.tools] if tools is None else list(tools),
         variables={v.name: v.value if v.HasField("value") else None for v in message.variables},
     )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any
 
 import grpc
@@ -14,7 +14,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from ._channel import Metadata
 from ._convert import assembly_from_proto, assembly_to_proto, context_from_proto
 from .errors import SystemPromptError, error_from_rpc
-from .types import AssembleContext, PromptAssembly
+from .types import AssembleContext, PromptAssembly, ToolSchema
 
 NextFn = Callable[..., Awaitable[PromptAssembly]]
 # A listener returns the final assembly, or `next()` itself for a tail call.
@@ -47,7 +47,7 @@ class ListenerStream:
         self._reader: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
         self._running: dict[int, asyncio.Task[None]] = {}
-        self._next_results: dict[int, asyncio.Future[pb.PromptAssembly]] = {}
+        self._next_results: dict[int, asyncio.Future[pb.ListenerNextResult]] = {}
 
     async def start(self, start: pb.ListenStart) -> str:
         """Install the listener; returns its registration id."""
@@ -83,7 +83,7 @@ class ListenerStream:
                 elif kind == "next_result":
                     waiting = self._next_results.get(message.next_result.invocation_id)
                     if waiting is not None and not waiting.done():
-                        waiting.set_result(message.next_result.assembly)
+                        waiting.set_result(message.next_result)
                 elif kind == "cancel":
                     task = self._running.get(message.cancel.invocation_id)
                     if task is not None:
@@ -97,8 +97,9 @@ class ListenerStream:
 
     async def _invoke(self, invocation: pb.ListenerInvocation) -> None:
         invocation_id = invocation.invocation_id
-        assembly = assembly_from_proto(invocation.assembly)
-        next_ = _Next(self, invocation_id, assembly)
+        sent = _SentTools(invocation.assembly.tools)
+        assembly = assembly_from_proto(invocation.assembly, sent.tools)
+        next_ = _Next(self, invocation_id, assembly, sent)
         try:
             result = await self._listener(assembly, context_from_proto(invocation.context), next_)
             if isinstance(result, NextCall) and not result.started:
@@ -107,9 +108,10 @@ class ListenerStream:
                 return
             if not isinstance(result, PromptAssembly):
                 raise TypeError(f"a listener must return a PromptAssembly, not {result!r}")
+            message, slots = sent.encode(result)
             reply = pb.ListenRequest(
                 result=pb.ListenerResult(
-                    invocation_id=invocation_id, assembly=assembly_to_proto(result)
+                    invocation_id=invocation_id, assembly=message, tool_slots=slots
                 )
             )
         except asyncio.CancelledError:
@@ -123,21 +125,23 @@ class ListenerStream:
         await self._write(reply)
 
     async def _next(
-        self, invocation_id: int, handed: PromptAssembly, tail: bool
+        self, invocation_id: int, handed: PromptAssembly, sent: _SentTools, tail: bool
     ) -> PromptAssembly | None:
+        assembly, slots = sent.encode(handed)
         message = pb.ListenRequest(
             next=pb.ListenerNext(
-                invocation_id=invocation_id, assembly=assembly_to_proto(handed), tail=tail
+                invocation_id=invocation_id, assembly=assembly, tail=tail, tool_slots=slots
             )
         )
         if tail:
             await self._write(message)
             return None
-        waiting: asyncio.Future[pb.PromptAssembly] = asyncio.get_running_loop().create_future()
+        waiting: asyncio.Future[pb.ListenerNextResult] = asyncio.get_running_loop().create_future()
         self._next_results[invocation_id] = waiting
         try:
             await self._write(message)
-            return assembly_from_proto(await waiting)
+            returned = await waiting
+            return sent.decode(returned.assembly, returned.tool_slots)
         finally:
             del self._next_results[invocation_id]
 
@@ -152,10 +156,13 @@ class NextCall:
     return it un-awaited (`return next()`) to hand that result on untouched,
     which saves the sidecar a round trip."""
 
-    def __init__(self, stream: ListenerStream, invocation_id: int, handed: PromptAssembly) -> None:
+    def __init__(
+        self, stream: ListenerStream, invocation_id: int, handed: PromptAssembly, sent: _SentTools
+    ) -> None:
         self._stream = stream
         self._invocation_id = invocation_id
         self._handed = handed
+        self._sent = sent
         self.started = False
 
     def __await__(self) -> Generator[Any, None, PromptAssembly]:
@@ -163,24 +170,29 @@ class NextCall:
 
     async def _run(self) -> PromptAssembly:
         self.started = True
-        result = await self._stream._next(self._invocation_id, self._handed, tail=False)
+        result = await self._stream._next(self._invocation_id, self._handed, self._sent, tail=False)
         assert result is not None
         return result
 
     async def send(self, tail: bool) -> None:
         self.started = True
-        await self._stream._next(self._invocation_id, self._handed, tail=tail)
+        await self._stream._next(self._invocation_id, self._handed, self._sent, tail=tail)
 
 
 class _Next:
     """The `next` a listener receives; callable once per invocation."""
 
     def __init__(
-        self, stream: ListenerStream, invocation_id: int, assembly: PromptAssembly
+        self,
+        stream: ListenerStream,
+        invocation_id: int,
+        assembly: PromptAssembly,
+        sent: _SentTools,
     ) -> None:
         self._stream = stream
         self._invocation_id = invocation_id
         self._assembly = assembly
+        self._sent = sent
         self._called = False
 
     def __call__(self, handed: PromptAssembly | None = None) -> NextCall:
@@ -189,6 +201,50 @@ class _Next:
                 "next() may be called once per invocation", grpc.StatusCode.FAILED_PRECONDITION
             )
         self._called = True
-        return NextCall(
-            self._stream, self._invocation_id, self._assembly if handed is None else handed
+        chosen = self._assembly if handed is None else handed
+        return NextCall(self._stream, self._invocation_id, chosen, self._sent)
+
+
+class _SentTools:
+    """The tools an invocation came with. Replies name the unchanged ones by their
+    slot instead of sending their schemas back; the sidecar does the same."""
+
+    def __init__(self, messages: Sequence[pb.ToolSchema]) -> None:
+        self._originals = [(m.name, m.description, m.parameters_json) for m in messages]
+        self.tools = [ToolSchema.from_json(*original) for original in self._originals]
+        self._index = {id(tool): slot for slot, tool in enumerate(self.tools)}
+
+    def encode(self, assembly: PromptAssembly) -> tuple[pb.PromptAssembly, list[int]]:
+        """The assembly with untouched invocation tools as slots, the others in full."""
+        slots = [self._slot(tool) for tool in assembly.tools]
+        fresh = [tool for tool, slot in zip(assembly.tools, slots, strict=True) if slot < 0]
+        message = assembly_to_proto(
+            PromptAssembly(assembly.sections, assembly.contexts, fresh, assembly.variables)
+        )
+        return message, slots
+
+    def decode(self, message: pb.PromptAssembly, slots: Sequence[int]) -> PromptAssembly:
+        """An assembly the sidecar sent with slots into this invocation's tools."""
+        assembly = assembly_from_proto(message)
+        if slots:
+            fresh = iter(assembly.tools)
+            assembly.tools = [self._tool(slot) if slot >= 0 else next(fresh) for slot in slots]
+        return assembly
+
+    def _slot(self, tool: ToolSchema) -> int:
+        slot = self._index.get(id(tool), -1)
+        return slot if slot >= 0 and self._untouched(slot) else -1
+
+    def _tool(self, slot: int) -> ToolSchema:
+        # The listener may have changed its copy in place since: then rebuild the original.
+        if self._untouched(slot):
+            return self.tools[slot]
+        return ToolSchema.from_json(*self._originals[slot])
+
+    def _untouched(self, slot: int) -> bool:
+        tool, (name, description, parameters) = self.tools[slot], self._originals[slot]
+        return (
+            tool.parameters_json() is parameters
+            and tool.name == name
+            and tool.description == description
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Sequence
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
@@ -24,30 +24,52 @@ def assembly_to_proto(assembly: Assembly) -> pb.PromptAssembly:
     )
 
 
-KnownTools = Mapping[tuple[str, str, str], Tool]
-
-
-def known_tools(assembly: Assembly) -> KnownTools:
-    """The tools of an assembly we sent, to recognise them when they come back."""
-    return {(t.name, t.description, t.parameters_json): t for t in assembly.tools}
-
-
-def assembly_from_proto(message: pb.PromptAssembly, known: KnownTools | None = None) -> Assembly:
-    """An assembly returned by a listener (new tools' JSON checked like any registration).
-
-    Tools found in `known` come back as the very objects that were sent: their
-    JSON was checked when they were registered, so it is not parsed again.
-    """
-    known = known or {}
+def assembly_from_proto(
+    message: pb.PromptAssembly, slots: Sequence[int] = (), sent: Sequence[Tool] = ()
+) -> Assembly:
+    """An assembly from a client (a listener's reply): new tools' JSON checked like any
+    registration; with `slots`, unchanged tools are those of `sent`, not re-read."""
     return Assembly(
         sections=[Part(s.name, s.text) for s in message.sections],
         contexts=[Part(c.name, c.text) for c in message.contexts],
-        tools=[
-            known.get((t.name, t.description, t.parameters_json)) or tool_from_proto(t)
-            for t in message.tools
-        ],
+        tools=tools_from_slots(slots, message.tools, sent)
+        if slots
+        else [tool_from_proto(t) for t in message.tools],
         variables={v.name: v.value if v.HasField("value") else None for v in message.variables},
     )
+
+
+def assembly_to_slotted_proto(
+    assembly: Assembly, sent: Sequence[Tool]
+) -> tuple[pb.PromptAssembly, list[int]]:
+    """`assembly` for a client that holds `sent`: its tools among them go as slots."""
+    index = {id(tool): position for position, tool in enumerate(sent)}
+    slots = [index.get(id(tool), -1) for tool in assembly.tools]
+    fresh = [tool for tool, slot in zip(assembly.tools, slots, strict=True) if slot < 0]
+    message = assembly_to_proto(Assembly(assembly.sections, assembly.contexts, fresh,
+                                         assembly.variables))  # fmt: skip
+    return message, slots
+
+
+def tools_from_slots(
+    slots: Sequence[int], fresh: Sequence[pb.ToolSchema], sent: Sequence[Tool]
+) -> list[Tool]:
+    """Rebuild a tool list from slots: indexes into `sent`, or -1 for the next fresh tool."""
+    tools: list[Tool] = []
+    remaining = iter(fresh)
+    for slot in slots:
+        if slot >= 0:
+            if slot >= len(sent):
+                raise bad_request("BAD_TOOL_SLOT", f"tool slot {slot} is out of range")
+            tools.append(sent[slot])
+            continue
+        message = next(remaining, None)
+        if message is None:
+            raise bad_request("BAD_TOOL_SLOT", "more -1 tool slots than tools sent")
+        tools.append(tool_from_proto(message))
+    if next(remaining, None) is not None:
+        raise bad_request("BAD_TOOL_SLOT", "more tools sent than -1 tool slots")
+    return tools
 
 
 def tool_to_proto(tool: Tool) -> pb.ToolSchema:

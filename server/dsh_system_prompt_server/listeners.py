@@ -5,18 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
 from .convert import (
-    KnownTools,
     assembly_from_proto,
     assembly_to_proto,
+    assembly_to_slotted_proto,
     context_to_proto,
-    known_tools,
 )
-from .registry import AssembleContext, Assembly, NextFn, RegistryError, Status
+from .registry import AssembleContext, Assembly, NextFn, RegistryError, Status, Tool
 
 Send = Callable[[pb.ListenResponse], Awaitable[None]]
 
@@ -42,7 +41,7 @@ class ListenerStream:
         invocation_id = next(self._invocation_ids)
         inbox: asyncio.Queue[pb.ListenRequest | None] = asyncio.Queue()
         self._inboxes[invocation_id] = inbox
-        known = known_tools(assembly)
+        sent = assembly.tools  # what the client holds: its replies refer to these by slot
         try:
             await self._send(
                 pb.ListenResponse(
@@ -55,20 +54,20 @@ class ListenerStream:
             )
             reply = await self._receive(inbox, timeout)
             if reply.WhichOneof("kind") == "next":
-                handed = self._decode(reply.next.assembly, known)
+                handed = self._decode(reply.next.assembly, reply.next.tool_slots, sent)
                 returned = await next_(handed)
                 if reply.next.tail:
                     return returned
+                message, slots = assembly_to_slotted_proto(returned, sent)
                 await self._send(
                     pb.ListenResponse(
                         next_result=pb.ListenerNextResult(
-                            invocation_id=invocation_id, assembly=assembly_to_proto(returned)
+                            invocation_id=invocation_id, assembly=message, tool_slots=slots
                         )
                     )
                 )
-                known = {**known, **known_tools(returned)}
                 reply = await self._receive(inbox, timeout)
-            return self._final(reply, known)
+            return self._final(reply, sent)
         except BaseException:
             self._abandon(invocation_id)
             raise
@@ -110,10 +109,10 @@ class ListenerStream:
             raise self._unavailable()
         return reply
 
-    def _final(self, reply: pb.ListenRequest, known: KnownTools) -> Assembly:
+    def _final(self, reply: pb.ListenRequest, sent: Sequence[Tool]) -> Assembly:
         kind = reply.WhichOneof("kind")
         if kind == "result":
-            return self._decode(reply.result.assembly, known)
+            return self._decode(reply.result.assembly, reply.result.tool_slots, sent)
         if kind == "failure":
             raise RegistryError(
                 Status.ABORTED,
@@ -126,9 +125,11 @@ class ListenerStream:
             f'listener "{self.name}" failed: it called next() more than once',
         )
 
-    def _decode(self, message: pb.PromptAssembly, known: KnownTools) -> Assembly:
+    def _decode(
+        self, message: pb.PromptAssembly, slots: Sequence[int], sent: Sequence[Tool]
+    ) -> Assembly:
         try:
-            return assembly_from_proto(message, known)
+            return assembly_from_proto(message, slots, sent)
         except RegistryError as error:
             raise RegistryError(
                 Status.ABORTED, "LISTENER_FAILED", f'listener "{self.name}" failed: {error.message}'

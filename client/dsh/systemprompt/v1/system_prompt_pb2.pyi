@@ -1841,6 +1841,7 @@ class ListenerNext(_message.Message):
     INVOCATION_ID_FIELD_NUMBER: _builtins.int
     ASSEMBLY_FIELD_NUMBER: _builtins.int
     TAIL_FIELD_NUMBER: _builtins.int
+    TOOL_SLOTS_FIELD_NUMBER: _builtins.int
     invocation_id: _builtins.int
     """The invocation this belongs to."""
     tail: _builtins.bool
@@ -1851,16 +1852,25 @@ class ListenerNext(_message.Message):
     def assembly(self) -> Global___PromptAssembly:
         """The assembly handed to the rest of the chain."""
 
+    @_builtins.property
+    def tool_slots(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """When set, the assembly's tools in order: each entry is the index of a tool
+        of the invocation's assembly, unchanged, or -1 for the next tool of
+        assembly.tools (a new or changed one). Unchanged tools then cross the
+        stream as a number instead of their schema.
+        """
+
     def __init__(
         self,
         *,
         invocation_id: _builtins.int = ...,
         assembly: Global___PromptAssembly | None = ...,
         tail: _builtins.bool = ...,
+        tool_slots: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "invocation_id", b"invocation_id", "tail", b"tail"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "invocation_id", b"invocation_id", "tail", b"tail", "tool_slots", b"tool_slots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1874,21 +1884,31 @@ class ListenerResult(_message.Message):
 
     INVOCATION_ID_FIELD_NUMBER: _builtins.int
     ASSEMBLY_FIELD_NUMBER: _builtins.int
+    TOOL_SLOTS_FIELD_NUMBER: _builtins.int
     invocation_id: _builtins.int
     """The invocation this belongs to."""
     @_builtins.property
     def assembly(self) -> Global___PromptAssembly:
         """The assembly returned."""
 
+    @_builtins.property
+    def tool_slots(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """When set, the assembly's tools in order: each entry is the index of a tool
+        of the invocation's assembly, unchanged, or -1 for the next tool of
+        assembly.tools (a new or changed one). Unchanged tools then cross the
+        stream as a number instead of their schema.
+        """
+
     def __init__(
         self,
         *,
         invocation_id: _builtins.int = ...,
         assembly: Global___PromptAssembly | None = ...,
+        tool_slots: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "invocation_id", b"invocation_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "invocation_id", b"invocation_id", "tool_slots", b"tool_slots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2032,21 +2052,31 @@ class ListenerNextResult(_message.Message):
 
     INVOCATION_ID_FIELD_NUMBER: _builtins.int
     ASSEMBLY_FIELD_NUMBER: _builtins.int
+    TOOL_SLOTS_FIELD_NUMBER: _builtins.int
     invocation_id: _builtins.int
     """The invocation this belongs to."""
     @_builtins.property
     def assembly(self) -> Global___PromptAssembly:
         """What the rest of the chain returned."""
 
+    @_builtins.property
+    def tool_slots(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """When set, the assembly's tools in order: each entry is the index of a tool
+        of the invocation's assembly, unchanged, or -1 for the next tool of
+        assembly.tools (a new or changed one). Unchanged tools then cross the
+        stream as a number instead of their schema.
+        """
+
     def __init__(
         self,
         *,
         invocation_id: _builtins.int = ...,
         assembly: Global___PromptAssembly | None = ...,
+        tool_slots: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "invocation_id", b"invocation_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "invocation_id", b"invocation_id", "tool_slots", b"tool_slots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
