@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from google.protobuf.message import Message
 
 from .cache_report import Report, Size
 from .registry import AssembleContext, Assembly, Origin, OriginKind, Part, Tool, ToolSet
@@ -13,15 +15,62 @@ from .status import bad_request
 
 
 def assembly_to_proto(assembly: Assembly) -> pb.PromptAssembly:
-    return pb.PromptAssembly(
-        sections=[pb.AssembledSection(name=p.name, text=p.text) for p in assembly.sections],
-        contexts=[pb.AssembledContext(name=p.name, text=p.text) for p in assembly.contexts],
-        tools=[tool_to_proto(t) for t in assembly.tools],
-        variables=[
-            pb.Variable(name=name) if value is None else pb.Variable(name=name, value=value)
-            for name, value in assembly.variables.items()
-        ],
-    )
+    """The assembly as a message, from cached encodings of its immutable parts and tools.
+
+    Parts and tools repeat from one assembly to the next, so each is encoded
+    once; the message is then parsed from their concatenation (a message's
+    encoding is the concatenation of its fields' encodings).
+    """
+    encoded = [
+        *map(_section_field, assembly.sections),
+        *map(_context_field, assembly.contexts),
+        *map(_tool_field, assembly.tools),
+        *map(_variable_field, assembly.variables.items()),
+    ]
+    return pb.PromptAssembly.FromString(b"".join(encoded))
+
+
+_SECTIONS, _CONTEXTS, _TOOLS, _VARIABLES = (
+    pb.PromptAssembly.DESCRIPTOR.fields_by_name[name].number
+    for name in ("sections", "contexts", "tools", "variables")
+)
+
+
+@functools.lru_cache(maxsize=16_384)
+def _section_field(part: Part) -> bytes:
+    return _field(_SECTIONS, pb.AssembledSection(name=part.name, text=part.text))
+
+
+@functools.lru_cache(maxsize=16_384)
+def _context_field(part: Part) -> bytes:
+    return _field(_CONTEXTS, pb.AssembledContext(name=part.name, text=part.text))
+
+
+@functools.lru_cache(maxsize=16_384)
+def _tool_field(tool: Tool) -> bytes:
+    return _field(_TOOLS, tool_to_proto(tool))
+
+
+@functools.lru_cache(maxsize=16_384)
+def _variable_field(item: tuple[str, str | None]) -> bytes:
+    name, value = item
+    variable = pb.Variable(name=name) if value is None else pb.Variable(name=name, value=value)
+    return _field(_VARIABLES, variable)
+
+
+def _field(number: int, message: Message) -> bytes:
+    """`message` encoded as length-delimited field `number`: key, length, bytes."""
+    payload = message.SerializeToString()
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def assembly_from_proto(
