@@ -1,0 +1,56 @@
+"""A small agent process that contributes to the sidecar's prompt, then stays.
+
+    .venv/bin/python examples/python/agent.py [ADDRESS]
+
+Run it while `make serve` runs; in another terminal try
+`.venv/bin/dsh-system-prompt assemble --scope agent-1 --field cwd=/work`,
+`... assemble --report`, and `... watch`. Ctrl-C ends it: its session closes
+and everything it registered disappears from the sidecar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import sys
+from typing import Any
+
+import dsh_system_prompt as dsp
+
+
+async def main(address: str) -> None:
+    async with dsp.connect(address, client_name="example-agent") as client:
+        await client.variable("model", "deepseek-v4")
+        await client.section("rules", 10, "You run on {{model}}. Be precise and brief.")
+        await client.tools(
+            [
+                dsp.ToolSchema(
+                    "bash",
+                    "Run a shell command.",
+                    {"type": "object", "properties": {"command": {"type": "string"}}},
+                ),
+                dsp.ToolSchema("read", "Read a file.", {"type": "object"}),
+            ]
+        )
+        # Facts that change every turn go into runtime context, not the prompt.
+        await client.context("clock", 10, lambda ctx: f"Now: {datetime.datetime.now():%H:%M:%S}.")
+        await client.context("cwd", 20, lambda ctx: f"Working directory: {ctx.get('cwd', '/')}.")
+
+        agent = await client.scope("agent-1")
+        await agent.section("deployment:persona", 0, "You are agent 1, a careful reviewer.")
+
+        async def sign(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Any) -> Any:
+            assembly.sections.append(dsp.AssembledSection("signature", "Sign replies as agent 1."))
+            return next_()
+
+        await agent.on_assemble(sign)
+        print("registered; Ctrl-C to leave", flush=True)
+        rendered = await client.render(scope="agent-1", fields={"cwd": "/work"})
+        print(rendered.prompt, "\n", rendered.context_snapshot, sep="\n", flush=True)
+        await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1:50051"))
