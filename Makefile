@@ -19,7 +19,7 @@ serve: $(STAMP)
 	$(BIN)/dsh-system-prompt serve --listen $(LISTEN) $(if $(CONFIG),--config $(CONFIG))
 
 ## Run the whole test suite.
-test: $(STAMP)
+test: $(STAMP) node-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 ## Regenerate the protobuf stubs from proto/.
@@ -71,7 +71,7 @@ soak: $(STAMP)
 	$(BIN)/python -m bench.soak $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info examples/node/node_modules
 
 ## Install the Node.js example's dependencies (examples/node) from its lockfile,
 ## when node_modules is missing or older than package.json / package-lock.json.

@@ -347,3 +347,13 @@ async def test_a_rejected_registration_publishes_no_change(client: dsp.Client) -
         await changes.close()
     assert (event.kind, event.action, event.name) == ("variable", "registered", "marker")
     assert event.revision == changes.revision + 1
+
+
+async def test_the_reason_also_travels_as_a_plain_trailer(sidecar: Sidecar) -> None:
+    async with grpc.aio.insecure_channel(sidecar.address) as channel:
+        stub = pb_grpc.SystemPromptServiceStub(channel)
+        call = stub.Dispose(pb.DisposeRequest(session_id="nobody", registration_id="x"))
+        with pytest.raises(grpc.aio.AioRpcError):
+            await call
+        trailers = dict(await call.trailing_metadata())
+    assert trailers["dsh-error-reason"] == "UNKNOWN_SESSION"

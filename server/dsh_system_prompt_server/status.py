@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 import grpc.aio
@@ -13,6 +13,7 @@ from grpc_status import rpc_status
 from .registry import RegistryError, Status
 
 ERROR_DOMAIN = "dsh.systemprompt.v1"
+REASON_TRAILER = "dsh-error-reason"
 
 
 def to_grpc_status(error: RegistryError) -> grpc.Status:
@@ -23,7 +24,16 @@ def to_grpc_status(error: RegistryError) -> grpc.Status:
     status = status_pb2.Status(
         code=code_pb2.Code.Value(error.status.value), message=error.message, details=[detail]
     )
-    return rpc_status.to_status(status)
+    return _WithReason(rpc_status.to_status(status), error.reason)
+
+
+class _WithReason(grpc.Status):  # type: ignore[misc]
+    """A status that also carries the reason as a plain trailer, for clients in any language."""
+
+    def __init__(self, status: Any, reason: str) -> None:
+        self.code = status.code
+        self.details = status.details
+        self.trailing_metadata = (*status.trailing_metadata, (REASON_TRAILER, reason))
 
 
 async def abort(

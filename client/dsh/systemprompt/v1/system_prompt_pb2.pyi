@@ -10,7 +10,8 @@ the dsh-system-prompt registry; see the repository's docs for the rules.
 
 Errors are gRPC statuses whose message is the registry's own wording and
 whose details carry a google.rpc.ErrorInfo (domain "dsh.systemprompt.v1")
-with a stable machine-readable reason such as DUPLICATE_NAME.
+with a stable machine-readable reason such as DUPLICATE_NAME. The reason is
+also sent as the plain trailer "dsh-error-reason".
 """
 
 from collections import abc as _abc
@@ -1726,7 +1727,10 @@ class ChangeEvent(_message.Message):
     action: Global___ChangeAction.ValueType
     """Registered or unregistered."""
     name: _builtins.str
-    """The name of the section, context or variable; the key of a scope; empty otherwise."""
+    """The name of the section, context or variable; the key of a scope; the label
+    a tool provider or listener was registered with (may be empty); empty for a
+    suppressor.
+    """
     scope: _builtins.str
     """The scope whose layer changed; empty for the global layer."""
     def __init__(
