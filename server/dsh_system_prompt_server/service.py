@@ -24,6 +24,7 @@ from .registry import (
     Assembly,
     ChangeEvent,
     Dynamic,
+    Entry,
     Kind,
     Missed,
     Registry,
@@ -99,87 +100,56 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def RegisterSection(
         self, request: pb.RegisterSectionRequest, context: Context
     ) -> pb.RegisterSectionResponse:
-        def register() -> pb.RegisterSectionResponse:
-            session = self.sessions.get(request.session_id)
-            source = request.WhichOneof("text_source")
-            entry = self.registry.register_section(
-                session.id,
-                _handle(request.scope_id),
-                request.name,
-                request.order,
-                _dynamic(session, request.dynamic)
-                if source == "dynamic"
-                else _static(source, request.text),
-                request.complete,
-            )
-            return pb.RegisterSectionResponse(
-                registration_id=entry.id, revision=self.registry.revision
+        def register(session: Session, handle: str | None) -> Entry:
+            text = _text(session, request.WhichOneof("text_source"), request)
+            return self.registry.register_section(
+                session.id, handle, request.name, request.order, text, request.complete
             )
 
-        return await self._unary(context, register)
+        return await self._register(context, request, register, pb.RegisterSectionResponse)
 
     async def RegisterContext(
         self, request: pb.RegisterContextRequest, context: Context
     ) -> pb.RegisterContextResponse:
-        def register() -> pb.RegisterContextResponse:
-            session = self.sessions.get(request.session_id)
-            source = request.WhichOneof("text_source")
-            entry = self.registry.register_context(
-                session.id,
-                _handle(request.scope_id),
-                request.name,
-                request.order,
-                _dynamic(session, request.dynamic)
-                if source == "dynamic"
-                else _static(source, request.text),
-            )
-            return pb.RegisterContextResponse(
-                registration_id=entry.id, revision=self.registry.revision
+        def register(session: Session, handle: str | None) -> Entry:
+            text = _text(session, request.WhichOneof("text_source"), request)
+            return self.registry.register_context(
+                session.id, handle, request.name, request.order, text
             )
 
-        return await self._unary(context, register)
+        return await self._register(context, request, register, pb.RegisterContextResponse)
 
     async def SuppressRuntimeContext(
         self, request: pb.SuppressRuntimeContextRequest, context: Context
     ) -> pb.SuppressRuntimeContextResponse:
-        def register() -> pb.SuppressRuntimeContextResponse:
-            session = self.sessions.get(request.session_id)
-            entry = self.registry.suppress_runtime_context(session.id, _handle(request.scope_id))
-            return pb.SuppressRuntimeContextResponse(
-                registration_id=entry.id, revision=self.registry.revision
-            )
+        def register(session: Session, handle: str | None) -> Entry:
+            return self.registry.suppress_runtime_context(session.id, handle)
 
-        return await self._unary(context, register)
+        reply = pb.SuppressRuntimeContextResponse
+        return await self._register(context, request, register, reply)
 
     async def RegisterTools(
         self, request: pb.RegisterToolsRequest, context: Context
     ) -> pb.RegisterToolsResponse:
-        def register() -> pb.RegisterToolsResponse:
-            session = self.sessions.get(request.session_id)
+        def register(session: Session, handle: str | None) -> Entry:
             source = request.WhichOneof("source")
             if source is None:
                 raise bad_request(
                     "MISSING_VALUE", "tools need a static result or a dynamic provider"
                 )
-            entry = self.registry.register_tools(
-                session.id,
-                _handle(request.scope_id),
+            tools = (
                 _dynamic(session, request.dynamic)
                 if source == "dynamic"
-                else toolset_from_proto(request.result),
-                request.name,
+                else toolset_from_proto(request.result)
             )
-            return pb.RegisterToolsResponse(
-                registration_id=entry.id, revision=self.registry.revision
-            )
+            return self.registry.register_tools(session.id, handle, tools, request.name)
 
-        return await self._unary(context, register)
+        return await self._register(context, request, register, pb.RegisterToolsResponse)
 
     async def RegisterVariable(
         self, request: pb.RegisterVariableRequest, context: Context
     ) -> pb.RegisterVariableResponse:
-        def register() -> pb.RegisterVariableResponse:
-            session = self.sessions.get(request.session_id)
+        def register(session: Session, handle: str | None) -> Entry:
             source = request.WhichOneof("value_source")
             value: str | Dynamic | None
             if source == "dynamic":
@@ -188,14 +158,9 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
                 value = None
             else:
                 value = _static(source, request.value)
-            entry = self.registry.register_variable(
-                session.id, _handle(request.scope_id), request.name, value
-            )
-            return pb.RegisterVariableResponse(
-                registration_id=entry.id, revision=self.registry.revision
-            )
+            return self.registry.register_variable(session.id, handle, request.name, value)
 
-        return await self._unary(context, register)
+        return await self._register(context, request, register, pb.RegisterVariableResponse)
 
     async def OpenScope(
         self, request: pb.OpenScopeRequest, context: Context
@@ -327,6 +292,22 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         if watchers >= self._max_watchers:
             raise quota_exceeded(f"the sidecar already has {watchers} watchers, its limit")
 
+    async def _register(
+        self,
+        context: Context,
+        request: Any,
+        register: Callable[[Session, str | None], Entry],
+        reply: Callable[..., Reply],
+    ) -> Reply:
+        """Run one registration for the request's session and scope handle."""
+
+        def run() -> Reply:
+            session = self.sessions.get(request.session_id)
+            entry = register(session, _handle(request.scope_id))
+            return reply(registration_id=entry.id, revision=self.registry.revision)
+
+        return await self._unary(context, run)
+
     async def _unary(self, context: Context, action: Callable[[], Reply]) -> Reply:
         try:
             with self.gate.call():
@@ -348,6 +329,12 @@ async def _route(context: Context, stream: ListenerStream) -> None:
 
 def _handle(scope_id: str) -> str | None:
     return scope_id or None
+
+
+def _text(session: Session, source: str | None, request: Any) -> str | Dynamic:
+    if source == "dynamic":
+        return _dynamic(session, request.dynamic)
+    return _static(source, request.text)
 
 
 def _static(source: str | None, text: str) -> str:
