@@ -269,25 +269,44 @@ class Connection:
 
     async def _answer(self, stream: Any, request: pb.ProvideRequest) -> None:
         context = context_from_proto(request.context)
-        values = await asyncio.gather(*(self._evaluate(call, context) for call in request.calls))
-        response = pb.ProvideResponse(call_id=request.call_id, values=values)
+        answers = [pb.ProvidedValue(provider_key=call.provider_key) for call in request.calls]
+        waiting = [
+            self._finish(answer, call.kind, pending)
+            for answer, call in zip(answers, request.calls, strict=True)
+            if (pending := self._start(answer, call, context)) is not None
+        ]
+        if waiting:  # async providers run concurrently; sync ones have answered already
+            await asyncio.gather(*waiting)
+        response = pb.ProvideResponse(call_id=request.call_id, values=answers)
         async with self._write_lock:  # one outstanding write per stream
             with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
                 await stream.write(pb.OpenSessionRequest(provided=response))
 
-    async def _evaluate(self, call: pb.ProvideCall, context: AssembleContext) -> pb.ProvidedValue:
-        answer = pb.ProvidedValue(provider_key=call.provider_key)
-        provider = self._providers.get(call.provider_key)
+    def _start(
+        self, answer: pb.ProvidedValue, call: pb.ProvideCall, context: AssembleContext
+    ) -> Awaitable[Any] | None:
+        """Call the provider: fill `answer` now, or return what to await for it."""
         try:
+            provider = self._providers.get(call.provider_key)
             if provider is None:
                 raise LookupError("the provider was disposed in this client")
             value = provider(context)
             if inspect.isawaitable(value):
-                value = await value
+                return value
             _fill(answer, call.kind, value)
         except Exception as error:  # the provider's failure fails the assembly, not us
-            answer.error.message = f"{type(error).__name__}: {error}"
-        return answer
+            _fail(answer, error)
+        return None
+
+    async def _finish(self, answer: pb.ProvidedValue, kind: int, pending: Awaitable[Any]) -> None:
+        try:
+            _fill(answer, kind, await pending)
+        except Exception as error:
+            _fail(answer, error)
+
+
+def _fail(answer: pb.ProvidedValue, error: Exception) -> None:
+    answer.error.message = f"{type(error).__name__}: {error}"
 
 
 def _fill(answer: pb.ProvidedValue, kind: int, value: Any) -> None:
