@@ -8,7 +8,7 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TypedDict, TypeVar
 
 from . import assembly, errors
 from .changes import ChangeFeed
@@ -61,6 +61,15 @@ def new_id() -> str:
     return secrets.token_urlsafe(18)
 
 
+class _EntryFields(TypedDict):
+    id: str
+    owner: str
+    kind: Kind
+    scope: str | None
+    handle: str | None
+    name: str
+
+
 class Registry:
     """Every registration of the sidecar, by layer and by owner."""
 
@@ -104,12 +113,7 @@ class Registry:
         self._check_named("prompt section", name, order, layer.sections, scope_handle)
         self._check_value(owner, f'prompt section "{name}" text', text)
         entry = SectionEntry(
-            id=new_id(),
-            owner=owner,
-            kind=Kind.SECTION,
-            scope=_key(scope_handle),
-            handle=handle,
-            name=name,
+            **self._fields(owner, Kind.SECTION, scope_handle, name),
             order=order,
             text=text,
             complete=complete,
@@ -126,12 +130,7 @@ class Registry:
         self._check_named("prompt context", name, order, layer.contexts, scope_handle)
         self._check_value(owner, f'prompt context "{name}" text', text)
         entry = ContextEntry(
-            id=new_id(),
-            owner=owner,
-            kind=Kind.CONTEXT,
-            scope=_key(scope_handle),
-            handle=handle,
-            name=name,
+            **self._fields(owner, Kind.CONTEXT, scope_handle, name),
             order=order,
             text=text,
         )
@@ -151,12 +150,7 @@ class Registry:
             raise errors.duplicate_entry("prompt variable", name, _key(scope_handle))
         self._check_value(owner, f'prompt variable "{name}" value', value)
         entry = VariableEntry(
-            id=new_id(),
-            owner=owner,
-            kind=Kind.VARIABLE,
-            scope=_key(scope_handle),
-            handle=handle,
-            name=name,
+            **self._fields(owner, Kind.VARIABLE, scope_handle, name),
             value=value,
         )
         layer.variables[name] = entry
@@ -172,12 +166,7 @@ class Registry:
             self.limits.check_tools(source)
         self._check_quota(owner)
         entry = ToolsEntry(
-            id=new_id(),
-            owner=owner,
-            kind=Kind.TOOLS,
-            scope=_key(scope_handle),
-            handle=handle,
-            name=name,
+            **self._fields(owner, Kind.TOOLS, scope_handle, name),
             source=source,
         )
         self._layer_for(scope_handle).tools[entry.id] = entry
@@ -188,11 +177,7 @@ class Registry:
         scope_handle = self._handle(owner, handle)
         self._check_quota(owner)
         entry = Entry(
-            id=new_id(),
-            owner=owner,
-            kind=Kind.SUPPRESSOR,
-            scope=_key(scope_handle),
-            handle=handle,
+            **self._fields(owner, Kind.SUPPRESSOR, scope_handle),
         )
         self._layer_for(scope_handle).suppressors[entry.id] = entry
         return self._added(entry, scope_handle)
@@ -218,12 +203,7 @@ class Registry:
             raise quota_exceeded(f"the sidecar already has {listeners} listeners, its limit")
         self._listener_count += 1
         entry = ListenerEntry(
-            id=new_id(),
-            owner=owner,
-            kind=Kind.LISTENER,
-            scope=_key(scope_handle),
-            handle=handle,
-            name=name,
+            **self._fields(owner, Kind.LISTENER, scope_handle, name),
             host=host,
             global_=global_,
             position=-self._listener_count if prepend else self._listener_count,
@@ -420,6 +400,19 @@ class Registry:
         if layer is None:
             layer = self._scoped[handle.name] = Layer()
         return layer
+
+    def _fields(
+        self, owner: str, kind: Kind, handle: ScopeHandle | None, name: str = ""
+    ) -> _EntryFields:
+        """What every registration records: a new id, its owner, kind, layer and handle."""
+        return {
+            "id": new_id(),
+            "owner": owner,
+            "kind": kind,
+            "scope": _key(handle),
+            "handle": None if handle is None else handle.id,
+            "name": name,
+        }
 
     def _add_builtin(self, name: str, order: float, text: str) -> None:
         # The sidecar's own sections come from its config, not from a session: no limits.
