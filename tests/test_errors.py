@@ -357,3 +357,22 @@ async def test_the_reason_also_travels_as_a_plain_trailer(sidecar: Sidecar) -> N
             await call
         trailers = dict(await call.trailing_metadata())
     assert trailers["dsh-error-reason"] == "UNKNOWN_SESSION"
+
+
+async def test_streams_that_start_wrong_are_refused_cleanly(sidecar: Sidecar) -> None:
+    async with grpc.aio.insecure_channel(sidecar.address) as channel:
+        stub = pb_grpc.SystemPromptServiceStub(channel)
+        session = stub.OpenSession()
+        await session.write(pb.OpenSessionRequest(provided=pb.ProvideResponse(call_id=1)))
+        listener = stub.Listen()
+        await listener.write(pb.ListenRequest(result=pb.ListenerResult(invocation_id=1)))
+        stranger = stub.Listen()
+        await stranger.write(pb.ListenRequest(start=pb.ListenStart(session_id="nobody")))
+        codes = [await call.code() for call in (session, listener, stranger)]
+        reply = await stub.Assemble(pb.AssembleRequest())  # and the sidecar serves on
+    assert codes == [
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+    ]
+    assert reply.assembly.sections
