@@ -376,3 +376,24 @@ async def test_streams_that_start_wrong_are_refused_cleanly(sidecar: Sidecar) ->
         grpc.StatusCode.FAILED_PRECONDITION,
     ]
     assert reply.assembly.sections
+
+
+async def test_a_listener_reply_with_a_bad_tool_slot_fails_that_assembly(sidecar: Sidecar) -> None:
+    async with grpc.aio.insecure_channel(sidecar.address) as channel:
+        stub = pb_grpc.SystemPromptServiceStub(channel)
+        session = stub.OpenSession()
+        await session.write(pb.OpenSessionRequest(start=pb.SessionStart()))
+        session_id = (await session.read()).opened.session_id
+        listener = stub.Listen()
+        await listener.write(pb.ListenRequest(start=pb.ListenStart(session_id=session_id)))
+        await listener.read()  # registered
+        assembling = asyncio.ensure_future(stub.Assemble(pb.AssembleRequest(), timeout=5))
+        invocation = (await listener.read()).invocation
+        reply = pb.ListenerResult(invocation_id=invocation.invocation_id, tool_slots=[99])
+        await listener.write(pb.ListenRequest(result=reply))
+        with pytest.raises(grpc.aio.AioRpcError) as failure:
+            await assembling
+        session.cancel()
+        listener.cancel()
+    assert failure.value.code() == grpc.StatusCode.ABORTED
+    assert "tool slot 99 is out of range" in str(failure.value.details())
