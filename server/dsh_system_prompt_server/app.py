@@ -51,9 +51,6 @@ class Sidecar:
         await self.server.stop(grace=None)
         _log.info("stopped")
 
-    async def wait(self) -> None:
-        await self.server.wait_for_termination()
-
 
 async def start_sidecar(config: SidecarConfig, listen: str = "127.0.0.1:50051") -> Sidecar:
     """Start serving on `listen` (HOST:PORT, port 0 for any, or unix:PATH)."""

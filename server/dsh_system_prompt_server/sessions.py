@@ -143,9 +143,6 @@ class Sessions:
     def __len__(self) -> int:
         return len(self._open)
 
-    def all(self) -> list[Session]:
-        return list(self._open.values())
-
 
 def _decode(
     calls: Sequence[ProviderCall], response: pb.ProvideResponse

@@ -378,9 +378,6 @@ class Registry:
     def scope_keys(self) -> list[str]:
         return self._scopes.keys()
 
-    def scope_chain(self, scope: str | None) -> list[str]:
-        return self._scopes.chain(scope)
-
     # -- helpers ----------------------------------------------------------------------
 
     def _handle(self, owner: str, handle: str | None) -> ScopeHandle | None:
