@@ -17,6 +17,7 @@ from typing import Any
 import dsh_system_prompt as dsp
 import grpc
 import grpc.aio
+from dsh_system_prompt._channel import open_channel
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 from rich.table import Table
@@ -111,7 +112,7 @@ def render(args: argparse.Namespace) -> int:
 
 
 async def health(args: argparse.Namespace) -> int:
-    channel = _channel(args)
+    channel = open_channel(args.address, _tls(args))  # the client's own channel set-up
     try:
         stub = health_pb2_grpc.HealthStub(channel)
         request = health_pb2.HealthCheckRequest(service=args.service)
@@ -184,17 +185,6 @@ def _connect(args: argparse.Namespace) -> Any:
     token = _read(args.auth_token_file).decode().strip() if args.auth_token_file else None
     return dsp.connect(args.address, client_name="dsh-system-prompt-cli", token=token,
                        tls=_tls(args))  # fmt: skip
-
-
-def _channel(args: argparse.Namespace) -> grpc.aio.Channel:
-    tls = _tls(args)
-    if tls is None:
-        return grpc.aio.insecure_channel(args.address)
-    options = [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else []
-    credentials = grpc.ssl_channel_credentials(
-        tls.root_certificates, tls.private_key, tls.certificate_chain
-    )
-    return grpc.aio.secure_channel(args.address, credentials, options=options)
 
 
 def _tls(args: argparse.Namespace) -> dsp.TLS | None:
