@@ -1,4 +1,4 @@
-"""Registry values <-> protobuf messages."""
+"""Registry values <-> protobuf messages: every message and enum mapping of the server."""
 
 from __future__ import annotations
 
@@ -10,7 +10,24 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from google.protobuf.message import Message
 
 from .cache_report import Report, Size
-from .registry import AssembleContext, Assembly, Origin, OriginKind, Part, Tool, ToolSet
+from .registry import (
+    AssembleContext,
+    Assembly,
+    ChangeEvent,
+    Dynamic,
+    Kind,
+    Missed,
+    Origin,
+    OriginKind,
+    Part,
+    ProvidedValue,
+    ProviderCall,
+    ProviderHost,
+    RegistryError,
+    Status,
+    Tool,
+    ToolSet,
+)
 from .status import bad_request
 
 
@@ -226,3 +243,149 @@ def source_to_proto(origin: Origin) -> pb.Source:
 
 def size_to_proto(size: Size) -> pb.Size:
     return pb.Size(bytes=size.bytes, tokens=size.tokens)
+
+
+# -- registration requests ------------------------------------------------------------
+
+
+def text_from_proto(
+    request: pb.RegisterSectionRequest | pb.RegisterContextRequest, host: ProviderHost
+) -> str | Dynamic:
+    """A section's or context's text: static, or provided by `host` at each assembly."""
+    source = request.WhichOneof("text_source")
+    if source == "dynamic":
+        return dynamic_from_proto(request.dynamic, host)
+    return _static(source, request.text)
+
+
+def variable_from_proto(
+    request: pb.RegisterVariableRequest, host: ProviderHost
+) -> str | Dynamic | None:
+    source = request.WhichOneof("value_source")
+    if source == "dynamic":
+        return dynamic_from_proto(request.dynamic, host)
+    if source == "no_value":
+        return None
+    return _static(source, request.value)
+
+
+def tools_from_proto(request: pb.RegisterToolsRequest, host: ProviderHost) -> ToolSet | Dynamic:
+    source = request.WhichOneof("source")
+    if source is None:
+        raise bad_request("MISSING_VALUE", "tools need a static result or a dynamic provider")
+    if source == "dynamic":
+        return dynamic_from_proto(request.dynamic, host)
+    return toolset_from_proto(request.result)
+
+
+def dynamic_from_proto(dynamic: pb.Dynamic, host: ProviderHost) -> Dynamic:
+    if not dynamic.provider_key:
+        raise bad_request("MISSING_VALUE", "a dynamic provider needs a provider_key")
+    return Dynamic(host, dynamic.provider_key)
+
+
+def _static(source: str | None, text: str) -> str:
+    if source is None:
+        raise bad_request("MISSING_VALUE", "a static value or a dynamic provider is required")
+    return text
+
+
+# -- provider calls -------------------------------------------------------------------
+
+_PROVIDER_KINDS = {
+    Kind.SECTION: pb.PROVIDER_KIND_SECTION,
+    Kind.CONTEXT: pb.PROVIDER_KIND_CONTEXT,
+    Kind.TOOLS: pb.PROVIDER_KIND_TOOLS,
+    Kind.VARIABLE: pb.PROVIDER_KIND_VARIABLE,
+}
+_EXPECTED_CASES = {
+    Kind.SECTION: ("text",),
+    Kind.CONTEXT: ("text",),
+    Kind.TOOLS: ("tools",),
+    Kind.VARIABLE: ("variable_value", "no_value"),
+}
+
+
+def provide_request(
+    call_id: int, calls: Sequence[ProviderCall], context: AssembleContext, timeout: float | None
+) -> pb.OpenSessionResponse:
+    """One ProvideRequest asking a session for every value in `calls`."""
+    return pb.OpenSessionResponse(
+        provide=pb.ProvideRequest(
+            call_id=call_id,
+            context=context_to_proto(context),
+            calls=[pb.ProvideCall(provider_key=c.key, kind=_PROVIDER_KINDS[c.kind]) for c in calls],
+            timeout_s=timeout or 0.0,
+        )
+    )
+
+
+def provided_from_proto(
+    calls: Sequence[ProviderCall], response: pb.ProvideResponse
+) -> dict[str, ProvidedValue]:
+    """Each call's value from a session's answer; a missing or wrong one fails its provider."""
+    answers = {value.provider_key: value for value in response.values}
+    values: dict[str, ProvidedValue] = {}
+    for call in calls:
+        answer = answers.get(call.key)
+        if answer is None:
+            raise _provider_failed(call, "it gave no answer")
+        case = answer.WhichOneof("value")
+        if case == "error":
+            raise _provider_failed(call, answer.error.message)
+        if case not in _EXPECTED_CASES[call.kind]:
+            raise _provider_failed(
+                call, f"it answered {case or 'nothing'} instead of {call.kind.value}"
+            )
+        values[call.key] = _provided_value(call, answer)
+    return values
+
+
+def _provided_value(call: ProviderCall, answer: pb.ProvidedValue) -> ProvidedValue:
+    if call.kind is Kind.TOOLS:
+        try:
+            return toolset_from_proto(answer.tools)
+        except RegistryError as error:
+            raise _provider_failed(call, error.message) from None
+    if answer.HasField("no_value"):
+        return None
+    return answer.text if call.kind in (Kind.SECTION, Kind.CONTEXT) else answer.variable_value
+
+
+def _provider_failed(call: ProviderCall, message: str) -> RegistryError:
+    return RegistryError(Status.ABORTED, "PROVIDER_FAILED", f"{call.describe()} failed: {message}")
+
+
+# -- change events --------------------------------------------------------------------
+
+_CHANGE_KINDS = {
+    Kind.SECTION: pb.CHANGE_KIND_SECTION,
+    Kind.CONTEXT: pb.CHANGE_KIND_CONTEXT,
+    Kind.TOOLS: pb.CHANGE_KIND_TOOLS,
+    Kind.VARIABLE: pb.CHANGE_KIND_VARIABLE,
+    Kind.SUPPRESSOR: pb.CHANGE_KIND_SUPPRESSOR,
+    Kind.LISTENER: pb.CHANGE_KIND_LISTENER,
+    Kind.SCOPE: pb.CHANGE_KIND_SCOPE,
+}
+
+
+def change_to_proto(item: ChangeEvent | Missed) -> pb.WatchChangesResponse:
+    if isinstance(item, Missed):
+        return pb.WatchChangesResponse(
+            missed=pb.ChangesMissed(
+                first_missed_revision=item.first_revision,
+                count=item.count,
+                resync_revision=item.resync_revision,
+            )
+        )
+    return pb.WatchChangesResponse(
+        event=pb.ChangeEvent(
+            revision=item.revision,
+            kind=_CHANGE_KINDS[item.kind],
+            action=pb.CHANGE_ACTION_REGISTERED
+            if item.registered
+            else pb.CHANGE_ACTION_UNREGISTERED,
+            name=item.name,
+            scope=item.scope or "",
+        )
+    )

@@ -1,4 +1,4 @@
-"""Listener streams: one waterfall listener per bidi stream."""
+"""Listener streams: one waterfall listener per bidi stream, from install to disposal."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
+import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
 from .convert import (
@@ -15,9 +17,69 @@ from .convert import (
     assembly_to_slotted_proto,
     context_to_proto,
 )
-from .registry import AssembleContext, Assembly, NextFn, RegistryError, Status, Tool
+from .gate import Gate
+from .registry import AssembleContext, Assembly, NextFn, Registry, RegistryError, Status, Tool
+from .sessions import Sessions
+from .status import bad_request
 
 Send = Callable[[pb.ListenResponse], Awaitable[None]]
+
+
+class ListenStream(Protocol):
+    """The reader/writer half of a Listen call's servicer context."""
+
+    async def read(self) -> object:
+        """The next request, or grpc.aio.EOF once the client has closed its side."""
+        ...
+
+    async def write(self, message: pb.ListenResponse) -> None: ...
+
+
+class Listeners:
+    """Listen streams' life cycle: install the listener, route replies, dispose at the end."""
+
+    def __init__(self, registry: Registry, sessions: Sessions) -> None:
+        self._registry = registry
+        self._sessions = sessions
+
+    async def serve(self, stream: ListenStream, gate: Gate) -> None:
+        """One Listen stream, start to end: the start message installs the listener
+        (through `gate`) until the client closes the stream or the listener is disposed.
+
+        Raises RegistryError before the listener is installed (a bad start, a refusal).
+        """
+        first = await stream.read()
+        if not isinstance(first, pb.ListenRequest) or not first.HasField("start"):
+            raise bad_request("BAD_STREAM", "a listener must start with ListenStart")
+        start = first.start
+        listener = ListenerStream(start.name, stream.write)
+        with gate.call():
+            owner = self._sessions.get(start.session_id).id
+            entry = self._registry.add_listener(
+                owner,
+                start.scope_id or None,
+                listener,
+                prepend=start.prepend,
+                global_=getattr(start, "global"),  # a Python keyword: no attribute syntax
+                name=start.name,
+            )
+        reader = asyncio.create_task(_route(stream, listener))
+        try:
+            await stream.write(
+                pb.ListenResponse(
+                    registered=pb.ListenerRegistered(
+                        registration_id=entry.id, revision=self._registry.revision
+                    )
+                )
+            )
+            ended = asyncio.create_task(listener.ended.wait())
+            await asyncio.wait({reader, ended}, return_when=asyncio.FIRST_COMPLETED)
+            ended.cancel()
+        finally:
+            reader.cancel()
+            listener.end()
+            with contextlib.suppress(RegistryError):  # already disposed, or with its session
+                self._registry.dispose(owner, entry.id)
 
 
 class ListenerStream:
@@ -161,3 +223,9 @@ class ListenerStream:
             "LISTENER_UNAVAILABLE",
             f'listener "{self.name}" is unavailable: its stream has closed',
         )
+
+
+async def _route(stream: ListenStream, listener: ListenerStream) -> None:
+    while (request := await stream.read()) is not grpc.aio.EOF:
+        if isinstance(request, pb.ListenRequest):
+            listener.deliver(request)

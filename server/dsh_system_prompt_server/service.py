@@ -3,52 +3,53 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol, TypeVar
 
-import grpc
-import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt.errors import RenderError
 from dsh_system_prompt.render import render_context_snapshot, render_prompt
+from google.protobuf.message import Message
 
 from .cache_report import ReportHistory, build_report, prefix_parts
 from .config import SidecarConfig
-from .convert import assembly_to_proto, context_from_proto, report_to_proto, toolset_from_proto
-from .gate import Gate
-from .listeners import ListenerStream
-from .metrics import ASSEMBLY_FAILURE_REASONS, Metrics
-from .registry import (
-    Assembly,
-    ChangeEvent,
-    Dynamic,
-    Entry,
-    Kind,
-    Missed,
-    Registry,
-    RegistryError,
-    Status,
+from .convert import (
+    assembly_to_proto,
+    change_to_proto,
+    context_from_proto,
+    report_to_proto,
+    text_from_proto,
+    tools_from_proto,
+    variable_from_proto,
 )
+from .gate import Gate
+from .listeners import Listeners
+from .metrics import ASSEMBLY_FAILURE_REASONS, Metrics
+from .registry import Assembly, Entry, Registry, RegistryError, Status
 from .registry.limits import quota_exceeded
 from .sessions import Session, Sessions
-from .status import abort, bad_request
+from .status import abort
 from .tokens import load_tokenizer
 
-# grpcio ships no typing, so the servicer context is untyped.
-Context = Any
 Reply = TypeVar("Reply")
 
-CHANGE_KINDS = {
-    Kind.SECTION: pb.CHANGE_KIND_SECTION,
-    Kind.CONTEXT: pb.CHANGE_KIND_CONTEXT,
-    Kind.TOOLS: pb.CHANGE_KIND_TOOLS,
-    Kind.VARIABLE: pb.CHANGE_KIND_VARIABLE,
-    Kind.SUPPRESSOR: pb.CHANGE_KIND_SUPPRESSOR,
-    Kind.LISTENER: pb.CHANGE_KIND_LISTENER,
-    Kind.SCOPE: pb.CHANGE_KIND_SCOPE,
-}
+
+class Context(Protocol):
+    """What the service uses of grpc.aio.ServicerContext (grpcio ships no typing)."""
+
+    async def read(self) -> object: ...
+
+    async def write(self, message: Message) -> None: ...
+
+    def time_remaining(self) -> float | None: ...
+
+
+class _Owned(Protocol):
+    """A registration request: it names its session and, optionally, a scope handle."""
+
+    session_id: str
+    scope_id: str
 
 
 class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
@@ -57,6 +58,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     def __init__(self, registry: Registry, config: SidecarConfig, metrics: Metrics) -> None:
         self.registry = registry
         self.sessions = Sessions(registry, config.server_limits.max_sessions)
+        self.listeners = Listeners(registry, self.sessions)
         self.gate = Gate()
         self.metrics = metrics
         self.tokenizer = load_tokenizer(config.tokenizer)
@@ -71,29 +73,12 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
 
     # -- sessions ---------------------------------------------------------------------
 
-    # Reader/writer API (context.read and context.write), not a generator.
+    # The reader/writer API (context.read, context.write) returns None where the
+    # generated base declares an iterator of responses.
     async def OpenSession(  # type: ignore[override]
         self, request_iterator: AsyncIterator[pb.OpenSessionRequest], context: Context
     ) -> None:
-        first = await context.read()
-        if not isinstance(first, pb.OpenSessionRequest) or not first.HasField("start"):
-            await abort(
-                context, bad_request("BAD_STREAM", "a session must start with SessionStart")
-            )
-        session = await self._unary(context, lambda: self.sessions.open(first.start.client_name))
-        writer = asyncio.create_task(_pump(session.outbox, context))
-        try:
-            await context.write(
-                pb.OpenSessionResponse(
-                    opened=pb.SessionOpened(session_id=session.id, revision=self.registry.revision)
-                )
-            )
-            while (request := await context.read()) is not grpc.aio.EOF:
-                if isinstance(request, pb.OpenSessionRequest) and request.HasField("provided"):
-                    session.deliver(request.provided)
-        finally:
-            writer.cancel()
-            self.sessions.close(session)
+        await self._stream(context, self.sessions.serve)
 
     # -- registrations ----------------------------------------------------------------
 
@@ -101,7 +86,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         self, request: pb.RegisterSectionRequest, context: Context
     ) -> pb.RegisterSectionResponse:
         def register(session: Session, handle: str | None) -> Entry:
-            text = _text(session, request.WhichOneof("text_source"), request)
+            text = text_from_proto(request, session)
             return self.registry.register_section(
                 session.id, handle, request.name, request.order, text, request.complete
             )
@@ -112,7 +97,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         self, request: pb.RegisterContextRequest, context: Context
     ) -> pb.RegisterContextResponse:
         def register(session: Session, handle: str | None) -> Entry:
-            text = _text(session, request.WhichOneof("text_source"), request)
+            text = text_from_proto(request, session)
             return self.registry.register_context(
                 session.id, handle, request.name, request.order, text
             )
@@ -132,16 +117,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         self, request: pb.RegisterToolsRequest, context: Context
     ) -> pb.RegisterToolsResponse:
         def register(session: Session, handle: str | None) -> Entry:
-            source = request.WhichOneof("source")
-            if source is None:
-                raise bad_request(
-                    "MISSING_VALUE", "tools need a static result or a dynamic provider"
-                )
-            tools = (
-                _dynamic(session, request.dynamic)
-                if source == "dynamic"
-                else toolset_from_proto(request.result)
-            )
+            tools = tools_from_proto(request, session)
             return self.registry.register_tools(session.id, handle, tools, request.name)
 
         return await self._register(context, request, register, pb.RegisterToolsResponse)
@@ -150,14 +126,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         self, request: pb.RegisterVariableRequest, context: Context
     ) -> pb.RegisterVariableResponse:
         def register(session: Session, handle: str | None) -> Entry:
-            source = request.WhichOneof("value_source")
-            value: str | Dynamic | None
-            if source == "dynamic":
-                value = _dynamic(session, request.dynamic)
-            elif source == "no_value":
-                value = None
-            else:
-                value = _static(source, request.value)
+            value = variable_from_proto(request, session)
             return self.registry.register_variable(session.id, handle, request.name, value)
 
         return await self._register(context, request, register, pb.RegisterVariableResponse)
@@ -235,54 +204,17 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
                 subscribed=pb.WatchSubscribed(revision=subscription.revision)
             )
             while True:
-                yield _change_message(await subscription.next())
+                yield change_to_proto(await subscription.next())
         finally:
             subscription.close()
 
     # -- listeners --------------------------------------------------------------------
 
-    # Reader/writer API (context.read and context.write), not a generator.
+    # Reader/writer API, as OpenSession.
     async def Listen(  # type: ignore[override]
         self, request_iterator: AsyncIterator[pb.ListenRequest], context: Context
     ) -> None:
-        first = await context.read()
-        if not isinstance(first, pb.ListenRequest) or not first.HasField("start"):
-            await abort(
-                context, bad_request("BAD_STREAM", "a listener must start with ListenStart")
-            )
-        start = first.start
-        stream = ListenerStream(start.name, context.write)
-
-        def install() -> tuple[str, str]:
-            session = self.sessions.get(start.session_id)
-            entry = self.registry.add_listener(
-                session.id,
-                _handle(start.scope_id),
-                stream,
-                prepend=start.prepend,
-                global_=start.__getattribute__("global"),
-                name=start.name,
-            )
-            return session.id, entry.id
-
-        owner, registration_id = await self._unary(context, install)
-        reader = asyncio.create_task(_route(context, stream))
-        try:
-            await context.write(
-                pb.ListenResponse(
-                    registered=pb.ListenerRegistered(
-                        registration_id=registration_id, revision=self.registry.revision
-                    )
-                )
-            )
-            ended = asyncio.create_task(stream.ended.wait())
-            await asyncio.wait({reader, ended}, return_when=asyncio.FIRST_COMPLETED)
-            ended.cancel()
-        finally:
-            reader.cancel()
-            stream.end()
-            with contextlib.suppress(RegistryError):  # already disposed, or with its session
-                self.registry.dispose(owner, registration_id)
+        await self._stream(context, self.listeners.serve)
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -295,7 +227,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def _register(
         self,
         context: Context,
-        request: Any,
+        request: _Owned,
         register: Callable[[Session, str | None], Entry],
         reply: Callable[..., Reply],
     ) -> Reply:
@@ -308,6 +240,15 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
 
         return await self._unary(context, run)
 
+    async def _stream(
+        self, context: Context, serve: Callable[[Context, Gate], Awaitable[None]]
+    ) -> None:
+        """Serve a bidi stream with its broker; a refusal before it starts is its status."""
+        try:
+            await serve(context, self.gate)
+        except RegistryError as error:
+            await abort(context, error)
+
     async def _unary(self, context: Context, action: Callable[[], Reply]) -> Reply:
         try:
             with self.gate.call():
@@ -316,56 +257,5 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
             await abort(context, error)
 
 
-async def _pump(outbox: asyncio.Queue[pb.OpenSessionResponse], context: Context) -> None:
-    while True:
-        await context.write(await outbox.get())
-
-
-async def _route(context: Context, stream: ListenerStream) -> None:
-    while (request := await context.read()) is not grpc.aio.EOF:
-        if isinstance(request, pb.ListenRequest):
-            stream.deliver(request)
-
-
 def _handle(scope_id: str) -> str | None:
     return scope_id or None
-
-
-def _text(session: Session, source: str | None, request: Any) -> str | Dynamic:
-    if source == "dynamic":
-        return _dynamic(session, request.dynamic)
-    return _static(source, request.text)
-
-
-def _static(source: str | None, text: str) -> str:
-    if source is None:
-        raise bad_request("MISSING_VALUE", "a static value or a dynamic provider is required")
-    return text
-
-
-def _dynamic(session: Session, dynamic: pb.Dynamic) -> Dynamic:
-    if not dynamic.provider_key:
-        raise bad_request("MISSING_VALUE", "a dynamic provider needs a provider_key")
-    return Dynamic(session, dynamic.provider_key)
-
-
-def _change_message(item: ChangeEvent | Missed) -> pb.WatchChangesResponse:
-    if isinstance(item, Missed):
-        return pb.WatchChangesResponse(
-            missed=pb.ChangesMissed(
-                first_missed_revision=item.first_revision,
-                count=item.count,
-                resync_revision=item.resync_revision,
-            )
-        )
-    return pb.WatchChangesResponse(
-        event=pb.ChangeEvent(
-            revision=item.revision,
-            kind=CHANGE_KINDS[item.kind],
-            action=pb.CHANGE_ACTION_REGISTERED
-            if item.registered
-            else pb.CHANGE_ACTION_UNREGISTERED,
-            name=item.name,
-            scope=item.scope or "",
-        )
-    )

@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
+import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
-from .convert import context_to_proto, toolset_from_proto
+from .convert import provide_request, provided_from_proto
+from .gate import Gate
 from .registry import (
     AssembleContext,
-    Kind,
     ProvidedValue,
     ProviderCall,
     Registry,
@@ -20,20 +22,17 @@ from .registry import (
     new_id,
 )
 from .registry.limits import quota_exceeded
-from .status import unknown_session
+from .status import bad_request, unknown_session
 
-_KIND_TO_PROTO = {
-    Kind.SECTION: pb.PROVIDER_KIND_SECTION,
-    Kind.CONTEXT: pb.PROVIDER_KIND_CONTEXT,
-    Kind.TOOLS: pb.PROVIDER_KIND_TOOLS,
-    Kind.VARIABLE: pb.PROVIDER_KIND_VARIABLE,
-}
-_EXPECTED_CASES = {
-    Kind.SECTION: ("text",),
-    Kind.CONTEXT: ("text",),
-    Kind.TOOLS: ("tools",),
-    Kind.VARIABLE: ("variable_value", "no_value"),
-}
+
+class SessionStream(Protocol):
+    """The reader/writer half of an OpenSession call's servicer context."""
+
+    async def read(self) -> object:
+        """The next request, or grpc.aio.EOF once the client has closed its side."""
+        ...
+
+    async def write(self, message: pb.OpenSessionResponse) -> None: ...
 
 
 class Session:
@@ -58,19 +57,7 @@ class Session:
         self.provide_requests += 1
         answer: asyncio.Future[pb.ProvideResponse] = asyncio.get_running_loop().create_future()
         self._pending[call_id] = answer
-        self.outbox.put_nowait(
-            pb.OpenSessionResponse(
-                provide=pb.ProvideRequest(
-                    call_id=call_id,
-                    context=context_to_proto(context),
-                    calls=[
-                        pb.ProvideCall(provider_key=c.key, kind=_KIND_TO_PROTO[c.kind])
-                        for c in calls
-                    ],
-                    timeout_s=timeout or 0.0,
-                )
-            )
-        )
+        self.outbox.put_nowait(provide_request(call_id, calls, context, timeout))
         try:
             async with asyncio.timeout(timeout):
                 response = await answer
@@ -88,7 +75,7 @@ class Session:
             raise
         finally:
             self._pending.pop(call_id, None)
-        return _decode(calls, response)
+        return provided_from_proto(calls, response)
 
     def deliver(self, response: pb.ProvideResponse) -> None:
         """Hand an answer from the stream to the assembly waiting for it."""
@@ -114,12 +101,37 @@ class _SessionGone(Exception):
 
 
 class Sessions:
-    """The open sessions; closing one disposes everything it registered."""
+    """The open sessions and their streams' life cycle; closing one disposes what it registered."""
 
     def __init__(self, registry: Registry, max_sessions: int = 1_000) -> None:
         self._registry = registry
         self._max_sessions = max_sessions
         self._open: dict[str, Session] = {}
+
+    async def serve(self, stream: SessionStream, gate: Gate) -> None:
+        """One OpenSession stream, start to end: the start message opens a session (through
+        `gate`), answers flow to waiting assemblies, and the stream's end closes it.
+
+        Raises RegistryError before the session is opened (a bad start, a full sidecar).
+        """
+        first = await stream.read()
+        if not isinstance(first, pb.OpenSessionRequest) or not first.HasField("start"):
+            raise bad_request("BAD_STREAM", "a session must start with SessionStart")
+        with gate.call():
+            session = self.open(first.start.client_name)
+        writer = asyncio.create_task(_pump(session.outbox, stream))
+        try:
+            await stream.write(
+                pb.OpenSessionResponse(
+                    opened=pb.SessionOpened(session_id=session.id, revision=self._registry.revision)
+                )
+            )
+            while (request := await stream.read()) is not grpc.aio.EOF:
+                if isinstance(request, pb.OpenSessionRequest) and request.HasField("provided"):
+                    session.deliver(request.provided)
+        finally:
+            writer.cancel()
+            self.close(session)
 
     def open(self, client_name: str) -> Session:
         if len(self._open) >= self._max_sessions:
@@ -144,37 +156,9 @@ class Sessions:
         return len(self._open)
 
 
-def _decode(
-    calls: Sequence[ProviderCall], response: pb.ProvideResponse
-) -> dict[str, ProvidedValue]:
-    answers = {value.provider_key: value for value in response.values}
-    values: dict[str, ProvidedValue] = {}
-    for call in calls:
-        answer = answers.get(call.key)
-        if answer is None:
-            raise _failed(call, "it gave no answer")
-        case = answer.WhichOneof("value")
-        if case == "error":
-            raise _failed(call, answer.error.message)
-        if case not in _EXPECTED_CASES[call.kind]:
-            raise _failed(call, f"it answered {case or 'nothing'} instead of {call.kind.value}")
-        values[call.key] = _value(call, answer)
-    return values
-
-
-def _value(call: ProviderCall, answer: pb.ProvidedValue) -> ProvidedValue:
-    if call.kind is Kind.TOOLS:
-        try:
-            return toolset_from_proto(answer.tools)
-        except RegistryError as error:
-            raise _failed(call, error.message) from None
-    if answer.HasField("no_value"):
-        return None
-    return answer.text if call.kind in (Kind.SECTION, Kind.CONTEXT) else answer.variable_value
-
-
-def _failed(call: ProviderCall, message: str) -> RegistryError:
-    return RegistryError(Status.ABORTED, "PROVIDER_FAILED", f"{call.describe()} failed: {message}")
+async def _pump(outbox: asyncio.Queue[pb.OpenSessionResponse], stream: SessionStream) -> None:
+    while True:
+        await stream.write(await outbox.get())
 
 
 def _describe(calls: Sequence[ProviderCall]) -> str:
