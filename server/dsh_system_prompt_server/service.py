@@ -28,6 +28,7 @@ from .listeners import Listeners
 from .metrics import ASSEMBLY_FAILURE_REASONS, Metrics
 from .registry import Assembly, Entry, Registry, RegistryError, Status
 from .registry.limits import quota_exceeded
+from .response_cache import ResponseCache
 from .sessions import Session, Sessions
 from .status import abort
 from .tokens import load_tokenizer
@@ -59,6 +60,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         self.registry = registry
         self.sessions = Sessions(registry, config.server_limits.max_sessions)
         self.listeners = Listeners(registry, self.sessions)
+        self.responses = ResponseCache()
         self.gate = Gate()
         self.metrics = metrics
         self.tokenizer = load_tokenizer(config.tokenizer)
@@ -163,8 +165,9 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def _assemble(self, request: pb.AssembleRequest, context: Context) -> pb.AssembleResponse:
         assemble_context = context_from_proto(request.context)
         plan = self.registry.plan(assemble_context.scope)
-        cached = None if request.report else plan.memo.get(request.render)
-        if isinstance(cached, pb.AssembleResponse):
+        key = (assemble_context.scope, plan.revision, request.render)
+        cached = None if request.report else self.responses.get(key)
+        if cached is not None:
             return cached  # a static plan's response, built once
         remaining = context.time_remaining()
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
@@ -180,7 +183,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
             failure = RegistryError(Status.FAILED_PRECONDITION, "RENDER_FAILED", str(error))
             raise failure from None
         if plan.is_static and not request.report:
-            plan.memo[request.render] = response
+            self.responses.put(key, response)
         return response
 
     def _report(self, scope: str | None, assembly: Assembly) -> pb.AssemblyReport:

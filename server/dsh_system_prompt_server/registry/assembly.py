@@ -39,8 +39,7 @@ class Plan:
 
     A plan does not change once made, so the registry reuses it until the
     next registration or disposal. A static plan (no dynamic provider, no
-    listener) always yields the same assembly: it is kept in `result`, and
-    `memo` holds what callers derive from it (such as its encoded form).
+    listener) always yields the same assembly: it is kept in `result`.
     """
 
     revision: int
@@ -54,7 +53,6 @@ class Plan:
     dynamic: list[tuple[Entry, Dynamic]] = field(init=False)
     is_static: bool = field(init=False)
     result: Assembly | None = None
-    memo: dict[object, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         entries: list[Entry] = [*self.variables, *self.sections, *self.contexts, *self.tools]

@@ -1,0 +1,34 @@
+"""Encoded Assemble responses of static plans, kept by the service, bounded."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+
+# (scope, revision, render): a static plan answers the same until the revision moves.
+Key = tuple[str | None, int, bool]
+
+
+class ResponseCache:
+    """The last `size` responses built for static plans, least recently used dropped first.
+
+    Keys carry the revision, so a change makes older entries unreachable; they
+    age out as new ones come in.
+    """
+
+    def __init__(self, size: int = 2048) -> None:
+        self._size = size
+        self._responses: OrderedDict[Key, pb.AssembleResponse] = OrderedDict()
+
+    def get(self, key: Key) -> pb.AssembleResponse | None:
+        response = self._responses.get(key)
+        if response is not None:
+            self._responses.move_to_end(key)
+        return response
+
+    def put(self, key: Key, response: pb.AssembleResponse) -> None:
+        self._responses[key] = response
+        self._responses.move_to_end(key)
+        if len(self._responses) > self._size:
+            self._responses.popitem(last=False)
