@@ -15,8 +15,9 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 WORKDIR /src
-# What the wheel is built from: pyproject's readme and its packages (client/, server/).
+# What the wheel is built from: pyproject's readme and its packages (core/, client/, server/).
 COPY pyproject.toml README.md ./
+COPY core ./core
 COPY client ./client
 COPY server ./server
 RUN /opt/venv/bin/pip install --no-cache-dir . \

@@ -6,15 +6,14 @@ async with dsp.connect("127.0.0.1:50051") as client:
     print(dsp.render_prompt(await client.assemble()))
 """
 
+from dsh_system_prompt_core import PERSONA_ORDER, PERSONA_SECTION, TOOL_ORDER_REST, Reason
+
 from ._changes import ChangeStream
 from ._channel import TLS
 from .client import Client, Disposer, Scope, connect
 from .errors import RenderError, SystemPromptError
 from .render import render_context_snapshot, render_prompt
 from .types import (
-    PERSONA_ORDER,
-    PERSONA_SECTION,
-    TOOL_ORDER_REST,
     AssembleContext,
     AssembledContext,
     AssembledSection,
@@ -48,6 +47,7 @@ __all__ = [
     "PartReport",
     "PrefixStability",
     "PromptAssembly",
+    "Reason",
     "RenderError",
     "RenderedPrompt",
     "Scope",

@@ -22,11 +22,12 @@ import grpc
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
+from dsh_system_prompt_core import Reason
 
 from ._channel import Metadata
 from ._convert import context_from_proto, tools_to_proto
 from ._listeners import Listener, ListenerStream
-from .errors import SystemPromptError, error_from_rpc
+from .errors import SystemPromptError, error_from_rpc, stream_ended
 from .types import AssembleContext
 
 T = TypeVar("T")
@@ -99,10 +100,7 @@ class Connection:
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
         if opened is grpc.aio.EOF:
-            raise SystemPromptError(
-                "sidecar unavailable: it ended the session stream before opening it",
-                await stream.code(),
-            )
+            raise stream_ended("it ended the session stream before opening it", await stream.code())
         self._stream = stream
         self.session_id = opened.opened.session_id
         self._reader = asyncio.create_task(self._read(stream))
@@ -176,7 +174,7 @@ class Connection:
         raise SystemPromptError(
             "sidecar unavailable: the connection is down and being re-established",
             grpc.StatusCode.UNAVAILABLE,
-            "SIDECAR_UNAVAILABLE",
+            Reason.SIDECAR_UNAVAILABLE,
         )
 
     def check_open(self) -> None:
@@ -184,7 +182,7 @@ class Connection:
             raise SystemPromptError(
                 "this client is closed: its session and registrations are gone",
                 grpc.StatusCode.FAILED_PRECONDITION,
-                "SESSION_CLOSED",
+                Reason.SESSION_CLOSED,
             )
 
     async def register(self, record: Record) -> None:

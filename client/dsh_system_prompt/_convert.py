@@ -6,10 +6,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import grpc
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
-from .errors import SystemPromptError
+from .errors import invalid_value
 from .types import (
     AssembleContext,
     AssembledContext,
@@ -42,21 +41,17 @@ _CHANGE_ACTIONS: dict[int, ChangeAction] = {
 }
 
 
-def invalid(message: str) -> SystemPromptError:
-    return SystemPromptError(message, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
-
-
 def dump_json(value: object, what: str) -> str:
     """Deterministic JSON text; key order is kept so schemas stay byte-identical."""
     try:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as error:
-        raise invalid(f"{what} cannot be sent as JSON: {error}") from None
+        raise invalid_value(f"{what} cannot be sent as JSON: {error}") from None
 
 
 def tool_to_proto(tool: ToolSchema) -> pb.ToolSchema:
     if not isinstance(tool, ToolSchema):
-        raise invalid(f"expected a ToolSchema, got {type(tool).__name__}")
+        raise invalid_value(f"expected a ToolSchema, got {type(tool).__name__}")
     parameters_json = tool.parameters_json()
     if parameters_json is None:
         parameters_json = dump_json(tool.parameters, f'tool "{tool.name}" parameters')
@@ -69,7 +64,7 @@ def tools_to_proto(result: ToolProviderResult | list[ToolSchema]) -> pb.ToolProv
     if isinstance(result, list | tuple):
         result = ToolProviderResult(schemas=list(result))
     if not isinstance(result, ToolProviderResult):
-        raise invalid(f"expected ToolProviderResult or a list of ToolSchema, got {result!r}")
+        raise invalid_value(f"expected ToolProviderResult or a list of ToolSchema, got {result!r}")
     message = pb.ToolProviderResult(schemas=[tool_to_proto(t) for t in result.schemas])
     if result.known_names is not None:
         message.known_names.names.extend(result.known_names)
@@ -94,7 +89,9 @@ def assembly_from_proto(
 
 def assembly_to_proto(assembly: PromptAssembly) -> pb.PromptAssembly:
     if not isinstance(assembly, PromptAssembly):
-        raise invalid(f"a listener must return a PromptAssembly, not {type(assembly).__name__}")
+        raise invalid_value(
+            f"a listener must return a PromptAssembly, not {type(assembly).__name__}"
+        )
     return pb.PromptAssembly(
         sections=[pb.AssembledSection(name=s.name, text=s.text) for s in assembly.sections],
         contexts=[pb.AssembledContext(name=c.name, text=c.text) for c in assembly.contexts],

@@ -10,10 +10,11 @@ from typing import Any
 import grpc
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh_system_prompt_core import Reason
 
 from ._channel import Metadata
 from ._convert import assembly_from_proto, assembly_to_proto, context_from_proto
-from .errors import SystemPromptError, error_from_rpc
+from .errors import SystemPromptError, error_from_rpc, stream_ended
 from .types import AssembleContext, PromptAssembly, ToolSchema
 
 NextFn = Callable[..., Awaitable[PromptAssembly]]
@@ -58,9 +59,7 @@ class ListenerStream:
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
         if first is grpc.aio.EOF:
-            raise SystemPromptError(
-                "the sidecar closed the listener stream", await self._call.code()
-            )
+            raise stream_ended("it closed the listener stream", await self._call.code())
         self._reader = asyncio.create_task(self._read())
         return str(first.registered.registration_id)
 
@@ -198,7 +197,9 @@ class _Next:
     def __call__(self, handed: PromptAssembly | None = None) -> NextCall:
         if self._called:
             raise SystemPromptError(
-                "next() may be called once per invocation", grpc.StatusCode.FAILED_PRECONDITION
+                "next() may be called once per invocation",
+                grpc.StatusCode.FAILED_PRECONDITION,
+                Reason.LISTENER_FAILED,
             )
         self._called = True
         chosen = self._assembly if handed is None else handed

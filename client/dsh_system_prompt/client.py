@@ -16,7 +16,7 @@ from ._channel import TLS, call_metadata, open_channel
 from ._connection import Connection, Record
 from ._convert import assembly_from_proto, context_to_proto, report_from_proto, tools_to_proto
 from ._listeners import Listener, label, listener_name
-from .errors import SystemPromptError, error_from_rpc
+from .errors import error_from_rpc, invalid_value, stream_ended
 from .types import AssembleContext, PromptAssembly, RenderedPrompt, ToolProviderResult, ToolSchema
 
 TextSource = str | Callable[[AssembleContext], str | Awaitable[str]]
@@ -107,10 +107,7 @@ class _Registrar:
             request.dynamic.provider_key = key
             return key
         if not isinstance(value, str):
-            raise SystemPromptError(
-                f"{field} must be a str or a callable, not {type(value).__name__}",
-                grpc.StatusCode.INVALID_ARGUMENT,
-            )
+            raise invalid_value(f"{field} must be a str or a callable, not {type(value).__name__}")
         setattr(request, field, value)
         return None
 
@@ -200,7 +197,7 @@ class Client(_Registrar):
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
         if first is grpc.aio.EOF:
-            raise SystemPromptError("the sidecar closed the change stream", await call.code())
+            raise stream_ended("it closed the change stream", await call.code())
         return ChangeStream(call, first.subscribed.revision)
 
     async def close(self) -> None:
@@ -284,7 +281,5 @@ def _assembly(reply: pb.AssembleResponse) -> PromptAssembly:
 
 def _order(order: float) -> float:
     if isinstance(order, bool) or not isinstance(order, int | float):
-        raise SystemPromptError(
-            f"order must be a number, not {type(order).__name__}", grpc.StatusCode.INVALID_ARGUMENT
-        )
+        raise invalid_value(f"order must be a number, not {type(order).__name__}")
     return float(order)

@@ -1,19 +1,24 @@
-"""SystemPromptError: every failure, with the gRPC status code and the sidecar's words."""
+"""SystemPromptError: every failure, with its gRPC status code, reason and the sidecar's words."""
 
 from __future__ import annotations
 
 import grpc
+from dsh_system_prompt_core import Reason
 from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+_REASON_TRAILER = "dsh-error-reason"
 
 
 class SystemPromptError(Exception):
     """A failure reported by (or on the way to) the sidecar.
 
-    `code` is the gRPC status code, `reason` the stable ErrorInfo reason
-    (e.g. "DUPLICATE_NAME"), and the message is the sidecar's own text.
+    `code` is the gRPC status code, `reason` the stable reason (a `dsp.Reason`,
+    or the plain string a newer sidecar sent), and the message is the
+    sidecar's own text.
     """
 
-    def __init__(self, message: str, code: grpc.StatusCode, reason: str = "") -> None:
+    def __init__(self, message: str, code: grpc.StatusCode, reason: Reason | str) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
@@ -24,33 +29,60 @@ class RenderError(SystemPromptError):
     """Strict interpolation failed (locally or on the sidecar)."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, grpc.StatusCode.FAILED_PRECONDITION, "RENDER_FAILED")
+        super().__init__(message, grpc.StatusCode.FAILED_PRECONDITION, Reason.RENDER_FAILED)
 
 
 def error_from_rpc(error: grpc.RpcError) -> SystemPromptError:
-    """The SystemPromptError for a failed call, with the ErrorInfo reason if sent."""
+    """The SystemPromptError for a failed call, with the reason the sidecar sent."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     message = (error.details() if hasattr(error, "details") else None) or str(code)
     reason = _reason(error)
-    if reason == "RENDER_FAILED":
+    if reason == Reason.RENDER_FAILED:
         return RenderError(message)
-    if code == grpc.StatusCode.UNAVAILABLE and not reason:
-        message = f"sidecar unavailable: {message}"
+    if reason is Reason.UNKNOWN and code == grpc.StatusCode.UNAVAILABLE:
+        return SystemPromptError(
+            f"sidecar unavailable: {message}", code, Reason.SIDECAR_UNAVAILABLE
+        )
     return SystemPromptError(message, code, reason)
 
 
-def _reason(error: grpc.RpcError) -> str:
-    # The google.rpc.Status travels in the trailers; its ErrorInfo holds the reason.
+def as_reason(value: str) -> Reason | str:
+    """The catalogue's member for `value`; a reason this client does not know stays a str."""
+    try:
+        return Reason(value)
+    except ValueError:
+        return value
+
+
+def _reason(error: grpc.RpcError) -> Reason | str:
+    """The ErrorInfo reason in the status details, else the plain trailer, else UNKNOWN."""
+    status = _status(error)
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return as_reason(info.reason)
     trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
     for key, value in trailers or ():
-        if key == _DETAILS_KEY:
-            status = status_pb2.Status.FromString(value)
-            for detail in status.details:
-                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                    info = error_details_pb2.ErrorInfo()
-                    detail.Unpack(info)
-                    return str(info.reason)
-    return ""
+        if key == _REASON_TRAILER and value:
+            return as_reason(value)
+    return Reason.UNKNOWN
 
 
-_DETAILS_KEY = "grpc-status-details-bin"
+def _status(error: grpc.RpcError) -> status_pb2.Status | None:
+    if not hasattr(error, "trailing_metadata"):
+        return None
+    try:
+        return rpc_status.from_call(error)
+    except ValueError:  # details that disagree with the status line: ignore them
+        return None
+
+
+def invalid_value(message: str) -> SystemPromptError:
+    """A value refused in the client, before anything was sent."""
+    return SystemPromptError(message, grpc.StatusCode.INVALID_ARGUMENT, Reason.INVALID_VALUE)
+
+
+def stream_ended(message: str, code: grpc.StatusCode) -> SystemPromptError:
+    """A stream the sidecar ended before confirming it (it is going away, or refused it)."""
+    return SystemPromptError(f"sidecar unavailable: {message}", code, Reason.SIDECAR_UNAVAILABLE)

@@ -7,10 +7,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-TOOL_ORDER_REST = "<unlisted-tools>"
-PERSONA_SECTION = "deployment:persona"
-PERSONA_ORDER = 0
-
 ChangeKind = Literal["section", "context", "tools", "variable", "suppressor", "listener", "scope"]
 ChangeAction = Literal["registered", "unregistered"]
 

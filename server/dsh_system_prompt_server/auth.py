@@ -9,6 +9,10 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from dsh_system_prompt_core import Reason
+
+from .registry import RegistryError, Status
+from .status import abort
 
 # The platform's probes cannot send a token; health says nothing about the registry.
 EXEMPT_SERVICES = ("/grpc.health.v1.Health/",)
@@ -53,7 +57,9 @@ def _refusing(handler: Any) -> Any:
     """A handler of the same shape as `handler` that ends the call UNAUTHENTICATED."""
 
     async def refuse(request: Any, context: Any) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, _MESSAGE)
+        await abort(
+            context, RegistryError(Status.UNAUTHENTICATED, Reason.UNAUTHENTICATED, _MESSAGE)
+        )
 
     options = {
         "request_deserializer": handler.request_deserializer,

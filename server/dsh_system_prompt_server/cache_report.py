@@ -13,12 +13,17 @@ import json
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from dsh_system_prompt.render import interpolate, references, render_context_snapshot
+from dsh_system_prompt_core import (
+    SECTION_SEPARATOR,
+    interpolate,
+    references,
+    render_context_snapshot,
+)
 
 from .registry import Assembly, Origin, OriginKind, Tool
 from .tokens import Tokenizer
 
-SEPARATOR_BYTES = 2  # the blank line between two rendered sections
+SEPARATOR_BYTES = len(SECTION_SEPARATOR.encode())
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh_system_prompt_core import Reason
 from google.protobuf.message import Message
 
 from .cache_report import Report, Size
@@ -126,15 +127,15 @@ def tools_from_slots(
     for slot in slots:
         if slot >= 0:
             if slot >= len(sent):
-                raise bad_request("BAD_TOOL_SLOT", f"tool slot {slot} is out of range")
+                raise bad_request(Reason.BAD_TOOL_SLOT, f"tool slot {slot} is out of range")
             tools.append(sent[slot])
             continue
         message = next(remaining, None)
         if message is None:
-            raise bad_request("BAD_TOOL_SLOT", "more -1 tool slots than tools sent")
+            raise bad_request(Reason.BAD_TOOL_SLOT, "more -1 tool slots than tools sent")
         tools.append(tool_from_proto(message))
     if next(remaining, None) is not None:
-        raise bad_request("BAD_TOOL_SLOT", "more tools sent than -1 tool slots")
+        raise bad_request(Reason.BAD_TOOL_SLOT, "more tools sent than -1 tool slots")
     return tools
 
 
@@ -164,10 +165,10 @@ def context_from_proto(message: pb.AssembleContext) -> AssembleContext:
             fields = json.loads(message.fields_json)
         except ValueError as error:
             raise bad_request(
-                "INVALID_JSON", f"assemble fields are not valid JSON: {error}"
+                Reason.INVALID_JSON, f"assemble fields are not valid JSON: {error}"
             ) from None
         if not isinstance(fields, dict):
-            raise bad_request("INVALID_JSON", "assemble fields must be a JSON object")
+            raise bad_request(Reason.INVALID_JSON, "assemble fields must be a JSON object")
     return AssembleContext(message.scope or None, message.fields_json)
 
 
@@ -177,10 +178,10 @@ def check_parameters(name: str, parameters_json: str) -> None:
         parameters = json.loads(parameters_json, parse_constant=_reject_constant)
     except ValueError as error:
         raise bad_request(
-            "INVALID_JSON", f'tool "{name}" parameters are not valid JSON: {error}'
+            Reason.INVALID_JSON, f'tool "{name}" parameters are not valid JSON: {error}'
         ) from None
     if not isinstance(parameters, dict):
-        raise bad_request("INVALID_JSON", f'tool "{name}" parameters must be a JSON object')
+        raise bad_request(Reason.INVALID_JSON, f'tool "{name}" parameters must be a JSON object')
 
 
 def _reject_constant(constant: str) -> float:
@@ -272,7 +273,7 @@ def variable_from_proto(
 def tools_from_proto(request: pb.RegisterToolsRequest, host: ProviderHost) -> ToolSet | Dynamic:
     source = request.WhichOneof("source")
     if source is None:
-        raise bad_request("MISSING_VALUE", "tools need a static result or a dynamic provider")
+        raise bad_request(Reason.MISSING_VALUE, "tools need a static result or a dynamic provider")
     if source == "dynamic":
         return dynamic_from_proto(request.dynamic, host)
     return toolset_from_proto(request.result)
@@ -280,13 +281,13 @@ def tools_from_proto(request: pb.RegisterToolsRequest, host: ProviderHost) -> To
 
 def dynamic_from_proto(dynamic: pb.Dynamic, host: ProviderHost) -> Dynamic:
     if not dynamic.provider_key:
-        raise bad_request("MISSING_VALUE", "a dynamic provider needs a provider_key")
+        raise bad_request(Reason.MISSING_VALUE, "a dynamic provider needs a provider_key")
     return Dynamic(host, dynamic.provider_key)
 
 
 def _static(source: str | None, text: str) -> str:
     if source is None:
-        raise bad_request("MISSING_VALUE", "a static value or a dynamic provider is required")
+        raise bad_request(Reason.MISSING_VALUE, "a static value or a dynamic provider is required")
     return text
 
 
@@ -353,7 +354,9 @@ def _provided_value(call: ProviderCall, answer: pb.ProvidedValue) -> ProvidedVal
 
 
 def _provider_failed(call: ProviderCall, message: str) -> RegistryError:
-    return RegistryError(Status.ABORTED, "PROVIDER_FAILED", f"{call.describe()} failed: {message}")
+    return RegistryError(
+        Status.ABORTED, Reason.PROVIDER_FAILED, f"{call.describe()} failed: {message}"
+    )
 
 
 # -- change events --------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Protocol
 
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh_system_prompt_core import Reason
 
 from .convert import (
     assembly_from_proto,
@@ -50,7 +51,7 @@ class Listeners:
         """
         first = await stream.read()
         if not isinstance(first, pb.ListenRequest) or not first.HasField("start"):
-            raise bad_request("BAD_STREAM", "a listener must start with ListenStart")
+            raise bad_request(Reason.BAD_STREAM, "a listener must start with ListenStart")
         start = first.start
         listener = ListenerStream(start.name, stream.write)
         with gate.call():
@@ -164,7 +165,7 @@ class ListenerStream:
         except TimeoutError:
             raise RegistryError(
                 Status.DEADLINE_EXCEEDED,
-                "LISTENER_TIMEOUT",
+                Reason.LISTENER_TIMEOUT,
                 f'listener "{self.name}" did not answer within {timeout:g}s',
             ) from None
         if reply is None:
@@ -178,12 +179,12 @@ class ListenerStream:
         if kind == "failure":
             raise RegistryError(
                 Status.ABORTED,
-                "LISTENER_FAILED",
+                Reason.LISTENER_FAILED,
                 f'listener "{self.name}" failed: {reply.failure.message}',
             )
         raise RegistryError(
             Status.ABORTED,
-            "LISTENER_FAILED",
+            Reason.LISTENER_FAILED,
             f'listener "{self.name}" failed: it called next() more than once',
         )
 
@@ -194,7 +195,9 @@ class ListenerStream:
             return assembly_from_proto(message, slots, sent)
         except RegistryError as error:
             raise RegistryError(
-                Status.ABORTED, "LISTENER_FAILED", f'listener "{self.name}" failed: {error.message}'
+                Status.ABORTED,
+                Reason.LISTENER_FAILED,
+                f'listener "{self.name}" failed: {error.message}',
             ) from None
 
     async def _send(self, message: pb.ListenResponse) -> None:
@@ -220,7 +223,7 @@ class ListenerStream:
     def _unavailable(self) -> RegistryError:
         return RegistryError(
             Status.UNAVAILABLE,
-            "LISTENER_UNAVAILABLE",
+            Reason.LISTENER_UNAVAILABLE,
             f'listener "{self.name}" is unavailable: its stream has closed',
         )
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
+from dsh_system_prompt_core import Reason
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 ASSEMBLY_FAILURE_REASONS = (
-    "PROVIDER_FAILED",
-    "PROVIDER_TIMEOUT",
-    "PROVIDER_UNAVAILABLE",
-    "LISTENER_FAILED",
-    "LISTENER_TIMEOUT",
-    "LISTENER_UNAVAILABLE",
+    Reason.PROVIDER_FAILED,
+    Reason.PROVIDER_TIMEOUT,
+    Reason.PROVIDER_UNAVAILABLE,
+    Reason.LISTENER_FAILED,
+    Reason.LISTENER_TIMEOUT,
+    Reason.LISTENER_UNAVAILABLE,
 )
 
 

@@ -8,8 +8,7 @@ from typing import Protocol, TypeVar
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
-from dsh_system_prompt.errors import RenderError
-from dsh_system_prompt.render import render_context_snapshot, render_prompt
+from dsh_system_prompt_core import Reason, RenderFailure, render_context_snapshot, render_prompt
 from google.protobuf.message import Message
 
 from .cache_report import ReportHistory, build_report, prefix_parts
@@ -179,8 +178,8 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
                 response.rendered.context_snapshot = render_context_snapshot(assembly)
             if request.report:
                 response.report.CopyFrom(self._report(assemble_context.scope, assembly))
-        except RenderError as error:
-            failure = RegistryError(Status.FAILED_PRECONDITION, "RENDER_FAILED", str(error))
+        except RenderFailure as error:
+            failure = RegistryError(Status.FAILED_PRECONDITION, Reason.RENDER_FAILED, str(error))
             raise failure from None
         if plan.is_static and not request.report:
             self.responses.put(key, response)

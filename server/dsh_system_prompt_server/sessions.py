@@ -9,6 +9,7 @@ from typing import Protocol
 
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh_system_prompt_core import Reason
 
 from .convert import provide_request, provided_from_proto
 from .gate import Gate
@@ -65,7 +66,7 @@ class Session:
             self._cancel(call_id)
             raise RegistryError(
                 Status.DEADLINE_EXCEEDED,
-                "PROVIDER_TIMEOUT",
+                Reason.PROVIDER_TIMEOUT,
                 f"{_describe(calls)} did not answer within {timeout:g}s",
             ) from None
         except _SessionGone:
@@ -116,7 +117,7 @@ class Sessions:
         """
         first = await stream.read()
         if not isinstance(first, pb.OpenSessionRequest) or not first.HasField("start"):
-            raise bad_request("BAD_STREAM", "a session must start with SessionStart")
+            raise bad_request(Reason.BAD_STREAM, "a session must start with SessionStart")
         with gate.call():
             session = self.open(first.start.client_name)
         writer = asyncio.create_task(_pump(session.outbox, stream))
@@ -168,6 +169,6 @@ def _describe(calls: Sequence[ProviderCall]) -> str:
 def _unavailable(calls: Sequence[ProviderCall]) -> RegistryError:
     return RegistryError(
         Status.UNAVAILABLE,
-        "PROVIDER_UNAVAILABLE",
+        Reason.PROVIDER_UNAVAILABLE,
         f"{_describe(calls)} unavailable: the session that registered it has ended",
     )

@@ -6,6 +6,7 @@ from typing import Any, NoReturn
 
 import grpc
 import grpc.aio
+from dsh_system_prompt_core import Reason
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
@@ -45,16 +46,16 @@ async def abort(
 
 
 def shutting_down() -> RegistryError:
-    return RegistryError(Status.UNAVAILABLE, "SHUTTING_DOWN", "the sidecar is shutting down")
+    return RegistryError(Status.UNAVAILABLE, Reason.SHUTTING_DOWN, "the sidecar is shutting down")
 
 
 def unknown_session() -> RegistryError:
     return RegistryError(
         Status.FAILED_PRECONDITION,
-        "UNKNOWN_SESSION",
+        Reason.UNKNOWN_SESSION,
         "unknown or closed session: open one with OpenSession and name its session_id",
     )
 
 
-def bad_request(reason: str, message: str) -> RegistryError:
+def bad_request(reason: Reason, message: str) -> RegistryError:
     return RegistryError(Status.INVALID_ARGUMENT, reason, message)

@@ -25,19 +25,14 @@ from .model import (
 )
 from .origins import Origin, OriginKind, Origins
 from .registry import (
-    HARNESS_IDENTITY_TEXT,
-    PERSONA_SECTION,
     Registry,
     RegistrySettings,
     new_id,
 )
-from .tool_order import TOOL_ORDER_REST, validate_tool_order
+from .tool_order import validate_tool_order
 
 __all__ = [
-    "HARNESS_IDENTITY_TEXT",
-    "PERSONA_SECTION",
     "SIDECAR_OWNER",
-    "TOOL_ORDER_REST",
     "AssembleContext",
     "Assembly",
     "ChangeEvent",

@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dsh_system_prompt_core import TOOL_ORDER_REST, Reason
+
 from . import errors
 from .invariants import validate
 from .limits import Limits
@@ -27,7 +29,7 @@ from .model import (
     VariableEntry,
 )
 from .origins import Origins, entry_origin, record_changes
-from .tool_order import TOOL_ORDER_REST, check_known, order_tools
+from .tool_order import check_known, order_tools
 
 # Seconds left to answer, or None without a limit; asked anew at every call.
 Timeout = Callable[[], float | None]
@@ -195,7 +197,7 @@ def _check_provided(values: Mapping[Entry, ProvidedValue], limits: Limits) -> No
         except errors.RegistryError as error:
             call = entry.provider_call("")
             raise errors.RegistryError(
-                errors.Status.ABORTED, "PROVIDER_FAILED", f"{call.describe()} failed: {error}"
+                errors.Status.ABORTED, Reason.PROVIDER_FAILED, f"{call.describe()} failed: {error}"
             ) from None
 
 

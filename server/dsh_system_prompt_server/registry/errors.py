@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 
+from dsh_system_prompt_core import Reason
+
 
 class Status(enum.Enum):
     """The status class of a failure; values are gRPC status code names."""
@@ -22,12 +24,13 @@ class Status(enum.Enum):
     UNAVAILABLE = "UNAVAILABLE"
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
     CANCELLED = "CANCELLED"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
 
 
 class RegistryError(Exception):
     """A rejected registration, disposal or assembly."""
 
-    def __init__(self, status: Status, reason: str, message: str) -> None:
+    def __init__(self, status: Status, reason: Reason, message: str) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
@@ -45,35 +48,35 @@ def duplicate_entry(noun: str, name: str, scope: str | None) -> RegistryError:
         message += " in this scope"
     elif noun != "prompt variable":
         message += " (for a per-agent override, register through that agent's scope instead)"
-    return RegistryError(Status.ALREADY_EXISTS, "DUPLICATE_NAME", message)
+    return RegistryError(Status.ALREADY_EXISTS, Reason.DUPLICATE_NAME, message)
 
 
 def invalid_order(noun: str, name: str) -> RegistryError:
     return RegistryError(
-        Status.INVALID_ARGUMENT, "INVALID_ORDER", f'{noun} "{name}" order must be a finite number'
+        Status.INVALID_ARGUMENT,
+        Reason.INVALID_ORDER,
+        f'{noun} "{name}" order must be a finite number',
     )
 
 
 def empty_name(noun: str) -> RegistryError:
-    return RegistryError(Status.INVALID_ARGUMENT, "INVALID_NAME", f"{noun} names must be non-empty")
+    return RegistryError(
+        Status.INVALID_ARGUMENT, Reason.INVALID_NAME, f"{noun} names must be non-empty"
+    )
 
 
 def invalid_variable_name(name: str) -> RegistryError:
     return RegistryError(
         Status.INVALID_ARGUMENT,
-        "INVALID_VARIABLE_NAME",
+        Reason.INVALID_VARIABLE_NAME,
         f'invalid prompt variable name "{name}" (must match /^[a-z][a-z0-9_]*$/)',
     )
-
-
-def invalid_argument(reason: str, message: str) -> RegistryError:
-    return RegistryError(Status.INVALID_ARGUMENT, reason, message)
 
 
 def not_found() -> RegistryError:
     return RegistryError(
         Status.NOT_FOUND,
-        "REGISTRATION_NOT_FOUND",
+        Reason.REGISTRATION_NOT_FOUND,
         "no such registration in this session (already disposed, or never registered here)",
     )
 
@@ -81,7 +84,7 @@ def not_found() -> RegistryError:
 def multiple_complete(names: Iterable[str]) -> RegistryError:
     return RegistryError(
         Status.FAILED_PRECONDITION,
-        "MULTIPLE_COMPLETE_SECTIONS",
+        Reason.MULTIPLE_COMPLETE_SECTIONS,
         f"multiple complete prompt sections are active: {quoted_list(names)}",
     )
 
@@ -89,7 +92,7 @@ def multiple_complete(names: Iterable[str]) -> RegistryError:
 def reserved_tool_name(rest: str) -> RegistryError:
     return RegistryError(
         Status.FAILED_PRECONDITION,
-        "RESERVED_TOOL_NAME",
+        Reason.RESERVED_TOOL_NAME,
         f'tool provider returned reserved tool name "{rest}"'
         " (reserved for toolOrder's rest entry)",
     )
@@ -100,10 +103,10 @@ def unknown_tool_order_names(unknown: list[str], known: list[str]) -> RegistryEr
     known_text = ", ".join(known) if known else "(none)"
     return RegistryError(
         Status.FAILED_PRECONDITION,
-        "UNKNOWN_TOOL_ORDER_NAME",
+        Reason.UNKNOWN_TOOL_ORDER_NAME,
         f"toolOrder lists unregistered {noun} {quoted_list(unknown)}; known tools: {known_text}",
     )
 
 
 def invariant(message: str) -> RegistryError:
-    return RegistryError(Status.FAILED_PRECONDITION, "INVARIANT_VIOLATION", message)
+    return RegistryError(Status.FAILED_PRECONDITION, Reason.INVARIANT_VIOLATION, message)

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
+
+from dsh_system_prompt_core import is_variable_name
 
 from .errors import invariant
 from .model import Assembly, Part
-
-VARIABLE_NAME = re.compile(r"[a-z][a-z0-9_]*")
-
-
-def is_variable_name(name: str) -> bool:
-    return VARIABLE_NAME.fullmatch(name) is not None
 
 
 def validate(assembly: Assembly) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dsh_system_prompt_core import Reason
+
 from .errors import RegistryError, Status
 from .model import ContextEntry, Entry, SectionEntry, ToolsEntry, VariableEntry
 
@@ -40,7 +42,7 @@ class ScopeTree:
         """Raise unless a handle on `key` with `parent` may be opened."""
         if not key:
             raise RegistryError(
-                Status.INVALID_ARGUMENT, "INVALID_SCOPE", "scope keys must be non-empty"
+                Status.INVALID_ARGUMENT, Reason.INVALID_SCOPE, "scope keys must be non-empty"
             )
         if parent is None:
             return
@@ -48,7 +50,7 @@ class ScopeTree:
         if bound is not None and bound != parent:
             raise RegistryError(
                 Status.ALREADY_EXISTS,
-                "SCOPE_PARENT_CONFLICT",
+                Reason.SCOPE_PARENT_CONFLICT,
                 f'scope "{key}" already has parent "{bound}"; it cannot be bound to "{parent}"',
             )
         ancestors = self.chain(parent)
@@ -56,7 +58,7 @@ class ScopeTree:
             cycle = " -> ".join([key, *ancestors[: ancestors.index(key) + 1]])
             raise RegistryError(
                 Status.INVALID_ARGUMENT,
-                "SCOPE_CYCLE",
+                Reason.SCOPE_CYCLE,
                 f'binding scope "{key}" to parent "{parent}" would close a cycle: {cycle}',
             )
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dsh_system_prompt_core import Reason
+
 from .errors import RegistryError, Status
 from .model import Tool, ToolSet
 
@@ -38,13 +40,13 @@ class Limits:
 def too_large(what: str, size: int, limit: int) -> RegistryError:
     return RegistryError(
         Status.INVALID_ARGUMENT,
-        "VALUE_TOO_LARGE",
+        Reason.VALUE_TOO_LARGE,
         f"{what} is {size} bytes, over the limit of {limit}",
     )
 
 
 def quota_exceeded(message: str) -> RegistryError:
-    return RegistryError(Status.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED", message)
+    return RegistryError(Status.RESOURCE_EXHAUSTED, Reason.QUOTA_EXCEEDED, message)
 
 
 def _size(text: str) -> int:

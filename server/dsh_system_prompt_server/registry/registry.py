@@ -10,9 +10,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypedDict, TypeVar
 
+from dsh_system_prompt_core import (
+    HARNESS_IDENTITY_ORDER,
+    HARNESS_IDENTITY_SECTION,
+    HARNESS_IDENTITY_TEXT,
+    PERSONA_ORDER,
+    PERSONA_SECTION,
+    Reason,
+    is_variable_name,
+)
+
 from . import assembly, errors
 from .changes import ChangeFeed
-from .invariants import is_variable_name
 from .layers import Layer, ScopeTree
 from .limits import Limits, quota_exceeded
 from .model import (
@@ -32,11 +41,6 @@ from .model import (
     VariableEntry,
 )
 
-HARNESS_IDENTITY_SECTION = "harness:identity"
-HARNESS_IDENTITY_ORDER = -100.0
-HARNESS_IDENTITY_TEXT = "You are an AI agent powered by DeepSeek Harness."
-PERSONA_SECTION = "deployment:persona"
-PERSONA_ORDER = 0.0
 _PLANS_KEPT = 1024  # scopes whose plan is remembered between assemblies
 
 
@@ -386,7 +390,9 @@ class Registry:
         entry = self._by_owner.get(owner, {}).get(handle)
         if not isinstance(entry, ScopeHandle):
             raise errors.RegistryError(
-                errors.Status.NOT_FOUND, "SCOPE_NOT_FOUND", "no such scope handle in this session"
+                errors.Status.NOT_FOUND,
+                Reason.SCOPE_NOT_FOUND,
+                "no such scope handle in this session",
             )
         return entry
 

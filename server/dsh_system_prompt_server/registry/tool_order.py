@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 
+from dsh_system_prompt_core import TOOL_ORDER_REST, Reason
+
 from .errors import RegistryError, Status, unknown_tool_order_names
 from .model import Tool
-
-TOOL_ORDER_REST = "<unlisted-tools>"
 
 
 def validate_tool_order(tool_order: Sequence[str]) -> tuple[str, ...]:
@@ -49,4 +49,4 @@ def order_tools(tools: Iterable[Tool], tool_order: Sequence[str] | None) -> list
 
 
 def _shape_error(message: str) -> RegistryError:
-    return RegistryError(Status.INVALID_ARGUMENT, "INVALID_TOOL_ORDER", message)
+    return RegistryError(Status.INVALID_ARGUMENT, Reason.INVALID_TOOL_ORDER, message)

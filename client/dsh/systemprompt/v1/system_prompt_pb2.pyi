@@ -10,7 +10,8 @@ the dsh-system-prompt registry; see the repository's docs for the rules.
 
 Errors are gRPC statuses whose message is the registry's own wording and
 whose details carry a google.rpc.ErrorInfo (domain "dsh.systemprompt.v1")
-with a stable machine-readable reason such as DUPLICATE_NAME. The reason is
+with a stable machine-readable reason such as DUPLICATE_NAME (every reason
+is a value of the ErrorReason enum below). The reason is
 also sent as the plain trailer "dsh-error-reason".
 """
 
@@ -189,6 +190,309 @@ CHANGE_ACTION_REGISTERED: ChangeAction.ValueType  # 1
 CHANGE_ACTION_UNREGISTERED: ChangeAction.ValueType  # 2
 """Disposed."""
 Global___ChangeAction: _TypeAlias = ChangeAction  # noqa: Y015
+
+class _ErrorReason:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReason.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ERROR_REASON_UNSPECIFIED: _ErrorReason.ValueType  # 0
+    """Never sent; the zero value."""
+    DUPLICATE_NAME: _ErrorReason.ValueType  # 1
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A section, context or variable name already registered in that layer.
+    """
+    INVALID_NAME: _ErrorReason.ValueType  # 2
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    An empty section, context, tool or listener name.
+    """
+    INVALID_ORDER: _ErrorReason.ValueType  # 3
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A section or context order that is not a finite number.
+    """
+    INVALID_VARIABLE_NAME: _ErrorReason.ValueType  # 4
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A variable name that does not match ^[a-z][a-z0-9_]*$.
+    """
+    INVALID_JSON: _ErrorReason.ValueType  # 5
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    Assemble fields or tool parameters that are not a JSON object.
+    """
+    MISSING_VALUE: _ErrorReason.ValueType  # 6
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A registration with neither a static value nor a dynamic provider.
+    """
+    VALUE_TOO_LARGE: _ErrorReason.ValueType  # 7
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A name, text, JSON value or request over a configured size limit.
+    """
+    INVALID_SCOPE: _ErrorReason.ValueType  # 8
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    An empty scope key.
+    """
+    SCOPE_PARENT_CONFLICT: _ErrorReason.ValueType  # 9
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A scope key whose parent is already bound to another key.
+    """
+    SCOPE_CYCLE: _ErrorReason.ValueType  # 10
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A scope parent that would close a cycle.
+    """
+    SCOPE_NOT_FOUND: _ErrorReason.ValueType  # 11
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A scope handle id that this session does not hold.
+    """
+    REGISTRATION_NOT_FOUND: _ErrorReason.ValueType  # 12
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    Disposing what does not exist or belongs to another session.
+    """
+    INVALID_TOOL_ORDER: _ErrorReason.ValueType  # 13
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A tool_order without its rest entry, or listing a name twice (config).
+    """
+    MULTIPLE_COMPLETE_SECTIONS: _ErrorReason.ValueType  # 14
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    More than one effective complete section.
+    """
+    UNKNOWN_TOOL_ORDER_NAME: _ErrorReason.ValueType  # 15
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    tool_order lists a name no tool provider knows.
+    """
+    RESERVED_TOOL_NAME: _ErrorReason.ValueType  # 16
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A tool provider returned the reserved name <unlisted-tools>.
+    """
+    INVARIANT_VIOLATION: _ErrorReason.ValueType  # 17
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    What the waterfall returned breaks an assembly invariant.
+    """
+    RENDER_FAILED: _ErrorReason.ValueType  # 18
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    Strict interpolation failed.
+    """
+    BAD_TOOL_SLOT: _ErrorReason.ValueType  # 19
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A listener reply referred to a tool slot that does not exist.
+    """
+    PROVIDER_FAILED: _ErrorReason.ValueType  # 20
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A dynamic provider raised, or answered with the wrong kind of value.
+    """
+    PROVIDER_TIMEOUT: _ErrorReason.ValueType  # 21
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A dynamic provider did not answer in time.
+    """
+    PROVIDER_UNAVAILABLE: _ErrorReason.ValueType  # 22
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    The session that registered a needed provider has ended.
+    """
+    LISTENER_FAILED: _ErrorReason.ValueType  # 23
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A listener raised or broke its stream's protocol.
+    """
+    LISTENER_TIMEOUT: _ErrorReason.ValueType  # 24
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A listener did not answer in time.
+    """
+    LISTENER_UNAVAILABLE: _ErrorReason.ValueType  # 25
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A listener's stream has closed.
+    """
+    UNKNOWN_SESSION: _ErrorReason.ValueType  # 26
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A call naming a session id that is not open (FAILED_PRECONDITION).
+    """
+    BAD_STREAM: _ErrorReason.ValueType  # 27
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A stream that did not start with its start message (INVALID_ARGUMENT).
+    """
+    QUOTA_EXCEEDED: _ErrorReason.ValueType  # 28
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A count limit (sessions, registrations, listeners, watchers) is reached.
+    """
+    UNAUTHENTICATED: _ErrorReason.ValueType  # 29
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    A call without the configured bearer token.
+    """
+    SHUTTING_DOWN: _ErrorReason.ValueType  # 30
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    The sidecar is draining after SIGTERM (UNAVAILABLE).
+    """
+    SIDECAR_UNAVAILABLE: _ErrorReason.ValueType  # 31
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    Client-side: the sidecar cannot be reached, or the connection is being re-established.
+    """
+    SESSION_CLOSED: _ErrorReason.ValueType  # 32
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    Client-side: a call on a client that was closed.
+    """
+    INVALID_VALUE: _ErrorReason.ValueType  # 33
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    Client-side: a value the client refused before sending it (a wrong type, not JSON-serialisable).
+    """
+    PROTOCOL_ERROR: _ErrorReason.ValueType  # 34
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    Client-side: the sidecar sent something the client cannot make sense of.
+    """
+    UNKNOWN: _ErrorReason.ValueType  # 35
+    """buf:lint:ignore ENUM_VALUE_PREFIX
+    Client-side: a failure that carried no reason (an older sidecar, or a proxy in between).
+    """
+
+class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
+    """The stable reason of a failure. The google.rpc.ErrorInfo detail of every
+    error status (domain "dsh.systemprompt.v1") and the plain
+    "dsh-error-reason" trailer carry a value's NAME as the reason string,
+    e.g. "DUPLICATE_NAME". Branch on it, never on message texts. A client
+    must treat a name it does not know (from a newer sidecar) like UNKNOWN.
+    Values marked "client-side" are never sent by the sidecar: clients use them
+    for failures they detect themselves, so every error carries a reason.
+    """
+
+ERROR_REASON_UNSPECIFIED: ErrorReason.ValueType  # 0
+"""Never sent; the zero value."""
+DUPLICATE_NAME: ErrorReason.ValueType  # 1
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A section, context or variable name already registered in that layer.
+"""
+INVALID_NAME: ErrorReason.ValueType  # 2
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+An empty section, context, tool or listener name.
+"""
+INVALID_ORDER: ErrorReason.ValueType  # 3
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A section or context order that is not a finite number.
+"""
+INVALID_VARIABLE_NAME: ErrorReason.ValueType  # 4
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A variable name that does not match ^[a-z][a-z0-9_]*$.
+"""
+INVALID_JSON: ErrorReason.ValueType  # 5
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+Assemble fields or tool parameters that are not a JSON object.
+"""
+MISSING_VALUE: ErrorReason.ValueType  # 6
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A registration with neither a static value nor a dynamic provider.
+"""
+VALUE_TOO_LARGE: ErrorReason.ValueType  # 7
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A name, text, JSON value or request over a configured size limit.
+"""
+INVALID_SCOPE: ErrorReason.ValueType  # 8
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+An empty scope key.
+"""
+SCOPE_PARENT_CONFLICT: ErrorReason.ValueType  # 9
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A scope key whose parent is already bound to another key.
+"""
+SCOPE_CYCLE: ErrorReason.ValueType  # 10
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A scope parent that would close a cycle.
+"""
+SCOPE_NOT_FOUND: ErrorReason.ValueType  # 11
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A scope handle id that this session does not hold.
+"""
+REGISTRATION_NOT_FOUND: ErrorReason.ValueType  # 12
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+Disposing what does not exist or belongs to another session.
+"""
+INVALID_TOOL_ORDER: ErrorReason.ValueType  # 13
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A tool_order without its rest entry, or listing a name twice (config).
+"""
+MULTIPLE_COMPLETE_SECTIONS: ErrorReason.ValueType  # 14
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+More than one effective complete section.
+"""
+UNKNOWN_TOOL_ORDER_NAME: ErrorReason.ValueType  # 15
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+tool_order lists a name no tool provider knows.
+"""
+RESERVED_TOOL_NAME: ErrorReason.ValueType  # 16
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A tool provider returned the reserved name <unlisted-tools>.
+"""
+INVARIANT_VIOLATION: ErrorReason.ValueType  # 17
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+What the waterfall returned breaks an assembly invariant.
+"""
+RENDER_FAILED: ErrorReason.ValueType  # 18
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+Strict interpolation failed.
+"""
+BAD_TOOL_SLOT: ErrorReason.ValueType  # 19
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A listener reply referred to a tool slot that does not exist.
+"""
+PROVIDER_FAILED: ErrorReason.ValueType  # 20
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A dynamic provider raised, or answered with the wrong kind of value.
+"""
+PROVIDER_TIMEOUT: ErrorReason.ValueType  # 21
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A dynamic provider did not answer in time.
+"""
+PROVIDER_UNAVAILABLE: ErrorReason.ValueType  # 22
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+The session that registered a needed provider has ended.
+"""
+LISTENER_FAILED: ErrorReason.ValueType  # 23
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A listener raised or broke its stream's protocol.
+"""
+LISTENER_TIMEOUT: ErrorReason.ValueType  # 24
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A listener did not answer in time.
+"""
+LISTENER_UNAVAILABLE: ErrorReason.ValueType  # 25
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A listener's stream has closed.
+"""
+UNKNOWN_SESSION: ErrorReason.ValueType  # 26
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A call naming a session id that is not open (FAILED_PRECONDITION).
+"""
+BAD_STREAM: ErrorReason.ValueType  # 27
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A stream that did not start with its start message (INVALID_ARGUMENT).
+"""
+QUOTA_EXCEEDED: ErrorReason.ValueType  # 28
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A count limit (sessions, registrations, listeners, watchers) is reached.
+"""
+UNAUTHENTICATED: ErrorReason.ValueType  # 29
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+A call without the configured bearer token.
+"""
+SHUTTING_DOWN: ErrorReason.ValueType  # 30
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+The sidecar is draining after SIGTERM (UNAVAILABLE).
+"""
+SIDECAR_UNAVAILABLE: ErrorReason.ValueType  # 31
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+Client-side: the sidecar cannot be reached, or the connection is being re-established.
+"""
+SESSION_CLOSED: ErrorReason.ValueType  # 32
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+Client-side: a call on a client that was closed.
+"""
+INVALID_VALUE: ErrorReason.ValueType  # 33
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+Client-side: a value the client refused before sending it (a wrong type, not JSON-serialisable).
+"""
+PROTOCOL_ERROR: ErrorReason.ValueType  # 34
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+Client-side: the sidecar sent something the client cannot make sense of.
+"""
+UNKNOWN: ErrorReason.ValueType  # 35
+"""buf:lint:ignore ENUM_VALUE_PREFIX
+Client-side: a failure that carried no reason (an older sidecar, or a proxy in between).
+"""
+Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final
 class Dynamic(_message.Message):

@@ -10,7 +10,8 @@ the dsh-system-prompt registry; see the repository's docs for the rules.
 
 Errors are gRPC statuses whose message is the registry's own wording and
 whose details carry a google.rpc.ErrorInfo (domain "dsh.systemprompt.v1")
-with a stable machine-readable reason such as DUPLICATE_NAME. The reason is
+with a stable machine-readable reason such as DUPLICATE_NAME (every reason
+is a value of the ErrorReason enum below). The reason is
 also sent as the plain trailer "dsh-error-reason".
 """
 

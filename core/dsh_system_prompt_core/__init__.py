@@ -1,0 +1,40 @@
+"""The rules the sidecar and its Python client share, with no gRPC in them.
+
+`names` holds the constants of the contract, `render` the strict interpolation,
+`reasons` the catalogue of error reasons. The client wraps a render failure as
+`dsp.RenderError`; the sidecar answers it with FAILED_PRECONDITION.
+"""
+
+from .names import (
+    CONTEXT_SNAPSHOT_HEADER,
+    HARNESS_IDENTITY_ORDER,
+    HARNESS_IDENTITY_SECTION,
+    HARNESS_IDENTITY_TEXT,
+    PERSONA_ORDER,
+    PERSONA_SECTION,
+    SECTION_SEPARATOR,
+    TOOL_ORDER_REST,
+    VARIABLE_NAME,
+    is_variable_name,
+)
+from .reasons import Reason
+from .render import RenderFailure, interpolate, references, render_context_snapshot, render_prompt
+
+__all__ = [
+    "CONTEXT_SNAPSHOT_HEADER",
+    "HARNESS_IDENTITY_ORDER",
+    "HARNESS_IDENTITY_SECTION",
+    "HARNESS_IDENTITY_TEXT",
+    "PERSONA_ORDER",
+    "PERSONA_SECTION",
+    "SECTION_SEPARATOR",
+    "TOOL_ORDER_REST",
+    "VARIABLE_NAME",
+    "Reason",
+    "RenderFailure",
+    "interpolate",
+    "is_variable_name",
+    "references",
+    "render_context_snapshot",
+    "render_prompt",
+]
