@@ -255,6 +255,43 @@ async def test_cli_report_names_a_timestamp_section_then_shows_it_stable_as_cont
     assert "(not in prefix)" in output
 
 
+async def test_a_report_still_works_when_the_render_fails_and_names_the_failing_part(
+    client: dsp.Client,
+) -> None:
+    await client.section("rules", 10, "Be precise.")
+    await client.section("model", 20, "Model: {{model}}.")  # no such variable yet
+    await client.context("mode", 1, lambda ctx: "Mode: {{ mode }}.")  # malformed, dynamic
+    result = await report(client)
+    assert result.render_error == (
+        'unknown prompt variable "{{model}}" in section "model"; registered variables: (none)'
+    )
+    assert part(result, "section", "model").bytes == len(b"Model: {{model}}.")
+    assert part(result, "context", "mode").bytes == len(b"Mode: {{ mode }}.")
+    assert part(result, "section", "rules").bytes == len(b"Be precise.")
+
+
+async def test_a_report_of_an_assembly_that_renders_has_no_render_error(
+    client: dsp.Client,
+) -> None:
+    await client.section("rules", 10, "Be precise.")
+    assert (await report(client)).render_error == ""
+
+
+async def test_cli_report_shows_the_parts_and_the_render_failure_and_exits_one(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    await client.section("model", 20, "Model: {{model}}.")
+    process = await asyncio.create_subprocess_exec(
+        sidecar_command(), "assemble", "--report", "--address", sidecar.address,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), 20)
+    assert process.returncode == 1, err.decode()
+    output = out.decode()
+    assert 'section "model"' in output
+    assert 'render fails: unknown prompt variable "{{model}}" in section "model"' in output
+
+
 @pytest.mark.parametrize("key", ["tokenizer"])
 async def test_an_unknown_tokenizer_is_a_config_error(
     make_sidecar: SidecarFactory, key: str

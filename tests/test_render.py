@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import dsh_system_prompt as dsp
 import grpc
 import pytest
-from helpers import SidecarFactory
+from helpers import ClientFactory, SidecarFactory, failure, rejection
 
 HEADER = "Current runtime context. This snapshot supersedes earlier runtime-context snapshots."
 
@@ -350,3 +350,43 @@ async def test_the_sidecar_renders_with_the_scopes_variables(client: dsp.Client)
     await agent.variable("who", "agent-1")
     assert (await client.render(scope="agent-1")).prompt.endswith("Agent: agent-1.")
     assert (await client.render()).prompt.endswith("Agent: global.")
+
+
+# -- malformed static templates are refused at registration -----------------------------
+
+
+@pytest.mark.parametrize("text", ["Hi {{ model }}.", "{{{model}}}", "{{}}", "a {{ b {{model}}"])
+async def test_a_static_section_with_a_malformed_reference_is_refused_at_registration(
+    client: dsp.Client, connect: ClientFactory, text: str
+) -> None:
+    error = await rejection(client.section("poison", 1, text))
+    assert isinstance(error, dsp.RenderError)
+    assert error.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert error.reason == "RENDER_FAILED"
+    assert error.message.startswith("malformed prompt variable reference")
+    assert 'in section "poison"' in error.message
+    other = await connect()
+    await other.section("rules", 2, "Be precise.")
+    assert (await other.render()).prompt.endswith("Be precise.")  # nothing was left behind
+
+
+async def test_a_static_context_with_a_malformed_reference_is_refused_at_registration(
+    client: dsp.Client,
+) -> None:
+    error = await rejection(client.context("policy", 1, "Mode: {{ mode }}."))
+    assert failure(error) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "RENDER_FAILED",
+        'malformed prompt variable reference "{{ mode }}" in context "policy"',
+    )
+    assert (await client.render()).context_snapshot == ""
+
+
+async def test_an_unknown_variable_is_accepted_at_registration_and_renders_once_registered(
+    client: dsp.Client,
+) -> None:
+    await client.section("model", 1, "Model: {{model}}.")
+    with pytest.raises(dsp.RenderError):
+        await client.render()
+    await client.variable("model", "deepseek-v4")
+    assert (await client.render()).prompt.endswith("Model: deepseek-v4.")

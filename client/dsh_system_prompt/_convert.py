@@ -164,6 +164,7 @@ def report_from_proto(message: pb.AssemblyReport) -> AssemblyReport:
             reason=stability.reason,
         ),
         variables={v.name: _source(v.source) for v in message.variables},
+        render_error=message.render_error,
     )
 
 

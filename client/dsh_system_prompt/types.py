@@ -149,6 +149,7 @@ class AssemblyReport:
     context_snapshot: Size
     stability: PrefixStability
     variables: dict[str, Source]
+    render_error: str = ""  # why the assembly does not render, naming the part; "" if it does
 
 
 @dataclass

@@ -18,7 +18,14 @@ from .names import (
     is_variable_name,
 )
 from .reasons import Reason
-from .render import RenderFailure, interpolate, references, render_context_snapshot, render_prompt
+from .render import (
+    RenderFailure,
+    check_template,
+    interpolate,
+    references,
+    render_context_snapshot,
+    render_prompt,
+)
 
 __all__ = [
     "CONTEXT_SNAPSHOT_HEADER",
@@ -32,6 +39,7 @@ __all__ = [
     "VARIABLE_NAME",
     "Reason",
     "RenderFailure",
+    "check_template",
     "interpolate",
     "is_variable_name",
     "references",

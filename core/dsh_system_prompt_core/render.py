@@ -66,6 +66,16 @@ def interpolate(text: str, variables: Mapping[str, str | None], where: str) -> s
     return "".join(out)
 
 
+def check_template(text: str, where: str) -> None:
+    """Raise RenderFailure when `text` holds a malformed {{ }} reference; unknown names
+    pass (their variables may be registered later)."""
+    if "{{" not in text:
+        return
+    for piece in _compile(text):
+        if isinstance(piece, _Reference) and (problem := piece.malformed(where)):
+            raise RenderFailure(problem)
+
+
 def references(text: str) -> list[str]:
     """The variable names that `text` references with complete {{name}} groups, in order."""
     if "{{" not in text:
@@ -80,15 +90,18 @@ class _Reference:
     reference: str  # the group as written, or the snippet of a malformed opening
     name: str | None  # the variable's name; None for a malformed opening
 
-    def resolve(self, variables: Mapping[str, str | None], where: str) -> str:
+    def malformed(self, where: str) -> str | None:
+        """The contract's message when this reference can never resolve, else None."""
         if self.name is None:
-            raise RenderFailure(
-                f'malformed prompt variable reference at "{self.reference}" in {where}'
-            )
+            return f'malformed prompt variable reference at "{self.reference}" in {where}'
         if not is_variable_name(self.name):
-            raise RenderFailure(
-                f'malformed prompt variable reference "{self.reference}" in {where}'
-            )
+            return f'malformed prompt variable reference "{self.reference}" in {where}'
+        return None
+
+    def resolve(self, variables: Mapping[str, str | None], where: str) -> str:
+        if problem := self.malformed(where):
+            raise RenderFailure(problem)
+        assert self.name is not None  # malformed() said so
         if self.name not in variables:
             registered = ", ".join(variables) or "(none)"
             raise RenderFailure(

@@ -14,10 +14,11 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from dsh_system_prompt_core import (
+    CONTEXT_SNAPSHOT_HEADER,
     SECTION_SEPARATOR,
+    RenderFailure,
     interpolate,
     references,
-    render_context_snapshot,
 )
 
 from .registry import Assembly, Origin, OriginKind, Tool
@@ -70,6 +71,7 @@ class Report:
     context_snapshot: Size
     stability: Stability
     variables: list[tuple[str, Origin]]
+    render_error: str = ""  # the first render failure, naming its part; "" when it rendered
 
 
 @dataclass
@@ -100,10 +102,13 @@ def build_report(
 ) -> Report:
     """Report on `assembly` (tracked with origins), against `previous` prefix parts."""
     origins = assembly.origins or {}
+    failures: list[str] = []
+    sections = _rendered("section", assembly.sections, assembly.variables, failures)
+    contexts_text = _rendered("context", assembly.contexts, assembly.variables, failures)
     parts = [
         *(_tool_print(tool, origins, tokenizer) for tool in assembly.tools),
-        *_text_prints("section", assembly.sections, assembly.variables, origins, tokenizer),
-        *_text_prints("context", assembly.contexts, assembly.variables, origins, tokenizer),
+        *_text_prints("section", sections, assembly.variables, origins, tokenizer),
+        *_text_prints("context", contexts_text, assembly.variables, origins, tokenizer),
     ]
     prefix = [part for part in parts if part.kind != "context"]
     stability, stable_count = _stability(prefix, previous, tokenizer is not None)
@@ -114,11 +119,12 @@ def build_report(
         parts=[*zip(prefix, stable, strict=True), *((part, False) for part in contexts)],
         tools=_total([p for p in prefix if p.kind == "tool"], 0),
         prompt=_total([p for p in prefix if p.kind == "section"], SEPARATOR_BYTES),
-        context_snapshot=_snapshot_size(assembly, tokenizer),
+        context_snapshot=_snapshot_size(contexts_text, tokenizer),
         stability=stability,
         variables=[
             (name, origins.get(("variable", name), _UNKNOWN)) for name in assembly.variables
         ],
+        render_error=failures[0] if failures else "",
     )
 
 
@@ -144,20 +150,38 @@ def _tool_print(
     )
 
 
-def _text_prints(
+def _rendered(
     kind: str,
     parts: list,  # type: ignore[type-arg]
+    variables: dict[str, str | None],
+    failures: list[str],
+) -> list[tuple[str, str, str]]:
+    """(name, raw text, rendered text) of each part; a part that fails to render is
+    reported as written and its failure added to `failures`, so the report still works."""
+    out = []
+    for part in parts:
+        try:
+            rendered = interpolate(part.text, variables, f'{kind} "{part.name}"')
+        except RenderFailure as error:
+            failures.append(str(error))
+            rendered = part.text
+        out.append((part.name, part.text, rendered))
+    return out
+
+
+def _text_prints(
+    kind: str,
+    parts: list[tuple[str, str, str]],
     variables: dict[str, str | None],
     origins: dict[tuple[str, str], Origin],
     tokenizer: Tokenizer | None,
 ) -> list[PartPrint]:
     prints = []
-    for part in parts:
-        rendered = interpolate(part.text, variables, f'{kind} "{part.name}"')
+    for name, raw, rendered in parts:
         if not rendered:
             continue  # empty parts are dropped from what the model sees
-        used = tuple((name, variables.get(name)) for name in dict.fromkeys(references(part.text)))
-        prints.append(_print(kind, part.name, rendered, origins, tokenizer, part.text, "", used))
+        used = tuple((ref, variables.get(ref)) for ref in dict.fromkeys(references(raw)))
+        prints.append(_print(kind, name, rendered, origins, tokenizer, raw, "", used))
     return prints
 
 
@@ -191,8 +215,9 @@ def _total(parts: list[PartPrint], separator: int) -> Size:
     return Size(size, tokens)
 
 
-def _snapshot_size(assembly: Assembly, tokenizer: Tokenizer | None) -> Size:
-    snapshot = render_context_snapshot(assembly)
+def _snapshot_size(contexts: list[tuple[str, str, str]], tokenizer: Tokenizer | None) -> Size:
+    body = SECTION_SEPARATOR.join(rendered for _, _, rendered in contexts if rendered)
+    snapshot = f"{CONTEXT_SNAPSHOT_HEADER}{SECTION_SEPARATOR}{body}" if body else ""
     return Size(len(snapshot.encode()), tokenizer.count(snapshot) if tokenizer else None)
 
 

@@ -20,6 +20,7 @@ import grpc.aio
 from dsh_system_prompt._channel import open_channel
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 EXIT_OK = 0
@@ -74,12 +75,12 @@ async def assemble(args: argparse.Namespace) -> int:
             assembly = await client.assemble(args.scope, fields, timeout=args.timeout)
             print(json.dumps(assembly_json(assembly), ensure_ascii=False, indent=2))
             return EXIT_OK
-        rendered = await client.render(args.scope, fields, timeout=args.timeout,
-                                       report=args.report)  # fmt: skip
-    if args.report:
-        assert rendered.assembly.report is not None
-        _show_report(rendered.assembly.report)
-        return EXIT_OK
+        if args.report:  # no render asked: the report itself says whether one would fail
+            reported = await client.assemble(args.scope, fields, timeout=args.timeout,
+                                             report=True)  # fmt: skip
+            assert reported.report is not None
+            return _show_report(reported.report)
+        rendered = await client.render(args.scope, fields, timeout=args.timeout)
     _show_prompt(rendered.prompt, rendered.context_snapshot, rendered.assembly, args)
     return EXIT_OK
 
@@ -243,8 +244,9 @@ def _show_prompt(
         console.print(snapshot, markup=False)
 
 
-def _show_report(report: dsp.AssemblyReport) -> None:
-    """A table: part, source, size, stable/changed; then the prefix verdict."""
+def _show_report(report: dsp.AssemblyReport) -> int:
+    """A table: part, source, size, stable/changed; then the prefix verdict and, when
+    the assembly does not render, why (exit EXIT_REFUSED: the pod's renders fail)."""
     unit = f"tokens ({report.tokenizer})" if report.tokenizer else None
     table = Table(title="prompt parts in model order", title_justify="left")
     for column in ("part", "source", "bytes", *([unit] if unit else []), "prefix"):
@@ -261,6 +263,10 @@ def _show_report(report: dsp.AssemblyReport) -> None:
     console = _console() if sys.stdout.isatty() else Console(width=200, no_color=True)
     console.print(table)
     console.print(_verdict(report), highlight=False)
+    if report.render_error:
+        console.print(f"[bold red]render fails:[/] {escape(report.render_error)}")
+        return EXIT_REFUSED
+    return EXIT_OK
 
 
 def _verdict(report: dsp.AssemblyReport) -> str:

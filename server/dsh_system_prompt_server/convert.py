@@ -229,6 +229,7 @@ def report_to_proto(report: Report) -> pb.AssemblyReport:
             pb.VariableReport(name=name, source=source_to_proto(origin))
             for name, origin in report.variables
         ],
+        render_error=report.render_error,
     )
 
 

@@ -172,12 +172,12 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
         assembly = await self.registry.run(plan, assemble_context, deadline, track=request.report)
         response = pb.AssembleResponse(assembly=assembly_to_proto(assembly), revision=plan.revision)
+        if request.report:  # before rendering: a report names a failing part, never fails
+            response.report.CopyFrom(self._report(assemble_context.scope, assembly))
         try:
             if request.render:
                 response.rendered.prompt = render_prompt(assembly)
                 response.rendered.context_snapshot = render_context_snapshot(assembly)
-            if request.report:
-                response.report.CopyFrom(self._report(assemble_context.scope, assembly))
         except RenderFailure as error:
             failure = RegistryError(Status.FAILED_PRECONDITION, Reason.RENDER_FAILED, str(error))
             raise failure from None

@@ -110,3 +110,8 @@ def unknown_tool_order_names(unknown: list[str], known: list[str]) -> RegistryEr
 
 def invariant(message: str) -> RegistryError:
     return RegistryError(Status.FAILED_PRECONDITION, Reason.INVARIANT_VIOLATION, message)
+
+
+def malformed_template(message: str) -> RegistryError:
+    """A static text whose {{ }} reference can never render: it would fail every assembly."""
+    return RegistryError(Status.FAILED_PRECONDITION, Reason.RENDER_FAILED, message)

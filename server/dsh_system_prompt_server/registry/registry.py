@@ -17,6 +17,8 @@ from dsh_system_prompt_core import (
     PERSONA_ORDER,
     PERSONA_SECTION,
     Reason,
+    RenderFailure,
+    check_template,
     is_variable_name,
 )
 
@@ -116,6 +118,7 @@ class Registry:
         layer = self._layer_for(scope_handle)
         self._check_named("prompt section", name, order, layer.sections, scope_handle)
         self._check_value(owner, f'prompt section "{name}" text', text)
+        _check_template(text, f'section "{name}"')
         entry = SectionEntry(
             **self._fields(owner, Kind.SECTION, scope_handle, name),
             order=order,
@@ -133,6 +136,7 @@ class Registry:
         layer = self._layer_for(scope_handle)
         self._check_named("prompt context", name, order, layer.contexts, scope_handle)
         self._check_value(owner, f'prompt context "{name}" text', text)
+        _check_template(text, f'context "{name}"')
         entry = ContextEntry(
             **self._fields(owner, Kind.CONTEXT, scope_handle, name),
             order=order,
@@ -461,6 +465,14 @@ class Registry:
             handle.children[entry.id] = entry
         self.changes.publish(entry.kind, True, entry.name, entry.scope)
         return entry
+
+
+def _check_template(text: str | Dynamic, where: str) -> None:
+    if isinstance(text, str):
+        try:
+            check_template(text, where)
+        except RenderFailure as error:
+            raise errors.malformed_template(str(error)) from None
 
 
 def _key(handle: ScopeHandle | None) -> str | None:

@@ -1114,7 +1114,11 @@ class RegisterSectionRequest(_message.Message):
     complete: _builtins.bool
     """Whether this section becomes the exact, complete prompt."""
     text: _builtins.str
-    """Static text."""
+    """Static text. A malformed {{ }} reference in it (e.g. `{{ model }}`,
+    `{{{model}}}`) would fail every render, so it is refused here with
+    FAILED_PRECONDITION, reason RENDER_FAILED and the render's message;
+    unknown variable names are accepted (they may be registered later).
+    """
     @_builtins.property
     def dynamic(self) -> Global___Dynamic:
         """Text provided by the session at each assembly."""
@@ -1187,7 +1191,11 @@ class RegisterContextRequest(_message.Message):
     order: _builtins.float
     """Sort key: ascending, ties keep registration order. Must be finite."""
     text: _builtins.str
-    """Static text."""
+    """Static text. A malformed {{ }} reference in it (e.g. `{{ model }}`,
+    `{{{model}}}`) would fail every render, so it is refused here with
+    FAILED_PRECONDITION, reason RENDER_FAILED and the render's message;
+    unknown variable names are accepted (they may be registered later).
+    """
     @_builtins.property
     def dynamic(self) -> Global___Dynamic:
         """Text provided by the session at each assembly."""
@@ -1830,8 +1838,14 @@ class AssemblyReport(_message.Message):
     CONTEXT_SNAPSHOT_FIELD_NUMBER: _builtins.int
     STABILITY_FIELD_NUMBER: _builtins.int
     VARIABLES_FIELD_NUMBER: _builtins.int
+    RENDER_ERROR_FIELD_NUMBER: _builtins.int
     tokenizer: _builtins.str
     """The tokenizer behind token counts; empty when sizes are bytes only."""
+    render_error: _builtins.str
+    """Why the assembly does not render (the first RENDER_FAILED message, naming
+    the part), or empty when it renders. A part that fails is reported as
+    written, so a report still diagnoses a pod whose renders fail.
+    """
     @_builtins.property
     def parts(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartReport]:
         """Every part in model order: tools, then sections, then contexts."""
@@ -1866,10 +1880,11 @@ class AssemblyReport(_message.Message):
         context_snapshot: Global___Size | None = ...,
         stability: Global___PrefixStability | None = ...,
         variables: _abc.Iterable[Global___VariableReport] | None = ...,
+        render_error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context_snapshot", b"context_snapshot", "prompt", b"prompt", "stability", b"stability", "tools", b"tools"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_snapshot", b"context_snapshot", "parts", b"parts", "prompt", b"prompt", "stability", b"stability", "tokenizer", b"tokenizer", "tools", b"tools", "variables", b"variables"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_snapshot", b"context_snapshot", "parts", b"parts", "prompt", b"prompt", "render_error", b"render_error", "stability", b"stability", "tokenizer", b"tokenizer", "tools", b"tools", "variables", b"variables"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
