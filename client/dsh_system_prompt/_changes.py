@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 import grpc
 import grpc.aio
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
 from ._convert import change_from_proto
 from .errors import error_from_rpc
 from .types import ChangeEvent, ChangesMissed
 
 
+class WatchCall(Protocol):
+    """The client's side of a WatchChanges stream."""
+
+    async def read(self) -> object: ...  # a WatchChangesResponse, or grpc.aio.EOF at the end
+
+    async def code(self) -> grpc.StatusCode: ...
+
+    def cancel(self) -> bool: ...
+
+
 class ChangeStream:
     """`async for event in changes`: ChangeEvent, or ChangesMissed after a gap."""
 
-    def __init__(self, call: Any, revision: int) -> None:
+    def __init__(self, call: WatchCall, revision: int) -> None:
         self._call = call
         self.revision = revision  # the revision when the subscription started
 
@@ -29,7 +40,7 @@ class ChangeStream:
             if error.code() == grpc.StatusCode.CANCELLED:
                 raise StopAsyncIteration from None
             raise error_from_rpc(error) from None
-        if message is grpc.aio.EOF:
+        if not isinstance(message, pb.WatchChangesResponse):  # the end: grpc.aio.EOF
             raise StopAsyncIteration
         if message.HasField("missed"):
             missed = message.missed

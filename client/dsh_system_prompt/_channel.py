@@ -1,8 +1,15 @@
-"""Building the channel: keepalive, fast reconnects, optional TLS and bearer token."""
+"""The channel: keepalive, fast reconnects, optional TLS, and the bearer token on every call.
+
+The channel outlives sessions: after a sidecar restart the same channel
+reconnects and only the session is opened again. The token is added by
+interceptors, once for every unary and streaming call made on the channel.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -32,22 +39,62 @@ class TLS:
     server_name: str | None = None  # when the certificate names another host
 
 
-Metadata = tuple[tuple[str, str], ...]
-
-
-def call_metadata(token: str | None) -> Metadata:
-    """What every call and stream carries: the bearer token, when there is one."""
-    return (("authorization", f"Bearer {token}"),) if token else ()
-
-
-def open_channel(address: str, tls: TLS | None) -> grpc.aio.Channel:
-    """A channel to `address` (HOST:PORT or unix:PATH)."""
+def open_channel(address: str, tls: TLS | None, token: str | None = None) -> grpc.aio.Channel:
+    """A channel to `address` (HOST:PORT or unix:PATH); every call on it carries `token`."""
     options: list[tuple[str, int | str]] = list(CHANNEL_OPTIONS)
+    # Without a token there is nothing to add: no interceptor, no cost per call.
+    interceptors = _bearer_token(token) if token else None
     if tls is None:
-        return grpc.aio.insecure_channel(address, options=options)
+        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
     if tls.server_name:
         options.append(("grpc.ssl_target_name_override", tls.server_name))
     credentials = grpc.ssl_channel_credentials(
         tls.root_certificates, tls.private_key, tls.certificate_chain
     )
-    return grpc.aio.secure_channel(address, credentials, options=options)
+    return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
+
+
+def _bearer_token(token: str) -> list[grpc.aio.ClientInterceptor]:
+    # grpc.aio files an interceptor under its first call kind only: one object per kind.
+    # The service has no client-streaming RPC, so there is no stream-unary one.
+    entry = ("authorization", f"Bearer {token}")
+    return [_UnaryUnary(*entry), _UnaryStream(*entry), _StreamStream(*entry)]
+
+
+# The continuations start the call; what they return is the call the caller gets.
+_Continuation = Callable[[grpc.aio.ClientCallDetails, Any], Awaitable[Any]]
+
+
+class _AddsHeader:
+    """Adds one metadata entry to every call it intercepts."""
+
+    def __init__(self, key: str, value: str) -> None:
+        self._entry = (key, value)
+
+    def _with_header(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()), self._entry)
+        return details._replace(metadata=metadata)
+
+
+# grpc ships no type information, so its interceptor bases are Any to mypy.
+
+
+class _UnaryUnary(_AddsHeader, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_unary(
+        self, continuation: _Continuation, details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
+        return await continuation(self._with_header(details), request)
+
+
+class _UnaryStream(_AddsHeader, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_stream(
+        self, continuation: _Continuation, details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
+        return await continuation(self._with_header(details), request)
+
+
+class _StreamStream(_AddsHeader, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_stream(
+        self, continuation: _Continuation, details: grpc.aio.ClientCallDetails, requests: Any
+    ) -> Any:
+        return await continuation(self._with_header(details), requests)

@@ -17,11 +17,13 @@ from .types import (
     ChangeAction,
     ChangeEvent,
     ChangeKind,
+    PartKind,
     PartReport,
     PrefixStability,
     PromptAssembly,
     Size,
     Source,
+    SourceKind,
     ToolProviderResult,
     ToolSchema,
 )
@@ -60,7 +62,8 @@ def tool_to_proto(tool: ToolSchema) -> pb.ToolSchema:
     )
 
 
-def tools_to_proto(result: ToolProviderResult | list[ToolSchema]) -> pb.ToolProviderResult:
+def tools_to_proto(result: object) -> pb.ToolProviderResult:
+    """A tool list or ToolProviderResult as sent; anything else is INVALID_ARGUMENT."""
     if isinstance(result, list | tuple):
         result = ToolProviderResult(schemas=list(result))
     if not isinstance(result, ToolProviderResult):
@@ -123,13 +126,13 @@ def change_from_proto(message: pb.ChangeEvent) -> ChangeEvent:
     )
 
 
-_SOURCE_KINDS: dict[int, Any] = {
+_SOURCE_KINDS: dict[int, SourceKind] = {
     pb.SOURCE_KIND_BUILTIN: "builtin",
     pb.SOURCE_KIND_GLOBAL: "global",
     pb.SOURCE_KIND_SCOPE: "scope",
     pb.SOURCE_KIND_LISTENER: "listener",
 }
-_PART_KINDS: dict[int, Any] = {
+_PART_KINDS: dict[int, PartKind] = {
     pb.PART_KIND_TOOL: "tool",
     pb.PART_KIND_SECTION: "section",
     pb.PART_KIND_CONTEXT: "context",

@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_core import Reason
 
-from ._channel import Metadata
 from ._convert import assembly_from_proto, assembly_to_proto, context_from_proto
 from .errors import SystemPromptError, error_from_rpc, stream_ended
 from .types import AssembleContext, PromptAssembly, ToolSchema
@@ -37,14 +37,25 @@ def label(name: str) -> str:
 _LABEL_LIMIT = 120
 
 
+class _ListenCall(Protocol):
+    """The client's side of a Listen stream."""
+
+    async def write(self, request: pb.ListenRequest) -> None: ...
+
+    async def read(self) -> object: ...  # a ListenResponse, or grpc.aio.EOF at the end
+
+    async def code(self) -> grpc.StatusCode: ...
+
+    def cancel(self) -> bool: ...
+
+
 class ListenerStream:
     """Runs one listener for every invocation the sidecar sends."""
 
-    def __init__(self, stub: Any, listener: Listener, metadata: Metadata) -> None:
+    def __init__(self, stub: pb_grpc.SystemPromptServiceStub, listener: Listener) -> None:
         self._stub = stub
-        self._metadata = metadata
         self._listener = listener
-        self._call: Any = None
+        self._call: _ListenCall | None = None
         self._reader: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
         self._running: dict[int, asyncio.Task[None]] = {}
@@ -52,15 +63,16 @@ class ListenerStream:
 
     async def start(self, start: pb.ListenStart) -> str:
         """Install the listener; returns its registration id."""
-        self._call = self._stub.Listen(metadata=self._metadata)
+        call: _ListenCall = self._stub.Listen()
+        self._call = call
         try:
-            await self._call.write(pb.ListenRequest(start=start))
-            first = await self._call.read()
+            await call.write(pb.ListenRequest(start=start))
+            first = await call.read()
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
-        if first is grpc.aio.EOF:
-            raise stream_ended("it closed the listener stream", await self._call.code())
-        self._reader = asyncio.create_task(self._read())
+        if not isinstance(first, pb.ListenResponse):
+            raise stream_ended("it closed the listener stream", await call.code())
+        self._reader = asyncio.create_task(self._read(call))
         return str(first.registered.registration_id)
 
     async def close(self) -> None:
@@ -73,9 +85,9 @@ class ListenerStream:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
 
-    async def _read(self) -> None:
+    async def _read(self, call: _ListenCall) -> None:
         with contextlib.suppress(grpc.RpcError, asyncio.CancelledError):
-            while (message := await self._call.read()) is not grpc.aio.EOF:
+            while isinstance(message := await call.read(), pb.ListenResponse):
                 kind = message.WhichOneof("kind")
                 if kind == "invocation":
                     self._start(message.invocation)
@@ -147,7 +159,8 @@ class ListenerStream:
     async def _write(self, message: pb.ListenRequest) -> None:
         async with self._write_lock:  # one outstanding write per stream
             with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
-                await self._call.write(message)
+                if self._call is not None:
+                    await self._call.write(message)
 
 
 class NextCall:

@@ -5,17 +5,18 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
-from ._changes import ChangeStream
-from ._channel import TLS, call_metadata, open_channel
-from ._connection import Connection, Record
+from ._changes import ChangeStream, WatchCall
+from ._channel import TLS, open_channel
+from ._connection import Connection
 from ._convert import assembly_from_proto, context_to_proto, report_from_proto, tools_to_proto
 from ._listeners import Listener, label, listener_name
+from ._replay import Contribution, ListenerRegistration, Registration, ScopeHandle
 from .errors import error_from_rpc, invalid_value, stream_ended
 from .types import AssembleContext, PromptAssembly, RenderedPrompt, ToolProviderResult, ToolSchema
 
@@ -49,8 +50,9 @@ class Disposer:
 class _Registrar:
     """The registration methods shared by the client (global layer) and scope handles."""
 
-    def __init__(self, connection: Connection, scope: Record | None) -> None:
+    def __init__(self, connection: Connection, scope: ScopeHandle | None) -> None:
         self._connection = connection
+        self._stub = connection.stub
         self._scope = scope
 
     async def section(
@@ -58,38 +60,48 @@ class _Registrar:
     ) -> Disposer:
         """Contribute a prompt section; `text` is a string or a provider of one."""
         request = pb.RegisterSectionRequest(name=name, order=_order(order), complete=complete)
-        return await self._register("RegisterSection", request, self._source(request, "text", text))
+        source = _with_text(request, self._source(text, "text"))
+        record = Contribution(request=request, rpc=self._stub.RegisterSection)
+        return await self._register(record, source)
 
     async def context(self, name: str, order: float, text: TextSource) -> Disposer:
         """Contribute an ordered runtime context; `text` is a string or a provider."""
         request = pb.RegisterContextRequest(name=name, order=_order(order))
-        return await self._register("RegisterContext", request, self._source(request, "text", text))
+        source = _with_text(request, self._source(text, "text"))
+        record = Contribution(request=request, rpc=self._stub.RegisterContext)
+        return await self._register(record, source)
 
     async def suppress_runtime_context(self) -> Disposer:
         """Suppress runtime context here until the returned disposer runs."""
-        return await self._register("SuppressRuntimeContext", pb.SuppressRuntimeContextRequest())
+        request = pb.SuppressRuntimeContextRequest()
+        rpc = self._stub.SuppressRuntimeContext
+        return await self._register(Contribution(request=request, rpc=rpc))
 
     async def tools(self, provider: ToolsSource) -> Disposer:
         """Contribute tool schemas: a list, a ToolProviderResult, or a provider of one."""
         request = pb.RegisterToolsRequest()
-        key = None
+        source = None
         if callable(provider):
-            key = self._connection.add_provider(provider)
-            request.dynamic.provider_key = key
+            source = pb.Dynamic(provider_key=self._connection.providers.add(provider))
+            request.dynamic.CopyFrom(source)
             request.name = label(getattr(provider, "__qualname__", ""))
         else:
             request.result.CopyFrom(tools_to_proto(provider))
-        return await self._register("RegisterTools", request, key)
+        record = Contribution(request=request, rpc=self._stub.RegisterTools)
+        return await self._register(record, source)
 
     async def variable(self, name: str, value: VariableSource) -> Disposer:
         """Contribute {{name}}: a value, None (no value), or a provider of either."""
         request = pb.RegisterVariableRequest(name=name)
-        key = None
-        if value is None:
+        source = None if value is None else self._source(value, "value")
+        if source is None:
             request.no_value.SetInParent()
+        elif isinstance(source, str):
+            request.value = source
         else:
-            key = self._source(request, "value", value)
-        return await self._register("RegisterVariable", request, key)
+            request.dynamic.CopyFrom(source)
+        record = Contribution(request=request, rpc=self._stub.RegisterVariable)
+        return await self._register(record, source)
 
     async def on_assemble(
         self, listener: Listener, prepend: bool = False, global_: bool = False
@@ -97,22 +109,24 @@ class _Registrar:
         """Install a waterfall listener: `async def listener(assembly, context, next)`."""
         start = pb.ListenStart(prepend=prepend, name=listener_name(listener))
         setattr(start, "global", global_)  # a Python keyword as a field name
-        record = Record("Listen", start, scope=self._scope, listener=listener)
-        await self._connection.register(record)
-        return Disposer(lambda: self._connection.dispose(record))
+        return await self._register(
+            ListenerRegistration(start=start, listener=listener, stub=self._stub)
+        )
 
-    def _source(self, request: Any, field: str, value: object) -> str | None:
+    def _source(self, value: object, field: str) -> str | pb.Dynamic:
+        """A text or value as sent: the string itself, or its provider's key here."""
         if callable(value):
-            key = self._connection.add_provider(value)
-            request.dynamic.provider_key = key
-            return key
+            return pb.Dynamic(provider_key=self._connection.providers.add(value))
         if not isinstance(value, str):
             raise invalid_value(f"{field} must be a str or a callable, not {type(value).__name__}")
-        setattr(request, field, value)
-        return None
+        return value
 
-    async def _register(self, method: str, request: Any, key: str | None = None) -> Disposer:
-        record = Record(method, request, scope=self._scope, provider_key=key)
+    async def _register(
+        self, record: Registration, source: str | pb.Dynamic | None = None
+    ) -> Disposer:
+        record.scope = self._scope
+        if isinstance(source, pb.Dynamic):
+            record.provider_key = source.provider_key
         await self._connection.register(record)
         return Disposer(lambda: self._connection.dispose(record))
 
@@ -121,7 +135,7 @@ class Scope(_Registrar):
     """A handle on a scope key: registrations land in that scope's layer."""
 
     def __init__(
-        self, connection: Connection, key: str, parent: str | None, record: Record
+        self, connection: Connection, key: str, parent: str | None, record: ScopeHandle
     ) -> None:
         super().__init__(connection, record)
         self.key = key
@@ -151,7 +165,8 @@ class Client(_Registrar):
 
     async def scope(self, key: str, parent: str | None = None) -> Scope:
         """Open a handle on scope `key`, optionally binding its parent."""
-        record = Record("OpenScope", pb.OpenScopeRequest(key=key, parent_key=parent or ""))
+        request = pb.OpenScopeRequest(key=key, parent_key=parent or "")
+        record = ScopeHandle(request=request, rpc=self._connection.stub.OpenScope)
         await self._connection.register(record)
         return Scope(self._connection, key, parent, record)
 
@@ -189,14 +204,12 @@ class Client(_Registrar):
     async def watch_changes(self) -> ChangeStream:
         """Subscribe to change events; subscribed when this returns."""
         await self._connection.ready()
-        call = self._connection.stub.WatchChanges(
-            pb.WatchChangesRequest(), metadata=self._connection.metadata
-        )
+        call: WatchCall = self._connection.stub.WatchChanges(pb.WatchChangesRequest())
         try:
             first = await call.read()
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
-        if first is grpc.aio.EOF:
+        if not isinstance(first, pb.WatchChangesResponse):  # grpc.aio.EOF
             raise stream_ended("it closed the change stream", await call.code())
         return ChangeStream(call, first.subscribed.revision)
 
@@ -231,8 +244,8 @@ class _Connecting:
         self._client: Client | None = None
 
     async def _connect(self) -> Client:
-        channel = open_channel(self._address, self._tls)
-        connection = Connection(channel, self._client_name, call_metadata(self._token))
+        channel = open_channel(self._address, self._tls, self._token)
+        connection = Connection(channel, self._client_name)
         try:
             await connection.open()
         except BaseException:
@@ -270,6 +283,23 @@ def connect(
     switches to TLS (mutual TLS when it carries a client certificate).
     """
     return _Connecting(address, client_name or f"python-{os.getpid()}", token, tls)
+
+
+class _TextRequest(Protocol):
+    """A section or context request: its text is a string or a provider's."""
+
+    text: str
+
+    @property
+    def dynamic(self) -> pb.Dynamic: ...
+
+
+def _with_text(request: _TextRequest, source: str | pb.Dynamic) -> str | pb.Dynamic:
+    if isinstance(source, str):
+        request.text = source
+    else:
+        request.dynamic.CopyFrom(source)
+    return source
 
 
 def _assembly(reply: pb.AssembleResponse) -> PromptAssembly:

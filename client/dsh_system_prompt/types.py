@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 ChangeKind = Literal["section", "context", "tools", "variable", "suppressor", "listener", "scope"]
 ChangeAction = Literal["registered", "unregistered"]
+SourceKind = Literal["builtin", "global", "scope", "listener"]
+PartKind = Literal["tool", "section", "context"]
 
 
 @dataclass
@@ -98,7 +100,7 @@ class ToolProviderResult:
 class Source:
     """Where an assembled part came from: "builtin", "global", "scope" or "listener"."""
 
-    kind: Literal["builtin", "global", "scope", "listener"]
+    kind: SourceKind
     scope: str | None = None  # for "scope": the layer's scope key
     ancestor_depth: int = 0  # for "scope": 0 is the assembly's own scope, 1 its parent, ...
     listener: str = ""  # for "listener": the listener that added or last changed it
@@ -117,7 +119,7 @@ class Size:
 class PartReport:
     """One rendered part, in model order: its origin, size, fingerprint and stability."""
 
-    kind: Literal["tool", "section", "context"]
+    kind: PartKind
     name: str
     source: Source
     bytes: int

@@ -1,0 +1,95 @@
+"""Dynamic providers: the functions this client registered, and answering the sidecar's
+ProvideRequests with their values.
+
+Providers stay here across reconnects under the key the sidecar quotes back,
+so a replayed registration finds its provider again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+from collections.abc import Awaitable, Callable
+
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+
+from ._convert import context_from_proto, tools_to_proto
+from .types import AssembleContext
+
+# What a provider returns is checked when it answers (a hostile or buggy one fails the assembly).
+Provider = Callable[[AssembleContext], object]
+
+
+class Providers:
+    """The dynamic providers of this client, by the key the sidecar asks for."""
+
+    def __init__(self) -> None:
+        self._providers: dict[str, Provider] = {}
+        self._keys = itertools.count(1)
+
+    def add(self, provider: Provider) -> str:
+        """Keep `provider` here; the returned key is what the sidecar asks for."""
+        key = f"p{next(self._keys)}"
+        self._providers[key] = provider
+        return key
+
+    def remove(self, key: str | None) -> None:
+        if key is not None:
+            self._providers.pop(key, None)
+
+    async def answer(self, request: pb.ProvideRequest) -> pb.ProvideResponse:
+        """Every value `request` asks for; a provider's failure is its answer, not ours."""
+        context = context_from_proto(request.context)
+        answers = [pb.ProvidedValue(provider_key=call.provider_key) for call in request.calls]
+        waiting = [
+            _finish(answer, call.kind, pending)
+            for answer, call in zip(answers, request.calls, strict=True)
+            if (pending := self._start(answer, call, context)) is not None
+        ]
+        if waiting:  # async providers run concurrently; sync ones have answered already
+            await asyncio.gather(*waiting)
+        return pb.ProvideResponse(call_id=request.call_id, values=answers)
+
+    def _start(
+        self, answer: pb.ProvidedValue, call: pb.ProvideCall, context: AssembleContext
+    ) -> Awaitable[object] | None:
+        """Call the provider: fill `answer` now, or return what to await for it."""
+        try:
+            provider = self._providers.get(call.provider_key)
+            if provider is None:
+                raise LookupError("the provider was disposed in this client")
+            value = provider(context)
+            if inspect.isawaitable(value):
+                return value
+            _fill(answer, call.kind, value)
+        except Exception as error:  # the provider's failure fails the assembly, not us
+            _fail(answer, error)
+        return None
+
+
+async def _finish(answer: pb.ProvidedValue, kind: int, pending: Awaitable[object]) -> None:
+    try:
+        _fill(answer, kind, await pending)
+    except Exception as error:
+        _fail(answer, error)
+
+
+def _fail(answer: pb.ProvidedValue, error: Exception) -> None:
+    answer.error.message = f"{type(error).__name__}: {error}"
+
+
+def _fill(answer: pb.ProvidedValue, kind: int, value: object) -> None:
+    if kind == pb.PROVIDER_KIND_TOOLS:
+        answer.tools.CopyFrom(tools_to_proto(value))
+    elif kind == pb.PROVIDER_KIND_VARIABLE:
+        if value is None:
+            answer.no_value.SetInParent()
+        elif isinstance(value, str):
+            answer.variable_value = value
+        else:
+            raise TypeError(f"a variable provider must return str or None, not {value!r}")
+    elif isinstance(value, str):
+        answer.text = value
+    else:
+        raise TypeError(f"a text provider must return str, not {value!r}")

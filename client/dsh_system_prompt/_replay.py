@@ -1,0 +1,148 @@
+"""Replay: what the client does on reconnect.
+
+Every registration this client owns is kept in a `Journal` as a typed record
+of the request that makes it, in the order it was made. After a lost session
+(the sidecar restarted, the network dropped) the connection opens a new
+session and `Journal.replay` makes every record again on it, in that order:
+a scope handle before what was registered through it, a listener on a new
+stream. Assemblies after the restart then equal those before it. Disposers
+hold records, not ids, so they keep working across restarts.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+import grpc
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
+
+from ._listeners import Listener, ListenerStream
+from .errors import error_from_rpc
+
+
+class Addressed(Protocol):
+    """A registration request: it names the session and the scope it registers in."""
+
+    session_id: str
+    scope_id: str
+
+
+class Registered(Protocol):
+    """A registration reply."""
+
+    @property
+    def registration_id(self) -> str: ...
+
+
+Request = TypeVar("Request", bound=Addressed)
+
+
+@dataclass(eq=False, kw_only=True)
+class Registration(ABC):
+    """One registration this client owns; compared by identity, as disposers hold it."""
+
+    scope: Registration | None = None  # the scope handle it was made through
+    provider_key: str | None = None  # its dynamic provider in this client
+    registration_id: str = ""  # its id on the current session
+
+    @abstractmethod
+    async def make(self, session_id: str) -> str:
+        """Register it on the session `session_id`; returns its registration id there."""
+
+    async def release(self) -> None:  # noqa: B027  (a hook: only a listener holds more)
+        """Let go of what this client holds for it besides the record."""
+
+    def scope_id(self) -> str:
+        return "" if self.scope is None else self.scope.registration_id
+
+
+@dataclass(eq=False, kw_only=True)
+class Contribution(Registration, Generic[Request]):
+    """A section, context, suppressor, tool provider or variable: one unary call."""
+
+    request: Request
+    rpc: Callable[[Request], Awaitable[Registered]]
+
+    async def make(self, session_id: str) -> str:
+        self.request.session_id = session_id
+        self.request.scope_id = self.scope_id()
+        reply = await self.rpc(self.request)
+        return reply.registration_id
+
+
+@dataclass(eq=False, kw_only=True)
+class ScopeHandle(Registration):
+    """A handle on a scope key; what is registered through it names it as `scope`."""
+
+    request: pb.OpenScopeRequest
+    rpc: Callable[[pb.OpenScopeRequest], Awaitable[pb.OpenScopeResponse]]
+
+    async def make(self, session_id: str) -> str:
+        self.request.session_id = session_id
+        reply = await self.rpc(self.request)
+        return reply.scope_id
+
+
+@dataclass(eq=False, kw_only=True)
+class ListenerRegistration(Registration):
+    """A waterfall listener: installed for as long as its own stream stays open."""
+
+    start: pb.ListenStart
+    listener: Listener
+    stub: pb_grpc.SystemPromptServiceStub
+    stream: ListenerStream | None = None
+
+    async def make(self, session_id: str) -> str:
+        self.start.session_id = session_id
+        self.start.scope_id = self.scope_id()
+        stream = ListenerStream(self.stub, self.listener)
+        registration_id = await stream.start(self.start)
+        self.stream = stream
+        return registration_id
+
+    async def release(self) -> None:
+        if self.stream is not None:
+            await self.stream.close()
+            self.stream = None
+
+
+async def send(record: Registration, session_id: str) -> None:
+    """Make `record` on the session `session_id`; gRPC failures become SystemPromptError."""
+    try:
+        record.registration_id = await record.make(session_id)
+    except grpc.RpcError as error:
+        raise error_from_rpc(error) from None
+
+
+class Journal:
+    """The registrations this client owns, in the order they were made."""
+
+    def __init__(self) -> None:
+        self._records: dict[Registration, None] = {}  # a dict keeps insertion order
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def keep(self, record: Registration) -> None:
+        self._records[record] = None
+
+    def forget(self, record: Registration) -> None:
+        self._records.pop(record, None)
+
+    def made_through(self, scope: Registration) -> list[Registration]:
+        return [record for record in self._records if record.scope is scope]
+
+    async def release_all(self) -> None:
+        for record in list(self._records):
+            await record.release()
+
+    async def replay(self, session_id: str) -> None:
+        """Make every record again on the new session `session_id`, in the original order."""
+        await self.release_all()  # a lost session's listener streams went with it
+        for record in list(self._records):
+            if record in self._records:  # not disposed meanwhile
+                await send(record, session_id)

@@ -1,0 +1,115 @@
+"""The session stream's life cycle: open it, read it until it ends, end it.
+
+A session is one `OpenSession` stream; everything registered on it lives as
+long as the stream does. While open, the sidecar asks on it for provider values
+(answered by `_providers`). When it ends without this client ending it, the
+connection is told, and reconnects and replays (`_connection`, `_replay`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Protocol
+
+import grpc
+import grpc.aio
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
+
+from ._providers import Providers
+from .errors import error_from_rpc, stream_ended
+
+_END_WAIT_S = 5.0  # how long ending waits for the sidecar to close its side
+
+
+class _SessionCall(Protocol):
+    """The client's side of an OpenSession stream."""
+
+    async def write(self, request: pb.OpenSessionRequest) -> None: ...
+
+    async def read(self) -> object: ...  # an OpenSessionResponse, or grpc.aio.EOF at the end
+
+    async def done_writing(self) -> None: ...
+
+    async def code(self) -> grpc.StatusCode: ...
+
+
+class Session:
+    """One open session stream: its id, its reader, the provider answers running on it."""
+
+    def __init__(self, call: _SessionCall, session_id: str, providers: Providers) -> None:
+        self.id = session_id
+        self._call = call
+        self._providers = providers
+        self._ending = False
+        self._reader: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()
+        self._answering: dict[int, asyncio.Task[None]] = {}
+
+    @classmethod
+    async def open(
+        cls,
+        stub: pb_grpc.SystemPromptServiceStub,
+        client_name: str,
+        providers: Providers,
+        on_lost: Callable[[Session], None],
+    ) -> Session:
+        """Open a session; `on_lost` hears when it ends without `end()`."""
+        call: _SessionCall = stub.OpenSession()
+        try:
+            await call.write(pb.OpenSessionRequest(start=pb.SessionStart(client_name=client_name)))
+            opened = await call.read()
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+        if not isinstance(opened, pb.OpenSessionResponse):
+            raise stream_ended("it ended the session stream before opening it", await call.code())
+        session = cls(call, opened.opened.session_id, providers)
+        session._reader = asyncio.create_task(session._read(on_lost))
+        return session
+
+    async def end(self) -> None:
+        """End the stream: the sidecar disposes everything registered on it."""
+        if self._ending:
+            return
+        self._ending = True
+        self._cancel_answers()
+        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+            await self._call.done_writing()
+        if self._reader is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._reader), _END_WAIT_S)
+            self._reader.cancel()
+
+    async def _read(self, on_lost: Callable[[Session], None]) -> None:
+        try:
+            while isinstance(message := await self._call.read(), pb.OpenSessionResponse):
+                kind = message.WhichOneof("kind")
+                if kind == "provide":
+                    self._start_answer(message.provide)
+                elif kind == "cancel":
+                    task = self._answering.get(message.cancel.call_id)
+                    if task is not None:
+                        task.cancel()
+        except grpc.RpcError:
+            pass
+        finally:
+            self._cancel_answers()  # nobody reads their answers any more
+            if not self._ending:
+                on_lost(self)
+
+    def _start_answer(self, request: pb.ProvideRequest) -> None:
+        task = asyncio.create_task(self._answer(request))
+        self._answering[request.call_id] = task
+        task.add_done_callback(lambda _: self._answering.pop(request.call_id, None))
+
+    async def _answer(self, request: pb.ProvideRequest) -> None:
+        response = await self._providers.answer(request)
+        async with self._write_lock:  # one outstanding write per stream
+            with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+                await self._call.write(pb.OpenSessionRequest(provided=response))
+
+    def _cancel_answers(self) -> None:
+        for task in list(self._answering.values()):
+            task.cancel()
