@@ -29,8 +29,8 @@ def appending(name: str, log: list[str] | None = None) -> Callable[..., Awaitabl
 
 
 def listener_streams(sidecar: Sidecar) -> list[ListenerStream]:
-    hosts = [getattr(entry, "host", None) for entry in sidecar.registry.registrations()]
-    return [host for host in hosts if isinstance(host, ListenerStream)]
+    values = [entry.value for entry in sidecar.registry.registrations()]
+    return [value for value in values if isinstance(value, ListenerStream)]
 
 
 async def test_listeners_run_in_registration_order_with_prepend_first(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
@@ -86,7 +86,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def RegisterSection(
         self, request: pb.RegisterSectionRequest, context: Context
     ) -> pb.RegisterSectionResponse:
-        def register(session: Session, handle: str | None) -> Entry:
+        def register(session: Session, handle: str | None) -> Entry[Any]:
             text = text_from_proto(request, session)
             return self.registry.register_section(
                 session.id, handle, request.name, request.order, text, request.complete
@@ -97,7 +97,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def RegisterContext(
         self, request: pb.RegisterContextRequest, context: Context
     ) -> pb.RegisterContextResponse:
-        def register(session: Session, handle: str | None) -> Entry:
+        def register(session: Session, handle: str | None) -> Entry[Any]:
             text = text_from_proto(request, session)
             return self.registry.register_context(
                 session.id, handle, request.name, request.order, text
@@ -108,7 +108,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def SuppressRuntimeContext(
         self, request: pb.SuppressRuntimeContextRequest, context: Context
     ) -> pb.SuppressRuntimeContextResponse:
-        def register(session: Session, handle: str | None) -> Entry:
+        def register(session: Session, handle: str | None) -> Entry[Any]:
             return self.registry.suppress_runtime_context(session.id, handle)
 
         reply = pb.SuppressRuntimeContextResponse
@@ -117,7 +117,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def RegisterTools(
         self, request: pb.RegisterToolsRequest, context: Context
     ) -> pb.RegisterToolsResponse:
-        def register(session: Session, handle: str | None) -> Entry:
+        def register(session: Session, handle: str | None) -> Entry[Any]:
             tools = tools_from_proto(request, session)
             return self.registry.register_tools(session.id, handle, tools, request.name)
 
@@ -126,7 +126,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def RegisterVariable(
         self, request: pb.RegisterVariableRequest, context: Context
     ) -> pb.RegisterVariableResponse:
-        def register(session: Session, handle: str | None) -> Entry:
+        def register(session: Session, handle: str | None) -> Entry[Any]:
             value = variable_from_proto(request, session)
             return self.registry.register_variable(session.id, handle, request.name, value)
 
@@ -230,7 +230,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         self,
         context: Context,
         request: _Owned,
-        register: Callable[[Session, str | None], Entry],
+        register: Callable[[Session, str | None], Entry[Any]],
         reply: Callable[..., Reply],
     ) -> Reply:
         """Run one registration for the request's session and scope handle."""

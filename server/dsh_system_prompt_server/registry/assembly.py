@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dsh_system_prompt_core import TOOL_ORDER_REST, Reason
 
@@ -52,16 +53,14 @@ class Plan:
     contexts: list[ContextEntry]
     tools: list[ToolsEntry]
     listeners: list[ListenerEntry]
-    dynamic: list[tuple[Entry, Dynamic]] = field(init=False)
+    dynamic: list[tuple[Entry[Any], Dynamic]] = field(init=False)
     is_static: bool = field(init=False)
     result: Assembly | None = None
 
     def __post_init__(self) -> None:
-        entries: list[Entry] = [*self.variables, *self.sections, *self.contexts, *self.tools]
+        entries: list[Entry[Any]] = [*self.variables, *self.sections, *self.contexts, *self.tools]
         self.dynamic = [
-            (entry, value)
-            for entry in entries
-            if isinstance(value := _stored_value(entry), Dynamic)
+            (entry, entry.value) for entry in entries if isinstance(entry.value, Dynamic)
         ]
         self.is_static = not self.listeners and not self.dynamic
 
@@ -137,7 +136,7 @@ async def _run(
     return result
 
 
-def _registered_origins(plan: Plan, values: Mapping[Entry, ProvidedValue]) -> Origins:
+def _registered_origins(plan: Plan, values: Mapping[Entry[Any], ProvidedValue]) -> Origins:
     origins: Origins = {}
     for kind, entries in (
         ("variable", plan.variables), ("section", plan.sections), ("context", plan.contexts)
@@ -145,15 +144,14 @@ def _registered_origins(plan: Plan, values: Mapping[Entry, ProvidedValue]) -> Or
         for entry in entries:
             origins[(kind, entry.name)] = entry_origin(entry, plan.chain)
     for provider in plan.tools:
-        source = provider.source if isinstance(provider.source, ToolSet) else values.get(provider)
-        if isinstance(source, ToolSet):
+        if isinstance(source := _resolved(provider, values), ToolSet):
             for tool in source.schemas:
                 origins[("tool", tool.name)] = entry_origin(provider, plan.chain)
     return origins
 
 
-def _dynamic_calls(plan: Plan) -> dict[ProviderHost, list[tuple[Entry, ProviderCall]]]:
-    calls: dict[ProviderHost, list[tuple[Entry, ProviderCall]]] = {}
+def _dynamic_calls(plan: Plan) -> dict[ProviderHost, list[tuple[Entry[Any], ProviderCall]]]:
+    calls: dict[ProviderHost, list[tuple[Entry[Any], ProviderCall]]] = {}
     for entry, value in plan.dynamic:
         if not entry.disposed:
             calls.setdefault(value.host, []).append((entry, entry.provider_call(value.key)))
@@ -162,7 +160,7 @@ def _dynamic_calls(plan: Plan) -> dict[ProviderHost, list[tuple[Entry, ProviderC
 
 async def _evaluate(
     plan: Plan, context: AssembleContext, timeout: Timeout
-) -> dict[Entry, ProvidedValue]:
+) -> dict[Entry[Any], ProvidedValue]:
     """Ask each host once, all hosts at the same time; the first failure wins."""
     by_host = _dynamic_calls(plan)
     if not by_host:
@@ -178,7 +176,7 @@ async def _evaluate(
     finally:
         for task in tasks:
             task.cancel()
-    values: dict[Entry, ProvidedValue] = {}
+    values: dict[Entry[Any], ProvidedValue] = {}
     for task, pairs in tasks.items():
         answers: Mapping[str, ProvidedValue] = task.result()
         for entry, call in pairs:
@@ -186,7 +184,7 @@ async def _evaluate(
     return values
 
 
-def _check_provided(values: Mapping[Entry, ProvidedValue], limits: Limits) -> None:
+def _check_provided(values: Mapping[Entry[Any], ProvidedValue], limits: Limits) -> None:
     """Provided values obey the limits registered ones do."""
     for entry, value in values.items():
         try:
@@ -201,39 +199,31 @@ def _check_provided(values: Mapping[Entry, ProvidedValue], limits: Limits) -> No
             ) from None
 
 
-def _stored_value(entry: Entry) -> object:
-    if isinstance(entry, SectionEntry | ContextEntry):
-        return entry.text
-    if isinstance(entry, VariableEntry):
-        return entry.value
-    if isinstance(entry, ToolsEntry):
-        return entry.source
-    return None
+def _resolved(entry: Entry[Any], values: Mapping[Entry[Any], ProvidedValue]) -> object:
+    """The entry's value in this assembly: as registered, or as its provider answered
+    (None when it was not asked: disposed while the assembly ran)."""
+    return values.get(entry) if isinstance(entry.value, Dynamic) else entry.value
 
 
-def _text(entry: SectionEntry | ContextEntry, values: Mapping[Entry, ProvidedValue]) -> str:
-    if isinstance(entry.text, str):
-        return entry.text
-    value = values.get(entry, "")
-    return value if isinstance(value, str) else ""
+def _text(entry: SectionEntry | ContextEntry, values: Mapping[Entry[Any], ProvidedValue]) -> str:
+    text = _resolved(entry, values)
+    return text if isinstance(text, str) else ""
 
 
-def _variable(entry: VariableEntry, values: Mapping[Entry, ProvidedValue]) -> str | None:
-    if not isinstance(entry.value, Dynamic):
-        return entry.value
-    value = values.get(entry)
+def _variable(entry: VariableEntry, values: Mapping[Entry[Any], ProvidedValue]) -> str | None:
+    value = _resolved(entry, values)
     return value if isinstance(value, str) else None
 
 
 def _collect_tools(
     providers: list[ToolsEntry],
-    values: Mapping[Entry, ProvidedValue],
+    values: Mapping[Entry[Any], ProvidedValue],
     tool_order: Sequence[str] | None,
 ) -> list[Tool]:
     collected: list[Tool] = []
     known: list[str] = []
     for entry in providers:
-        source = entry.source if isinstance(entry.source, ToolSet) else values.get(entry)
+        source = _resolved(entry, values)
         if not isinstance(source, ToolSet):
             continue  # disposed before it was asked
         collected.extend(source.schemas)
@@ -267,7 +257,7 @@ async def _waterfall(
             from_next.append(returned)
             return returned
 
-        result = await listener.host.invoke(current, context, next_, timeout())
+        result = await listener.value.invoke(current, context, next_, timeout())
         if origins is not None:  # what it changed after next(), or instead of it
             record_changes(origins, from_next[0] if from_next else current, result, listener.name)
         return result

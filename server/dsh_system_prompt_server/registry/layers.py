@@ -2,28 +2,62 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from dsh_system_prompt_core import Reason
 
 from .errors import RegistryError, Status
 from .model import ContextEntry, Entry, SectionEntry, ToolsEntry, VariableEntry
 
+# Takes back out what one insert put in.
+Remover = Callable[[], None]
+E = TypeVar("E", bound=Entry[Any])
+
 
 @dataclass(eq=False)
 class Layer:
-    """The registrations of one layer, each map in registration order."""
+    """The registrations of one layer, each map in registration order.
+
+    Sections, contexts and variables are keyed by name (a nearer layer's
+    shadows a farther one's); tool providers and suppressors by id.
+    """
 
     sections: dict[str, SectionEntry] = field(default_factory=dict)
     contexts: dict[str, ContextEntry] = field(default_factory=dict)
     variables: dict[str, VariableEntry] = field(default_factory=dict)
     tools: dict[str, ToolsEntry] = field(default_factory=dict)
-    suppressors: dict[str, Entry] = field(default_factory=dict)
+    suppressors: dict[str, Entry[None]] = field(default_factory=dict)
+
+    def add_section(self, entry: SectionEntry) -> Remover:
+        return _insert(self.sections, entry.name, entry)
+
+    def add_context(self, entry: ContextEntry) -> Remover:
+        return _insert(self.contexts, entry.name, entry)
+
+    def add_variable(self, entry: VariableEntry) -> Remover:
+        return _insert(self.variables, entry.name, entry)
+
+    def add_tools(self, entry: ToolsEntry) -> Remover:
+        return _insert(self.tools, entry.id, entry)
+
+    def add_suppressor(self, entry: Entry[None]) -> Remover:
+        return _insert(self.suppressors, entry.id, entry)
 
     def is_empty(self) -> bool:
         return not (
             self.sections or self.contexts or self.variables or self.tools or self.suppressors
         )
+
+
+def _insert(entries: dict[str, E], key: str, entry: E) -> Remover:
+    entries[key] = entry
+
+    def remove() -> None:
+        del entries[key]
+
+    return remove
 
 
 class ScopeTree:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from .origins import Origin
@@ -147,15 +147,24 @@ class Dynamic:
     key: str
 
 
+V = TypeVar("V")
+
+
 @dataclass(eq=False, kw_only=True)
-class Entry:
-    """One registration: owned by a session, living in one layer."""
+class Entry(Generic[V]):
+    """One registration: owned by a session, living in one layer, holding one value.
+
+    The value by kind: a section's or context's text, a variable's value (None
+    for no value), a tool set (each of these, or the `Dynamic` that provides
+    it), a listener's host; None for suppressors and scope handles.
+    """
 
     id: str
     owner: str
     kind: Kind
     scope: str | None
     handle: str | None
+    value: V
     name: str = ""
     disposed: bool = False
 
@@ -164,40 +173,31 @@ class Entry:
 
 
 @dataclass(eq=False, kw_only=True)
-class SectionEntry(Entry):
+class SectionEntry(Entry[str | Dynamic]):
     order: float
-    text: str | Dynamic
     complete: bool = False
 
 
 @dataclass(eq=False, kw_only=True)
-class ContextEntry(Entry):
+class ContextEntry(Entry[str | Dynamic]):
     order: float
-    text: str | Dynamic
+
+
+VariableEntry = Entry[str | Dynamic | None]
+ToolsEntry = Entry[ToolSet | Dynamic]
 
 
 @dataclass(eq=False, kw_only=True)
-class VariableEntry(Entry):
-    value: str | Dynamic | None
-
-
-@dataclass(eq=False, kw_only=True)
-class ToolsEntry(Entry):
-    source: ToolSet | Dynamic
-
-
-@dataclass(eq=False, kw_only=True)
-class ListenerEntry(Entry):
-    host: ListenerHost
+class ListenerEntry(Entry[ListenerHost]):
     global_: bool
     position: int
 
 
 @dataclass(eq=False, kw_only=True)
-class ScopeHandle(Entry):
+class ScopeHandle(Entry[None]):
     """A session's handle on a scope key; registrations made through it die with it."""
 
-    children: dict[str, Entry] = field(default_factory=dict)
+    children: dict[str, Entry[Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

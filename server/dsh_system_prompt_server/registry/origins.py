@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 from .model import SIDECAR_OWNER, Assembly, Entry
 
@@ -41,7 +42,7 @@ class Origin:
 Origins = dict[tuple[str, str], Origin]
 
 
-def entry_origin(entry: Entry, chain: list[str]) -> Origin:
+def entry_origin(entry: Entry[Any], chain: list[str]) -> Origin:
     """Where a registration's part comes from, seen from the scope `chain[0]`."""
     if entry.owner == SIDECAR_OWNER:
         return Origin(OriginKind.BUILTIN)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypedDict, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from dsh_system_prompt_core import (
     HARNESS_IDENTITY_ORDER,
@@ -24,7 +25,7 @@ from dsh_system_prompt_core import (
 
 from . import assembly, errors
 from .changes import ChangeFeed
-from .layers import Layer, ScopeTree
+from .layers import Layer, Remover, ScopeTree
 from .limits import Limits, quota_exceeded
 from .model import (
     SIDECAR_OWNER,
@@ -46,7 +47,7 @@ from .model import (
 _PLANS_KEPT = 1024  # scopes whose plan is remembered between assemblies
 
 
-E = TypeVar("E", bound=Entry)
+E = TypeVar("E", bound=Entry[Any])
 Ordered = TypeVar("Ordered", SectionEntry, ContextEntry)
 
 
@@ -85,8 +86,9 @@ class Registry:
         self._global = Layer()
         self._scoped: dict[str, Layer] = {}
         self._scopes = ScopeTree()
-        self._entries: dict[str, Entry] = {}
-        self._by_owner: dict[str, dict[str, Entry]] = {}
+        self._entries: dict[str, Entry[Any]] = {}
+        self._by_owner: dict[str, dict[str, Entry[Any]]] = {}
+        self._unlinks: dict[str, Remover] = {}  # by entry id: takes it out of where it lives
         self._listeners_everywhere: dict[str, ListenerEntry] = {}
         self._listeners_by_scope: dict[str, dict[str, ListenerEntry]] = {}
         self._listener_count = 0
@@ -121,12 +123,13 @@ class Registry:
         _check_template(text, f'section "{name}"')
         entry = SectionEntry(
             **self._fields(owner, Kind.SECTION, scope_handle, name),
+            value=text,
             order=order,
-            text=text,
             complete=complete,
         )
-        layer.sections[name] = entry
-        return self._added(entry, scope_handle)
+        return self._added(
+            entry, scope_handle, self._in_layer(entry.scope, layer.add_section(entry))
+        )
 
     def register_context(
         self, owner: str, handle: str | None, name: str, order: float, text: str | Dynamic
@@ -139,11 +142,12 @@ class Registry:
         _check_template(text, f'context "{name}"')
         entry = ContextEntry(
             **self._fields(owner, Kind.CONTEXT, scope_handle, name),
+            value=text,
             order=order,
-            text=text,
         )
-        layer.contexts[name] = entry
-        return self._added(entry, scope_handle)
+        return self._added(
+            entry, scope_handle, self._in_layer(entry.scope, layer.add_context(entry))
+        )
 
     def register_variable(
         self, owner: str, handle: str | None, name: str, value: str | Dynamic | None
@@ -161,8 +165,9 @@ class Registry:
             **self._fields(owner, Kind.VARIABLE, scope_handle, name),
             value=value,
         )
-        layer.variables[name] = entry
-        return self._added(entry, scope_handle)
+        return self._added(
+            entry, scope_handle, self._in_layer(entry.scope, layer.add_variable(entry))
+        )
 
     def register_tools(
         self, owner: str, handle: str | None, source: ToolSet | Dynamic, name: str = ""
@@ -175,20 +180,20 @@ class Registry:
         self._check_quota(owner)
         entry = ToolsEntry(
             **self._fields(owner, Kind.TOOLS, scope_handle, name),
-            source=source,
+            value=source,
         )
-        self._layer_for(scope_handle).tools[entry.id] = entry
-        return self._added(entry, scope_handle)
+        layer = self._layer_for(scope_handle)
+        return self._added(entry, scope_handle, self._in_layer(entry.scope, layer.add_tools(entry)))
 
-    def suppress_runtime_context(self, owner: str, handle: str | None) -> Entry:
+    def suppress_runtime_context(self, owner: str, handle: str | None) -> Entry[None]:
         """Suppress runtime context for a scope (or everywhere) until disposed."""
         scope_handle = self._handle(owner, handle)
         self._check_quota(owner)
-        entry = Entry(
-            **self._fields(owner, Kind.SUPPRESSOR, scope_handle),
+        entry = Entry[None](**self._fields(owner, Kind.SUPPRESSOR, scope_handle), value=None)
+        layer = self._layer_for(scope_handle)
+        return self._added(
+            entry, scope_handle, self._in_layer(entry.scope, layer.add_suppressor(entry))
         )
-        self._layer_for(scope_handle).suppressors[entry.id] = entry
-        return self._added(entry, scope_handle)
 
     def add_listener(
         self,
@@ -212,7 +217,7 @@ class Registry:
         self._listener_count += 1
         entry = ListenerEntry(
             **self._fields(owner, Kind.LISTENER, scope_handle, name),
-            host=host,
+            value=host,
             global_=global_,
             position=-self._listener_count if prepend else self._listener_count,
         )
@@ -220,7 +225,7 @@ class Registry:
             self._listeners_everywhere[entry.id] = entry
         else:
             self._listeners_by_scope.setdefault(entry.scope, {})[entry.id] = entry
-        return self._added(entry, scope_handle)
+        return self._added(entry, scope_handle, functools.partial(self._unlink_listener, entry))
 
     def open_scope(self, owner: str, key: str, parent: str | None = None) -> ScopeHandle:
         """Open a handle on scope `key`, binding its parent the first time one is given."""
@@ -231,9 +236,9 @@ class Registry:
         self._scopes.check_open(key, parent)
         self._scopes.open(key, parent)
         handle = ScopeHandle(
-            id=new_id(), owner=owner, kind=Kind.SCOPE, scope=key, handle=None, name=key
+            id=new_id(), owner=owner, kind=Kind.SCOPE, scope=key, handle=None, name=key, value=None
         )
-        return self._added(handle, None)
+        return self._added(handle, None, functools.partial(self._scopes.close, key))
 
     # -- disposal ---------------------------------------------------------------------
 
@@ -254,7 +259,7 @@ class Registry:
         self._by_owner.pop(owner, None)
         return count
 
-    def _remove(self, entry: Entry) -> None:
+    def _remove(self, entry: Entry[Any]) -> None:
         if isinstance(entry, ScopeHandle):
             for child in reversed(list(entry.children.values())):
                 self._remove(child)
@@ -265,32 +270,11 @@ class Registry:
             parent = self._entries.get(entry.handle)
             if isinstance(parent, ScopeHandle):
                 parent.children.pop(entry.id, None)
-        self._unlink(entry)
+        self._unlinks.pop(entry.id)()
         self.changes.publish(entry.kind, False, entry.name, entry.scope)
 
-    def _unlink(self, entry: Entry) -> None:
-        if isinstance(entry, ScopeHandle):
-            self._scopes.close(entry.name)
-            return
-        if isinstance(entry, ListenerEntry):
-            self._unlink_listener(entry)
-            return
-        layer = self._global if entry.scope is None else self._scoped[entry.scope]
-        if isinstance(entry, SectionEntry):
-            del layer.sections[entry.name]
-        elif isinstance(entry, ContextEntry):
-            del layer.contexts[entry.name]
-        elif isinstance(entry, VariableEntry):
-            del layer.variables[entry.name]
-        elif isinstance(entry, ToolsEntry):
-            del layer.tools[entry.id]
-        else:
-            del layer.suppressors[entry.id]
-        if entry.scope is not None and layer.is_empty():
-            del self._scoped[entry.scope]
-
     def _unlink_listener(self, entry: ListenerEntry) -> None:
-        entry.host.disposed()
+        entry.value.disposed()
         if self._listeners_everywhere.pop(entry.id, None) is not None:
             return
         assert entry.scope is not None
@@ -377,7 +361,7 @@ class Registry:
 
     # -- inspection -------------------------------------------------------------------
 
-    def registrations(self, owner: str | None = None) -> list[Entry]:
+    def registrations(self, owner: str | None = None) -> list[Entry[Any]]:
         """Every live registration (of `owner`, when given), oldest first."""
         if owner is None:
             return list(self._entries.values())
@@ -425,10 +409,9 @@ class Registry:
         # The sidecar's own sections come from its config, not from a session: no limits.
         entry = SectionEntry(
             id=new_id(), owner=SIDECAR_OWNER, kind=Kind.SECTION, scope=None, handle=None,
-            name=name, order=order, text=text,
+            name=name, value=text, order=order,
         )  # fmt: skip
-        self._global.sections[name] = entry
-        self._added(entry, None)
+        self._added(entry, None, self._global.add_section(entry))
 
     def _check_value(self, owner: str, what: str, value: str | Dynamic | None) -> None:
         if isinstance(value, str):
@@ -458,8 +441,21 @@ class Registry:
         if name in existing:
             raise errors.duplicate_entry(noun, name, _key(handle))
 
-    def _added(self, entry: E, handle: ScopeHandle | None) -> E:
+    def _in_layer(self, scope: str | None, remove: Remover) -> Remover:
+        """`remove`, then forget the layer of `scope` once it holds nothing more."""
+        if scope is None:
+            return remove
+
+        def unlink() -> None:
+            remove()
+            if self._scoped[scope].is_empty():
+                del self._scoped[scope]
+
+        return unlink
+
+    def _added(self, entry: E, handle: ScopeHandle | None, unlink: Remover) -> E:
         self._entries[entry.id] = entry
+        self._unlinks[entry.id] = unlink
         self._by_owner.setdefault(entry.owner, {})[entry.id] = entry
         if handle is not None:
             handle.children[entry.id] = entry
