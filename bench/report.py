@@ -10,7 +10,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results.json"
@@ -31,6 +31,26 @@ class Figure:
     met: bool | None
     details: dict[str, Any] = field(default_factory=dict)
     display: str = ""  # how the table shows the value, when more than value + unit
+
+
+class Judged(TypedDict):
+    """A figure's `target` words and whether its value `met` them."""
+
+    target: str
+    met: bool
+
+
+def at_most(value: float, limit: float, words: str = "≤ {:g}") -> Judged:
+    """`value` ≤ `limit`; `words` say the target with the limit in place of {:g}."""
+    return {"target": words.format(limit), "met": value <= limit}
+
+
+def at_least(value: float, limit: float, words: str = "≥ {:g}") -> Judged:
+    return {"target": words.format(limit), "met": value >= limit}
+
+
+def below(value: float, limit: float, words: str = "< {:g}") -> Judged:
+    return {"target": words.format(limit), "met": value < limit}
 
 
 def machine() -> dict[str, Any]:
