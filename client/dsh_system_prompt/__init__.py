@@ -9,7 +9,7 @@ async with dsp.connect("127.0.0.1:50051") as client:
 from dsh_system_prompt_core import PERSONA_ORDER, PERSONA_SECTION, TOOL_ORDER_REST, Reason
 
 from ._changes import ChangeStream
-from ._channel import TLS
+from ._channel import TLS, open_channel
 from .client import Client, Disposer, Scope, connect
 from .errors import RenderError, SystemPromptError
 from .render import render_context_snapshot, render_prompt
@@ -57,6 +57,7 @@ __all__ = [
     "ToolProviderResult",
     "ToolSchema",
     "connect",
+    "open_channel",
     "render_context_snapshot",
     "render_prompt",
 ]

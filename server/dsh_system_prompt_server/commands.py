@@ -17,7 +17,6 @@ from typing import Any
 import dsh_system_prompt as dsp
 import grpc
 import grpc.aio
-from dsh_system_prompt._channel import open_channel
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 from rich.markup import escape
@@ -78,7 +77,9 @@ async def assemble(args: argparse.Namespace) -> int:
         if args.report:  # no render asked: the report itself says whether one would fail
             reported = await client.assemble(args.scope, fields, timeout=args.timeout,
                                              report=True)  # fmt: skip
-            assert reported.report is not None
+            if reported.report is None:
+                raise CommandError("the sidecar answered without the report asked for",
+                                   EXIT_REFUSED)  # fmt: skip
             return _show_report(reported.report)
         rendered = await client.render(args.scope, fields, timeout=args.timeout)
     _show_prompt(rendered.prompt, rendered.context_snapshot, rendered.assembly, args)
@@ -113,7 +114,7 @@ def render(args: argparse.Namespace) -> int:
 
 
 async def health(args: argparse.Namespace) -> int:
-    channel = open_channel(args.address, _tls(args))  # the client's own channel set-up
+    channel = dsp.open_channel(args.address, _tls(args))  # the client's own channel set-up
     try:
         stub = health_pb2_grpc.HealthStub(channel)
         request = health_pb2.HealthCheckRequest(service=args.service)
@@ -145,11 +146,14 @@ def assembly_json(assembly: dsp.PromptAssembly) -> dict[str, Any]:
 
 def assembly_from_json(raw: object) -> dsp.PromptAssembly:
     """Read the shape `assemble --json` prints; tools are optional."""
+    if not isinstance(raw, dict):
+        raise _not_an_assembly()
+    variables = raw.get("variables", {})
+    if not isinstance(variables, dict) or not all(
+        v is None or isinstance(v, str) for v in variables.values()
+    ):
+        raise _not_an_assembly()
     try:
-        assert isinstance(raw, dict)
-        variables = raw.get("variables", {})
-        assert isinstance(variables, dict)
-        assert all(v is None or isinstance(v, str) for v in variables.values())
         return dsp.PromptAssembly(
             sections=[
                 dsp.AssembledSection(str(s["name"]), str(s["text"]))
@@ -165,18 +169,16 @@ def assembly_from_json(raw: object) -> dsp.PromptAssembly:
             ],
             variables=variables,
         )
-    except (AssertionError, KeyError, TypeError, AttributeError):
-        raise CommandError(
-            "an assembly file is a JSON object with sections and contexts ([{name, text}]),"
-            " tools and variables ({name: text or null}), as `assemble --json` prints",
-            EXIT_USAGE,
-        ) from None
+    except (KeyError, TypeError, AttributeError):
+        raise _not_an_assembly() from None
 
 
-def _named(part: dict[str, Any]) -> tuple[str, str]:
-    name, text = part["name"], part["text"]
-    assert isinstance(name, str) and isinstance(text, str)
-    return name, text
+def _not_an_assembly() -> CommandError:
+    return CommandError(
+        "an assembly file is a JSON object with sections and contexts ([{name, text}]),"
+        " tools and variables ({name: text or null}), as `assemble --json` prints",
+        EXIT_USAGE,
+    )
 
 
 _COMMANDS = {"assemble": assemble, "watch": watch, "health": health}
