@@ -21,7 +21,7 @@ from dsh_system_prompt_core import (
     references,
 )
 
-from .registry import Assembly, Origin, OriginKind, Tool
+from .registry import Assembly, Origin, OriginKind, Part, Tool
 from .tokens import Tokenizer
 
 SEPARATOR_BYTES = len(SECTION_SEPARATOR.encode())
@@ -152,7 +152,7 @@ def _tool_print(
 
 def _rendered(
     kind: str,
-    parts: list,  # type: ignore[type-arg]
+    parts: list[Part],
     variables: dict[str, str | None],
     failures: list[str],
 ) -> list[tuple[str, str, str]]:

@@ -28,6 +28,7 @@ def to_grpc_status(error: RegistryError) -> grpc.Status:
     return _WithReason(rpc_status.to_status(status), error.reason)
 
 
+# grpcio ships no typing, so its base classes are Any to mypy.
 class _WithReason(grpc.Status):  # type: ignore[misc]
     """A status that also carries the reason as a plain trailer, for clients in any language."""
 
