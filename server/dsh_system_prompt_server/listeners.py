@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
 
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
@@ -20,20 +19,13 @@ from .convert import (
 )
 from .gate import Gate
 from .registry import AssembleContext, Assembly, NextFn, Registry, RegistryError, Status, Tool
-from .sessions import Sessions
+from .sessions import Sessions, Stream
 from .status import bad_request
 
 Send = Callable[[pb.ListenResponse], Awaitable[None]]
 
 
-class ListenStream(Protocol):
-    """The reader/writer half of a Listen call's servicer context."""
-
-    async def read(self) -> object:
-        """The next request, or grpc.aio.EOF once the client has closed its side."""
-        ...
-
-    async def write(self, message: pb.ListenResponse) -> None: ...
+ListenStream = Stream[pb.ListenResponse]
 
 
 class Listeners:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
@@ -25,15 +25,20 @@ from .registry import (
 from .registry.limits import quota_exceeded
 from .status import bad_request, unknown_session
 
+Out = TypeVar("Out", contravariant=True)
 
-class SessionStream(Protocol):
-    """The reader/writer half of an OpenSession call's servicer context."""
+
+class Stream(Protocol[Out]):
+    """The reader/writer half of a bidi call's servicer context (OpenSession, Listen)."""
 
     async def read(self) -> object:
         """The next request, or grpc.aio.EOF once the client has closed its side."""
         ...
 
-    async def write(self, message: pb.OpenSessionResponse) -> None: ...
+    async def write(self, message: Out) -> None: ...
+
+
+SessionStream = Stream[pb.OpenSessionResponse]
 
 
 class Session:
