@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Sequence
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
@@ -11,6 +10,7 @@ from dsh_system_prompt_core import Reason
 from google.protobuf.message import Message
 
 from .cache_report import Report, Size
+from .json_text import load_json
 from .registry import (
     AssembleContext,
     Assembly,
@@ -161,12 +161,7 @@ def context_to_proto(context: AssembleContext) -> pb.AssembleContext:
 
 def context_from_proto(message: pb.AssembleContext) -> AssembleContext:
     if message.fields_json:
-        try:
-            fields = json.loads(message.fields_json)
-        except ValueError as error:
-            raise bad_request(
-                Reason.INVALID_JSON, f"assemble fields are not valid JSON: {error}"
-            ) from None
+        fields = load_json(message.fields_json, "assemble fields")
         if not isinstance(fields, dict):
             raise bad_request(Reason.INVALID_JSON, "assemble fields must be a JSON object")
     return AssembleContext(message.scope or None, message.fields_json)
@@ -174,18 +169,9 @@ def context_from_proto(message: pb.AssembleContext) -> AssembleContext:
 
 def check_parameters(name: str, parameters_json: str) -> None:
     """Tool parameters must be a JSON object (kept as text, never re-encoded)."""
-    try:
-        parameters = json.loads(parameters_json, parse_constant=_reject_constant)
-    except ValueError as error:
-        raise bad_request(
-            Reason.INVALID_JSON, f'tool "{name}" parameters are not valid JSON: {error}'
-        ) from None
+    parameters = load_json(parameters_json, f'tool "{name}" parameters', constants=False)
     if not isinstance(parameters, dict):
         raise bad_request(Reason.INVALID_JSON, f'tool "{name}" parameters must be a JSON object')
-
-
-def _reject_constant(constant: str) -> float:
-    raise ValueError(f"{constant} is not JSON")
 
 
 _SOURCE_KINDS = {

@@ -15,6 +15,9 @@ from .registry import RegistryError, Status
 
 ERROR_DOMAIN = "dsh.systemprompt.v1"
 REASON_TRAILER = "dsh-error-reason"
+MAX_MESSAGE_BYTES = 1024
+"""A status message travels twice in trailers (grpc-message, percent-encoded, and the
+details, base64): longer ones would overflow the peer's 8 KiB metadata limit."""
 
 
 def to_grpc_status(error: RegistryError) -> grpc.Status:
@@ -23,9 +26,21 @@ def to_grpc_status(error: RegistryError) -> grpc.Status:
     detail = any_pb2.Any()
     detail.Pack(info)
     status = status_pb2.Status(
-        code=code_pb2.Code.Value(error.status.value), message=error.message, details=[detail]
+        code=code_pb2.Code.Value(error.status.value),
+        message=fitted(error.message),
+        details=[detail],
     )
     return _WithReason(rpc_status.to_status(status), error.reason)
+
+
+def fitted(message: str) -> str:
+    """`message` cut to MAX_MESSAGE_BYTES of UTF-8; its start carries the spec's wording."""
+    encoded = message.encode()
+    if len(encoded) <= MAX_MESSAGE_BYTES:
+        return message
+    suffix = f"… ({len(encoded)} bytes, cut)"
+    head = encoded[: MAX_MESSAGE_BYTES - len(suffix.encode())]
+    return head.decode(errors="ignore") + suffix
 
 
 # grpcio ships no typing, so its base classes are Any to mypy.

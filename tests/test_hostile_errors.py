@@ -1,0 +1,122 @@
+"""Hostile input gets the right error: deep JSON is INVALID_JSON, long messages are cut."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import dsh_system_prompt as dsp
+import grpc
+import grpc.aio
+import pytest
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh_system_prompt_server.app import Sidecar
+from dsh_system_prompt_server.json_text import MAX_JSON_DEPTH
+from dsh_system_prompt_server.status import MAX_MESSAGE_BYTES
+from helpers import failure, raw_channel, raw_stub, rejection, tool_names
+
+Next = Callable[..., Awaitable[dsp.PromptAssembly]]
+TOO_DEEP = f"nested deeper than {MAX_JSON_DEPTH} levels"
+
+
+def nested(depth: int) -> str:
+    """A JSON object `depth` levels deep: {"a": {"a": ... {} ...}}."""
+    return '{"a":' * (depth - 1) + "{}" + "}" * (depth - 1)
+
+
+def deep_tool(depth: int = 100_000) -> dsp.ToolSchema:
+    return dsp.ToolSchema.from_json("deep", "d", nested(depth))
+
+
+# -- JSON nesting -----------------------------------------------------------------------
+
+
+async def test_assemble_fields_nested_100000_deep_are_invalid_json(sidecar: Sidecar) -> None:
+    request = pb.AssembleRequest(context=pb.AssembleContext(fields_json=nested(100_000)))
+    async with raw_channel(sidecar.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await raw_stub(channel).Assemble(request, timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == f"assemble fields are not valid JSON here: {TOO_DEEP}"
+
+
+async def test_tool_parameters_nested_100000_deep_are_invalid_json(client: dsp.Client) -> None:
+    error = await rejection(client.tools([deep_tool()]))
+    assert failure(error) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_JSON",
+        f'tool "deep" parameters are not valid JSON here: {TOO_DEEP}',
+    )
+
+
+async def test_tool_parameters_one_level_past_the_limit_are_invalid_json(
+    client: dsp.Client,
+) -> None:
+    error = await rejection(client.tools([deep_tool(MAX_JSON_DEPTH + 1)]))
+    assert error.reason == "INVALID_JSON"
+    assert TOO_DEEP in error.message
+
+
+async def test_tool_parameters_at_the_limit_are_accepted(client: dsp.Client) -> None:
+    await client.tools([deep_tool(MAX_JSON_DEPTH)])
+    assert tool_names(await client.assemble()) == ["deep"]
+
+
+async def test_deep_tool_parameters_from_a_provider_fail_that_provider(
+    client: dsp.Client,
+) -> None:
+    await client.tools(lambda ctx: [deep_tool()])
+    error = await rejection(client.assemble(timeout=10))
+    assert (error.code, error.reason) == (grpc.StatusCode.ABORTED, "PROVIDER_FAILED")
+    assert TOO_DEEP in error.message
+
+
+async def test_deep_tool_parameters_from_a_listener_fail_that_listener(
+    client: dsp.Client,
+) -> None:
+    async def deepen(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Next):
+        assembly.tools.append(deep_tool())
+        return await next_()
+
+    await client.on_assemble(deepen)
+    error = await rejection(client.assemble(timeout=10))
+    assert (error.code, error.reason) == (grpc.StatusCode.ABORTED, "LISTENER_FAILED")
+    assert TOO_DEEP in error.message
+
+
+# -- messages that quote unbounded data -------------------------------------------------
+
+
+async def test_a_20kb_provider_error_arrives_cut_with_its_reason(client: dsp.Client) -> None:
+    def explode(ctx: dsp.AssembleContext) -> str:
+        raise RuntimeError("boom " + "x" * 20_000)
+
+    await client.section("loud", 1, explode)
+    error = await rejection(client.assemble(timeout=10))
+    assert (error.code, error.reason) == (grpc.StatusCode.ABORTED, "PROVIDER_FAILED")
+    assert error.message.startswith('section provider "loud" (global) failed: ')
+    assert "boom xxx" in error.message
+    assert len(error.message.encode()) <= MAX_MESSAGE_BYTES
+    assert error.message.endswith("bytes, cut)")
+
+
+async def test_a_render_error_listing_1500_variables_arrives_cut(client: dsp.Client) -> None:
+    for index in range(1_500):
+        await client.variable(f"variable_{index:04d}", "v")
+    await client.section("typo", 1, "{{modle}}")
+    error = await rejection(client.render(timeout=10))
+    assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "RENDER_FAILED")
+    assert error.message.startswith(
+        'unknown prompt variable "{{modle}}" in section "typo"; registered variables: '
+    )
+    assert len(error.message.encode()) <= MAX_MESSAGE_BYTES
+
+
+async def test_a_cut_message_never_splits_a_character(client: dsp.Client) -> None:
+    def explode(ctx: dsp.AssembleContext) -> str:
+        raise RuntimeError("漢" * 5_000)
+
+    await client.section("wide", 1, explode)
+    error = await rejection(client.assemble(timeout=10))
+    assert error.reason == "PROVIDER_FAILED"
+    assert "漢漢漢" in error.message and "\ufffd" not in error.message
+    assert len(error.message.encode()) <= MAX_MESSAGE_BYTES
