@@ -6,6 +6,7 @@ import asyncio
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -74,6 +75,68 @@ async def test_serve_listens_on_a_unix_socket() -> None:
         assert section_names(assembly) == ["harness:identity", dsp.PERSONA_SECTION]
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _serve_once(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run serve with arguments it must refuse; it must exit on its own."""
+    return subprocess.run(
+        [sidecar_command(), "serve", *args], capture_output=True, text=True, timeout=15,
+        check=False,
+    )  # fmt: skip
+
+
+async def test_a_second_serve_on_a_live_tcp_address_exits_1_and_the_first_keeps_serving() -> None:
+    async with serve("--listen", "127.0.0.1:0") as first:
+        second = await asyncio.to_thread(_serve_once, "--listen", first.address)
+        assert second.returncode == 1
+        assert f"cannot serve on {first.address}: address in use" in second.stderr
+        assert "listening on" not in second.stdout
+        async with dsp.connect(first.address) as client:
+            await client.section("rules", 10, "Be precise.")
+            assert section_names(await client.assemble(timeout=5))[-1] == "rules"
+
+
+async def test_a_second_serve_on_a_live_unix_socket_exits_1_and_leaves_the_socket() -> None:
+    directory = tempfile.mkdtemp(prefix="dsp-", dir="/tmp")
+    address = f"unix:{directory}/sidecar.sock"
+    try:
+        async with serve("--listen", address), dsp.connect(address) as client:
+            second = await asyncio.to_thread(_serve_once, "--listen", address)
+            assert second.returncode == 1
+            assert f"cannot serve on {address}: address in use" in second.stderr
+            await client.section("rules", 10, "Be precise.")  # the same sidecar, still there
+            async with dsp.connect(address) as other:
+                assert section_names(await other.assemble(timeout=5))[-1] == "rules"
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def test_a_stale_unix_socket_file_is_replaced() -> None:
+    directory = tempfile.mkdtemp(prefix="dsp-", dir="/tmp")
+    path = f"{directory}/sidecar.sock"
+    try:
+        with socket.socket(socket.AF_UNIX) as stale:
+            stale.bind(path)  # a socket file that nothing listens on
+        async with serve("--listen", f"unix:{path}"), dsp.connect(f"unix:{path}") as client:
+            assert section_names(await client.assemble(timeout=5))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    "listen", ["localhost", "127.0.0.1", "localhost:", "localhost:http", "::1:50051", "unix:"]
+)
+def test_a_listen_address_without_a_port_is_a_usage_error(listen: str) -> None:
+    result = _serve_once("--listen", listen)
+    assert result.returncode == 2
+    assert "--listen" in result.stderr and repr(listen) in result.stderr
+    assert "listening on" not in result.stdout
+
+
+def test_a_listen_port_over_65535_is_a_usage_error() -> None:
+    result = _serve_once("--listen", "127.0.0.1:99999")
+    assert result.returncode == 2
+    assert "port 99999 is not 0 to 65535" in result.stderr
 
 
 async def test_config_file_persona_and_identity_switch_are_honoured(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,8 +14,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from .addresses import UNIX_PREFIX, bind_failure, check_listen, claim_unix_socket
 from .auth import BearerTokenInterceptor, read_token
-from .config import SidecarConfig
+from .config import ConfigError, SidecarConfig
 from .logs import logger
 from .metrics import Metrics
 from .registry import Registry
@@ -66,27 +68,45 @@ async def start_sidecar(config: SidecarConfig, listen: str = "127.0.0.1:50051") 
     if reflection_enabled(config, listen):
         names = (SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, server)
-    credentials = server_credentials(config)
-    if credentials is None:
-        port = server.add_insecure_port(listen)
-    else:
-        port = server.add_secure_port(listen, credentials)
+    port = _bind(server, listen, server_credentials(config))
+    if config.metrics_listen:
+        _serve_metrics(metrics, config.metrics_listen)
     await server.start()
     for name in ("", SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    if config.metrics_listen:
-        metrics.serve(config.metrics_listen)
     address = bound_address(listen, port)
-    _log.info("serving on %s (tls=%s, auth=%s)", address, credentials is not None,
+    _log.info("serving on %s (tls=%s, auth=%s)", address, bool(config.security.tls_cert_file),
               bool(interceptors))  # fmt: skip
     return Sidecar(server, service, health, metrics, address, config)
 
 
+def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None) -> int:
+    """Bind `listen` exclusively; OSError (AddressInUse when another process serves there)."""
+    check_listen(listen)
+    if listen.startswith(UNIX_PREFIX):
+        claim_unix_socket(listen)
+    try:
+        if credentials is None:
+            return int(server.add_insecure_port(listen))
+        return int(server.add_secure_port(listen, credentials))
+    except RuntimeError:  # gRPC says only "failed to bind": find out why
+        raise bind_failure(listen) from None
+
+
+def _serve_metrics(metrics: Metrics, listen: str) -> None:
+    try:
+        metrics.serve(listen)
+    except OSError as error:
+        why = "address in use" if error.errno == errno.EADDRINUSE else error.strerror or error
+        raise ConfigError(f"config key 'metrics_listen': cannot serve on {listen}: {why}") from None
+
+
 def server_options(config: SidecarConfig) -> list[tuple[str, int]]:
-    """Message size and the keepalive that detects dead peers within the bound."""
+    """Message size, exclusive ports, and the keepalive that detects dead peers in time."""
     half = max(1, int(config.dead_peer_timeout_s * 500))  # ms: ping, then wait as long
     size = config.server_limits.max_message_bytes
     return [
+        ("grpc.so_reuseport", 0),  # else a second sidecar on the port splits the clients
         ("grpc.max_receive_message_length", size),
         ("grpc.max_send_message_length", size),
         ("grpc.keepalive_time_ms", half),

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from .addresses import AddressError, check_listen
 from .app import start_sidecar
 from .commands import add_connection_options, run
 from .config import LOG_LEVELS, ConfigError, SidecarConfig, load_config, with_overrides
@@ -38,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--listen",
         default=DEFAULT_LISTEN,
+        type=_listen_address,
         help=f"HOST:PORT (port 0 picks a free one) or unix:PATH (default {DEFAULT_LISTEN})",
     )
     serve.add_argument("--auth-token-file", help="require 'authorization: Bearer <token>'")
@@ -115,17 +117,22 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as error:
         print(f"dsh-system-prompt: cannot serve on {args.listen}: {error}", file=sys.stderr)
         return EXIT_LISTEN
-    except ValueError as error:  # unreadable token or certificate, missing tokenizer package
+    except (ConfigError, ValueError) as error:  # e.g. a metrics port in use, no tokenizer
         print(f"dsh-system-prompt: {error}", file=sys.stderr)
         return EXIT_CONFIG
     return 0
 
 
-async def _run(config: SidecarConfig, listen: str) -> None:
+def _listen_address(value: str) -> str:
     try:
-        sidecar = await start_sidecar(config, listen)
-    except RuntimeError as error:  # grpc reports a failed bind this way
-        raise OSError(str(error)) from None
+        check_listen(value)
+    except AddressError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return value
+
+
+async def _run(config: SidecarConfig, listen: str) -> None:
+    sidecar = await start_sidecar(config, listen)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

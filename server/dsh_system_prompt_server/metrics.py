@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dsh_system_prompt_core import Reason
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from .addresses import host_and_port
+
 ASSEMBLY_FAILURE_REASONS = (
     Reason.PROVIDER_FAILED,
     Reason.PROVIDER_TIMEOUT,
@@ -68,5 +70,5 @@ class Metrics:
 
     def serve(self, listen: str) -> None:
         """Serve /metrics on HOST:PORT in a background thread."""
-        host, _, port = listen.rpartition(":")
-        start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=self.registry)
+        host, port = host_and_port(listen)
+        start_http_server(port, addr=host, registry=self.registry)
