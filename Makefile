@@ -19,7 +19,7 @@ serve: $(STAMP)
 	$(BIN)/dsh-system-prompt serve --listen $(LISTEN) $(if $(CONFIG),--config $(CONFIG))
 
 ## Run the whole test suite.
-test: $(STAMP) node-deps
+test: $(STAMP) node-deps codegen-tools
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 ## Regenerate the protobuf stubs from proto/.
@@ -82,3 +82,14 @@ node-deps: $(NODE_EXAMPLE)/node_modules/.package-lock.json
 $(NODE_EXAMPLE)/node_modules/.package-lock.json: $(NODE_EXAMPLE)/package.json $(NODE_EXAMPLE)/package-lock.json
 	cd $(NODE_EXAMPLE) && npm ci --no-audit --no-fund
 	touch $@
+
+## protoc and the Go plugins the README's codegen commands use (Debian packages), when missing.
+CODEGEN_PACKAGES := protobuf-compiler protoc-gen-go protoc-gen-go-grpc
+.PHONY: codegen-tools
+codegen-tools:
+	@if command -v protoc >/dev/null && command -v protoc-gen-go >/dev/null \
+	  && command -v protoc-gen-go-grpc >/dev/null; then exit 0; fi; \
+	sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	$$sudo apt-get install -y -q --no-install-recommends $(CODEGEN_PACKAGES) >/dev/null \
+	  || { $$sudo apt-get update -q >/dev/null && \
+	       $$sudo apt-get install -y -q --no-install-recommends $(CODEGEN_PACKAGES) >/dev/null; }

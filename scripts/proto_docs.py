@@ -91,9 +91,7 @@ def _file_comment(file: descriptor_pb2.FileDescriptorProto) -> str:
 
 
 def _paragraphs(text: str) -> str:
-    # buf's lint directives are for buf, not for readers.
-    lines = (line.strip() for line in text.strip().splitlines())
-    return "\n".join(line for line in lines if not line.startswith("buf:lint:ignore"))
+    return "\n".join(line.strip() for line in text.strip().splitlines())
 
 
 def _type(field: descriptor_pb2.FieldDescriptorProto) -> str:

@@ -17,11 +17,14 @@ import grpc
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
+from dsh_system_prompt_core import package_version
 
 from ._providers import Providers
 from .errors import error_from_rpc, stream_ended
 
 _END_WAIT_S = 5.0  # how long ending waits for the sidecar to close its side
+
+CLIENT_VERSION = f"dsh-system-prompt-python/{package_version()}"
 
 
 class _SessionCall(Protocol):
@@ -59,7 +62,8 @@ class Session:
         """Open a session; `on_lost` hears when it ends without `end()`."""
         call: _SessionCall = stub.OpenSession()
         try:
-            await call.write(pb.OpenSessionRequest(start=pb.SessionStart(client_name=client_name)))
+            start = pb.SessionStart(client_name=client_name, client_version=CLIENT_VERSION)
+            await call.write(pb.OpenSessionRequest(start=start))
             opened = await call.read()
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import grpc
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh_system_prompt_core import FEATURE_TOOL_SLOTS
 
 from ._changes import ChangeStream, WatchCall
 from ._channel import TLS, open_channel
@@ -107,7 +108,9 @@ class _Registrar:
         self, listener: Listener, prepend: bool = False, global_: bool = False
     ) -> Disposer:
         """Install a waterfall listener: `async def listener(assembly, context, next)`."""
-        start = pb.ListenStart(prepend=prepend, name=listener_name(listener))
+        start = pb.ListenStart(
+            prepend=prepend, name=listener_name(listener), features=[FEATURE_TOOL_SLOTS]
+        )
         setattr(start, "global", global_)  # a Python keyword as a field name
         return await self._register(
             ListenerRegistration(start=start, listener=listener, stub=self._stub)

@@ -7,6 +7,7 @@
 
 from .names import (
     CONTEXT_SNAPSHOT_HEADER,
+    FEATURE_TOOL_SLOTS,
     HARNESS_IDENTITY_ORDER,
     HARNESS_IDENTITY_SECTION,
     HARNESS_IDENTITY_TEXT,
@@ -16,6 +17,7 @@ from .names import (
     TOOL_ORDER_REST,
     VARIABLE_NAME,
     is_variable_name,
+    package_version,
 )
 from .reasons import Reason
 from .render import (
@@ -29,6 +31,7 @@ from .render import (
 
 __all__ = [
     "CONTEXT_SNAPSHOT_HEADER",
+    "FEATURE_TOOL_SLOTS",
     "HARNESS_IDENTITY_ORDER",
     "HARNESS_IDENTITY_SECTION",
     "HARNESS_IDENTITY_TEXT",
@@ -42,6 +45,7 @@ __all__ = [
     "check_template",
     "interpolate",
     "is_variable_name",
+    "package_version",
     "references",
     "render_context_snapshot",
     "render_prompt",

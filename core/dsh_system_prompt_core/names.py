@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from importlib import metadata
 
 # toolOrder's rest entry: where every tool it does not list goes, sorted by name.
 TOOL_ORDER_REST = "<unlisted-tools>"
@@ -27,3 +28,15 @@ CONTEXT_SNAPSHOT_HEADER = (
 def is_variable_name(name: str) -> bool:
     """Whether `name` matches ^[a-z][a-z0-9_]*$."""
     return VARIABLE_NAME.fullmatch(name) is not None
+
+
+# Protocol features a peer may list in a stream's start message (docs/protocol.md).
+FEATURE_TOOL_SLOTS = "tool-slots"
+
+
+def package_version() -> str:
+    """This installation's version of dsh-system-prompt, for logs and diagnostics."""
+    try:
+        return metadata.version("dsh-system-prompt")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from dsh_system_prompt_core import Reason
+from dsh_system_prompt_core import FEATURE_TOOL_SLOTS, Reason
 
 from .convert import (
     assembly_from_proto,
@@ -23,6 +23,9 @@ from .sessions import Sessions, Stream
 from .status import bad_request
 
 Send = Callable[[pb.ListenResponse], Awaitable[None]]
+
+# What this sidecar can do on a listener stream, when the client says it can too.
+LISTENER_FEATURES = frozenset({FEATURE_TOOL_SLOTS})
 
 
 ListenStream = Stream[pb.ListenResponse]
@@ -45,7 +48,10 @@ class Listeners:
         if not isinstance(first, pb.ListenRequest) or not first.HasField("start"):
             raise bad_request(Reason.BAD_STREAM, "a listener must start with ListenStart")
         start = first.start
-        listener = ListenerStream(start.name, stream.write)
+        features = [name for name in start.features if name in LISTENER_FEATURES]
+        listener = ListenerStream(
+            start.name, stream.write, tool_slots=FEATURE_TOOL_SLOTS in features
+        )
         with gate.call():
             owner = self._sessions.get(start.session_id).id
             entry = self._registry.add_listener(
@@ -61,7 +67,9 @@ class Listeners:
             await stream.write(
                 pb.ListenResponse(
                     registered=pb.ListenerRegistered(
-                        registration_id=entry.id, revision=self._registry.revision
+                        registration_id=entry.id,
+                        revision=self._registry.revision,
+                        features=features,
                     )
                 )
             )
@@ -78,8 +86,9 @@ class Listeners:
 class ListenerStream:
     """Runs invocations of one listener over its stream (a registry ListenerHost)."""
 
-    def __init__(self, name: str, send: Send) -> None:
+    def __init__(self, name: str, send: Send, *, tool_slots: bool = False) -> None:
         self.name = name or "(unnamed)"
+        self._tool_slots = tool_slots  # the client decodes slots in next results
         self._send_raw = send
         self._send_lock = asyncio.Lock()
         self._inboxes: dict[int, asyncio.Queue[pb.ListenRequest | None]] = {}
@@ -113,7 +122,11 @@ class ListenerStream:
                 returned = await next_(handed)
                 if reply.next.tail:
                     return returned
-                message, slots = assembly_to_slotted_proto(returned, sent)
+                message, slots = (
+                    assembly_to_slotted_proto(returned, sent)
+                    if self._tool_slots
+                    else (assembly_to_proto(returned), [])
+                )
                 await self._send(
                     pb.ListenResponse(
                         next_result=pb.ListenerNextResult(
@@ -185,11 +198,9 @@ class ListenerStream:
     ) -> Assembly:
         try:
             return assembly_from_proto(message, slots, sent)
-        except RegistryError as error:
+        except RegistryError as error:  # keeps its reason: BAD_TOOL_SLOT, INVALID_JSON, ...
             raise RegistryError(
-                Status.ABORTED,
-                Reason.LISTENER_FAILED,
-                f'listener "{self.name}" failed: {error.message}',
+                Status.ABORTED, error.reason, f'listener "{self.name}" failed: {error.message}'
             ) from None
 
     async def _send(self, message: pb.ListenResponse) -> None:

@@ -9,7 +9,7 @@ from typing import Protocol, TypeVar
 
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from dsh_system_prompt_core import Reason
+from dsh_system_prompt_core import Reason, package_version
 
 from .convert import provide_request, provided_from_proto
 from .gate import Gate
@@ -26,6 +26,7 @@ from .registry.limits import quota_exceeded
 from .status import bad_request, unknown_session
 
 Out = TypeVar("Out", contravariant=True)
+SIDECAR_VERSION = f"dsh-system-prompt/{package_version()}"
 
 
 class Stream(Protocol[Out]):
@@ -129,7 +130,11 @@ class Sessions:
         try:
             await stream.write(
                 pb.OpenSessionResponse(
-                    opened=pb.SessionOpened(session_id=session.id, revision=self._registry.revision)
+                    opened=pb.SessionOpened(
+                        session_id=session.id,
+                        revision=self._registry.revision,
+                        sidecar_version=SIDECAR_VERSION,
+                    )
                 )
             )
             while (request := await stream.read()) is not grpc.aio.EOF:

@@ -200,145 +200,75 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_UNSPECIFIED: _ErrorReason.ValueType  # 0
     """Never sent; the zero value."""
     DUPLICATE_NAME: _ErrorReason.ValueType  # 1
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A section, context or variable name already registered in that layer.
-    """
+    """A section, context or variable name already registered in that layer."""
     INVALID_NAME: _ErrorReason.ValueType  # 2
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    An empty section, context, tool or listener name.
-    """
+    """An empty section, context, tool or listener name."""
     INVALID_ORDER: _ErrorReason.ValueType  # 3
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A section or context order that is not a finite number.
-    """
+    """A section or context order that is not a finite number."""
     INVALID_VARIABLE_NAME: _ErrorReason.ValueType  # 4
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A variable name that does not match ^[a-z][a-z0-9_]*$.
-    """
+    """A variable name that does not match ^[a-z][a-z0-9_]*$."""
     INVALID_JSON: _ErrorReason.ValueType  # 5
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    Assemble fields or tool parameters that are not a JSON object.
-    """
+    """Assemble fields or tool parameters that are not a JSON object."""
     MISSING_VALUE: _ErrorReason.ValueType  # 6
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A registration with neither a static value nor a dynamic provider.
-    """
+    """A registration with neither a static value nor a dynamic provider."""
     VALUE_TOO_LARGE: _ErrorReason.ValueType  # 7
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A name, text, JSON value or request over a configured size limit.
-    """
+    """A name, text, JSON value or request over a configured size limit."""
     INVALID_SCOPE: _ErrorReason.ValueType  # 8
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    An empty scope key.
-    """
+    """An empty scope key."""
     SCOPE_PARENT_CONFLICT: _ErrorReason.ValueType  # 9
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A scope key whose parent is already bound to another key.
-    """
+    """A scope key whose parent is already bound to another key."""
     SCOPE_CYCLE: _ErrorReason.ValueType  # 10
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A scope parent that would close a cycle.
-    """
+    """A scope parent that would close a cycle."""
     SCOPE_NOT_FOUND: _ErrorReason.ValueType  # 11
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A scope handle id that this session does not hold.
-    """
+    """A scope handle id that this session does not hold."""
     REGISTRATION_NOT_FOUND: _ErrorReason.ValueType  # 12
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    Disposing what does not exist or belongs to another session.
-    """
+    """Disposing what does not exist or belongs to another session."""
     INVALID_TOOL_ORDER: _ErrorReason.ValueType  # 13
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A tool_order without its rest entry, or listing a name twice (config).
-    """
+    """A tool_order without its rest entry, or listing a name twice (config)."""
     MULTIPLE_COMPLETE_SECTIONS: _ErrorReason.ValueType  # 14
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    More than one effective complete section.
-    """
+    """More than one effective complete section."""
     UNKNOWN_TOOL_ORDER_NAME: _ErrorReason.ValueType  # 15
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    tool_order lists a name no tool provider knows.
-    """
+    """tool_order lists a name no tool provider knows."""
     RESERVED_TOOL_NAME: _ErrorReason.ValueType  # 16
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A tool provider returned the reserved name <unlisted-tools>.
-    """
+    """A tool provider returned the reserved name <unlisted-tools>."""
     INVARIANT_VIOLATION: _ErrorReason.ValueType  # 17
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    What the waterfall returned breaks an assembly invariant.
-    """
+    """What the waterfall returned breaks an assembly invariant."""
     RENDER_FAILED: _ErrorReason.ValueType  # 18
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    Strict interpolation failed.
-    """
+    """Strict interpolation failed."""
     BAD_TOOL_SLOT: _ErrorReason.ValueType  # 19
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A listener reply referred to a tool slot that does not exist.
-    """
+    """A listener reply referred to a tool slot that does not exist."""
     PROVIDER_FAILED: _ErrorReason.ValueType  # 20
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A dynamic provider raised, or answered with the wrong kind of value.
-    """
+    """A dynamic provider raised, or answered with the wrong kind of value."""
     PROVIDER_TIMEOUT: _ErrorReason.ValueType  # 21
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A dynamic provider did not answer in time.
-    """
+    """A dynamic provider did not answer in time."""
     PROVIDER_UNAVAILABLE: _ErrorReason.ValueType  # 22
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    The session that registered a needed provider has ended.
-    """
+    """The session that registered a needed provider has ended."""
     LISTENER_FAILED: _ErrorReason.ValueType  # 23
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A listener raised or broke its stream's protocol.
-    """
+    """A listener raised or broke its stream's protocol."""
     LISTENER_TIMEOUT: _ErrorReason.ValueType  # 24
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A listener did not answer in time.
-    """
+    """A listener did not answer in time."""
     LISTENER_UNAVAILABLE: _ErrorReason.ValueType  # 25
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A listener's stream has closed.
-    """
+    """A listener's stream has closed."""
     UNKNOWN_SESSION: _ErrorReason.ValueType  # 26
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A call naming a session id that is not open (FAILED_PRECONDITION).
-    """
+    """A call naming a session id that is not open (FAILED_PRECONDITION)."""
     BAD_STREAM: _ErrorReason.ValueType  # 27
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A stream that did not start with its start message (INVALID_ARGUMENT).
-    """
+    """A stream that did not start with its start message (INVALID_ARGUMENT)."""
     QUOTA_EXCEEDED: _ErrorReason.ValueType  # 28
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A count limit (sessions, registrations, listeners, watchers) is reached.
-    """
+    """A count limit (sessions, registrations, listeners, watchers) is reached."""
     UNAUTHENTICATED: _ErrorReason.ValueType  # 29
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    A call without the configured bearer token.
-    """
+    """A call without the configured bearer token."""
     SHUTTING_DOWN: _ErrorReason.ValueType  # 30
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    The sidecar is draining after SIGTERM (UNAVAILABLE).
-    """
+    """The sidecar is draining after SIGTERM (UNAVAILABLE)."""
     SIDECAR_UNAVAILABLE: _ErrorReason.ValueType  # 31
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    Client-side: the sidecar cannot be reached, or the connection is being re-established.
-    """
+    """Client-side: the sidecar cannot be reached, or the connection is being re-established."""
     SESSION_CLOSED: _ErrorReason.ValueType  # 32
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    Client-side: a call on a client that was closed.
-    """
+    """Client-side: a call on a client that was closed."""
     INVALID_VALUE: _ErrorReason.ValueType  # 33
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    Client-side: a value the client refused before sending it (a wrong type, not JSON-serialisable).
-    """
+    """Client-side: a value the client refused before sending it (a wrong type, not JSON-serialisable)."""
     PROTOCOL_ERROR: _ErrorReason.ValueType  # 34
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    Client-side: the sidecar sent something the client cannot make sense of.
-    """
+    """Client-side: the sidecar sent something the client cannot make sense of."""
     UNKNOWN: _ErrorReason.ValueType  # 35
-    """buf:lint:ignore ENUM_VALUE_PREFIX
-    Client-side: a failure that carried no reason (an older sidecar, or a proxy in between).
-    """
+    """Client-side: a failure that carried no reason (an older sidecar, or a proxy in between)."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The stable reason of a failure. The google.rpc.ErrorInfo detail of every
@@ -353,145 +283,75 @@ class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
 ERROR_REASON_UNSPECIFIED: ErrorReason.ValueType  # 0
 """Never sent; the zero value."""
 DUPLICATE_NAME: ErrorReason.ValueType  # 1
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A section, context or variable name already registered in that layer.
-"""
+"""A section, context or variable name already registered in that layer."""
 INVALID_NAME: ErrorReason.ValueType  # 2
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-An empty section, context, tool or listener name.
-"""
+"""An empty section, context, tool or listener name."""
 INVALID_ORDER: ErrorReason.ValueType  # 3
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A section or context order that is not a finite number.
-"""
+"""A section or context order that is not a finite number."""
 INVALID_VARIABLE_NAME: ErrorReason.ValueType  # 4
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A variable name that does not match ^[a-z][a-z0-9_]*$.
-"""
+"""A variable name that does not match ^[a-z][a-z0-9_]*$."""
 INVALID_JSON: ErrorReason.ValueType  # 5
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-Assemble fields or tool parameters that are not a JSON object.
-"""
+"""Assemble fields or tool parameters that are not a JSON object."""
 MISSING_VALUE: ErrorReason.ValueType  # 6
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A registration with neither a static value nor a dynamic provider.
-"""
+"""A registration with neither a static value nor a dynamic provider."""
 VALUE_TOO_LARGE: ErrorReason.ValueType  # 7
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A name, text, JSON value or request over a configured size limit.
-"""
+"""A name, text, JSON value or request over a configured size limit."""
 INVALID_SCOPE: ErrorReason.ValueType  # 8
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-An empty scope key.
-"""
+"""An empty scope key."""
 SCOPE_PARENT_CONFLICT: ErrorReason.ValueType  # 9
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A scope key whose parent is already bound to another key.
-"""
+"""A scope key whose parent is already bound to another key."""
 SCOPE_CYCLE: ErrorReason.ValueType  # 10
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A scope parent that would close a cycle.
-"""
+"""A scope parent that would close a cycle."""
 SCOPE_NOT_FOUND: ErrorReason.ValueType  # 11
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A scope handle id that this session does not hold.
-"""
+"""A scope handle id that this session does not hold."""
 REGISTRATION_NOT_FOUND: ErrorReason.ValueType  # 12
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-Disposing what does not exist or belongs to another session.
-"""
+"""Disposing what does not exist or belongs to another session."""
 INVALID_TOOL_ORDER: ErrorReason.ValueType  # 13
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A tool_order without its rest entry, or listing a name twice (config).
-"""
+"""A tool_order without its rest entry, or listing a name twice (config)."""
 MULTIPLE_COMPLETE_SECTIONS: ErrorReason.ValueType  # 14
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-More than one effective complete section.
-"""
+"""More than one effective complete section."""
 UNKNOWN_TOOL_ORDER_NAME: ErrorReason.ValueType  # 15
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-tool_order lists a name no tool provider knows.
-"""
+"""tool_order lists a name no tool provider knows."""
 RESERVED_TOOL_NAME: ErrorReason.ValueType  # 16
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A tool provider returned the reserved name <unlisted-tools>.
-"""
+"""A tool provider returned the reserved name <unlisted-tools>."""
 INVARIANT_VIOLATION: ErrorReason.ValueType  # 17
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-What the waterfall returned breaks an assembly invariant.
-"""
+"""What the waterfall returned breaks an assembly invariant."""
 RENDER_FAILED: ErrorReason.ValueType  # 18
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-Strict interpolation failed.
-"""
+"""Strict interpolation failed."""
 BAD_TOOL_SLOT: ErrorReason.ValueType  # 19
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A listener reply referred to a tool slot that does not exist.
-"""
+"""A listener reply referred to a tool slot that does not exist."""
 PROVIDER_FAILED: ErrorReason.ValueType  # 20
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A dynamic provider raised, or answered with the wrong kind of value.
-"""
+"""A dynamic provider raised, or answered with the wrong kind of value."""
 PROVIDER_TIMEOUT: ErrorReason.ValueType  # 21
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A dynamic provider did not answer in time.
-"""
+"""A dynamic provider did not answer in time."""
 PROVIDER_UNAVAILABLE: ErrorReason.ValueType  # 22
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-The session that registered a needed provider has ended.
-"""
+"""The session that registered a needed provider has ended."""
 LISTENER_FAILED: ErrorReason.ValueType  # 23
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A listener raised or broke its stream's protocol.
-"""
+"""A listener raised or broke its stream's protocol."""
 LISTENER_TIMEOUT: ErrorReason.ValueType  # 24
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A listener did not answer in time.
-"""
+"""A listener did not answer in time."""
 LISTENER_UNAVAILABLE: ErrorReason.ValueType  # 25
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A listener's stream has closed.
-"""
+"""A listener's stream has closed."""
 UNKNOWN_SESSION: ErrorReason.ValueType  # 26
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A call naming a session id that is not open (FAILED_PRECONDITION).
-"""
+"""A call naming a session id that is not open (FAILED_PRECONDITION)."""
 BAD_STREAM: ErrorReason.ValueType  # 27
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A stream that did not start with its start message (INVALID_ARGUMENT).
-"""
+"""A stream that did not start with its start message (INVALID_ARGUMENT)."""
 QUOTA_EXCEEDED: ErrorReason.ValueType  # 28
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A count limit (sessions, registrations, listeners, watchers) is reached.
-"""
+"""A count limit (sessions, registrations, listeners, watchers) is reached."""
 UNAUTHENTICATED: ErrorReason.ValueType  # 29
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-A call without the configured bearer token.
-"""
+"""A call without the configured bearer token."""
 SHUTTING_DOWN: ErrorReason.ValueType  # 30
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-The sidecar is draining after SIGTERM (UNAVAILABLE).
-"""
+"""The sidecar is draining after SIGTERM (UNAVAILABLE)."""
 SIDECAR_UNAVAILABLE: ErrorReason.ValueType  # 31
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-Client-side: the sidecar cannot be reached, or the connection is being re-established.
-"""
+"""Client-side: the sidecar cannot be reached, or the connection is being re-established."""
 SESSION_CLOSED: ErrorReason.ValueType  # 32
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-Client-side: a call on a client that was closed.
-"""
+"""Client-side: a call on a client that was closed."""
 INVALID_VALUE: ErrorReason.ValueType  # 33
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-Client-side: a value the client refused before sending it (a wrong type, not JSON-serialisable).
-"""
+"""Client-side: a value the client refused before sending it (a wrong type, not JSON-serialisable)."""
 PROTOCOL_ERROR: ErrorReason.ValueType  # 34
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-Client-side: the sidecar sent something the client cannot make sense of.
-"""
+"""Client-side: the sidecar sent something the client cannot make sense of."""
 UNKNOWN: ErrorReason.ValueType  # 35
-"""buf:lint:ignore ENUM_VALUE_PREFIX
-Client-side: a failure that carried no reason (an older sidecar, or a proxy in between).
-"""
+"""Client-side: a failure that carried no reason (an older sidecar, or a proxy in between)."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final
@@ -820,16 +680,31 @@ class SessionStart(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CLIENT_NAME_FIELD_NUMBER: _builtins.int
+    CLIENT_VERSION_FIELD_NUMBER: _builtins.int
+    FEATURES_FIELD_NUMBER: _builtins.int
     client_name: _builtins.str
     """A name for logs and diagnostics (for example the agent's process name)."""
+    client_version: _builtins.str
+    """The client library and its version, free text for logs and diagnostics
+    (e.g. "dsh-system-prompt-python/0.2.0"); never used to pick behaviour.
+    """
+    @_builtins.property
+    def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Session features the client implements. None is defined yet: the field
+        is here so that later features need no new message. Unknown names are
+        ignored. See docs/protocol.md, "Versions and features".
+        """
+
     def __init__(
         self,
         *,
         client_name: _builtins.str = ...,
+        client_version: _builtins.str = ...,
+        features: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_name", b"client_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_name", b"client_name", "client_version", b"client_version", "features", b"features"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -881,19 +756,33 @@ class SessionOpened(_message.Message):
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
+    SIDECAR_VERSION_FIELD_NUMBER: _builtins.int
+    FEATURES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The unguessable id that unary calls name to act for this session."""
     revision: _builtins.int
     """The registry's revision when the session opened."""
+    sidecar_version: _builtins.str
+    """The sidecar's version, free text for logs and diagnostics
+    (e.g. "dsh-system-prompt/0.2.0"); never used to pick behaviour.
+    """
+    @_builtins.property
+    def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The session features in effect: those of SessionStart.features that the
+        sidecar supports too. Empty when none is.
+        """
+
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         revision: _builtins.int = ...,
+        sidecar_version: _builtins.str = ...,
+        features: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["revision", b"revision", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["features", b"features", "revision", b"revision", "session_id", b"session_id", "sidecar_version", b"sidecar_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2129,6 +2018,7 @@ class ListenStart(_message.Message):
     PREPEND_FIELD_NUMBER: _builtins.int
     GLOBAL_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
+    FEATURES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The owning session."""
     scope_id: _builtins.str
@@ -2139,6 +2029,14 @@ class ListenStart(_message.Message):
     """Run before the listeners registered earlier."""
     name: _builtins.str
     """A name for errors and diagnostics (for example the function's name)."""
+    @_builtins.property
+    def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Listener features the client implements; unknown names are ignored.
+        "tool-slots": the client decodes ListenerNextResult.tool_slots, so the
+        sidecar may send unchanged tools as slot numbers. Without it the sidecar
+        sends every tool in full. See docs/protocol.md, "Tool slots".
+        """
+
     def __init__(
         self,
         *,
@@ -2146,10 +2044,11 @@ class ListenStart(_message.Message):
         scope_id: _builtins.str = ...,
         prepend: _builtins.bool = ...,
         name: _builtins.str = ...,
+        features: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["global", b"global", "name", b"name", "prepend", b"prepend", "scope_id", b"scope_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["features", b"features", "global", b"global", "name", b"name", "prepend", b"prepend", "scope_id", b"scope_id", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2177,10 +2076,13 @@ class ListenerNext(_message.Message):
 
     @_builtins.property
     def tool_slots(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """When set, the assembly's tools in order: each entry is the index of a tool
-        of the invocation's assembly, unchanged, or -1 for the next tool of
-        assembly.tools (a new or changed one). Unchanged tools then cross the
-        stream as a number instead of their schema.
+        """Empty: the tools are exactly assembly.tools. Non-empty: the tools in
+        order, one entry each: the index of a tool of the invocation's assembly
+        (ListenerInvocation.assembly.tools), unchanged, or -1 for the next tool of
+        assembly.tools (a new or changed one), which then holds exactly as many
+        tools as there are -1 entries. Unchanged tools cross as a number instead
+        of their schema. Any client may send slots; a bad slot fails the
+        assembly (BAD_TOOL_SLOT).
         """
 
     def __init__(
@@ -2216,10 +2118,13 @@ class ListenerResult(_message.Message):
 
     @_builtins.property
     def tool_slots(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """When set, the assembly's tools in order: each entry is the index of a tool
-        of the invocation's assembly, unchanged, or -1 for the next tool of
-        assembly.tools (a new or changed one). Unchanged tools then cross the
-        stream as a number instead of their schema.
+        """Empty: the tools are exactly assembly.tools. Non-empty: the tools in
+        order, one entry each: the index of a tool of the invocation's assembly
+        (ListenerInvocation.assembly.tools), unchanged, or -1 for the next tool of
+        assembly.tools (a new or changed one), which then holds exactly as many
+        tools as there are -1 entries. Unchanged tools cross as a number instead
+        of their schema. Any client may send slots; a bad slot fails the
+        assembly (BAD_TOOL_SLOT).
         """
 
     def __init__(
@@ -2315,19 +2220,27 @@ class ListenerRegistered(_message.Message):
 
     REGISTRATION_ID_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
+    FEATURES_FIELD_NUMBER: _builtins.int
     registration_id: _builtins.str
     """Unguessable id; Dispose removes the listener, as does closing the stream."""
     revision: _builtins.int
     """The registry's revision after the registration."""
+    @_builtins.property
+    def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The listener features in effect: those of ListenStart.features that the
+        sidecar supports too. Empty when none is.
+        """
+
     def __init__(
         self,
         *,
         registration_id: _builtins.str = ...,
         revision: _builtins.int = ...,
+        features: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["registration_id", b"registration_id", "revision", b"revision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["features", b"features", "registration_id", b"registration_id", "revision", b"revision"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2384,10 +2297,11 @@ class ListenerNextResult(_message.Message):
 
     @_builtins.property
     def tool_slots(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """When set, the assembly's tools in order: each entry is the index of a tool
-        of the invocation's assembly, unchanged, or -1 for the next tool of
-        assembly.tools (a new or changed one). Unchanged tools then cross the
-        stream as a number instead of their schema.
+        """Empty: the tools are exactly assembly.tools. Non-empty (only when the
+        listener's ListenStart listed the "tool-slots" feature): the tools in
+        order, one entry each: the index of a tool of the invocation's assembly
+        (ListenerInvocation.assembly.tools), unchanged, or -1 for the next tool of
+        assembly.tools (a new or changed one).
         """
 
     def __init__(

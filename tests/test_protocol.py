@@ -1,0 +1,158 @@
+"""The wire protocol as a client in another language sees it: versions, features, tool slots."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import dsh_system_prompt as dsp
+import grpc
+import grpc.aio
+import pytest
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
+from dsh_system_prompt_server.app import Sidecar
+from helpers import raw_channel, raw_stub, tool_names
+
+TOOLS = [dsp.ToolSchema(name, f"the {name} tool", {"type": "object"}) for name in ("a", "b")]
+
+
+@dataclass
+class RawListener:
+    """A listener written straight on the stubs, as another language would."""
+
+    stub: pb_grpc.SystemPromptServiceStub
+    stream: grpc.aio.StreamStreamCall  # type: ignore[type-arg]
+    registered: pb.ListenerRegistered
+
+    async def invocation(self) -> pb.ListenerInvocation:
+        return (await self.stream.read()).invocation
+
+    async def send(self, **reply: object) -> None:
+        await self.stream.write(pb.ListenRequest(**reply))  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def raw_listener(sidecar: Sidecar, *features: str) -> AsyncIterator[RawListener]:
+    async with raw_channel(sidecar.address) as channel:
+        stub = raw_stub(channel)
+        session = stub.OpenSession()
+        await session.write(pb.OpenSessionRequest(start=pb.SessionStart(client_name="raw")))
+        session_id = (await session.read()).opened.session_id
+        stream = stub.Listen()
+        start = pb.ListenStart(session_id=session_id, name="raw", features=list(features))
+        await stream.write(pb.ListenRequest(start=start))
+        registered = (await stream.read()).registered
+        try:
+            yield RawListener(stub, stream, registered)
+        finally:
+            stream.cancel()
+            session.cancel()
+
+
+async def test_a_session_learns_the_sidecars_version(sidecar: Sidecar) -> None:
+    async with raw_channel(sidecar.address) as channel:
+        session = raw_stub(channel).OpenSession()
+        start = pb.SessionStart(client_name="raw", client_version="go-client/1.0", features=["x"])
+        await session.write(pb.OpenSessionRequest(start=start))
+        opened = (await session.read()).opened
+        session.cancel()
+    assert opened.sidecar_version.startswith("dsh-system-prompt/")
+    assert list(opened.features) == []  # no session feature is defined; unknown ones are ignored
+
+
+async def test_a_listener_gets_only_the_features_both_sides_support(sidecar: Sidecar) -> None:
+    async with raw_listener(sidecar, "tool-slots", "from-the-future") as listener:
+        assert list(listener.registered.features) == ["tool-slots"]
+
+
+async def test_a_listener_that_declares_no_feature_gets_every_tool_in_full(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    await client.tools(TOOLS)
+    async with raw_listener(sidecar) as listener:
+        assert list(listener.registered.features) == []
+        assembling = asyncio.ensure_future(client.assemble(timeout=5))
+        invocation = await listener.invocation()
+        slots = list(range(len(invocation.assembly.tools)))  # slots in a reply are always fine
+        await listener.send(
+            next=pb.ListenerNext(
+                invocation_id=invocation.invocation_id,
+                assembly=pb.PromptAssembly(sections=invocation.assembly.sections),
+                tool_slots=slots,
+            )
+        )
+        next_result = (await listener.stream.read()).next_result
+        assert list(next_result.tool_slots) == []
+        assert [t.name for t in next_result.assembly.tools] == ["a", "b"]
+        # The naive listener hands back what next() returned, as it is: no tool is lost.
+        result = pb.ListenerResult(
+            invocation_id=invocation.invocation_id, assembly=next_result.assembly
+        )
+        await listener.send(result=result)
+        assert tool_names(await assembling) == ["a", "b"]
+
+
+async def test_a_listener_that_decodes_slots_gets_unchanged_tools_as_slots(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    await client.tools(TOOLS)
+    async with raw_listener(sidecar, "tool-slots") as listener:
+        assembling = asyncio.ensure_future(client.assemble(timeout=5))
+        invocation = await listener.invocation()
+        await listener.send(
+            next=pb.ListenerNext(
+                invocation_id=invocation.invocation_id,
+                assembly=pb.PromptAssembly(sections=invocation.assembly.sections),
+                tool_slots=[0, 1],
+            )
+        )
+        next_result = (await listener.stream.read()).next_result
+        assert list(next_result.tool_slots) == [0, 1]
+        assert list(next_result.assembly.tools) == []
+        result = pb.ListenerResult(
+            invocation_id=invocation.invocation_id,
+            assembly=next_result.assembly,
+            tool_slots=next_result.tool_slots,
+        )
+        await listener.send(result=result)
+        assert tool_names(await assembling) == ["a", "b"]
+
+
+async def test_a_reply_with_a_slot_out_of_range_fails_with_bad_tool_slot(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    await client.tools(TOOLS)
+    async with raw_listener(sidecar, "tool-slots") as listener:
+        assembling = asyncio.ensure_future(client.assemble(timeout=5))
+        invocation = await listener.invocation()
+        reply = pb.ListenerResult(invocation_id=invocation.invocation_id, tool_slots=[0, 7])
+        await listener.send(result=reply)
+        with pytest.raises(dsp.SystemPromptError) as failure:
+            await assembling
+    assert (failure.value.code, failure.value.reason) == (
+        grpc.StatusCode.ABORTED,
+        dsp.Reason.BAD_TOOL_SLOT,
+    )
+    assert 'listener "raw" failed: tool slot 7 is out of range' in failure.value.message
+
+
+async def test_fresh_tools_that_do_not_match_the_minus_one_slots_are_rejected(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    await client.tools(TOOLS)
+    async with raw_listener(sidecar) as listener:
+        assembling = asyncio.ensure_future(client.assemble(timeout=5))
+        invocation = await listener.invocation()
+        # Two new tools announced by the slots, one sent.
+        reply = pb.ListenerResult(
+            invocation_id=invocation.invocation_id,
+            assembly=pb.PromptAssembly(tools=[pb.ToolSchema(name="c", parameters_json="{}")]),
+            tool_slots=[-1, -1],
+        )
+        await listener.send(result=reply)
+        with pytest.raises(dsp.SystemPromptError) as failure:
+            await assembling
+    assert failure.value.reason == dsp.Reason.BAD_TOOL_SLOT
