@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable
 
 import dsh_system_prompt as dsp
@@ -14,6 +15,7 @@ from dsh_system_prompt_server.app import Sidecar
 
 SidecarFactory = Callable[..., Awaitable[Sidecar]]
 ClientFactory = Callable[..., Awaitable[dsp.Client]]
+Check = Callable[[], bool | Awaitable[bool]]
 
 IDENTITY = "You are an AI agent powered by DeepSeek Harness."
 
@@ -32,6 +34,27 @@ def tool_names(assembly: dsp.PromptAssembly) -> list[str]:
 
 def tool(name: str, description: str = "") -> dsp.ToolSchema:
     return dsp.ToolSchema(name, description or f"the {name} tool", {"type": "object"})
+
+
+async def eventually(check: Check, what: str, timeout: float = 5.0, interval: float = 0.02) -> None:
+    """Poll `check` (plain or async) until it is true; fail saying `what` never came.
+
+    `timeout` bounds the whole wait, a check that hangs included.
+    """
+    last: object = None
+    try:
+        async with asyncio.timeout(timeout) as bound:
+            while True:
+                last = check()
+                if inspect.isawaitable(last):
+                    last = await last
+                if last:
+                    return
+                await asyncio.sleep(interval)
+    except TimeoutError:
+        if not bound.expired():
+            raise  # the check's own timeout, not ours
+    pytest.fail(f"{what}: still not so after {timeout:g}s (last check gave {last!r})")
 
 
 # -- sessions and change events -------------------------------------------------------

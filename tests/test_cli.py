@@ -17,7 +17,15 @@ import grpc.aio
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from helpers import IDENTITY, SidecarFactory, raw_channel, section_names, tool, tool_names
+from helpers import (
+    IDENTITY,
+    SidecarFactory,
+    eventually,
+    raw_channel,
+    section_names,
+    tool,
+    tool_names,
+)
 from processes import serve, sidecar_command
 
 SERVICE = "dsh.systemprompt.v1.SystemPromptService"
@@ -239,7 +247,7 @@ async def test_sigterm_lets_an_in_flight_assembly_finish_and_refuses_new_calls()
             await asyncio.wait_for(asked.wait(), 5)
 
             served.process.send_signal(signal.SIGTERM)
-            await _wait_for_health(served.address, health_pb2.HealthCheckResponse.NOT_SERVING)
+            await eventually(lambda: _not_serving(served.address), "health reads NOT_SERVING")
             with pytest.raises(dsp.SystemPromptError) as refused:
                 await client.assemble(timeout=5)
             assert refused.value.code == grpc.StatusCode.UNAVAILABLE
@@ -252,12 +260,8 @@ async def test_sigterm_lets_an_in_flight_assembly_finish_and_refuses_new_calls()
             await asyncio.wait_for(client.close(), 10)
 
 
-async def _wait_for_health(address: str, wanted: int) -> None:
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + 5
-    while (status := await _health(address)) != wanted:
-        assert loop.time() < give_up, f"health stayed {status}, wanted {wanted}"
-        await asyncio.sleep(0.02)
+async def _not_serving(address: str) -> bool:
+    return await _health(address) == health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 # -- health and reflection -----------------------------------------------------------
@@ -315,7 +319,7 @@ async def test_drain_turns_health_not_serving_and_refuses_new_calls(
         await asyncio.wait_for(asked.wait(), 5)
 
         drain = asyncio.create_task(sidecar.drain())
-        await _wait_for_health(sidecar.address, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await eventually(lambda: _not_serving(sidecar.address), "health reads NOT_SERVING")
         with pytest.raises(dsp.SystemPromptError) as refused:
             await client.assemble(timeout=5)
         assert refused.value.code == grpc.StatusCode.UNAVAILABLE
@@ -349,7 +353,7 @@ async def test_drain_refuses_new_sessions(make_sidecar: SidecarFactory) -> None:
         in_flight = asyncio.create_task(client.assemble(timeout=10))
         await asyncio.wait_for(asked.wait(), 5)
         drain = asyncio.create_task(sidecar.drain())
-        await _wait_for_health(sidecar.address, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await eventually(lambda: _not_serving(sidecar.address), "health reads NOT_SERVING")
 
         with pytest.raises(dsp.SystemPromptError) as refused:
             await asyncio.wait_for(dsp.connect(sidecar.address), 5)

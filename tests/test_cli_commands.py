@@ -8,7 +8,7 @@ from pathlib import Path
 
 import dsh_system_prompt as dsp
 from dsh_system_prompt_server.app import Sidecar
-from helpers import IDENTITY, tool
+from helpers import IDENTITY, eventually, tool
 from processes import free_port, sidecar_command
 
 
@@ -140,7 +140,8 @@ async def test_watch_prints_events_as_they_happen(sidecar: Sidecar, client: dsp.
     )  # fmt: skip
     try:
         assert process.stdout is not None
-        await _wait_for_watchers(sidecar, 1)
+        subscribers = sidecar.registry.changes.subscriber_count
+        await eventually(lambda: subscribers() >= 1, "the watch command subscribes", timeout=10)
         await client.section("watched", 1, "x")
         event = json.loads(await asyncio.wait_for(process.stdout.readline(), 10))
         assert (event["kind"], event["name"], event["action"]) == (
@@ -151,11 +152,3 @@ async def test_watch_prints_events_as_they_happen(sidecar: Sidecar, client: dsp.
     finally:
         process.terminate()
         await process.wait()
-
-
-async def _wait_for_watchers(sidecar: Sidecar, count: int) -> None:
-    for _ in range(200):
-        if sidecar.registry.changes.subscriber_count() >= count:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the watch command never subscribed")

@@ -12,7 +12,7 @@ from pathlib import Path
 import dsh_system_prompt as dsp
 import grpc
 import pytest
-from helpers import section_names, tool
+from helpers import eventually, section_names, tool
 from processes import free_port, serve
 
 CLIENT_SCRIPT = """
@@ -45,22 +45,6 @@ async def client_process(address: str) -> AsyncIterator[asyncio.subprocess.Proce
         await asyncio.wait_for(process.wait(), 5)
 
 
-Check = Callable[[], Awaitable[bool]]
-Result = dsp.PromptAssembly
-Next = Callable[[], Awaitable[Result]]
-
-
-async def wait_until(condition_check: Check, timeout: float, interval: float = 0.1) -> float:
-    """Poll `condition_check()` until true; returns the seconds it took."""
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    while not await condition_check():
-        if loop.time() - started > timeout:
-            pytest.fail(f"condition not reached within {timeout}s")
-        await asyncio.sleep(interval)
-    return loop.time() - started
-
-
 def config_file(tmp_path: Path, text: str) -> str:
     path = tmp_path / "sidecar.toml"
     path.write_text(text)
@@ -85,10 +69,9 @@ async def test_a_frozen_client_is_disposed_after_the_keepalive_bound_and_reconne
 
         assert await has_frozen()
         peer.send_signal(signal.SIGSTOP)
-        took = await wait_until(lacks_frozen, timeout=15)
-        assert took < 15
+        await eventually(lacks_frozen, "the frozen client's section goes", timeout=15)
         peer.send_signal(signal.SIGCONT)
-        await wait_until(has_frozen, timeout=15)
+        await eventually(has_frozen, "the thawed client's section comes back", timeout=15)
 
 
 async def test_clients_reconnect_and_replay_after_the_sidecar_restarts(tmp_path: Path) -> None:
@@ -110,8 +93,9 @@ async def test_clients_reconnect_and_replay_after_the_sidecar_restarts(tmp_path:
             first.process.kill()
             await first.process.wait()
             async with serve("--listen", address, "--config", config):
-                for client in (one, two):
-                    await wait_until(_connected(client), timeout=20)
+                await eventually(
+                    lambda: one.connected and two.connected, "both clients reconnect", timeout=20
+                )
                 after = {
                     scope: await one.assemble(scope=scope, fields={"who": "w"}, timeout=5)
                     for scope in before
@@ -165,13 +149,6 @@ async def assemble_forever(*clients: dsp.Client) -> None:
         await asyncio.sleep(0.02)
 
 
-def _connected(client: dsp.Client) -> Check:
-    async def check() -> bool:
-        return client.connected
-
-    return check
-
-
 async def test_calls_while_the_sidecar_is_down_fail_fast_as_unavailable() -> None:
     address = f"127.0.0.1:{free_port()}"
     async with serve("--listen", address) as served:
@@ -179,7 +156,7 @@ async def test_calls_while_the_sidecar_is_down_fail_fast_as_unavailable() -> Non
         try:
             served.process.kill()
             await served.process.wait()
-            await wait_until(_disconnected(client), timeout=10)
+            await eventually(lambda: not client.connected, "the client sees it down", timeout=10)
             loop = asyncio.get_running_loop()
             started = loop.time()
             with pytest.raises(dsp.SystemPromptError) as failure:
@@ -199,7 +176,7 @@ async def test_an_assemble_with_a_deadline_waits_for_the_reconnect() -> None:
             await client.section("kept", 5, "kept across the restart")
             served.process.kill()
             await served.process.wait()
-            await wait_until(_disconnected(client), timeout=10)
+            await eventually(lambda: not client.connected, "the client sees it down", timeout=10)
             async with serve("--listen", address):
                 assembly = await client.assemble(timeout=20)
             assert "kept" in section_names(assembly)
@@ -217,9 +194,9 @@ async def test_disposers_from_before_a_restart_still_work_after_it() -> None:
             await scope.section("scoped", 5, "y")
             served.process.kill()
             await served.process.wait()
-            await wait_until(_disconnected(client), timeout=10)
+            await eventually(lambda: not client.connected, "the client sees it down", timeout=10)
             async with serve("--listen", address):
-                await wait_until(_connected(client), timeout=20)
+                await eventually(lambda: client.connected, "the client reconnects", timeout=20)
                 assert "disposable" in section_names(await client.assemble(timeout=5))
                 await off()
                 await scope.dispose()
@@ -228,10 +205,3 @@ async def test_disposers_from_before_a_restart_still_work_after_it() -> None:
             assert "scoped" not in section_names(assembly)
         finally:
             await client.close()
-
-
-def _disconnected(client: dsp.Client) -> Check:
-    async def check() -> bool:
-        return not client.connected
-
-    return check
