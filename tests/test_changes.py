@@ -6,16 +6,7 @@ import asyncio
 
 import dsh_system_prompt as dsp
 from dsh_system_prompt_server.app import Sidecar
-from helpers import ClientFactory, SidecarFactory, tool
-
-
-async def take(changes: dsp.ChangeStream, count: int) -> list[dsp.ChangeEvent]:
-    events: list[dsp.ChangeEvent] = []
-    while len(events) < count:
-        event = await asyncio.wait_for(changes.__anext__(), 5)
-        assert isinstance(event, dsp.ChangeEvent), event
-        events.append(event)
-    return events
+from helpers import ClientFactory, SidecarFactory, eventually, next_events, tool
 
 
 def summary(events: list[dsp.ChangeEvent]) -> list[tuple[str, str, str, str | None]]:
@@ -40,7 +31,7 @@ async def test_every_registration_and_disposal_is_an_event_in_order(client: dsp.
     for off in offs:
         await off()
     await scope.dispose()
-    events = await take(changes, 14)
+    events = await next_events(changes, 14)
     assert summary(events) == [
         ("scope", "registered", "agent-1", "agent-1"),
         ("section", "registered", "rules", None),
@@ -67,7 +58,7 @@ async def test_subscription_is_in_place_when_watch_changes_returns(
     watcher, other = await connect(), await connect()
     changes = await watcher.watch_changes()
     await other.section("right-after", 1, "x")
-    [event] = await take(changes, 1)
+    [event] = await next_events(changes, 1)
     assert (event.kind, event.name) == ("section", "right-after")
 
 
@@ -76,7 +67,7 @@ async def test_scope_events_are_sent_per_handle(connect: ClientFactory) -> None:
     changes = await one.watch_changes()
     await one.scope("shared")
     await two.scope("shared")
-    assert summary(await take(changes, 2)) == [
+    assert summary(await next_events(changes, 2)) == [
         ("scope", "registered", "shared", "shared"),
         ("scope", "registered", "shared", "shared"),
     ]
@@ -90,7 +81,7 @@ async def test_closing_a_session_emits_an_unregistered_event_per_registration(
     await owner.variable("b", "b")
     changes = await watcher.watch_changes()
     await owner.close()
-    assert sorted(summary(await take(changes, 2))) == [
+    assert sorted(summary(await next_events(changes, 2))) == [
         ("section", "unregistered", "a", None),
         ("variable", "unregistered", "b", None),
     ]
@@ -116,11 +107,15 @@ async def test_a_stuck_watcher_blocks_no_registration_and_is_told_what_it_missed
         )
         for off in offs[:500]:
             await off()
-        await asyncio.sleep(0.2)
+        last = sidecar.registry.revision
+        await eventually(
+            lambda: bool(live_events) and _reached(live_events[-1]) >= last,
+            "the live watcher reads up to the last change",
+            timeout=20,
+        )
         reader.cancel()
         assert all(isinstance(e, dsp.ChangeEvent) for e in live_events)
         assert len(live_events) == 1500
-        last = live_events[-1].revision
         seen: list[dsp.ChangeEvent | dsp.ChangesMissed] = []
         while not seen or _reached(seen[-1]) < last:
             seen.append(await asyncio.wait_for(stuck.__anext__(), 5))

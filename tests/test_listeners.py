@@ -241,17 +241,32 @@ async def test_mutations_never_leak_between_assemblies(client: dsp.Client) -> No
 async def test_listener_time_inside_next_does_not_count_against_its_timeout(
     make_sidecar: SidecarFactory,
 ) -> None:
-    sidecar = await make_sidecar(provider_timeout_s=0.5)
+    bound = 0.5
+    sidecar = await make_sidecar(provider_timeout_s=bound)
+    loop = asyncio.get_running_loop()
+    inside: list[float] = []  # when the outer listener entered next(), and when it left
 
-    async def slow(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Next):
-        await asyncio.sleep(0.3)
-        return await next_()
+    async def outer(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Next):
+        assembly.sections.append(dsp.AssembledSection("outer", "outer"))
+        inside.append(loop.time())
+        result = await next_()
+        inside.append(loop.time())
+        return result
+
+    def answers_at(share: float) -> Callable[..., Awaitable[object]]:
+        async def inner(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Next):
+            # A deadline, not a fixed delay: late turns shorten the wait, never lengthen it.
+            await asyncio.sleep(inside[0] + share * bound - loop.time())
+            return await next_()
+
+        return inner
 
     async with dsp.connect(sidecar.address) as client:
-        await client.on_assemble(appending("outer"))
-        await client.on_assemble(slow)
-        await client.on_assemble(slow)
+        await client.on_assemble(outer)
+        for share in (0.4, 0.8, 1.2):  # each within the bound, together beyond it
+            await client.on_assemble(answers_at(share))
         assembly = await client.assemble(timeout=5)
+    assert inside[1] - inside[0] > bound
     assert section_names(assembly)[-1] == "outer"
 
 
