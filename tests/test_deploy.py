@@ -470,7 +470,11 @@ def test_image_healthcheck_command_reports_serving(sidecar_on: Any) -> None:
 
 
 def test_configmap_is_a_valid_sidecar_config() -> None:
-    parse_config(tomllib.loads(configmap_toml()))
+    table = tomllib.loads(configmap_toml())
+    config = parse_config(table)
+    for key, value in table.items():  # each key is read as written, none dropped
+        holder = config.registry if hasattr(config.registry, key) else config
+        assert getattr(holder, key) == value, key
 
 
 @pytest.mark.parametrize("name", ["agent-tcp", "agent-unix-socket"])

@@ -136,9 +136,11 @@ async def test_a_registration_after_close_leaves_nothing_behind(connect: ClientF
 
 
 async def test_closing_twice_is_harmless(connect: ClientFactory) -> None:
-    client = await connect()
+    client, other = await connect(), await connect()
     await client.close()
     await client.close()
+    assert (await rejection(client.assemble())).code == grpc.StatusCode.FAILED_PRECONDITION
+    assert section_names(await other.assemble())[2:] == []
 
 
 # -- unknown scopes -------------------------------------------------------------------

@@ -228,8 +228,12 @@ async def test_a_parent_bound_before_it_is_opened_still_chains(client: dsp.Clien
 
 async def test_reopening_with_the_same_parent_is_allowed(connect: ClientFactory) -> None:
     first, second = await connect(), await connect()
+    team = await first.scope("team")
+    await team.section("team", 10, "t")
     await first.scope("worker", parent="team")
-    await second.scope("worker", parent="team")
+    worker = await second.scope("worker", parent="team")
+    await worker.section("worker", 20, "w")
+    assert section_names(await second.assemble(scope="worker"))[2:] == ["team", "worker"]
 
 
 async def test_reopening_without_a_parent_keeps_the_bound_parent(connect: ClientFactory) -> None:

@@ -139,6 +139,9 @@ async def test_closing_a_client_releases_its_scope_parent_binding(
 
     # Nothing holds "child" any more, so another session may bind another parent.
     await other.scope("child", parent="parent-b")
+    parent = await other.scope("parent-b")
+    await parent.section("from-b", 10, "b")
+    assert section_names(await other.assemble(scope="child"))[2:] == ["from-b"]
 
 
 async def test_closing_a_client_lifts_its_runtime_context_suppression(
