@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dsh_system_prompt as dsp
 import grpc
+import pytest
 from helpers import (
     IDENTITY,
     ClientFactory,
@@ -226,23 +227,17 @@ async def test_a_parent_bound_before_it_is_opened_still_chains(client: dsp.Clien
 # -- binding parents ------------------------------------------------------------------
 
 
-async def test_reopening_with_the_same_parent_is_allowed(connect: ClientFactory) -> None:
+@pytest.mark.parametrize("parent", ["team", None], ids=["same-parent", "no-parent"])
+async def test_reopening_with_the_same_parent_or_none_keeps_the_bound_parent(
+    connect: ClientFactory, parent: str | None
+) -> None:
     first, second = await connect(), await connect()
     team = await first.scope("team")
     await team.section("team", 10, "t")
     await first.scope("worker", parent="team")
-    worker = await second.scope("worker", parent="team")
+    worker = await second.scope("worker", parent=parent)
     await worker.section("worker", 20, "w")
     assert section_names(await second.assemble(scope="worker"))[2:] == ["team", "worker"]
-
-
-async def test_reopening_without_a_parent_keeps_the_bound_parent(connect: ClientFactory) -> None:
-    first, second = await connect(), await connect()
-    team = await first.scope("team")
-    await team.section("team", 10, "t")
-    await first.scope("worker", parent="team")
-    await second.scope("worker")
-    assert section_names(await second.assemble(scope="worker"))[2:] == ["team"]
 
 
 async def test_a_conflicting_parent_is_rejected(client: dsp.Client) -> None:
