@@ -121,7 +121,7 @@ async def test_a_listener_that_decodes_slots_gets_unchanged_tools_as_slots(
         assert tool_names(await assembling) == ["a", "b"]
 
 
-async def test_a_reply_with_a_slot_out_of_range_fails_with_bad_tool_slot(
+async def test_a_reply_with_a_slot_out_of_range_fails_that_listener(
     sidecar: Sidecar, client: dsp.Client
 ) -> None:
     await client.tools(TOOLS)
@@ -134,7 +134,7 @@ async def test_a_reply_with_a_slot_out_of_range_fails_with_bad_tool_slot(
             await assembling
     assert (failure.value.code, failure.value.reason) == (
         grpc.StatusCode.ABORTED,
-        dsp.Reason.BAD_TOOL_SLOT,
+        dsp.Reason.LISTENER_FAILED,
     )
     assert 'listener "raw" failed: tool slot 7 is out of range' in failure.value.message
 
@@ -155,4 +155,5 @@ async def test_fresh_tools_that_do_not_match_the_minus_one_slots_are_rejected(
         await listener.send(result=reply)
         with pytest.raises(dsp.SystemPromptError) as failure:
             await assembling
-    assert failure.value.reason == dsp.Reason.BAD_TOOL_SLOT
+    assert failure.value.reason == dsp.Reason.LISTENER_FAILED
+    assert "more -1 tool slots than tools sent" in failure.value.message

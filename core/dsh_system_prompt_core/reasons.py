@@ -54,7 +54,7 @@ class Reason(enum.StrEnum):
     RENDER_FAILED = "RENDER_FAILED"
     """Strict interpolation failed."""
     BAD_TOOL_SLOT = "BAD_TOOL_SLOT"
-    """A listener reply referred to a tool slot that does not exist."""
+    """Reserved: a listener reply's bad tool slot fails the assembly with LISTENER_FAILED."""
 
     # -- callbacks (ABORTED, DEADLINE_EXCEEDED, UNAVAILABLE) ---------------------------
     PROVIDER_FAILED = "PROVIDER_FAILED"

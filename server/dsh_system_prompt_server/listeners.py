@@ -198,9 +198,11 @@ class ListenerStream:
     ) -> Assembly:
         try:
             return assembly_from_proto(message, slots, sent)
-        except RegistryError as error:  # keeps its reason: BAD_TOOL_SLOT, INVALID_JSON, ...
+        except RegistryError as error:  # the listener broke the protocol, like a provider would
             raise RegistryError(
-                Status.ABORTED, error.reason, f'listener "{self.name}" failed: {error.message}'
+                Status.ABORTED,
+                Reason.LISTENER_FAILED,
+                f'listener "{self.name}" failed: {error.message}',
             ) from None
 
     async def _send(self, message: pb.ListenResponse) -> None:

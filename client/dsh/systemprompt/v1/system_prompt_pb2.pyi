@@ -236,7 +236,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     RENDER_FAILED: _ErrorReason.ValueType  # 18
     """Strict interpolation failed."""
     BAD_TOOL_SLOT: _ErrorReason.ValueType  # 19
-    """A listener reply referred to a tool slot that does not exist."""
+    """Reserved: a listener reply's bad tool slot fails the assembly with
+    LISTENER_FAILED, whose message names the slot.
+    """
     PROVIDER_FAILED: _ErrorReason.ValueType  # 20
     """A dynamic provider raised, or answered with the wrong kind of value."""
     PROVIDER_TIMEOUT: _ErrorReason.ValueType  # 21
@@ -319,7 +321,9 @@ INVARIANT_VIOLATION: ErrorReason.ValueType  # 17
 RENDER_FAILED: ErrorReason.ValueType  # 18
 """Strict interpolation failed."""
 BAD_TOOL_SLOT: ErrorReason.ValueType  # 19
-"""A listener reply referred to a tool slot that does not exist."""
+"""Reserved: a listener reply's bad tool slot fails the assembly with
+LISTENER_FAILED, whose message names the slot.
+"""
 PROVIDER_FAILED: ErrorReason.ValueType  # 20
 """A dynamic provider raised, or answered with the wrong kind of value."""
 PROVIDER_TIMEOUT: ErrorReason.ValueType  # 21
@@ -2082,7 +2086,7 @@ class ListenerNext(_message.Message):
         assembly.tools (a new or changed one), which then holds exactly as many
         tools as there are -1 entries. Unchanged tools cross as a number instead
         of their schema. Any client may send slots; a bad slot fails the
-        assembly (BAD_TOOL_SLOT).
+        assembly (LISTENER_FAILED, naming the slot).
         """
 
     def __init__(
@@ -2124,7 +2128,7 @@ class ListenerResult(_message.Message):
         assembly.tools (a new or changed one), which then holds exactly as many
         tools as there are -1 entries. Unchanged tools cross as a number instead
         of their schema. Any client may send slots; a bad slot fails the
-        assembly (BAD_TOOL_SLOT).
+        assembly (LISTENER_FAILED, naming the slot).
         """
 
     def __init__(
