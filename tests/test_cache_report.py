@@ -16,9 +16,11 @@ Next = Callable[..., Awaitable[dsp.PromptAssembly]]
 
 
 async def report(
-    client: dsp.Client, scope: str | None = None, **fields: object
-) -> dsp.AssemblyReport:
-    assembly = await client.assemble(scope=scope, fields=fields, report=True)
+    client: dsp.Client, scope: str | None = None, layout: dsp.PrefixLayout | None = None,
+    **fields: object,
+) -> dsp.AssemblyReport:  # fmt: skip
+    assembly = await client.assemble(scope=scope, fields=fields, report=True,
+                                     prefix_layout=layout)  # fmt: skip
     assert assembly.report is not None
     return assembly.report
 
@@ -28,21 +30,33 @@ def part(report_: dsp.AssemblyReport, kind: str, name: str) -> dsp.PartReport:
     return found
 
 
-async def test_the_first_report_lists_parts_in_model_order_with_nothing_to_compare(
-    client: dsp.Client,
+TOOLS_THEN_SECTIONS = [
+    ("tool", "bash"), ("tool", "read"),
+    ("section", "harness:identity"), ("section", "rules"),  # empty ones are not sent
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("layout", "prefix"),
+    [
+        ("tools-first", TOOLS_THEN_SECTIONS),
+        ("system-first", [*TOOLS_THEN_SECTIONS[2:], *TOOLS_THEN_SECTIONS[:2]]),
+    ],
+)
+async def test_the_first_report_lists_parts_in_the_layouts_order_with_nothing_to_compare(
+    client: dsp.Client, layout: dsp.PrefixLayout, prefix: list[tuple[str, str]]
 ) -> None:
     await client.tools([dsp.ToolSchema("read", "r", {}), dsp.ToolSchema("bash", "b", {})])
     await client.section("rules", 10, "Be precise.")
     await client.section("empty", 20, "")
     await client.context("cwd", 1, "cwd: /work")
-    first = await report(client)
-    assert [(p.kind, p.name) for p in first.parts] == [
-        ("tool", "bash"), ("tool", "read"),
-        ("section", "harness:identity"), ("section", "rules"),  # empty ones are not sent
-        ("context", "cwd"),
-    ]  # fmt: skip
+    first = await report(client, layout=layout)
+    assert first.prefix_layout == layout
+    assert [(p.kind, p.name) for p in first.parts] == [*prefix, ("context", "cwd")]
     assert not first.stability.has_previous
     assert first.stability.reason == ""
+    assert first.stability.recomputed == dsp.Size(0)
+    assert not first.stability.messages_recomputed
     assert not any(p.stable for p in first.parts)
 
 
@@ -60,7 +74,9 @@ async def test_sizes_are_exact_utf8_bytes(client: dsp.Client) -> None:
     assert result.prompt.bytes == len(rendered.prompt.encode())
     assert result.context_snapshot.bytes == len(rendered.context_snapshot.encode())
     assert result.tools.bytes == len(echo.encode())
-    assert result.stability.prefix.bytes == result.tools.bytes + result.prompt.bytes
+    # The prefix: the system prompt, a blank line, then the tool block (system-first).
+    prefix = f"{rendered.prompt}\n\n{echo}"
+    assert result.stability.prefix.bytes == len(prefix.encode())
     assert result.tokenizer == "" and result.prompt.tokens is None  # bytes only, said so
 
 
@@ -89,7 +105,20 @@ async def test_an_unchanged_assembly_is_stable_end_to_end(client: dsp.Client) ->
     assert second.stability.has_previous
     assert second.stability.reason == "" and second.stability.first_changed == ""
     assert second.stability.stable_bytes == second.stability.prefix.bytes
+    assert second.stability.recomputed == dsp.Size(0) and second.stability.diff == ""
     assert all(p.stable for p in second.parts if p.kind != "context")
+
+
+async def test_unchanged_runtime_contexts_read_stable_and_changed_ones_do_not(
+    client: dsp.Client,
+) -> None:
+    await client.context("cwd", 1, "cwd: /work")
+    await client.context("clock", 2, lambda ctx: f"Now: {ctx.get('now')}.")
+    await report(client, now="10:00")
+    second = await report(client, now="10:01")
+    assert part(second, "context", "cwd").stable
+    assert not part(second, "context", "clock").stable
+    assert second.stability.reason == ""  # contexts are not in the prefix
 
 
 async def test_a_changed_variable_is_named_as_the_reason(client: dsp.Client) -> None:
@@ -100,8 +129,10 @@ async def test_a_changed_variable_is_named_as_the_reason(client: dsp.Client) -> 
     assert second.stability.first_changed == 'section "cwd"'
     assert second.stability.reason == 'section "cwd" text changed (variable {{cwd}} changed)'
     identity = part(second, "section", "harness:identity")
-    assert identity.stable
-    assert second.stability.stable_bytes == identity.bytes
+    assert identity.stable and not part(second, "section", "cwd").stable
+    # The true common prefix: the identity, the blank line, and "cwd: /" of the changed part.
+    assert second.stability.stable_bytes == identity.bytes + 2 + len("cwd: /")
+    assert second.stability.recomputed == dsp.Size(1)
 
 
 async def test_changed_section_text_is_named(client: dsp.Client) -> None:
@@ -115,10 +146,13 @@ async def test_changed_tool_parameters_are_named(client: dsp.Client) -> None:
     await client.tools(
         lambda ctx: [dsp.ToolSchema("bash", "run", {"type": "object", "x": ctx.get("x")})]
     )
-    await report(client, x=1)
-    second = await report(client, x=2)
+    await report(client, layout="tools-first", x=1)
+    second = await report(client, layout="tools-first", x=2)
     assert second.stability.reason == 'tool "bash" parameters changed'
-    assert second.stability.stable_bytes == 0
+    # The common prefix runs up to the changed value inside the tool's JSON.
+    unchanged = '{"name":"bash","description":"run","parameters":{"type":"object","x":'
+    assert second.stability.stable_bytes == len(unchanged)
+    assert '-    "x": 1\n+    "x": 2' in second.stability.diff  # pretty-printed JSON
 
 
 async def test_a_changed_tool_description_is_named(client: dsp.Client) -> None:
@@ -129,11 +163,12 @@ async def test_a_changed_tool_description_is_named(client: dsp.Client) -> None:
 
 async def test_an_added_tool_is_named_with_what_it_lands_before(client: dsp.Client) -> None:
     await client.tools([dsp.ToolSchema("bash", "b", {}), dsp.ToolSchema("read", "r", {})])
-    first = await report(client)
+    first = await report(client, layout="tools-first")
     await client.tools([dsp.ToolSchema("grep", "g", {})])
-    second = await report(client)
+    second = await report(client, layout="tools-first")
     assert second.stability.reason == 'tool "grep" added before "read"'
-    assert second.stability.stable_bytes == part(first, "tool", "bash").bytes
+    # bash, the newline after it, and the '{"name":"' both next tools start with.
+    assert second.stability.stable_bytes == part(first, "tool", "bash").bytes + 1 + 9
 
 
 async def test_a_removed_section_is_named(client: dsp.Client) -> None:
@@ -141,7 +176,10 @@ async def test_a_removed_section_is_named(client: dsp.Client) -> None:
     await client.section("tail", 60, "The end.")
     await report(client)
     await off()
-    assert (await report(client)).stability.reason == 'section "memory" removed'
+    stability = (await report(client)).stability
+    assert stability.first_changed == 'section "memory"'  # at its old place, not "tail"
+    assert stability.reason == 'section "memory" removed'
+    assert stability.diff == "-Remember the milk."
 
 
 async def test_a_listener_that_changes_a_section_is_named(client: dsp.Client) -> None:
@@ -173,8 +211,8 @@ async def test_a_reordered_section_is_named_as_moved(client: dsp.Client) -> None
     await client.section("a", 10, "First.")
     await client.section("b", 20, "Second.")
     await client.on_assemble(reorder)
-    await report(client, swap=False)
-    second = await report(client, swap=True)
+    await report(client, layout="tools-first", swap=False)
+    second = await report(client, layout="tools-first", swap=True)
     # Reversed: b, a, persona (empty, so not sent), identity.
     assert second.stability.reason == 'section "b" moved before "harness:identity"'
     assert second.stability.stable_bytes == 0
@@ -243,16 +281,18 @@ async def test_cli_report_names_a_timestamp_section_then_shows_it_stable_as_cont
     ticks = iter(range(1000))
     await client.section("rules", 10, "Be precise.")
     clock = await client.section("clock", 30, lambda ctx: f"Now: 10:{next(ticks):02d}.")
-    await assemble_report()
+    first = await assemble_report()
+    assert "changed" not in first and "first report for the global scope" in first
     output = await assemble_report()
     assert 'cache broken by section "clock" text changed' in output
-    assert 'section "clock"' in output and "changed" in output
+    assert "prefix bytes recomputed, and every message after the prefix" in output
+    assert "-Now: 10:00.\n+Now: 10:01." in output
     await clock()
     await client.context("clock", 1, lambda ctx: f"Now: 10:{next(ticks):02d}.")
     await assemble_report()
     output = await assemble_report()
     assert "stable: every byte unchanged since the last report" in output
-    assert "(not in prefix)" in output
+    assert "changed (not in prefix)" in output  # the clock context changes every time
 
 
 async def test_a_report_still_works_when_the_render_fails_and_names_the_failing_part(

@@ -8,6 +8,7 @@ async with dsp.connect("127.0.0.1:50051") as client:
 
 from dsh_system_prompt_core import PERSONA_ORDER, PERSONA_SECTION, TOOL_ORDER_REST, Reason
 
+from ._cache_history import CacheHistory, CacheHistoryEntry
 from ._changes import ChangeStream
 from ._channel import TLS, open_channel
 from .client import Client, Disposer, Scope, connect
@@ -21,6 +22,7 @@ from .types import (
     ChangeEvent,
     ChangesMissed,
     PartReport,
+    PrefixLayout,
     PrefixStability,
     PromptAssembly,
     RenderedPrompt,
@@ -39,12 +41,15 @@ __all__ = [
     "AssembledContext",
     "AssembledSection",
     "AssemblyReport",
+    "CacheHistory",
+    "CacheHistoryEntry",
     "ChangeEvent",
     "ChangeStream",
     "ChangesMissed",
     "Client",
     "Disposer",
     "PartReport",
+    "PrefixLayout",
     "PrefixStability",
     "PromptAssembly",
     "Reason",

@@ -19,6 +19,7 @@ from .types import (
     ChangeKind,
     PartKind,
     PartReport,
+    PrefixLayout,
     PrefixStability,
     PromptAssembly,
     Size,
@@ -155,20 +156,42 @@ def report_from_proto(message: pb.AssemblyReport) -> AssemblyReport:
             )
             for part in message.parts
         ],
-        tools=_size(message.tools),
-        prompt=_size(message.prompt),
-        context_snapshot=_size(message.context_snapshot),
+        tools=size_from_proto(message.tools),
+        prompt=size_from_proto(message.prompt),
+        context_snapshot=size_from_proto(message.context_snapshot),
         stability=PrefixStability(
             has_previous=stability.has_previous,
             stable_bytes=stability.stable_bytes,
             stable_tokens=stability.stable_tokens if stability.HasField("stable_tokens") else None,
-            prefix=_size(stability.prefix),
+            prefix=size_from_proto(stability.prefix),
             first_changed=stability.first_changed,
             reason=stability.reason,
+            recomputed=size_from_proto(stability.recomputed),
+            messages_recomputed=stability.messages_recomputed,
+            diff=stability.diff,
+            previous_evicted=stability.previous_evicted,
         ),
         variables={v.name: _source(v.source) for v in message.variables},
         render_error=message.render_error,
+        prefix_layout=LAYOUTS.get(message.prefix_layout, "system-first"),
+        history_key=message.history_key,
     )
+
+
+LAYOUTS: dict[pb.PrefixLayout.ValueType, PrefixLayout] = {
+    pb.PREFIX_LAYOUT_TOOLS_FIRST: "tools-first",
+    pb.PREFIX_LAYOUT_SYSTEM_FIRST: "system-first",
+}
+
+
+def layout_to_proto(layout: PrefixLayout | None) -> pb.PrefixLayout.ValueType:
+    if layout is None:
+        return pb.PREFIX_LAYOUT_UNSPECIFIED
+    for wire, name in LAYOUTS.items():
+        if name == layout:
+            return wire
+    known = ", ".join(LAYOUTS.values())
+    raise invalid_value(f"prefix_layout must be one of {known}, not {layout!r}")
 
 
 def _source(message: pb.Source) -> Source:
@@ -181,5 +204,6 @@ def _source(message: pb.Source) -> Source:
     )
 
 
-def _size(message: pb.Size) -> Size:
+def size_from_proto(message: pb.Size) -> Size:
+    """A size; tokens only when the message carries them."""
     return Size(message.bytes, message.tokens if message.HasField("tokens") else None)

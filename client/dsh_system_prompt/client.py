@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable, Generator, Mapping
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -12,14 +13,34 @@ import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import FEATURE_TOOL_SLOTS
 
+from ._cache_history import (
+    CacheHistory,
+    CacheHistoryEntry,
+    entry_from_proto,
+    history_from_proto,
+    usage_from,
+)
 from ._changes import ChangeStream, WatchCall
 from ._channel import TLS, open_channel
 from ._connection import Connection
-from ._convert import assembly_from_proto, context_to_proto, report_from_proto, tools_to_proto
+from ._convert import (
+    assembly_from_proto,
+    context_to_proto,
+    layout_to_proto,
+    report_from_proto,
+    tools_to_proto,
+)
 from ._listeners import Listener, label, listener_name
 from ._replay import Contribution, ListenerRegistration, Registration, ScopeHandle
 from .errors import error_from_rpc, invalid_value, stream_ended
-from .types import AssembleContext, PromptAssembly, RenderedPrompt, ToolProviderResult, ToolSchema
+from .types import (
+    AssembleContext,
+    PrefixLayout,
+    PromptAssembly,
+    RenderedPrompt,
+    ToolProviderResult,
+    ToolSchema,
+)
 
 TextSource = str | Callable[[AssembleContext], str | Awaitable[str]]
 VariableSource = str | None | Callable[[AssembleContext], str | None | Awaitable[str | None]]
@@ -180,14 +201,19 @@ class Client(_Registrar):
         timeout: float | None = None,
         *,
         report: bool = False,
+        report_key: str | None = None,
+        prefix_layout: PrefixLayout | None = None,
     ) -> PromptAssembly:
         """Assemble the prompt for `scope` with `fields` passed to providers and listeners.
 
         While the connection is down this fails fast with UNAVAILABLE, or, with
         a `timeout`, waits up to that long for the reconnect first. With
-        `report`, `assembly.report` tells provenance, sizes and prefix stability.
+        `report`, `assembly.report` tells provenance, sizes and prefix stability,
+        compared with the last report of `report_key` (default: the scope) and
+        laid out in `prefix_layout` (default: the sidecar's).
         """
-        reply = await self._assemble(scope, fields, timeout, render=False, report=report)
+        report_ = _Report(report, report_key, prefix_layout)
+        reply = await self._assemble(scope, fields, timeout, render=False, report=report_)
         return _assembly(reply)
 
     async def render(
@@ -197,12 +223,44 @@ class Client(_Registrar):
         timeout: float | None = None,
         *,
         report: bool = False,
+        report_key: str | None = None,
+        prefix_layout: PrefixLayout | None = None,
     ) -> RenderedPrompt:
         """Assemble and render on the sidecar (raises RenderError like render_prompt)."""
-        reply = await self._assemble(scope, fields, timeout, render=True, report=report)
+        report_ = _Report(report, report_key, prefix_layout)
+        reply = await self._assemble(scope, fields, timeout, render=True, report=report_)
         return RenderedPrompt(
             reply.rendered.prompt, reply.rendered.context_snapshot, _assembly(reply)
         )
+
+    async def cache_history(
+        self, scope: str | None = None, *, report_key: str | None = None
+    ) -> CacheHistory:
+        """The prompt-cache history of `report_key`, or of `scope` when no key is named."""
+        request = pb.GetCacheHistoryRequest(scope=scope or "", report_key=report_key or "")
+        reply: pb.GetCacheHistoryResponse = await self._connection.call(
+            self._connection.stub.GetCacheHistory, request
+        )
+        return history_from_proto(reply.history)
+
+    async def report_usage(
+        self, usage: Mapping[str, Any] | Any, scope: str | None = None, *,
+        report_key: str | None = None,
+    ) -> CacheHistoryEntry:  # fmt: skip
+        """Tell the sidecar what the model server said about the last reported request.
+
+        `usage` is the response's usage object (DeepSeek, Anthropic or OpenAI);
+        the returned entry holds the predicted stable prefix and what was observed.
+        """
+        read = usage_from(usage)
+        request = pb.ReportUsageRequest(
+            scope=scope or "", report_key=report_key or "",
+            cached_tokens=read.cached_tokens, prompt_tokens=read.prompt_tokens,
+        )  # fmt: skip
+        reply: pb.ReportUsageResponse = await self._connection.call(
+            self._connection.stub.ReportUsage, request
+        )
+        return entry_from_proto(reply.entry)
 
     async def watch_changes(self) -> ChangeStream:
         """Subscribe to change events; subscribed when this returns."""
@@ -226,14 +284,26 @@ class Client(_Registrar):
         fields: Mapping[str, Any] | None,
         timeout: float | None,
         render: bool,
-        report: bool,
+        report: _Report,
     ) -> pb.AssembleResponse:
         context = context_to_proto(scope, fields)
-        request = pb.AssembleRequest(context=context, render=render, report=report)
+        request = pb.AssembleRequest(
+            context=context, render=render, report=report.wanted,
+            report_key=report.key or "", prefix_layout=layout_to_proto(report.layout),
+        )  # fmt: skip
         reply: pb.AssembleResponse = await self._connection.call(
             self._connection.stub.Assemble, request, timeout=timeout
         )
         return reply
+
+
+@dataclass(frozen=True)
+class _Report:
+    """What an assembly asks of its report."""
+
+    wanted: bool
+    key: str | None
+    layout: PrefixLayout | None
 
 
 class _Connecting:

@@ -11,6 +11,8 @@ ChangeKind = Literal["section", "context", "tools", "variable", "suppressor", "l
 ChangeAction = Literal["registered", "unregistered"]
 SourceKind = Literal["builtin", "global", "scope", "listener"]
 PartKind = Literal["tool", "section", "context"]
+# The order a model server caches tools and the system prompt in (see docs/prompt-cache.md).
+PrefixLayout = Literal["tools-first", "system-first"]
 
 
 @dataclass
@@ -130,7 +132,12 @@ class PartReport:
 
 @dataclass(frozen=True)
 class PrefixStability:
-    """How much of the prefix (tools, then system prompt) is unchanged since last time."""
+    """How much of the prefix (in the report's layout) is unchanged since last time.
+
+    `stable_bytes`/`stable_tokens` are the true common prefix with the previous
+    report of the history key; `recomputed` is what the break costs the model
+    server, and when `messages_recomputed` every message after it is recomputed too.
+    """
 
     has_previous: bool
     stable_bytes: int
@@ -138,6 +145,10 @@ class PrefixStability:
     prefix: Size
     first_changed: str  # e.g. 'section "cwd"'; "" when nothing changed
     reason: str  # e.g. 'section "cwd" text changed (variable {{cwd}} changed)'
+    recomputed: Size = Size(0)
+    messages_recomputed: bool = False
+    diff: str = ""  # a short -/+ diff of the first changed part
+    previous_evicted: bool = False  # an earlier report existed but was evicted
 
 
 @dataclass(frozen=True)
@@ -152,6 +163,8 @@ class AssemblyReport:
     stability: PrefixStability
     variables: dict[str, Source]
     render_error: str = ""  # why the assembly does not render, naming the part; "" if it does
+    prefix_layout: PrefixLayout = "system-first"
+    history_key: str = ""  # e.g. 'scope "agent-1"' or 'key "conv-7"'
 
 
 @dataclass

@@ -39,6 +39,8 @@ class Reason(enum.StrEnum):
     """A scope handle id that this session does not hold."""
     REGISTRATION_NOT_FOUND = "REGISTRATION_NOT_FOUND"
     """Disposing what does not exist or belongs to another session."""
+    REPORT_NOT_FOUND = "REPORT_NOT_FOUND"
+    """Usage reported for a history key with no reported assembly (NOT_FOUND)."""
     INVALID_TOOL_ORDER = "INVALID_TOOL_ORDER"
     """A tool_order without its rest entry, or listing a name twice (config)."""
 

@@ -1,17 +1,21 @@
 """Prompt-cache awareness: provenance, sizes and prefix stability of an assembly.
 
-Model servers cache the longest byte-identical prefix of a request: tools,
-then the system prompt. For each reported assembly this module fingerprints
-every rendered part in that order, compares them with the previous reported
-assembly of the same scope, and says which part broke the prefix and why.
+Model servers cache the longest identical prefix of a request. This module
+lays an assembly out as the model server sees it (tools and system prompt in
+the order of a `Layout`), measures it over the whole text, and compares it
+with the previous reported assembly of the same history key: the true common
+prefix in bytes and tokens, the first part that differs, why (`cache_blame`),
+what it costs, and a short diff of the change (`cache_diff`).
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from dsh_system_prompt_core import (
     CONTEXT_SNAPSHOT_HEADER,
@@ -21,10 +25,23 @@ from dsh_system_prompt_core import (
     references,
 )
 
-from .registry import Assembly, Origin, OriginKind, Part, Tool
+from .cache_blame import explain
+from .cache_diff import bounded_diff, common_prefix
+from .registry import Assembly, Origin, OriginKind, Tool, Trace
 from .tokens import Tokenizer
 
-SEPARATOR_BYTES = len(SECTION_SEPARATOR.encode())
+TOOL_SEPARATOR = "\n"  # between two tools' JSON in the tool block
+BLOCK_SEPARATOR = SECTION_SEPARATOR  # between the tool block and the system prompt
+
+
+class Layout(enum.StrEnum):
+    """The order a model server puts the tool block and the system prompt in."""
+
+    TOOLS_FIRST = "tools-first"  # Anthropic's and OpenAI's requests: tools, system, messages
+    SYSTEM_FIRST = "system-first"  # DeepSeek's chat template: system, then its tools block
+
+
+DEFAULT_LAYOUT = Layout.SYSTEM_FIRST  # the harness talks to DeepSeek models
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,16 +57,42 @@ class PartPrint:
     raw: str  # a section's text before interpolation; a tool's description
     parameters: str  # a tool's parameters JSON
     variables: tuple[tuple[str, str | None], ...]  # what a section referenced, and the values
+    start: int = 0  # where it sits in the prefix text (characters); contexts: 0
+    end: int = 0
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.kind, self.name)
+
+    @property
+    def label(self) -> str:
+        return f'{self.kind} "{self.name}"'
 
 
 @dataclass(frozen=True, slots=True)
 class Size:
     bytes: int
     tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Previous:
+    """What the next report of the same history key compares with."""
+
+    layout: Layout
+    parts: tuple[PartPrint, ...]  # the prefix's parts in layout order
+    contexts: dict[str, str]  # context name -> fingerprint
+    text: str  # the prefix text, as laid out
+    token_ids: array[int] | None
+    trace: Trace | None
+    variables: dict[str, Origin]
+
+    def memory(self) -> int:
+        """Roughly what keeping this costs, in bytes (for the history's budget)."""
+        raw = sum(len(p.raw) + len(p.parameters) + 200 for p in self.parts)
+        ids = 0 if self.token_ids is None else 4 * len(self.token_ids)
+        steps = 0 if self.trace is None else sum(64 * len(s.values) for s in self.trace.steps)
+        return len(self.text) + raw + ids + steps + 100 * len(self.contexts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +103,16 @@ class Stability:
     prefix: Size
     first_changed: str
     reason: str
+    recomputed: Size  # prefix bytes/tokens after the first change
+    messages_recomputed: bool  # every message after the prefix is recomputed too
+    diff: str = ""
+    previous_evicted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Report:
     tokenizer: str
+    layout: Layout
     parts: list[tuple[PartPrint, bool]]  # each part and whether it is stable
     tools: Size
     prompt: Size
@@ -74,114 +122,132 @@ class Report:
     render_error: str = ""  # the first render failure, naming its part; "" when it rendered
 
 
-@dataclass
-class ReportHistory:
-    """The last reported assemblies per scope: `depth` each, for `max_scopes` scopes."""
-
-    depth: int = 8
-    max_scopes: int = 1024
-    _by_scope: OrderedDict[str | None, deque[list[PartPrint]]] = field(default_factory=OrderedDict)
-
-    def previous(self, scope: str | None) -> list[PartPrint] | None:
-        kept = self._by_scope.get(scope)
-        return kept[-1] if kept else None
-
-    def remember(self, scope: str | None, parts: list[PartPrint]) -> list[str | None]:
-        """Keep `parts` for `scope`; returns the scopes forgotten to make room."""
-        kept = self._by_scope.setdefault(scope, deque(maxlen=self.depth))
-        kept.append(parts)
-        self._by_scope.move_to_end(scope)
-        forgotten = []
-        while len(self._by_scope) > self.max_scopes:
-            forgotten.append(self._by_scope.popitem(last=False)[0])
-        return forgotten
-
-
 def build_report(
-    assembly: Assembly, tokenizer: Tokenizer | None, previous: list[PartPrint] | None
-) -> Report:
-    """Report on `assembly` (tracked with origins), against `previous` prefix parts."""
+    assembly: Assembly,
+    tokenizer: Tokenizer | None,
+    layout: Layout,
+    previous: Previous | None,
+    evicted: bool = False,
+) -> tuple[Report, Previous]:
+    """Report on `assembly` (tracked) against `previous`; also what the next one compares with.
+
+    A `previous` laid out in another layout is not compared with (the texts differ
+    by construction); `evicted` says an earlier report of the key was forgotten.
+    """
     origins = assembly.origins or {}
     failures: list[str] = []
-    sections = _rendered("section", assembly.sections, assembly.variables, failures)
-    contexts_text = _rendered("context", assembly.contexts, assembly.variables, failures)
-    parts = [
-        *(_tool_print(tool, origins, tokenizer) for tool in assembly.tools),
-        *_text_prints("section", sections, assembly.variables, origins, tokenizer),
-        *_text_prints("context", contexts_text, assembly.variables, origins, tokenizer),
-    ]
-    prefix = [part for part in parts if part.kind != "context"]
-    stability, stable_count = _stability(prefix, previous, tokenizer is not None)
-    stable = [index < stable_count for index in range(len(prefix))]
-    contexts = [part for part in parts if part.kind == "context"]
-    return Report(
+    tools = [_tool_print(tool, origins, tokenizer) for tool in assembly.tools]
+    sections = _text_prints("section", assembly, origins, tokenizer, failures)
+    contexts = _text_prints("context", assembly, origins, tokenizer, failures)
+    tool_block = TOOL_SEPARATOR.join(text for _, text in tools)
+    prompt = SECTION_SEPARATOR.join(text for _, text in sections)
+    text, prefix = _lay_out(layout, tools, sections)
+    ids = tokenizer.encode(text) if tokenizer else None
+    current = Previous(
+        layout=layout,
+        parts=tuple(prefix),
+        contexts={part.name: part.fingerprint for part, _ in contexts},
+        text=text,
+        token_ids=ids,
+        trace=assembly.trace,
+        variables={name: origins.get(("variable", name), _UNKNOWN) for name in assembly.variables},
+    )
+    whole = Size(len(text.encode()), None if ids is None else len(ids))
+    if previous is not None and previous.layout is not layout:
+        previous = None
+    stability, stable_count = _stability(current, previous, whole, evicted)
+    report = Report(
         tokenizer=tokenizer.name if tokenizer else "",
-        parts=[*zip(prefix, stable, strict=True), *((part, False) for part in contexts)],
-        tools=_total([p for p in prefix if p.kind == "tool"], 0),
-        prompt=_total([p for p in prefix if p.kind == "section"], SEPARATOR_BYTES),
-        context_snapshot=_snapshot_size(contexts_text, tokenizer),
-        stability=stability,
-        variables=[
-            (name, origins.get(("variable", name), _UNKNOWN)) for name in assembly.variables
+        layout=layout,
+        parts=[
+            *((part, index < stable_count) for index, part in enumerate(prefix)),
+            *((part, _context_stable(part, previous)) for part, _ in contexts),
         ],
+        tools=_size(tool_block, tokenizer),
+        prompt=_size(prompt, tokenizer),
+        context_snapshot=_size(_snapshot(contexts), tokenizer),
+        stability=stability,
+        variables=list(current.variables.items()),
         render_error=failures[0] if failures else "",
     )
-
-
-def prefix_parts(report: Report) -> list[PartPrint]:
-    """What the next report of the scope compares with."""
-    return [part for part, _ in report.parts if part.kind != "context"]
+    return report, current
 
 
 _UNKNOWN = Origin(OriginKind.GLOBAL)
 
 
+def _lay_out(
+    layout: Layout,
+    tools: list[tuple[PartPrint, str]],
+    sections: list[tuple[PartPrint, str]],
+) -> tuple[str, list[PartPrint]]:
+    """The prefix text in `layout`'s order, and each part with its place in it."""
+    blocks = [(tools, TOOL_SEPARATOR), (sections, SECTION_SEPARATOR)]
+    if layout is Layout.SYSTEM_FIRST:
+        blocks.reverse()
+    pieces: list[str] = []
+    placed: list[PartPrint] = []
+    length = 0
+    for block, separator in blocks:
+        if not block:
+            continue
+        if pieces:
+            pieces.append(BLOCK_SEPARATOR)
+            length += len(BLOCK_SEPARATOR)
+        for index, (part, text) in enumerate(block):
+            if index:
+                pieces.append(separator)
+                length += len(separator)
+            pieces.append(text)
+            placed.append(_placed(part, length, length + len(text)))
+            length += len(text)
+    return "".join(pieces), placed
+
+
+def _placed(part: PartPrint, start: int, end: int) -> PartPrint:
+    return PartPrint(
+        part.kind, part.name, part.origin, part.bytes, part.tokens, part.fingerprint,
+        part.raw, part.parameters, part.variables, start, end,
+    )  # fmt: skip
+
+
 def _tool_print(
     tool: Tool, origins: dict[tuple[str, str], Origin], tokenizer: Tokenizer | None
-) -> PartPrint:
+) -> tuple[PartPrint, str]:
     # The shape adapters send: name, description, then the parameters JSON as registered.
     text = (
         f'{{"name":{json.dumps(tool.name, ensure_ascii=False)},'
         f'"description":{json.dumps(tool.description, ensure_ascii=False)},'
         f'"parameters":{tool.parameters_json}}}'
     )
-    return _print(
+    part = _print(
         "tool", tool.name, text, origins, tokenizer, tool.description, tool.parameters_json, ()
     )
+    return part, text
 
 
-def _rendered(
+def _text_prints(
     kind: str,
-    parts: list[Part],
-    variables: dict[str, str | None],
+    assembly: Assembly,
+    origins: dict[tuple[str, str], Origin],
+    tokenizer: Tokenizer | None,
     failures: list[str],
-) -> list[tuple[str, str, str]]:
-    """(name, raw text, rendered text) of each part; a part that fails to render is
+) -> list[tuple[PartPrint, str]]:
+    """Each non-empty rendered section or context; a part that fails to render is
     reported as written and its failure added to `failures`, so the report still works."""
-    out = []
-    for part in parts:
+    variables = assembly.variables
+    prints = []
+    for part in assembly.sections if kind == "section" else assembly.contexts:
         try:
             rendered = interpolate(part.text, variables, f'{kind} "{part.name}"')
         except RenderFailure as error:
             failures.append(str(error))
             rendered = part.text
-        out.append((part.name, part.text, rendered))
-    return out
-
-
-def _text_prints(
-    kind: str,
-    parts: list[tuple[str, str, str]],
-    variables: dict[str, str | None],
-    origins: dict[tuple[str, str], Origin],
-    tokenizer: Tokenizer | None,
-) -> list[PartPrint]:
-    prints = []
-    for name, raw, rendered in parts:
         if not rendered:
             continue  # empty parts are dropped from what the model sees
-        used = tuple((ref, variables.get(ref)) for ref in dict.fromkeys(references(raw)))
-        prints.append(_print(kind, name, rendered, origins, tokenizer, raw, "", used))
+        used = tuple((name, variables.get(name)) for name in dict.fromkeys(references(part.text)))
+        printed = _print(kind, part.name, rendered, origins, tokenizer, part.text, "", used)
+        prints.append((printed, rendered))
     return prints
 
 
@@ -209,107 +275,76 @@ def _print(
     )
 
 
-def _total(parts: list[PartPrint], separator: int) -> Size:
-    size = sum(p.bytes for p in parts) + separator * max(0, len(parts) - 1)
-    tokens = None if not parts or parts[0].tokens is None else sum(p.tokens or 0 for p in parts)
-    return Size(size, tokens)
+def _snapshot(contexts: list[tuple[PartPrint, str]]) -> str:
+    body = SECTION_SEPARATOR.join(text for _, text in contexts)
+    return f"{CONTEXT_SNAPSHOT_HEADER}{SECTION_SEPARATOR}{body}" if body else ""
 
 
-def _snapshot_size(contexts: list[tuple[str, str, str]], tokenizer: Tokenizer | None) -> Size:
-    body = SECTION_SEPARATOR.join(rendered for _, _, rendered in contexts if rendered)
-    snapshot = f"{CONTEXT_SNAPSHOT_HEADER}{SECTION_SEPARATOR}{body}" if body else ""
-    return Size(len(snapshot.encode()), tokenizer.count(snapshot) if tokenizer else None)
+def _size(text: str, tokenizer: Tokenizer | None) -> Size:
+    return Size(len(text.encode()), tokenizer.count(text) if tokenizer else None)
+
+
+def _context_stable(part: PartPrint, previous: Previous | None) -> bool:
+    return previous is not None and previous.contexts.get(part.name) == part.fingerprint
 
 
 def _stability(
-    prefix: list[PartPrint], previous: list[PartPrint] | None, counting: bool
+    current: Previous, previous: Previous | None, whole: Size, evicted: bool
 ) -> tuple[Stability, int]:
-    tools = _total([p for p in prefix if p.kind == "tool"], 0)
-    prompt = _total([p for p in prefix if p.kind == "section"], SEPARATOR_BYTES)
-    whole = Size(
-        tools.bytes + prompt.bytes, _sum(tools.tokens, prompt.tokens) if counting else None
-    )
+    """The comparison with `previous`, and how many leading parts are unchanged."""
+    counting = current.token_ids is not None
     if previous is None:
-        return Stability(False, 0, 0 if counting else None, whole, "", ""), 0
+        nothing = Size(0, 0 if counting else None)
+        stability = Stability(
+            False, 0, 0 if counting else None, whole, "", "", nothing, False, "", evicted
+        )
+        return stability, 0
+    same = _same_parts(current.parts, previous.parts)
+    if same == len(current.parts) == len(previous.parts):
+        unchanged = Size(0, 0 if counting else None)
+        return Stability(True, whole.bytes, whole.tokens, whole, "", "", unchanged, False), same
+    characters = common_prefix(current.text, previous.text)
+    stable_bytes = len(current.text[:characters].encode())
+    stable_tokens = None
+    if current.token_ids is not None and previous.token_ids is not None:
+        stable_tokens = common_prefix(current.token_ids, previous.token_ids)
+    first_changed, reason, part = explain(same, current, previous)
+    recomputed = Size(
+        whole.bytes - stable_bytes,
+        None if whole.tokens is None or stable_tokens is None else whole.tokens - stable_tokens,
+    )
+    stability = Stability(
+        True,
+        stable_bytes,
+        stable_tokens,
+        whole,
+        first_changed,
+        reason,
+        recomputed,
+        True,
+        _diff(part, current, previous),
+    )
+    return stability, same
+
+
+def _same_parts(current: Sequence[PartPrint], previous: Sequence[PartPrint]) -> int:
     index = 0
     while (
-        index < len(prefix)
+        index < len(current)
         and index < len(previous)
-        and prefix[index].key == previous[index].key
-        and prefix[index].fingerprint == previous[index].fingerprint
+        and current[index].key == previous[index].key
+        and current[index].fingerprint == previous[index].fingerprint
     ):
         index += 1
-    stable = prefix[:index]
-    stable_bytes = _stable_bytes(stable)
-    stable_tokens = sum(p.tokens or 0 for p in stable) if counting else None
-    if index == len(prefix) == len(previous):
-        return Stability(True, whole.bytes, whole.tokens, whole, "", ""), index
-    current = prefix[index] if index < len(prefix) else None
-    before = previous[index] if index < len(previous) else None
-    changed = current or before
-    assert changed is not None
-    return (
-        Stability(
-            True,
-            stable_bytes,
-            stable_tokens,
-            whole,
-            f'{changed.kind} "{changed.name}"',
-            explain(current, before, prefix, previous),
-        ),
-        index,
-    )
+    return index
 
 
-def _stable_bytes(stable: list[PartPrint]) -> int:
-    sections = sum(1 for p in stable if p.kind == "section")
-    return sum(p.bytes for p in stable) + SEPARATOR_BYTES * max(0, sections - 1)
+def _diff(key: tuple[str, str], current: Previous, previous: Previous) -> str:
+    return bounded_diff(_text_of(key, previous), _text_of(key, current), json_=key[0] == "tool")
 
 
-def _sum(*sizes: int | None) -> int | None:
-    return None if any(s is None for s in sizes) else sum(s or 0 for s in sizes)
-
-
-def explain(
-    current: PartPrint | None,
-    before: PartPrint | None,
-    prefix: list[PartPrint],
-    previous: list[PartPrint],
-) -> str:
-    """Why the prefix breaks at this position, in words a person acts on."""
-    if current is None:
-        assert before is not None
-        return f'{before.kind} "{before.name}" removed'
-    if before is None:
-        return f'{current.kind} "{current.name}" added at the end' + _by_listener(current)
-    if current.key == before.key:
-        return _changed(current, before)
-    if current.key not in {p.key for p in previous}:
-        return f'{current.kind} "{current.name}" added before "{before.name}"' + _by_listener(
-            current
-        )
-    if before.key not in {p.key for p in prefix}:
-        return f'{before.kind} "{before.name}" removed'
-    return f'{current.kind} "{current.name}" moved before "{before.name}"'
-
-
-def _changed(current: PartPrint, before: PartPrint) -> str:
-    if current.origin.kind is OriginKind.LISTENER:
-        return f'listener "{current.origin.listener}" changed {current.kind} "{current.name}"'
-    if current.kind == "tool":
-        what = "parameters" if current.parameters != before.parameters else "description"
-        return f'tool "{current.name}" {what} changed'
-    if current.raw == before.raw:
-        earlier = dict(before.variables)
-        changed = [f"{{{{{n}}}}}" for n, v in current.variables if earlier.get(n, v) != v]
-        if changed:
-            noun = "variable" if len(changed) == 1 else "variables"
-            because = f"{noun} {', '.join(changed)} changed"
-            return f'{current.kind} "{current.name}" text changed ({because})'
-    return f'{current.kind} "{current.name}" text changed'
-
-
-def _by_listener(part: PartPrint) -> str:
-    if part.origin.kind is OriginKind.LISTENER:
-        return f' (by listener "{part.origin.listener}")'
+def _text_of(key: tuple[str, str], side: Previous) -> str:
+    for part in side.parts:
+        if part.key == key:
+            return side.text[part.start : part.end]
     return ""

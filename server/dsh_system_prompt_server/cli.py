@@ -11,6 +11,7 @@ from typing import Any
 
 from .addresses import AddressError, check_listen
 from .app import start_sidecar
+from .cache_report import Layout
 from .commands import add_connection_options, run
 from .config import LOG_LEVELS, ConfigError, SidecarConfig, load_config, with_overrides
 from .logs import configure_logging, logger
@@ -79,6 +80,21 @@ def _add_client_commands(commands: Any) -> None:
         action="store_true",
         help="show parts, sources, sizes and what changed since the last report (cache health)",
     )
+    assemble.add_argument(
+        "--report-key", help="compare and count the report under this key (default: the scope)"
+    )
+    assemble.add_argument(
+        "--prefix-layout",
+        choices=[layout.value for layout in Layout],
+        help="the model server's prefix order for the report (default: the sidecar's)",
+    )
+    history = commands.add_parser(
+        "cache-history", help="how often reports broke the prompt prefix, and which parts did"
+    )
+    which = history.add_mutually_exclusive_group()
+    which.add_argument("--scope", help="the scope's history (default: the global scope)")
+    which.add_argument("--key", help="the history of a report key named in assemblies")
+    history.add_argument("--json", action="store_true", help="print the history as JSON")
     watch = commands.add_parser("watch", help="print change events as they happen")
     watch.add_argument("--json", action="store_true", help="one JSON object per line")
     render = commands.add_parser("render", help="render an assembly JSON file locally")
@@ -88,7 +104,9 @@ def _add_client_commands(commands: Any) -> None:
     )
     health = commands.add_parser("health", help="check the sidecar's gRPC health (exit 0: SERVING)")
     health.add_argument("--service", default="", help="service name (default: the whole server)")
-    for name, parser in (("assemble", assemble), ("watch", watch), ("health", health)):
+    for name, parser in (
+        ("assemble", assemble), ("watch", watch), ("health", health), ("cache-history", history),
+    ):  # fmt: skip
         add_connection_options(parser)
         parser.set_defaults(run=lambda args, name=name: run(name, args))
     render.set_defaults(run=lambda args: run("render", args))

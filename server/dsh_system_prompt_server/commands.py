@@ -1,4 +1,4 @@
-"""The CLI's commands for people and scripts: assemble, watch, render, health.
+"""The CLI's commands for people and scripts: assemble, watch, render, health, cache-history.
 
 Output is plain text when piped and styled with rich on a terminal. Errors are
 one line on stderr; exit codes: 0 ok, 1 the sidecar refused (or rendering
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -69,20 +70,35 @@ def run(command: str, args: argparse.Namespace) -> int:
 
 async def assemble(args: argparse.Namespace) -> int:
     fields = dict(_field(item) for item in args.field or ())
+    report = {"report": args.report, "report_key": args.report_key,
+              "prefix_layout": args.prefix_layout}  # fmt: skip
     async with _connect(args) as client:
         if args.json:
-            assembly = await client.assemble(args.scope, fields, timeout=args.timeout)
-            print(json.dumps(assembly_json(assembly), ensure_ascii=False, indent=2))
+            assembly = await client.assemble(args.scope, fields, timeout=args.timeout, **report)
+            shown = assembly_json(assembly)
+            if assembly.report is not None:
+                shown["report"] = dataclasses.asdict(assembly.report)
+            print(json.dumps(shown, ensure_ascii=False, indent=2))
             return EXIT_OK
         if args.report:  # no render asked: the report itself says whether one would fail
             reported = await client.assemble(args.scope, fields, timeout=args.timeout,
-                                             report=True)  # fmt: skip
+                                             **report)  # fmt: skip
             if reported.report is None:
                 raise CommandError("the sidecar answered without the report asked for",
                                    EXIT_REFUSED)  # fmt: skip
             return _show_report(reported.report)
         rendered = await client.render(args.scope, fields, timeout=args.timeout)
     _show_prompt(rendered.prompt, rendered.context_snapshot, rendered.assembly, args)
+    return EXIT_OK
+
+
+async def cache_history(args: argparse.Namespace) -> int:
+    async with _connect(args) as client:
+        history = await client.cache_history(args.scope, report_key=args.key)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(history), ensure_ascii=False, indent=2))
+        return EXIT_OK
+    _show_history(history)
     return EXIT_OK
 
 
@@ -181,7 +197,9 @@ def _not_an_assembly() -> CommandError:
     )
 
 
-_COMMANDS = {"assemble": assemble, "watch": watch, "health": health}
+_COMMANDS = {
+    "assemble": assemble, "watch": watch, "health": health, "cache-history": cache_history,
+}  # fmt: skip
 
 
 def _connect(args: argparse.Namespace) -> Any:
@@ -247,31 +265,39 @@ def _show_prompt(
 
 
 def _show_report(report: dsp.AssemblyReport) -> int:
-    """A table: part, source, size, stable/changed; then the prefix verdict and, when
-    the assembly does not render, why (exit EXIT_REFUSED: the pod's renders fail)."""
+    """A table: part, source, size, stable/changed; then the prefix verdict, the diff and,
+    when the assembly does not render, why (exit EXIT_REFUSED: the pod's renders fail)."""
     unit = f"tokens ({report.tokenizer})" if report.tokenizer else None
-    table = Table(title="prompt parts in model order", title_justify="left")
+    title = f"prompt parts in model order ({report.prefix_layout})"
+    table = Table(title=title, title_justify="left")
     for column in ("part", "source", "bytes", *([unit] if unit else []), "prefix"):
         table.add_column(column, justify="right" if column in ("bytes", unit) else "left")
     for part in report.parts:
         cells = [f'{part.kind} "{part.name}"', part.source.description, str(part.bytes)]
         if unit:
             cells.append(str(part.tokens))
-        if part.kind == "context":
-            cells.append("(not in prefix)")
-        else:
-            cells.append("stable" if part.stable else "[bold red]changed[/]")
+        cells.append(_part_state(part, report.stability.has_previous))
         table.add_row(*cells)
     console = _console() if sys.stdout.isatty() else Console(width=200, no_color=True)
     console.print(table)
-    console.print(_verdict(report), highlight=False)
+    for line in _verdict(report):
+        console.print(line, highlight=False, markup=False)
+    if report.stability.diff:
+        console.print(report.stability.diff, highlight=False, markup=False)
     if report.render_error:
         console.print(f"[bold red]render fails:[/] {escape(report.render_error)}")
         return EXIT_REFUSED
     return EXIT_OK
 
 
-def _verdict(report: dsp.AssemblyReport) -> str:
+def _part_state(part: dsp.PartReport, compared: bool) -> str:
+    if not compared:
+        return "new" + (" (not in prefix)" if part.kind == "context" else "")
+    state = "stable" if part.stable else "[bold red]changed[/]"
+    return state + (" (not in prefix)" if part.kind == "context" else "")
+
+
+def _verdict(report: dsp.AssemblyReport) -> list[str]:
     stability = report.stability
     total = stability.prefix
     sizes = f"{total.bytes} bytes" + (
@@ -279,14 +305,58 @@ def _verdict(report: dsp.AssemblyReport) -> str:
     )
     if not report.tokenizer:
         sizes += " (bytes only: no tokenizer configured)"
+    key = report.history_key
+    if stability.previous_evicted:
+        return [f"prefix: {sizes}; the earlier reports of {key} were evicted to make room for"
+                " other keys (raise report_keys): nothing to compare with"]  # fmt: skip
     if not stability.has_previous:
-        return f"prefix: {sizes}; first report for this scope, nothing to compare with yet"
+        return [f"prefix: {sizes}; first report for {key}, nothing to compare with yet"]
     if not stability.reason:
-        return f"prefix: {sizes}; stable: every byte unchanged since the last report"
+        return [f"prefix: {sizes}; stable: every byte unchanged since the last report"]
     stable = f"{stability.stable_bytes} of {total.bytes} bytes stable"
     if stability.stable_tokens is not None:
         stable += f" ({stability.stable_tokens} tokens)"
-    return f"prefix: {stable}; cache broken by {stability.reason}"
+    recomputed = stability.recomputed
+    cost = (f"{recomputed.tokens} prefix tokens" if recomputed.tokens is not None
+            else f"{recomputed.bytes} prefix bytes")  # fmt: skip
+    return [
+        f"prefix: {stable}; cache broken by {stability.reason}",
+        f"cost: {cost} recomputed, and every message after the prefix",
+    ]
+
+
+def _show_history(history: dsp.CacheHistory) -> None:
+    """The key's counts and breakers, then its recent reports in a table."""
+    console = _console() if sys.stdout.isatty() else Console(width=200, no_color=True)
+    if not history.reports:
+        gone = " (its earlier history was evicted)" if history.evicted else ""
+        console.print(f"{history.key}: no reported assemblies{gone}", highlight=False)
+        return
+    unit = "tokens" if history.recomputed.tokens is not None else "bytes"
+    total = history.recomputed.tokens if unit == "tokens" else history.recomputed.bytes
+    console.print(
+        f"{history.key}: {history.reports} reported, {history.breaks} broke the prefix;"
+        f" {total} prefix {unit} recomputed in total",
+        highlight=False, markup=False,
+    )  # fmt: skip
+    for part, count in history.breakers:
+        breaks = f"{count} break" + ("" if count == 1 else "s")
+        console.print(f"  {part}: {breaks}", highlight=False, markup=False)
+    table = Table(title="recent reports, oldest first", title_justify="left")
+    for column in ("#", "rev", "first changed", "reason", f"stable {unit}",
+                   f"recomputed {unit}", "observed cached"):  # fmt: skip
+        left = column in ("first changed", "reason")
+        table.add_column(column, justify="left" if left else "right")
+    for entry in history.recent:
+        stable = entry.stable_tokens if unit == "tokens" else entry.stable_bytes
+        recomputed = entry.recomputed.tokens if unit == "tokens" else entry.recomputed.bytes
+        table.add_row(
+            str(entry.sequence), str(entry.revision),
+            entry.first_changed or ("—" if entry.has_previous else "(first)"),
+            entry.reason, str(stable), str(recomputed),
+            "" if entry.observed_cached_tokens is None else str(entry.observed_cached_tokens),
+        )  # fmt: skip
+    console.print(table)
 
 
 def _event_json(event: dsp.ChangeEvent | dsp.ChangesMissed) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from .cache_report import DEFAULT_LAYOUT, Layout
 from .registry import Limits, RegistryError, RegistrySettings, validate_tool_order
 from .tokens import TOKENIZERS
 
@@ -54,7 +55,9 @@ class SidecarConfig:
     log_format: LogFormat = "text"
     metrics_listen: str | None = None
     tokenizer: str | None = None  # for token counts in reports; None: bytes only
-    report_history: int = 8  # reported assemblies kept per scope
+    report_history: int = 8  # recent reported assemblies kept per history key
+    report_keys: int = 1024  # history keys kept (scopes or caller-named keys)
+    prefix_layout: Layout = DEFAULT_LAYOUT  # the model server's prefix order, for reports
 
 
 _TOP_KEYS = {
@@ -72,6 +75,8 @@ _TOP_KEYS = {
     "metrics_listen",
     "tokenizer",
     "report_history",
+    "report_keys",
+    "prefix_layout",
     "limits",
     *(f.name for f in fields(Security)),
 }
@@ -129,6 +134,8 @@ def parse_config(raw: dict[str, Any]) -> SidecarConfig:
         metrics_listen=_typed(raw, "metrics_listen", str, "") or None,
         tokenizer=_tokenizer(raw),
         report_history=_count(raw, "report_history", 8),
+        report_keys=_count(raw, "report_keys", 1024),
+        prefix_layout=_layout(raw),
     )
 
 
@@ -146,6 +153,14 @@ def _tokenizer(raw: dict[str, Any]) -> str | None:
         known = ", ".join(TOKENIZERS)
         raise ConfigError(f"config key 'tokenizer' must be one of: {known} (not {name!r})")
     return name
+
+
+def _layout(raw: dict[str, Any]) -> Layout:
+    name = _typed(raw, "prefix_layout", str, DEFAULT_LAYOUT.value)
+    if name not in {layout.value for layout in Layout}:
+        known = ", ".join(layout.value for layout in Layout)
+        raise ConfigError(f"config key 'prefix_layout' must be one of: {known} (not {name!r})")
+    return Layout(name)
 
 
 def _no_unknown(table: dict[str, Any], known: set[str], prefix: str) -> None:

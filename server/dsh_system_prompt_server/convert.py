@@ -9,7 +9,8 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
 from google.protobuf.message import Message
 
-from .cache_report import Report, Size
+from .cache_history import Entry, HistoryKey, KeyHistory
+from .cache_report import Layout, Report, Size
 from .json_text import load_json
 from .registry import (
     AssembleContext,
@@ -184,7 +185,7 @@ _PART_KINDS = {"tool": pb.PART_KIND_TOOL, "section": pb.PART_KIND_SECTION,
                "context": pb.PART_KIND_CONTEXT}  # fmt: skip
 
 
-def report_to_proto(report: Report) -> pb.AssemblyReport:
+def report_to_proto(report: Report, key: HistoryKey) -> pb.AssemblyReport:
     stability = report.stability
     return pb.AssemblyReport(
         tokenizer=report.tokenizer,
@@ -210,12 +211,65 @@ def report_to_proto(report: Report) -> pb.AssemblyReport:
             prefix=size_to_proto(stability.prefix),
             first_changed=stability.first_changed,
             reason=stability.reason,
+            recomputed=size_to_proto(stability.recomputed),
+            messages_recomputed=stability.messages_recomputed,
+            diff=stability.diff,
+            previous_evicted=stability.previous_evicted,
         ),
         variables=[
             pb.VariableReport(name=name, source=source_to_proto(origin))
             for name, origin in report.variables
         ],
         render_error=report.render_error,
+        prefix_layout=_LAYOUTS[report.layout],
+        history_key=key.describe(),
+    )
+
+
+_LAYOUTS = {Layout.TOOLS_FIRST: pb.PREFIX_LAYOUT_TOOLS_FIRST,
+            Layout.SYSTEM_FIRST: pb.PREFIX_LAYOUT_SYSTEM_FIRST}  # fmt: skip
+
+
+def layout_from_proto(value: int, default: Layout) -> Layout:
+    """The requested prefix layout; unspecified (or unknown to this sidecar) is `default`."""
+    return next((layout for layout, wire in _LAYOUTS.items() if wire == value), default)
+
+
+def history_key_from_proto(scope: str, report_key: str) -> HistoryKey:
+    """The caller's report_key when it names one, else the scope."""
+    if report_key:
+        return HistoryKey("key", report_key)
+    return HistoryKey("scope", scope or None)
+
+
+def entry_to_proto(entry: Entry) -> pb.CacheHistoryEntry:
+    return pb.CacheHistoryEntry(
+        sequence=entry.sequence,
+        revision=entry.revision,
+        prefix_layout=_LAYOUTS[entry.layout],
+        has_previous=entry.has_previous,
+        first_changed=entry.first_changed,
+        reason=entry.reason,
+        prefix=size_to_proto(entry.prefix),
+        stable_bytes=entry.stable_bytes,
+        stable_tokens=entry.stable_tokens,
+        recomputed=size_to_proto(entry.recomputed),
+        observed_cached_tokens=entry.observed_cached_tokens,
+        observed_prompt_tokens=entry.observed_prompt_tokens,
+    )
+
+
+def history_to_proto(key: HistoryKey, kept: KeyHistory | None, evicted: bool) -> pb.CacheHistory:
+    """A key's history; an unknown key has an empty one."""
+    if kept is None:
+        return pb.CacheHistory(key=key.describe(), recomputed=pb.Size(), evicted=evicted)
+    return pb.CacheHistory(
+        key=key.describe(),
+        reports=kept.reports,
+        breaks=kept.breaks,
+        breakers=[pb.PartBreaks(part=part, count=count) for part, count in kept.top_breakers()],
+        recomputed=pb.Size(bytes=kept.recomputed_bytes, tokens=kept.recomputed_tokens),
+        recent=[entry_to_proto(entry) for entry in kept.recent],
     )
 
 

@@ -49,13 +49,65 @@ class Metrics:
             registry=self.registry,
         )
 
+        key = ["key_kind", "key"]
+        self.cache_reports = Counter(
+            "dsp_cache_reports", "Reported assemblies, by history key", key, registry=self.registry
+        )
+        self.cache_breaks = Counter(
+            "dsp_cache_breaks",
+            "Reported assemblies that broke the prompt prefix, by key and first changed part",
+            [*key, "part"],
+            registry=self.registry,
+        )
+        self.cache_recomputed = Counter(
+            "dsp_cache_recomputed",
+            "Prefix recomputed because of breaks, in tokens (with a tokenizer) or bytes",
+            [*key, "unit"],
+            registry=self.registry,
+        )
+        self.cache_observed_ratio = Gauge(
+            "dsp_cache_observed_ratio",
+            "Cached tokens the model server reported / the stable prefix tokens predicted,"
+            " at the key's last reported usage",
+            key,
+            registry=self.registry,
+        )
+
     def prefix_stable(self, scope: str | None, ratio: float) -> None:
         self.prefix_stable_ratio.labels(scope or "").set(ratio)
 
-    def forget_scope(self, scope: str | None) -> None:
-        """Drop a scope's series (its report history was evicted)."""
+    def cache_reported(
+        self, key: tuple[str, str], tokens: int | None, recomputed: int, breaker: str
+    ) -> None:
+        """Count one report under `key` (key_kind, key); `breaker` is "" when nothing broke."""
+        self.cache_reports.labels(*key).inc()
+        if breaker:
+            self.cache_breaks.labels(*key, breaker).inc()
+        unit = "bytes" if tokens is None else "tokens"
+        self.cache_recomputed.labels(*key, unit).inc(recomputed if tokens is None else tokens)
+
+    def cache_observed(self, key: tuple[str, str], ratio: float) -> None:
+        self.cache_observed_ratio.labels(*key).set(ratio)
+
+    def forget_breaker(self, key: tuple[str, str], part: str) -> None:
+        """Drop one part's series of a key (it left the key's bounded breaker counts)."""
         with contextlib.suppress(KeyError):
-            self.prefix_stable_ratio.remove(scope or "")
+            self.cache_breaks.remove(*key, part)
+
+    def forget_key(self, key: tuple[str, str], breakers: list[str]) -> None:
+        """Drop a history key's series (its history was evicted)."""
+        if key[0] == "scope":
+            with contextlib.suppress(KeyError):
+                self.prefix_stable_ratio.remove(key[1])
+        for metric, labels in (
+            (self.cache_reports, [key]),
+            (self.cache_recomputed, [(*key, "tokens"), (*key, "bytes")]),
+            (self.cache_observed_ratio, [key]),
+            (self.cache_breaks, [(*key, part) for part in breakers]),
+        ):
+            for label in labels:
+                with contextlib.suppress(KeyError):
+                    metric.remove(*label)
 
     def track(
         self,

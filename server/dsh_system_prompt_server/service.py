@@ -11,12 +11,17 @@ from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_core import Reason, RenderFailure, render_context_snapshot, render_prompt
 from google.protobuf.message import Message
 
-from .cache_report import ReportHistory, build_report, prefix_parts
+from .cache_history import HistoryKey, ReportHistory
+from .cache_report import build_report
 from .config import SidecarConfig
 from .convert import (
     assembly_to_proto,
     change_to_proto,
     context_from_proto,
+    entry_to_proto,
+    history_key_from_proto,
+    history_to_proto,
+    layout_from_proto,
     report_to_proto,
     text_from_proto,
     tools_from_proto,
@@ -63,7 +68,8 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         self.gate = Gate()
         self.metrics = metrics
         self.tokenizer = load_tokenizer(config.tokenizer)
-        self.reports = ReportHistory(depth=config.report_history)
+        self.reports = ReportHistory(depth=config.report_history, max_keys=config.report_keys)
+        self.prefix_layout = config.prefix_layout
         self._watch_buffer = config.watch_buffer
         self._max_watchers = config.server_limits.max_watchers
         metrics.track(
@@ -173,7 +179,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         assembly = await self.registry.run(plan, assemble_context, deadline, track=request.report)
         response = pb.AssembleResponse(assembly=assembly_to_proto(assembly), revision=plan.revision)
         if request.report:  # before rendering: a report names a failing part, never fails
-            response.report.CopyFrom(self._report(assemble_context.scope, assembly))
+            response.report.CopyFrom(self._report(request, plan.revision, assembly))
         try:
             if request.render:
                 response.rendered.prompt = render_prompt(assembly)
@@ -185,14 +191,63 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
             self.responses.put(key, response)
         return response
 
-    def _report(self, scope: str | None, assembly: Assembly) -> pb.AssemblyReport:
-        report = build_report(assembly, self.tokenizer, self.reports.previous(scope))
-        for forgotten in self.reports.remember(scope, prefix_parts(report)):
-            self.metrics.forget_scope(forgotten)
+    def _report(
+        self, request: pb.AssembleRequest, revision: int, assembly: Assembly
+    ) -> pb.AssemblyReport:
+        key = self._history_key(request.context.scope, request.report_key)
+        layout = layout_from_proto(request.prefix_layout, self.prefix_layout)
+        previous, evicted = self.reports.previous(key)
+        report, current = build_report(assembly, self.tokenizer, layout, previous, evicted)
+        remembered = self.reports.remember(key, report, current, revision)
+        for forgotten, breakers in remembered.forgotten_keys:
+            self.metrics.forget_key(forgotten.labels(), breakers)
+        for part in remembered.forgotten_breakers:
+            self.metrics.forget_breaker(key.labels(), part)
         stability = report.stability
-        if stability.has_previous and stability.prefix.bytes:
-            self.metrics.prefix_stable(scope, stability.stable_bytes / stability.prefix.bytes)
-        return report_to_proto(report)
+        entry = remembered.entry
+        breaker = stability.first_changed if entry.broke else ""
+        recomputed = stability.recomputed
+        self.metrics.cache_reported(key.labels(), recomputed.tokens, recomputed.bytes, breaker)
+        if key.kind == "scope" and stability.has_previous and stability.prefix.bytes:
+            ratio = stability.stable_bytes / stability.prefix.bytes
+            self.metrics.prefix_stable(key.name, ratio)
+        return report_to_proto(report, key)
+
+    async def ReportUsage(
+        self, request: pb.ReportUsageRequest, context: Context
+    ) -> pb.ReportUsageResponse:
+        def observe() -> pb.ReportUsageResponse:
+            key = self._history_key(request.scope, request.report_key)
+            prompt = request.prompt_tokens if request.HasField("prompt_tokens") else None
+            entry = self.reports.observe(key, request.cached_tokens, prompt)
+            if entry is None:
+                raise RegistryError(
+                    Status.NOT_FOUND,
+                    Reason.REPORT_NOT_FOUND,
+                    f"no reported assembly for {key.describe()} to attach usage to"
+                    " (assemble with report=True first)",
+                )
+            if entry.stable_tokens:
+                ratio = request.cached_tokens / entry.stable_tokens
+                self.metrics.cache_observed(key.labels(), ratio)
+            return pb.ReportUsageResponse(entry=entry_to_proto(entry))
+
+        return await self._unary(context, observe)
+
+    async def GetCacheHistory(
+        self, request: pb.GetCacheHistoryRequest, context: Context
+    ) -> pb.GetCacheHistoryResponse:
+        def history() -> pb.GetCacheHistoryResponse:
+            key = self._history_key(request.scope, request.report_key)
+            kept, evicted = self.reports.get(key)
+            return pb.GetCacheHistoryResponse(history=history_to_proto(key, kept, evicted))
+
+        return await self._unary(context, history)
+
+    def _history_key(self, scope: str, report_key: str) -> HistoryKey:
+        self.registry.limits.check_name("report key", report_key)
+        self.registry.limits.check_name("scope", scope)
+        return history_key_from_proto(scope, report_key)
 
     # -- change events ----------------------------------------------------------------
 

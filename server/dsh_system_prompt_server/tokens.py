@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from array import array
 from collections.abc import Callable
 from typing import Protocol
 
@@ -14,16 +15,23 @@ class Tokenizer(Protocol):
 
     def count(self, text: str) -> int: ...
 
+    def encode(self, text: str) -> array[int]: ...
+
 
 class CountingTokenizer:
     """A tokenizer from an encode function, remembering counts of texts seen before."""
 
     def __init__(self, name: str, encode: Callable[[str], list[int]]) -> None:
         self.name = name
+        self._encode = encode
         self._count = functools.lru_cache(maxsize=16_384)(lambda text: len(encode(text)))
 
     def count(self, text: str) -> int:
         return int(self._count(text))
+
+    def encode(self, text: str) -> array[int]:
+        """The token ids of `text`, packed (4 bytes a token) to be kept cheaply."""
+        return array("I", self._encode(text))
 
 
 def deepseek_v4() -> Tokenizer:

@@ -23,7 +23,7 @@ from .model import (
     Tool,
     ToolSet,
 )
-from .origins import Origin, OriginKind, Origins
+from .origins import Origin, OriginKind, Origins, Step, Trace
 from .registry import (
     Registry,
     RegistrySettings,
@@ -55,9 +55,11 @@ __all__ = [
     "RegistryError",
     "RegistrySettings",
     "Status",
+    "Step",
     "Subscription",
     "Tool",
     "ToolSet",
+    "Trace",
     "new_id",
     "validate_tool_order",
 ]

@@ -29,7 +29,7 @@ from .model import (
     ToolSet,
     VariableEntry,
 )
-from .origins import Origins, entry_origin, record_changes
+from .origins import Origins, Trace, entry_origin, record_changes
 from .tool_order import check_known, order_tools
 
 # Seconds left to answer, or None without a limit; asked anew at every call.
@@ -121,9 +121,12 @@ async def _run(
         tools=tools,
         variables={e.name: _variable(e, values) for e in plan.variables},
     )
+    trace = None
     if origins is not None:
         origins.update(_registered_origins(plan, values))
-    result = await _waterfall(plan.listeners, assembly, context, timeout, origins)
+        trace = Trace(tuple(plan.chain))
+        trace.record("", assembly)
+    result = await _waterfall(plan.listeners, assembly, context, timeout, origins, trace)
     if complete is not None:
         result.sections = [Part(complete.name, _text(complete, values))]
         if origins is not None:
@@ -133,6 +136,7 @@ async def _run(
     validate(result)
     if origins is not None:
         result.origins = dict(origins)
+        result.trace = trace
     return result
 
 
@@ -241,6 +245,7 @@ async def _waterfall(
     context: AssembleContext,
     timeout: Timeout,
     origins: Origins | None,
+    trace: Trace | None = None,
 ) -> Assembly:
     async def step(index: int, current: Assembly) -> Assembly:
         while index < len(listeners) and listeners[index].disposed:
@@ -253,6 +258,8 @@ async def _waterfall(
         async def next_(handed: Assembly) -> Assembly:
             if origins is not None:  # what the listener changed before next()
                 record_changes(origins, current, handed, listener.name)
+            if trace is not None:
+                trace.record(listener.name, handed)
             returned = await step(index + 1, handed)
             from_next.append(returned)
             return returned
@@ -260,6 +267,8 @@ async def _waterfall(
         result = await listener.value.invoke(current, context, next_, timeout())
         if origins is not None:  # what it changed after next(), or instead of it
             record_changes(origins, from_next[0] if from_next else current, result, listener.name)
+        if trace is not None:
+            trace.record(listener.name, result)
         return result
 
     return await step(0, assembly)

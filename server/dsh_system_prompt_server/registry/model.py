@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from .origins import Origin
+    from .origins import Origin, Trace
 
 # No session id is empty, so no session can dispose the sidecar's built-ins.
 SIDECAR_OWNER = ""
@@ -55,7 +55,8 @@ class Assembly:
     """The assembled prompt handed to listeners and returned to callers.
 
     `origins` is filled only when the caller asked to track provenance: it maps
-    ("section" | "context" | "tool" | "variable", name) to an `Origin`.
+    ("section" | "context" | "tool" | "variable", name) to an `Origin`, and
+    `trace` holds the scope chain and what each listener step changed.
     """
 
     sections: list[Part]
@@ -63,6 +64,7 @@ class Assembly:
     tools: list[Tool]
     variables: dict[str, str | None]
     origins: dict[tuple[str, str], Origin] | None = None
+    trace: Trace | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .model import SIDECAR_OWNER, Assembly, Entry
@@ -74,3 +74,42 @@ def record_changes(origins: Origins, before: Assembly, after: Assembly, listener
     for name, value in after.variables.items():
         if name not in before.variables or before.variables[name] != value:
             origins[("variable", name)] = origin
+
+
+# (kind of part, name) -> a hash of its value at one step; kinds: section, tool, variable.
+Values = dict[tuple[str, str], int]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The prefix-relevant values after one step of an assembly.
+
+    The first step (`listener` "") is what the registrations and providers
+    gave; each later one is what a listener handed on or returned, in the
+    order the data flowed (a listener appears twice when it works both
+    before and after calling next()).
+    """
+
+    listener: str
+    values: Values
+
+
+@dataclass(slots=True)
+class Trace:
+    """An assembly's scope chain and the steps its parts went through."""
+
+    chain: tuple[str, ...]
+    steps: list[Step] = field(default_factory=list)
+
+    def record(self, listener: str, assembly: Assembly) -> None:
+        self.steps.append(Step(listener, snapshot(assembly)))
+
+
+def snapshot(assembly: Assembly) -> Values:
+    """Hashes of the sections, tools and variables of `assembly` (contexts are not prefix)."""
+    values: Values = {("section", part.name): hash(part.text) for part in assembly.sections}
+    for tool in assembly.tools:
+        values[("tool", tool.name)] = hash((tool.description, tool.parameters_json))
+    for name, value in assembly.variables.items():
+        values[("variable", name)] = hash(value)
+    return values

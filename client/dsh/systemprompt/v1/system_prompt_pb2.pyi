@@ -63,6 +63,38 @@ PROVIDER_KIND_VARIABLE: ProviderKind.ValueType  # 4
 """A variable provider: answer variable_value or no_value."""
 Global___ProviderKind: _TypeAlias = ProviderKind  # noqa: Y015
 
+class _PrefixLayout:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PrefixLayoutEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PrefixLayout.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PREFIX_LAYOUT_UNSPECIFIED: _PrefixLayout.ValueType  # 0
+    """The sidecar's configured layout."""
+    PREFIX_LAYOUT_TOOLS_FIRST: _PrefixLayout.ValueType  # 1
+    """Tools, then the system prompt, then the messages: Anthropic's documented
+    cache order, and OpenAI-style requests.
+    """
+    PREFIX_LAYOUT_SYSTEM_FIRST: _PrefixLayout.ValueType  # 2
+    """The system prompt, then the tools block, then the messages: DeepSeek's
+    published chat templates (V3.1, V3.2).
+    """
+
+class PrefixLayout(_PrefixLayout, metaclass=_PrefixLayoutEnumTypeWrapper):
+    """The order in which a model server lays out the cached prefix of a request."""
+
+PREFIX_LAYOUT_UNSPECIFIED: PrefixLayout.ValueType  # 0
+"""The sidecar's configured layout."""
+PREFIX_LAYOUT_TOOLS_FIRST: PrefixLayout.ValueType  # 1
+"""Tools, then the system prompt, then the messages: Anthropic's documented
+cache order, and OpenAI-style requests.
+"""
+PREFIX_LAYOUT_SYSTEM_FIRST: PrefixLayout.ValueType  # 2
+"""The system prompt, then the tools block, then the messages: DeepSeek's
+published chat templates (V3.1, V3.2).
+"""
+Global___PrefixLayout: _TypeAlias = PrefixLayout  # noqa: Y015
+
 class _SourceKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -223,6 +255,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """A scope handle id that this session does not hold."""
     REGISTRATION_NOT_FOUND: _ErrorReason.ValueType  # 12
     """Disposing what does not exist or belongs to another session."""
+    REPORT_NOT_FOUND: _ErrorReason.ValueType  # 36
+    """Usage reported for a history key with no reported assembly (NOT_FOUND)."""
     INVALID_TOOL_ORDER: _ErrorReason.ValueType  # 13
     """A tool_order without its rest entry, or listing a name twice (config)."""
     MULTIPLE_COMPLETE_SECTIONS: _ErrorReason.ValueType  # 14
@@ -308,6 +342,8 @@ SCOPE_NOT_FOUND: ErrorReason.ValueType  # 11
 """A scope handle id that this session does not hold."""
 REGISTRATION_NOT_FOUND: ErrorReason.ValueType  # 12
 """Disposing what does not exist or belongs to another session."""
+REPORT_NOT_FOUND: ErrorReason.ValueType  # 36
+"""Usage reported for a history key with no reported assembly (NOT_FOUND)."""
 INVALID_TOOL_ORDER: ErrorReason.ValueType  # 13
 """A tool_order without its rest entry, or listing a name twice (config)."""
 MULTIPLE_COMPLETE_SECTIONS: ErrorReason.ValueType  # 14
@@ -1455,13 +1491,23 @@ class AssembleRequest(_message.Message):
     CONTEXT_FIELD_NUMBER: _builtins.int
     RENDER_FIELD_NUMBER: _builtins.int
     REPORT_FIELD_NUMBER: _builtins.int
+    PREFIX_LAYOUT_FIELD_NUMBER: _builtins.int
+    REPORT_KEY_FIELD_NUMBER: _builtins.int
     render: _builtins.bool
     """Also render on the sidecar: prompt text and context snapshot, with the
     same strict interpolation errors as the client's renderer.
     """
     report: _builtins.bool
     """Also report provenance, sizes and prefix stability against the previous
-    reported assembly of the same scope. Renders on the sidecar; costs more.
+    reported assembly of the same history key. Renders on the sidecar; costs more.
+    """
+    prefix_layout: Global___PrefixLayout.ValueType
+    """For a report: the order the model server puts tools and the system prompt
+    in; unspecified means the sidecar's configured prefix_layout.
+    """
+    report_key: _builtins.str
+    """For a report: the history key to compare with and count under, e.g. one
+    per conversation; empty means the scope.
     """
     @_builtins.property
     def context(self) -> Global___AssembleContext:
@@ -1473,10 +1519,12 @@ class AssembleRequest(_message.Message):
         context: Global___AssembleContext | None = ...,
         render: _builtins.bool = ...,
         report: _builtins.bool = ...,
+        prefix_layout: Global___PrefixLayout.ValueType = ...,
+        report_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "render", b"render", "report", b"report"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "prefix_layout", b"prefix_layout", "render", b"render", "report", b"report", "report_key", b"report_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1587,7 +1635,8 @@ class PartReport(_message.Message):
     """A fingerprint of its rendered bytes (hex, 16 digits of SHA-256)."""
     stable: _builtins.bool
     """Whether it is byte-identical to the part at the same position of the
-    previous reported assembly of the same scope (and everything before it is).
+    previous reported assembly of the same history key (and everything before
+    it is). For a runtime context (not in the prefix): whether it is unchanged.
     """
     @_builtins.property
     def source(self) -> Global___Source:
@@ -1644,7 +1693,9 @@ Global___Size: _TypeAlias = Size  # noqa: Y015
 
 @_typing.final
 class PrefixStability(_message.Message):
-    """How much of the model-facing prefix (tools, then system prompt) stayed the same."""
+    """How much of the model-facing prefix (tools and system prompt, in the
+    report's layout) stayed the same.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1654,21 +1705,41 @@ class PrefixStability(_message.Message):
     PREFIX_FIELD_NUMBER: _builtins.int
     FIRST_CHANGED_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    RECOMPUTED_FIELD_NUMBER: _builtins.int
+    MESSAGES_RECOMPUTED_FIELD_NUMBER: _builtins.int
+    DIFF_FIELD_NUMBER: _builtins.int
+    PREVIOUS_EVICTED_FIELD_NUMBER: _builtins.int
     has_previous: _builtins.bool
-    """False for the first reported assembly of a scope (nothing to compare with)."""
+    """False when no earlier report of the history key is kept (nothing to compare with)."""
     stable_bytes: _builtins.int
-    """Leading bytes of the prefix that are unchanged since the previous assembly."""
+    """The longest common prefix, in bytes, of this prefix text and the previous one."""
     stable_tokens: _builtins.int
-    """The same in tokens, counting whole unchanged parts, with a tokenizer."""
+    """The longest common prefix of the two prefixes' token sequences, with a tokenizer."""
     first_changed: _builtins.str
     """The first part that changed, e.g. `section "cwd"`; empty when nothing did."""
     reason: _builtins.str
     """Why it changed, in words a person acts on, e.g.
     `section "cwd" text changed (variable {{cwd}} changed)`.
     """
+    messages_recomputed: _builtins.bool
+    """True when the prefix broke: every message after it is recomputed too."""
+    diff: _builtins.str
+    """A short, bounded diff of the first changed part's old and new text (a
+    tool's JSON pretty-printed): `-` and `+` lines with one line of context.
+    """
+    previous_evicted: _builtins.bool
+    """True when an earlier report of the key existed but was evicted to make
+    room for other keys (has_previous is false then, yet it is no first report).
+    """
     @_builtins.property
     def prefix(self) -> Global___Size:
-        """The whole prefix: tools and system prompt."""
+        """The whole prefix text, separators included, counted by the tokenizer as one text."""
+
+    @_builtins.property
+    def recomputed(self) -> Global___Size:
+        """What the model server must recompute of the prefix because of the first
+        change: everything after the common prefix (tokens with a tokenizer).
+        """
 
     def __init__(
         self,
@@ -1679,10 +1750,14 @@ class PrefixStability(_message.Message):
         prefix: Global___Size | None = ...,
         first_changed: _builtins.str = ...,
         reason: _builtins.str = ...,
+        recomputed: Global___Size | None = ...,
+        messages_recomputed: _builtins.bool = ...,
+        diff: _builtins.str = ...,
+        previous_evicted: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_stable_tokens", b"_stable_tokens", "prefix", b"prefix", "stable_tokens", b"stable_tokens"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_stable_tokens", b"_stable_tokens", "prefix", b"prefix", "recomputed", b"recomputed", "stable_tokens", b"stable_tokens"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_stable_tokens", b"_stable_tokens", "first_changed", b"first_changed", "has_previous", b"has_previous", "prefix", b"prefix", "reason", b"reason", "stable_bytes", b"stable_bytes", "stable_tokens", b"stable_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_stable_tokens", b"_stable_tokens", "diff", b"diff", "first_changed", b"first_changed", "has_previous", b"has_previous", "messages_recomputed", b"messages_recomputed", "prefix", b"prefix", "previous_evicted", b"previous_evicted", "reason", b"reason", "recomputed", b"recomputed", "stable_bytes", b"stable_bytes", "stable_tokens", b"stable_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__stable_tokens: _TypeAlias = _typing.Literal["stable_tokens"]  # noqa: Y015
     _WhichOneofArgType__stable_tokens: _TypeAlias = _typing.Literal["_stable_tokens", b"_stable_tokens"]  # noqa: Y015
@@ -1732,6 +1807,8 @@ class AssemblyReport(_message.Message):
     STABILITY_FIELD_NUMBER: _builtins.int
     VARIABLES_FIELD_NUMBER: _builtins.int
     RENDER_ERROR_FIELD_NUMBER: _builtins.int
+    PREFIX_LAYOUT_FIELD_NUMBER: _builtins.int
+    HISTORY_KEY_FIELD_NUMBER: _builtins.int
     tokenizer: _builtins.str
     """The tokenizer behind token counts; empty when sizes are bytes only."""
     render_error: _builtins.str
@@ -1739,9 +1816,13 @@ class AssemblyReport(_message.Message):
     the part), or empty when it renders. A part that fails is reported as
     written, so a report still diagnoses a pod whose renders fail.
     """
+    prefix_layout: Global___PrefixLayout.ValueType
+    """The layout the prefix was measured in (never unspecified)."""
+    history_key: _builtins.str
+    """The history key compared with, in words: `scope "agent-1"`, `key "conv-7"`."""
     @_builtins.property
     def parts(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartReport]:
-        """Every part in model order: tools, then sections, then contexts."""
+        """Every part in model order: the prefix in the report's layout, then contexts."""
 
     @_builtins.property
     def tools(self) -> Global___Size:
@@ -1757,7 +1838,7 @@ class AssemblyReport(_message.Message):
 
     @_builtins.property
     def stability(self) -> Global___PrefixStability:
-        """The prefix (tools, then system prompt) against the previous assembly of the scope."""
+        """The prefix against the previous reported assembly of the history key."""
 
     @_builtins.property
     def variables(self) -> _containers.RepeatedCompositeFieldContainer[Global___VariableReport]:
@@ -1774,14 +1855,290 @@ class AssemblyReport(_message.Message):
         stability: Global___PrefixStability | None = ...,
         variables: _abc.Iterable[Global___VariableReport] | None = ...,
         render_error: _builtins.str = ...,
+        prefix_layout: Global___PrefixLayout.ValueType = ...,
+        history_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context_snapshot", b"context_snapshot", "prompt", b"prompt", "stability", b"stability", "tools", b"tools"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_snapshot", b"context_snapshot", "parts", b"parts", "prompt", b"prompt", "render_error", b"render_error", "stability", b"stability", "tokenizer", b"tokenizer", "tools", b"tools", "variables", b"variables"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_snapshot", b"context_snapshot", "history_key", b"history_key", "parts", b"parts", "prefix_layout", b"prefix_layout", "prompt", b"prompt", "render_error", b"render_error", "stability", b"stability", "tokenizer", b"tokenizer", "tools", b"tools", "variables", b"variables"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AssemblyReport: _TypeAlias = AssemblyReport  # noqa: Y015
+
+@_typing.final
+class ReportUsageRequest(_message.Message):
+    """What a model server said about a request, for the latest report of a key."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    REPORT_KEY_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    scope: _builtins.str
+    """The scope assembled for; names the history key when report_key is empty."""
+    report_key: _builtins.str
+    """The history key the assembly was reported under, if the caller named one."""
+    cached_tokens: _builtins.int
+    """Prompt tokens the server read from its cache (DeepSeek's
+    prompt_cache_hit_tokens, Anthropic's cache_read_input_tokens, OpenAI's
+    prompt_tokens_details.cached_tokens).
+    """
+    prompt_tokens: _builtins.int
+    """All prompt tokens of the request, cached or not, when known."""
+    def __init__(
+        self,
+        *,
+        scope: _builtins.str = ...,
+        report_key: _builtins.str = ...,
+        cached_tokens: _builtins.int = ...,
+        prompt_tokens: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_prompt_tokens", b"_prompt_tokens", "prompt_tokens", b"prompt_tokens"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_prompt_tokens", b"_prompt_tokens", "cached_tokens", b"cached_tokens", "prompt_tokens", b"prompt_tokens", "report_key", b"report_key", "scope", b"scope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__prompt_tokens: _TypeAlias = _typing.Literal["prompt_tokens"]  # noqa: Y015
+    _WhichOneofArgType__prompt_tokens: _TypeAlias = _typing.Literal["_prompt_tokens", b"_prompt_tokens"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__prompt_tokens) -> _WhichOneofReturnType__prompt_tokens | None: ...
+
+Global___ReportUsageRequest: _TypeAlias = ReportUsageRequest  # noqa: Y015
+
+@_typing.final
+class ReportUsageResponse(_message.Message):
+    """The usage is attached."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entry(self) -> Global___CacheHistoryEntry:
+        """The latest report of the key, now with what was observed."""
+
+    def __init__(
+        self,
+        *,
+        entry: Global___CacheHistoryEntry | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportUsageResponse: _TypeAlias = ReportUsageResponse  # noqa: Y015
+
+@_typing.final
+class GetCacheHistoryRequest(_message.Message):
+    """Asks for one history key's prompt-cache history."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    REPORT_KEY_FIELD_NUMBER: _builtins.int
+    scope: _builtins.str
+    """The scope; names the history key when report_key is empty."""
+    report_key: _builtins.str
+    """A history key the caller named in its reports."""
+    def __init__(
+        self,
+        *,
+        scope: _builtins.str = ...,
+        report_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["report_key", b"report_key", "scope", b"scope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCacheHistoryRequest: _TypeAlias = GetCacheHistoryRequest  # noqa: Y015
+
+@_typing.final
+class GetCacheHistoryResponse(_message.Message):
+    """One key's history."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HISTORY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def history(self) -> Global___CacheHistory:
+        """Counts, breakers and the most recent reports."""
+
+    def __init__(
+        self,
+        *,
+        history: Global___CacheHistory | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["history", b"history"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["history", b"history"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCacheHistoryResponse: _TypeAlias = GetCacheHistoryResponse  # noqa: Y015
+
+@_typing.final
+class CacheHistory(_message.Message):
+    """The prompt-cache history of one key, since the sidecar started (or since
+    the key was last evicted).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    REPORTS_FIELD_NUMBER: _builtins.int
+    BREAKS_FIELD_NUMBER: _builtins.int
+    BREAKERS_FIELD_NUMBER: _builtins.int
+    RECOMPUTED_FIELD_NUMBER: _builtins.int
+    RECENT_FIELD_NUMBER: _builtins.int
+    EVICTED_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    """The key in words: `scope "agent-1"`, `key "conv-7"`."""
+    reports: _builtins.int
+    """Reported assemblies."""
+    breaks: _builtins.int
+    """Of these, how many broke the prefix (changed since the previous report)."""
+    evicted: _builtins.bool
+    """True when the key's earlier history was evicted to make room for others."""
+    @_builtins.property
+    def breakers(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartBreaks]:
+        """The parts that broke it, most breaks first."""
+
+    @_builtins.property
+    def recomputed(self) -> Global___Size:
+        """The prefix recomputed in total because of breaks (tokens with a tokenizer)."""
+
+    @_builtins.property
+    def recent(self) -> _containers.RepeatedCompositeFieldContainer[Global___CacheHistoryEntry]:
+        """The latest reports, oldest first (at most the sidecar's report_history)."""
+
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        reports: _builtins.int = ...,
+        breaks: _builtins.int = ...,
+        breakers: _abc.Iterable[Global___PartBreaks] | None = ...,
+        recomputed: Global___Size | None = ...,
+        recent: _abc.Iterable[Global___CacheHistoryEntry] | None = ...,
+        evicted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["recomputed", b"recomputed"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["breakers", b"breakers", "breaks", b"breaks", "evicted", b"evicted", "key", b"key", "recent", b"recent", "recomputed", b"recomputed", "reports", b"reports"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CacheHistory: _TypeAlias = CacheHistory  # noqa: Y015
+
+@_typing.final
+class PartBreaks(_message.Message):
+    """How many times one part broke the prefix."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PART_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    part: _builtins.str
+    """The part, e.g. `section "clock"`."""
+    count: _builtins.int
+    """Breaks it was the first change of."""
+    def __init__(
+        self,
+        *,
+        part: _builtins.str = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "part", b"part"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartBreaks: _TypeAlias = PartBreaks  # noqa: Y015
+
+@_typing.final
+class CacheHistoryEntry(_message.Message):
+    """One reported assembly in a key's history."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    PREFIX_LAYOUT_FIELD_NUMBER: _builtins.int
+    HAS_PREVIOUS_FIELD_NUMBER: _builtins.int
+    FIRST_CHANGED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    PREFIX_FIELD_NUMBER: _builtins.int
+    STABLE_BYTES_FIELD_NUMBER: _builtins.int
+    STABLE_TOKENS_FIELD_NUMBER: _builtins.int
+    RECOMPUTED_FIELD_NUMBER: _builtins.int
+    OBSERVED_CACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    OBSERVED_PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    """1 for the key's first report, counting up."""
+    revision: _builtins.int
+    """The registry's revision the assembly was taken at."""
+    prefix_layout: Global___PrefixLayout.ValueType
+    """The layout it was measured in."""
+    has_previous: _builtins.bool
+    """False when there was nothing to compare it with."""
+    first_changed: _builtins.str
+    """The first changed part; empty when the prefix held."""
+    reason: _builtins.str
+    """Why it changed."""
+    stable_bytes: _builtins.int
+    """The predicted common prefix with the previous report, in bytes."""
+    stable_tokens: _builtins.int
+    """The same in tokens (what the model server should read from its cache)."""
+    observed_cached_tokens: _builtins.int
+    """Cached prompt tokens the model server reported for the request, if told."""
+    observed_prompt_tokens: _builtins.int
+    """All prompt tokens the model server reported for the request, if told."""
+    @_builtins.property
+    def prefix(self) -> Global___Size:
+        """The whole prefix."""
+
+    @_builtins.property
+    def recomputed(self) -> Global___Size:
+        """What the break made the model server recompute of the prefix."""
+
+    def __init__(
+        self,
+        *,
+        sequence: _builtins.int = ...,
+        revision: _builtins.int = ...,
+        prefix_layout: Global___PrefixLayout.ValueType = ...,
+        has_previous: _builtins.bool = ...,
+        first_changed: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        prefix: Global___Size | None = ...,
+        stable_bytes: _builtins.int = ...,
+        stable_tokens: _builtins.int | None = ...,
+        recomputed: Global___Size | None = ...,
+        observed_cached_tokens: _builtins.int | None = ...,
+        observed_prompt_tokens: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_observed_cached_tokens", b"_observed_cached_tokens", "_observed_prompt_tokens", b"_observed_prompt_tokens", "_stable_tokens", b"_stable_tokens", "observed_cached_tokens", b"observed_cached_tokens", "observed_prompt_tokens", b"observed_prompt_tokens", "prefix", b"prefix", "recomputed", b"recomputed", "stable_tokens", b"stable_tokens"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_observed_cached_tokens", b"_observed_cached_tokens", "_observed_prompt_tokens", b"_observed_prompt_tokens", "_stable_tokens", b"_stable_tokens", "first_changed", b"first_changed", "has_previous", b"has_previous", "observed_cached_tokens", b"observed_cached_tokens", "observed_prompt_tokens", b"observed_prompt_tokens", "prefix", b"prefix", "prefix_layout", b"prefix_layout", "reason", b"reason", "recomputed", b"recomputed", "revision", b"revision", "sequence", b"sequence", "stable_bytes", b"stable_bytes", "stable_tokens", b"stable_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__observed_cached_tokens: _TypeAlias = _typing.Literal["observed_cached_tokens"]  # noqa: Y015
+    _WhichOneofArgType__observed_cached_tokens: _TypeAlias = _typing.Literal["_observed_cached_tokens", b"_observed_cached_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__observed_prompt_tokens: _TypeAlias = _typing.Literal["observed_prompt_tokens"]  # noqa: Y015
+    _WhichOneofArgType__observed_prompt_tokens: _TypeAlias = _typing.Literal["_observed_prompt_tokens", b"_observed_prompt_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__stable_tokens: _TypeAlias = _typing.Literal["stable_tokens"]  # noqa: Y015
+    _WhichOneofArgType__stable_tokens: _TypeAlias = _typing.Literal["_stable_tokens", b"_stable_tokens"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__observed_cached_tokens) -> _WhichOneofReturnType__observed_cached_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__observed_prompt_tokens) -> _WhichOneofReturnType__observed_prompt_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__stable_tokens) -> _WhichOneofReturnType__stable_tokens | None: ...
+
+Global___CacheHistoryEntry: _TypeAlias = CacheHistoryEntry  # noqa: Y015
 
 @_typing.final
 class RenderedPrompt(_message.Message):

@@ -90,6 +90,16 @@ class SystemPromptServiceStub:
                 request_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ListenRequest.SerializeToString,
                 response_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ListenResponse.FromString,
                 _registered_method=True)
+        self.ReportUsage = channel.unary_unary(
+                '/dsh.systemprompt.v1.SystemPromptService/ReportUsage',
+                request_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ReportUsageRequest.SerializeToString,
+                response_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ReportUsageResponse.FromString,
+                _registered_method=True)
+        self.GetCacheHistory = channel.unary_unary(
+                '/dsh.systemprompt.v1.SystemPromptService/GetCacheHistory',
+                request_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.GetCacheHistoryRequest.SerializeToString,
+                response_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.GetCacheHistoryResponse.FromString,
+                _registered_method=True)
 
 
 class SystemPromptServiceServicer:
@@ -182,6 +192,23 @@ class SystemPromptServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportUsage(self, request, context):
+        """Attaches what the model server said about the last request (its cached
+        tokens) to the latest reported assembly of a history key, so the history
+        shows the predicted stable prefix against what the server really reused.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCacheHistory(self, request, context):
+        """The prompt-cache history of one key: how many reported assemblies broke
+        the prefix, which parts broke it, and what it cost.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SystemPromptServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -239,6 +266,16 @@ def add_SystemPromptServiceServicer_to_server(servicer, server):
                     servicer.Listen,
                     request_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ListenRequest.FromString,
                     response_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ListenResponse.SerializeToString,
+            ),
+            'ReportUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportUsage,
+                    request_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ReportUsageRequest.FromString,
+                    response_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ReportUsageResponse.SerializeToString,
+            ),
+            'GetCacheHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCacheHistory,
+                    request_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.GetCacheHistoryRequest.FromString,
+                    response_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.GetCacheHistoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -539,6 +576,60 @@ class SystemPromptService:
             '/dsh.systemprompt.v1.SystemPromptService/Listen',
             dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ListenRequest.SerializeToString,
             dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ListenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dsh.systemprompt.v1.SystemPromptService/ReportUsage',
+            dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ReportUsageRequest.SerializeToString,
+            dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ReportUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCacheHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dsh.systemprompt.v1.SystemPromptService/GetCacheHistory',
+            dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.GetCacheHistoryRequest.SerializeToString,
+            dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.GetCacheHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -80,6 +80,15 @@ class SystemPromptServiceStub:
     first request is a ListenStart; the sidecar confirms with
     ListenerRegistered and then sends one invocation per admitted assembly.
     """
+    ReportUsage: _grpc.UnaryUnaryMultiCallable[_system_prompt_pb2.ReportUsageRequest, _system_prompt_pb2.ReportUsageResponse]
+    """Attaches what the model server said about the last request (its cached
+    tokens) to the latest reported assembly of a history key, so the history
+    shows the predicted stable prefix against what the server really reused.
+    """
+    GetCacheHistory: _grpc.UnaryUnaryMultiCallable[_system_prompt_pb2.GetCacheHistoryRequest, _system_prompt_pb2.GetCacheHistoryResponse]
+    """The prompt-cache history of one key: how many reported assemblies broke
+    the prefix, which parts broke it, and what it cost.
+    """
 
 @_typing.type_check_only
 class SystemPromptServiceAsyncStub(SystemPromptServiceStub):
@@ -120,6 +129,15 @@ class SystemPromptServiceAsyncStub(SystemPromptServiceStub):
     """Installs a waterfall listener for as long as the stream stays open. The
     first request is a ListenStart; the sidecar confirms with
     ListenerRegistered and then sends one invocation per admitted assembly.
+    """
+    ReportUsage: _aio.UnaryUnaryMultiCallable[_system_prompt_pb2.ReportUsageRequest, _system_prompt_pb2.ReportUsageResponse]  # type: ignore[assignment]
+    """Attaches what the model server said about the last request (its cached
+    tokens) to the latest reported assembly of a history key, so the history
+    shows the predicted stable prefix against what the server really reused.
+    """
+    GetCacheHistory: _aio.UnaryUnaryMultiCallable[_system_prompt_pb2.GetCacheHistoryRequest, _system_prompt_pb2.GetCacheHistoryResponse]  # type: ignore[assignment]
+    """The prompt-cache history of one key: how many reported assemblies broke
+    the prefix, which parts broke it, and what it cost.
     """
 
 class SystemPromptServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -224,6 +242,27 @@ class SystemPromptServiceServicer(metaclass=_abc_1.ABCMeta):
         """Installs a waterfall listener for as long as the stream stays open. The
         first request is a ListenStart; the sidecar confirms with
         ListenerRegistered and then sends one invocation per admitted assembly.
+        """
+
+    @_abc_1.abstractmethod
+    def ReportUsage(
+        self,
+        request: _system_prompt_pb2.ReportUsageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_system_prompt_pb2.ReportUsageResponse, _abc.Awaitable[_system_prompt_pb2.ReportUsageResponse]]:
+        """Attaches what the model server said about the last request (its cached
+        tokens) to the latest reported assembly of a history key, so the history
+        shows the predicted stable prefix against what the server really reused.
+        """
+
+    @_abc_1.abstractmethod
+    def GetCacheHistory(
+        self,
+        request: _system_prompt_pb2.GetCacheHistoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_system_prompt_pb2.GetCacheHistoryResponse, _abc.Awaitable[_system_prompt_pb2.GetCacheHistoryResponse]]:
+        """The prompt-cache history of one key: how many reported assemblies broke
+        the prefix, which parts broke it, and what it cost.
         """
 
 def add_SystemPromptServiceServicer_to_server(servicer: SystemPromptServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,162 @@
+"""Why a prefix broke: the first differing part, and who changed it, in words a person acts on.
+
+A part goes through steps: what its registration (or provider) gave, then
+each listener in the order the data flowed. The blame goes to the first step
+whose output differs from the previous assembly's same step while its input
+did not: a listener that appends a fixed suffix to a text changed upstream is
+not blamed; the upstream change is. Upstream changes then say what moved in
+the layers (a re-parented scope, a new or removed shadowing entry) or which
+variables changed, and who set them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .registry import Origin, OriginKind, Trace
+
+if TYPE_CHECKING:
+    from .cache_report import PartPrint, Previous
+
+Key = tuple[str, str]
+
+
+def explain(index: int, current: Previous, previous: Previous) -> tuple[str, str, Key]:
+    """The first changed part at position `index`, the reason, and the part's key.
+
+    A part removed names itself at its old place; a part added or moved names
+    what it now stands before.
+    """
+    now = current.parts[index] if index < len(current.parts) else None
+    before = previous.parts[index] if index < len(previous.parts) else None
+    if now is not None and before is not None and now.key == before.key:
+        return now.label, _changed(now, before, current, previous), now.key
+    if before is not None and before.key not in {p.key for p in current.parts}:
+        reason = f"{before.label} removed" + _removed_by(before.key, current)
+        return before.label, reason, before.key
+    assert now is not None
+    where = " at the end" if before is None else f" before {_relative(now, before)}"
+    if now.key not in {p.key for p in previous.parts}:
+        return now.label, f"{now.label} added{where}" + _added_by(now), now.key
+    return now.label, f"{now.label} moved{where}", now.key
+
+
+def _relative(part: PartPrint, other: PartPrint) -> str:
+    return f'"{other.name}"' if part.kind == other.kind else other.label
+
+
+def _changed(now: PartPrint, before: PartPrint, current: Previous, previous: Previous) -> str:
+    culprit = _culprit(now.key, current.trace, previous.trace)
+    if culprit:
+        return f'listener "{culprit}" changed {now.label}'
+    layer = _layer_change(now.origin, before.origin, current.trace, previous.trace)
+    if layer:
+        return f"{now.label} {layer}"
+    if now.kind == "tool":
+        what = "parameters" if now.parameters != before.parameters else "description"
+        return f"{now.label} {what} changed"
+    if now.raw == before.raw:
+        earlier = dict(before.variables)
+        changed = [
+            (f"{{{{{name}}}}}", _who_set(name, current, previous))
+            for name, value in now.variables
+            if earlier.get(name, value) != value
+        ]
+        if changed:
+            return f"{now.label} text changed ({_variables_changed(changed)})"
+    return f"{now.label} text changed"
+
+
+def _variables_changed(changed: list[tuple[str, str]]) -> str:
+    """`variable {{a}} changed`, with who set each one when that is worth saying."""
+    if not any(who for _, who in changed):
+        noun = "variable" if len(changed) == 1 else "variables"
+        return f"{noun} {', '.join(reference for reference, _ in changed)} changed"
+    return "; ".join(
+        f"variable {reference} changed" + (f", {who}" if who else "") for reference, who in changed
+    )
+
+
+def _who_set(name: str, current: Previous, previous: Previous) -> str:
+    """A listener that set the variable, or how its layer changed; "" for neither."""
+    culprit = _culprit(("variable", name), current.trace, previous.trace)
+    if culprit:
+        return f'set by listener "{culprit}"'
+    now, before = current.variables.get(name), previous.variables.get(name)
+    if now is None or before is None:
+        return ""
+    return _layer_change(now, before, current.trace, previous.trace)
+
+
+def _culprit(key: Key, current: Trace | None, previous: Trace | None) -> str:
+    """The listener whose own step changed `key`: "" when the change came from upstream."""
+    if current is None or previous is None:
+        return ""
+    for now, before in zip(current.steps, previous.steps, strict=False):
+        if now.listener != before.listener:  # the listeners changed: who touched the key here
+            return _changer(key, current) or _changer(key, previous)
+        if now.values.get(key) != before.values.get(key):
+            return now.listener
+    return ""
+
+
+def _changer(key: Key, trace: Trace) -> str:
+    """The first listener in `trace` whose step changed `key`."""
+    for earlier, later in zip(trace.steps, trace.steps[1:], strict=False):
+        if earlier.values.get(key) != later.values.get(key):
+            return later.listener
+    return ""
+
+
+def _removed_by(key: Key, current: Previous) -> str:
+    trace = current.trace
+    if trace is None or not trace.steps or key not in trace.steps[0].values:
+        return ""  # its registration is gone
+    for step in trace.steps[1:]:
+        if key not in step.values:
+            return f' (by listener "{step.listener}")'
+    return ""
+
+
+def _added_by(part: PartPrint) -> str:
+    if part.origin.kind is OriginKind.LISTENER:
+        return f' (by listener "{part.origin.listener}")'
+    return ""
+
+
+def _layer_change(
+    now: Origin, before: Origin, current: Trace | None, previous: Trace | None
+) -> str:
+    """How the layer a value comes from changed: re-parenting, shadowing, un-shadowing."""
+    if now == before or OriginKind.LISTENER in (now.kind, before.kind):
+        return ""
+    chain = current.chain if current else ()
+    old_chain = previous.chain if previous else ()
+    if chain != old_chain and OriginKind.SCOPE in (now.kind, before.kind):
+        reparented = _reparented(chain, old_chain)
+        return f"now from {now.describe()}, was {before.describe()}: {reparented}"
+    if _nearness(now) > _nearness(before):
+        return f"now from {now.describe()}, shadowing {before.describe()}"
+    if _nearness(now) < _nearness(before):
+        return f"no longer shadowed: now from {now.describe()}, was {before.describe()}"
+    return f"now from {now.describe()}, was {before.describe()}"
+
+
+def _reparented(chain: tuple[str, ...], old_chain: tuple[str, ...]) -> str:
+    index = next(
+        (i for i, (a, b) in enumerate(zip(chain, old_chain, strict=False)) if a != b),
+        min(len(chain), len(old_chain)),
+    )
+    child = chain[index - 1] if index else (chain or old_chain or ("",))[0]
+    was = f'"{old_chain[index]}"' if index < len(old_chain) else "no parent"
+    now = f'"{chain[index]}"' if index < len(chain) else "no parent"
+    return f'scope "{child}" re-parented from {was} to {now}'
+
+
+def _nearness(origin: Origin) -> int:
+    """Which layer wins: a scope nearer the assembly's own beats its ancestors and global."""
+    if origin.kind is OriginKind.BUILTIN:
+        return 0
+    if origin.kind is OriginKind.GLOBAL:
+        return 1
+    return 1_000_000 - origin.depth

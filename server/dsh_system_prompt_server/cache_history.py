@@ -1,0 +1,190 @@
+"""Reports kept per history key: what the next report compares with, and how often it broke.
+
+A key is the assembly's scope unless the caller names one (`report_key`, e.g.
+one per conversation), so two agents sharing a scope need not see each
+other's assemblies as breaks. Everything is bounded: `depth` recent reports
+per key, `max_keys` keys and `max_bytes` of kept prefix text; the least
+recently reported keys go first, and the sidecar remembers (up to
+`4 * max_keys`) which keys it evicted so it never calls them new.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from .cache_report import Layout, Previous, Report, Size
+
+MAX_BREAKERS = 16  # parts counted per key; the least counted goes to make room
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryKey:
+    """Whose history: a scope (None: the global one) or a key the caller named."""
+
+    kind: Literal["scope", "key"]
+    name: str | None
+
+    def labels(self) -> tuple[str, str]:
+        """Its metric labels: key_kind and key."""
+        return (self.kind, self.name or "")
+
+    def describe(self) -> str:
+        if self.kind == "key":
+            return f'key "{self.name}"'
+        return f'scope "{self.name}"' if self.name else "the global scope"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One reported assembly, summarised; `observed_*` arrive later from the model server."""
+
+    sequence: int  # 1 for the key's first report
+    revision: int
+    layout: Layout
+    has_previous: bool
+    first_changed: str
+    reason: str
+    prefix: Size
+    stable_bytes: int
+    stable_tokens: int | None
+    recomputed: Size
+    observed_cached_tokens: int | None = None
+    observed_prompt_tokens: int | None = None
+
+    @property
+    def broke(self) -> bool:
+        return self.has_previous and bool(self.reason)
+
+
+@dataclass
+class KeyHistory:
+    """Everything kept for one key."""
+
+    previous: Previous | None
+    recent: deque[Entry]
+    reports: int = 0
+    breaks: int = 0
+    breakers: dict[str, int] = field(default_factory=dict)  # first_changed -> breaks
+    recomputed_bytes: int = 0
+    recomputed_tokens: int | None = None
+
+    def top_breakers(self) -> list[tuple[str, int]]:
+        return sorted(self.breakers.items(), key=lambda item: (-item[1], item[0]))
+
+
+@dataclass(frozen=True, slots=True)
+class Remembered:
+    """What remembering one report did: its entry, and what was dropped to make room."""
+
+    entry: Entry
+    forgotten_keys: list[tuple[HistoryKey, list[str]]]  # each with the parts it counted
+    forgotten_breakers: list[str]  # of this key
+
+
+class ReportHistory:
+    """The history of every key, bounded in keys, depth and bytes."""
+
+    def __init__(
+        self, depth: int = 8, max_keys: int = 1024, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
+        self.depth = depth
+        self.max_keys = max_keys
+        self.max_bytes = max_bytes
+        self._keys: OrderedDict[HistoryKey, KeyHistory] = OrderedDict()
+        self._evicted: OrderedDict[HistoryKey, None] = OrderedDict()
+        self._bytes = 0
+
+    def previous(self, key: HistoryKey) -> tuple[Previous | None, bool]:
+        """What the key's next report compares with, and whether its history was evicted."""
+        kept = self._keys.get(key)
+        if kept is None:
+            return None, key in self._evicted
+        return kept.previous, False
+
+    def get(self, key: HistoryKey) -> tuple[KeyHistory | None, bool]:
+        """The key's history, and whether an earlier one was evicted."""
+        kept = self._keys.get(key)
+        return kept, kept is None and key in self._evicted
+
+    def remember(
+        self, key: HistoryKey, report: Report, previous: Previous, revision: int
+    ) -> Remembered:
+        """Keep `report` (and `previous` to compare the next with) as the key's latest."""
+        kept = self._keys.get(key)
+        if kept is None:
+            kept = KeyHistory(None, deque(maxlen=self.depth))
+            self._keys[key] = kept
+            self._evicted.pop(key, None)
+        self._keys.move_to_end(key)
+        if kept.previous is not None:
+            self._bytes -= kept.previous.memory()
+        kept.previous = previous
+        self._bytes += previous.memory()
+        entry = _entry(kept.reports + 1, revision, report)
+        dropped = _count(kept, entry)
+        kept.recent.append(entry)
+        return Remembered(entry, self._make_room(key), dropped)
+
+    def observe(self, key: HistoryKey, cached: int, prompt: int | None) -> Entry | None:
+        """Attach what the model server said to the key's latest report; None without one."""
+        kept = self._keys.get(key)
+        if kept is None or not kept.recent:
+            return None
+        entry = replace(kept.recent[-1], observed_cached_tokens=cached,
+                        observed_prompt_tokens=prompt)  # fmt: skip
+        kept.recent[-1] = entry
+        return entry
+
+    def _make_room(self, keep: HistoryKey) -> list[tuple[HistoryKey, list[str]]]:
+        forgotten = []
+        while len(self._keys) > 1 and (
+            len(self._keys) > self.max_keys or self._bytes > self.max_bytes
+        ):
+            key, kept = self._keys.popitem(last=False)
+            if key == keep:  # never the key just reported
+                self._keys[key] = kept
+                continue
+            if kept.previous is not None:
+                self._bytes -= kept.previous.memory()
+            forgotten.append((key, list(kept.breakers)))
+            self._evicted[key] = None
+            while len(self._evicted) > 4 * self.max_keys:
+                self._evicted.popitem(last=False)
+        return forgotten
+
+
+def _entry(sequence: int, revision: int, report: Report) -> Entry:
+    stability = report.stability
+    return Entry(
+        sequence=sequence,
+        revision=revision,
+        layout=report.layout,
+        has_previous=stability.has_previous,
+        first_changed=stability.first_changed,
+        reason=stability.reason,
+        prefix=stability.prefix,
+        stable_bytes=stability.stable_bytes,
+        stable_tokens=stability.stable_tokens,
+        recomputed=stability.recomputed,
+    )
+
+
+def _count(kept: KeyHistory, entry: Entry) -> list[str]:
+    """Add `entry` to the key's counts; returns the breakers dropped to stay bounded."""
+    kept.reports += 1
+    if entry.recomputed.tokens is not None:
+        kept.recomputed_tokens = (kept.recomputed_tokens or 0) + entry.recomputed.tokens
+    kept.recomputed_bytes += entry.recomputed.bytes
+    if not entry.broke:
+        return []
+    kept.breaks += 1
+    dropped = []
+    if entry.first_changed not in kept.breakers and len(kept.breakers) >= MAX_BREAKERS:
+        least = min(kept.breakers, key=lambda part: (kept.breakers[part], part))
+        del kept.breakers[least]
+        dropped.append(least)
+    kept.breakers[entry.first_changed] = kept.breakers.get(entry.first_changed, 0) + 1
+    return dropped

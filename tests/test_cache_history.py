@@ -1,0 +1,216 @@
+"""Prompt-cache history per key: how often the prefix broke, who broke it, what it cost."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+
+import dsh_system_prompt as dsp
+import grpc
+import pytest
+from dsh_system_prompt_server.app import Sidecar
+from helpers import SidecarFactory, rejection
+from processes import free_port, sidecar_command
+
+DEEPSEEK = {"prompt_tokens": 1200, "prompt_cache_hit_tokens": 1024, "prompt_cache_miss_tokens": 176}
+ANTHROPIC = {"input_tokens": 20, "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 5}
+OPENAI = {"prompt_tokens": 1500, "prompt_tokens_details": {"cached_tokens": 1280}}
+
+
+async def cli(address: str, *args: str) -> str:
+    process = await asyncio.create_subprocess_exec(
+        sidecar_command(), *args, "--address", address,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), 20)
+    assert process.returncode == 0, err.decode()
+    return out.decode()
+
+
+async def reported(
+    client: dsp.Client, scope: str | None = None, key: str | None = None, **fields: object
+) -> dsp.AssemblyReport:
+    assembly = await client.assemble(scope, fields, report=True, report_key=key)
+    assert assembly.report is not None
+    return assembly.report
+
+
+async def test_two_agents_sharing_a_scope_see_false_breaks_unless_each_names_its_key(
+    client: dsp.Client,
+) -> None:
+    await client.section("who", 20, lambda ctx: f"You are {ctx.get('agent')}.")
+    for _ in range(2):
+        await reported(client, agent="planner")
+        shared = await reported(client, agent="coder")
+    assert shared.stability.reason == 'section "who" text changed'
+    for _ in range(2):
+        await reported(client, key="planner", agent="planner")
+        own = await reported(client, key="coder", agent="coder")
+    assert own.history_key == 'key "coder"' and own.stability.reason == ""
+    assert (await client.cache_history(report_key="coder")).breaks == 0
+
+
+async def test_the_history_counts_breaks_and_names_the_part_that_broke_it(
+    client: dsp.Client,
+) -> None:
+    await client.section("rules", 10, "Be precise.")
+    await client.section("clock", 30, lambda ctx: f"Now: {ctx.get('now')}.")
+    reports = [await reported(client, "agent-1", now=now) for now in ("10:00", "10:01", "10:02")]
+    history = await client.cache_history("agent-1")
+    assert history.key == 'scope "agent-1"'
+    assert (history.reports, history.breaks) == (3, 2)
+    assert history.breakers == [('section "clock"', 2)]
+    assert history.recomputed.bytes == sum(r.stability.recomputed.bytes for r in reports) > 0
+    assert [e.first_changed for e in history.recent] == ["", 'section "clock"', 'section "clock"']
+    assert not history.recent[0].has_previous
+
+
+async def test_the_history_keeps_only_the_configured_recent_reports(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(report_history=2)
+    async with dsp.connect(sidecar.address) as client:
+        for _ in range(3):
+            await reported(client)
+        history = await client.cache_history()
+    assert history.reports == 3 and [e.sequence for e in history.recent] == [2, 3]
+
+
+async def test_an_evicted_key_is_never_called_new(make_sidecar: SidecarFactory) -> None:
+    sidecar = await make_sidecar(report_keys=2)
+    async with dsp.connect(sidecar.address) as client:
+        for scope in ("a", "b", "c"):  # "a" is evicted to make room for "c"
+            await reported(client, scope)
+        assert (await client.cache_history("a")).evicted
+        again = await reported(client, "a")
+        assert not again.stability.has_previous and again.stability.previous_evicted
+        # "a" evicted "b": the CLI must not call b's next report a first one
+        output = await cli(sidecar.address, "assemble", "--report", "--scope", "b")
+    assert "first report" not in output
+    assert 'the earlier reports of scope "b" were evicted' in output
+
+
+async def test_usage_from_each_model_server_is_shown_against_the_prediction(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(tokenizer="deepseek-v4")
+    async with dsp.connect(sidecar.address) as client:
+        await client.section("rules", 10, "Be precise.")
+        await reported(client, key="conv")
+        second = await reported(client, key="conv")
+        observed = {}
+        for name, usage in (("deepseek", DEEPSEEK), ("anthropic", ANTHROPIC),
+                            ("openai", OPENAI)):  # fmt: skip
+            entry = await client.report_usage(usage, report_key="conv")
+            observed[name] = (entry.observed_cached_tokens, entry.observed_prompt_tokens)
+        history = await client.cache_history(report_key="conv")
+    assert observed == {
+        "deepseek": (1024, 1200), "anthropic": (1000, 1025), "openai": (1280, 1500)
+    }  # fmt: skip
+    latest = history.recent[-1]
+    assert latest.stable_tokens == second.stability.stable_tokens == second.stability.prefix.tokens
+    assert latest.observed_cached_tokens == 1280
+
+
+async def test_usage_for_a_key_never_reported_is_not_found(client: dsp.Client) -> None:
+    error = await rejection(client.report_usage(DEEPSEEK, "nobody"))
+    assert (error.code, error.reason) == (grpc.StatusCode.NOT_FOUND, dsp.Reason.REPORT_NOT_FOUND)
+    assert 'no reported assembly for scope "nobody"' in error.message
+
+
+async def test_usage_without_a_cached_token_figure_is_refused_in_the_client(
+    client: dsp.Client,
+) -> None:
+    error = await rejection(client.report_usage({"total_tokens": 9}))
+    assert error.reason == dsp.Reason.INVALID_VALUE
+
+
+async def test_an_oversized_report_key_is_refused(client: dsp.Client) -> None:
+    error = await rejection(client.assemble(report=True, report_key="k" * 300))
+    assert (error.code, error.reason) == (
+        grpc.StatusCode.INVALID_ARGUMENT, dsp.Reason.VALUE_TOO_LARGE
+    )  # fmt: skip
+
+
+async def test_metrics_count_reports_breaks_recomputed_tokens_and_the_observed_ratio(
+    make_sidecar: SidecarFactory,
+) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    sidecar = await make_sidecar(metrics_listen=address, tokenizer="deepseek-v4")
+    async with dsp.connect(sidecar.address) as client:
+        await client.section("clock", 30, lambda ctx: f"Now: {ctx.get('now')}.")
+        await reported(client, "agent-1", now="10:00")
+        broken = await reported(client, "agent-1", now="10:01")
+        await client.report_usage({"prompt_cache_hit_tokens": 6}, "agent-1")
+
+    def get() -> str:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+    text = await asyncio.to_thread(get)
+    labels = 'key="agent-1",key_kind="scope"'
+    assert f"dsp_cache_reports_total{{{labels}}} 2.0" in text
+    assert f'dsp_cache_breaks_total{{{labels},part="section \\"clock\\""}} 1.0' in text
+    recomputed = broken.stability.recomputed.tokens
+    assert f'dsp_cache_recomputed_total{{{labels},unit="tokens"}} {float(recomputed or 0)}' in text
+    ratio = 6 / (broken.stability.stable_tokens or 1)
+    assert f"dsp_cache_observed_ratio{{{labels}}} {ratio}" in text
+
+
+async def test_cli_cache_history_prints_a_table_and_json(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    await client.section("clock", 30, lambda ctx: f"Now: {ctx.get('now')}.")
+    for now in ("10:00", "10:01"):
+        await reported(client, key="conv-7", now=now)
+    table = await cli(sidecar.address, "cache-history", "--key", "conv-7")
+    assert 'key "conv-7": 2 reported, 1 broke the prefix;' in table
+    assert 'section "clock": 1 break' in table
+    shown = json.loads(await cli(sidecar.address, "cache-history", "--key", "conv-7", "--json"))
+    assert (shown["reports"], shown["breaks"]) == (2, 1)
+    assert shown["breakers"] == [['section "clock"', 1]]
+
+
+async def test_cli_assemble_report_json_includes_the_report(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    await client.section("rules", 10, "Be precise.")
+    shown = json.loads(await cli(sidecar.address, "assemble", "--report", "--json"))
+    assert shown["sections"][-1] == {"name": "rules", "text": "Be precise."}
+    assert shown["report"]["history_key"] == "the global scope"
+    assert [p["name"] for p in shown["report"]["parts"]] == ["harness:identity", "rules"]
+
+
+@pytest.mark.parametrize("flag", [["--scope", "s"], ["--key", "k"]])
+async def test_cli_cache_history_of_an_unknown_key_says_there_is_none(
+    sidecar: Sidecar, flag: list[str]
+) -> None:
+    output = await cli(sidecar.address, "cache-history", *flag)
+    assert "no reported assemblies" in output
+
+
+async def test_a_timestamp_section_is_named_every_turn_until_moved_to_a_context(
+    make_sidecar: SidecarFactory,
+) -> None:
+    """The walk-through of docs/prompt-cache.md: two agents share scope "team"."""
+    sidecar = await make_sidecar(tokenizer="deepseek-v4")
+    ticks = iter(range(1000))
+    async with dsp.connect(sidecar.address) as first, dsp.connect(sidecar.address) as second:
+        team = await first.scope("team")
+        await team.section("rules", 10, "Be precise.")
+        clock = await team.section("clock", 30, lambda ctx: f"Now: 10:{next(ticks):02d}.")
+        for _turn in range(3):
+            for agent, client in (("planner", first), ("coder", second)):
+                await reported(client, "team", key=f"{agent}-conv", agent=agent)
+        broken = await first.cache_history(report_key="planner-conv")
+        await clock()
+        await team.context("clock", 1, lambda ctx: f"Now: 10:{next(ticks):02d}.")
+        for _turn in range(3):
+            await reported(first, "team", key="planner-after")
+        fixed = await first.cache_history(report_key="planner-after")
+    assert (broken.reports, broken.breaks) == (3, 2)
+    assert broken.breakers == [('section "clock"', 2)]
+    assert all(e.reason == 'section "clock" text changed' for e in broken.recent[1:])
+    assert broken.recomputed.tokens == sum(e.recomputed.tokens or 0 for e in broken.recent) > 0
+    assert (fixed.reports, fixed.breaks, fixed.breakers) == (3, 0, [])
