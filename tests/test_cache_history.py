@@ -137,7 +137,9 @@ async def test_metrics_count_reports_breaks_recomputed_tokens_and_the_observed_r
     make_sidecar: SidecarFactory,
 ) -> None:
     address = f"127.0.0.1:{free_port()}"
-    sidecar = await make_sidecar(metrics_listen=address, tokenizer="deepseek-v4")
+    sidecar = await make_sidecar(
+        metrics_listen=address, tokenizer="deepseek-v4", metrics_key_labels=True
+    )
     async with dsp.connect(sidecar.address) as client:
         await client.section("clock", 30, lambda ctx: f"Now: {ctx.get('now')}.")
         await reported(client, "agent-1", now="10:00")

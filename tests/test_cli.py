@@ -213,6 +213,71 @@ def test_a_config_value_of_the_wrong_type_or_range_stops_the_sidecar_naming_the_
     assert "listening on" not in result.stdout
 
 
+def _bad_files(folder: Path) -> dict[str, Path]:
+    """Files a config may wrongly point at: missing, a directory, not UTF-8, empty."""
+    (folder / "latin1").write_bytes(b"caf\xe9-token\n")
+    (folder / "empty").write_text("\n")
+    (folder / "garbage.pem").write_text("not a certificate\n")
+    return {"missing": folder / "missing", "directory": folder, "latin1": folder / "latin1",
+            "empty": folder / "empty", "garbage": folder / "garbage.pem"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("key", "toml"),
+    [
+        ("provider_timeout_s", "provider_timeout_s = 1e308"),
+        ("provider_timeout_s", "provider_timeout_s = inf"),
+        ("provider_timeout_s", "provider_timeout_s = nan"),
+        ("dead_peer_timeout_s", "dead_peer_timeout_s = 1e12"),
+        ("shutdown_grace_s", "shutdown_grace_s = 1e300"),
+        ("watch_buffer", "watch_buffer = 9223372036854775807"),
+        ("report_history", "report_history = 9223372036854775807"),
+        ("limits.max_message_bytes", "[limits]\nmax_message_bytes = 9223372036854775807"),
+        ("limits.max_message_bytes", "[limits]\nmax_message_bytes = 4294967296"),
+        ("limits.max_sessions", "[limits]\nmax_sessions = 0"),
+        ("limits.max_sessions_per_peer", "[limits]\nmax_sessions_per_peer = 0"),
+        ("limits.max_text_bytes", "[limits]\nmax_text_bytes = -5"),
+        ("metrics_listen", 'metrics_listen = "nonsense"'),
+        ("metrics_listen", 'metrics_listen = "127.0.0.1:99999"'),
+        ("metrics_listen", 'metrics_listen = "localhost"'),
+        ("metrics_key_labels", 'metrics_key_labels = "yes"'),
+        ("persona", 'persona = "You are {{{{ name }}}}."'),  # format() halves the braces
+        ("auth_token_file", 'auth_token_file = "{missing}"'),
+        ("auth_token_file", 'auth_token_file = "{directory}"'),
+        ("auth_token_file", 'auth_token_file = "{latin1}"'),
+        ("auth_token_file", 'auth_token_file = "{empty}"'),
+        ("tls_cert_file", 'tls_cert_file = "{missing}"\ntls_key_file = "{garbage}"'),
+        ("tls_cert_file", 'tls_cert_file = "{garbage}"\ntls_key_file = "{garbage}"'),
+        ("tls_cert_file", 'tls_cert_file = "{directory}"\ntls_key_file = "{garbage}"'),
+        ("tls_key_file", 'tls_cert_file = "{garbage}"'),
+        ("tls_cert_file", 'tls_key_file = "{garbage}"'),
+        ("tls_client_ca_file", 'tls_client_ca_file = "{garbage}"'),
+    ],
+)
+def test_a_bad_config_value_exits_2_naming_the_key_and_the_file(
+    tmp_path: Path, key: str, toml: str
+) -> None:
+    files = _bad_files(tmp_path)
+    result = _serve_and_fail(tmp_path, toml.format(**{k: str(v) for k, v in files.items()}))
+    assert result.returncode == 2, result.stderr
+    assert f"'{key}'" in result.stderr
+    named = [str(path) for name, path in files.items() if "{" + name + "}" in toml]
+    assert not named or named[0] in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "listening on" not in result.stdout
+
+
+def test_a_metrics_port_in_use_exits_2_naming_the_key() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        result = _serve_once("--listen", "127.0.0.1:0", "--metrics-listen", address)
+    assert result.returncode == 2, result.stderr
+    assert f"'metrics_listen': cannot serve on {address}: address in use" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 async def test_sigterm_exits_zero() -> None:
     async with serve("--listen", "127.0.0.1:0") as served:
         served.process.send_signal(signal.SIGTERM)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 import dsh_system_prompt as dsp
 import grpc
+import grpc.aio
 import pytest
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server.app import Sidecar
-from helpers import SidecarFactory, section_names, tool
+from helpers import SidecarFactory, raw_channel, raw_stub, section_names, tool
 
 SMALL = {
     "max_name_bytes": 16,
@@ -127,3 +132,60 @@ async def test_a_message_over_the_size_limit_is_refused_and_the_sidecar_serves_o
         assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         await client.section("after", 1, "still serving")
         assert "after" in section_names(await client.assemble())
+
+
+# -- one connection cannot take every session --------------------------------------------
+
+
+async def open_raw_session(channel: grpc.aio.Channel) -> grpc.aio.StreamStreamCall:
+    """Open a session over `channel`'s one connection; the call fails if it is refused."""
+    call = raw_stub(channel).OpenSession()
+    await call.write(pb.OpenSessionRequest(start=pb.SessionStart(client_name="flood")))
+    reply = await call.read()
+    assert reply is not grpc.aio.EOF and reply.HasField("opened")
+    return call
+
+
+async def test_one_connection_gets_at_most_max_sessions_per_peer_and_others_still_connect(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(limits={"max_sessions": 10, "max_sessions_per_peer": 3})
+    async with raw_channel(sidecar.address) as flood:
+        calls = [await open_raw_session(flood) for _ in range(3)]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await open_raw_session(flood)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_sessions_per_peer" in (refused.value.details() or "")
+        async with dsp.connect(sidecar.address) as agent:  # its own connection: admitted
+            assert section_names(await agent.assemble(timeout=5))
+        calls[0].cancel()
+        await _until(lambda: len(sidecar.service.sessions) == 3)
+        calls.append(await open_raw_session(flood))  # a closed session frees its slot
+        for call in calls:
+            call.cancel()
+
+
+async def test_the_default_per_peer_limit_leaves_headroom_under_max_sessions(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar()
+    limits = sidecar.config.server_limits
+    assert limits.max_sessions_per_peer * 2 <= limits.max_sessions
+    async with raw_channel(sidecar.address) as flood:
+        calls = [await open_raw_session(flood) for _ in range(limits.max_sessions_per_peer)]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await open_raw_session(flood)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        async with dsp.connect(sidecar.address) as agent:
+            assert section_names(await agent.assemble(timeout=5))
+        for call in calls:
+            call.cancel()
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 5) -> None:
+    """Poll `condition` (a count the sidecar updates when a stream ends) until true."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + timeout
+    while not condition():
+        assert loop.time() < give_up, f"condition not reached within {timeout}s"
+        await asyncio.sleep(0.01)

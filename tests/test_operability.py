@@ -80,3 +80,24 @@ async def test_reflection_can_be_switched_off(make_sidecar: SidecarFactory) -> N
 async def test_reflection_is_on_by_default_on_loopback(make_sidecar: SidecarFactory) -> None:
     sidecar = await make_sidecar()
     assert "dsh.systemprompt.v1.SystemPromptService" in await list_services(sidecar.address)
+
+
+async def test_metrics_do_not_list_scope_keys_by_default(make_sidecar: SidecarFactory) -> None:
+    metrics_address = f"127.0.0.1:{free_port()}"
+    sidecar = await make_sidecar(metrics_listen=metrics_address)
+    async with dsp.connect(sidecar.address) as client:
+        for _ in range(2):
+            await client.assemble(scope="secret-customer-agent", report=True)
+        text = await scrape(metrics_address)
+    assert "secret-customer-agent" not in text
+    assert metric(text, "dsp_prefix_stable_ratio") == 1.0
+
+
+async def test_metrics_label_scopes_when_asked_to(make_sidecar: SidecarFactory) -> None:
+    metrics_address = f"127.0.0.1:{free_port()}"
+    sidecar = await make_sidecar(metrics_listen=metrics_address, metrics_key_labels=True)
+    async with dsp.connect(sidecar.address) as client:
+        for _ in range(2):
+            await client.assemble(scope="agent-1", report=True)
+        text = await scrape(metrics_address)
+    assert 'dsp_prefix_stable_ratio{scope="agent-1"} 1.0' in text

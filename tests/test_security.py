@@ -15,8 +15,8 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server.app import Sidecar
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helpers import SidecarFactory, section_names
-from processes import serve
+from helpers import SidecarFactory, raw_channel, raw_stub, section_names
+from processes import serve, sidecar_command
 
 Next = Callable[[], Awaitable[dsp.PromptAssembly]]
 TOKEN = "s3cret-token-for-tests"
@@ -193,3 +193,59 @@ async def test_registration_and_session_ids_are_unguessable(
     }
     assert len(ids) == 51
     assert all(len(identifier) >= 22 for identifier in ids)  # >= 128 random bits
+
+
+# -- coherent security config -----------------------------------------------------------
+
+
+def _serve_refused(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sidecar_command(), "serve", "--listen", "127.0.0.1:0", *args],
+        capture_output=True, text=True, timeout=15, check=False,
+    )  # fmt: skip
+
+
+def test_a_client_ca_without_a_server_certificate_is_a_config_error(
+    certificates: Certificates,
+) -> None:
+    result = _serve_refused("--tls-client-ca", str(certificates.ca))
+    assert result.returncode == 2
+    assert "'tls_client_ca_file'" in result.stderr and "'tls_cert_file'" in result.stderr
+    assert "listening on" not in result.stdout
+
+
+def test_a_key_that_does_not_match_the_certificate_is_a_config_error(
+    certificates: Certificates,
+) -> None:
+    result = _serve_refused(
+        "--tls-cert", str(certificates.server_cert), "--tls-key", str(certificates.client_key)
+    )
+    assert result.returncode == 2
+    assert f"'tls_key_file': {certificates.client_key}" in result.stderr
+    assert "listening on" not in result.stdout
+
+
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "Bearer", "bEaReR"])
+async def test_the_bearer_scheme_is_case_insensitive(
+    make_sidecar: SidecarFactory, token_file: str, scheme: str
+) -> None:
+    sidecar = await make_sidecar(auth_token_file=token_file)
+    async with raw_channel(sidecar.address) as channel:
+        reply = await raw_stub(channel).Assemble(
+            pb.AssembleRequest(), metadata=(("authorization", f"{scheme} {TOKEN}"),), timeout=5
+        )
+    assert reply.assembly.sections
+
+
+async def test_the_token_itself_stays_case_sensitive(
+    make_sidecar: SidecarFactory, token_file: str
+) -> None:
+    sidecar = await make_sidecar(auth_token_file=token_file)
+    async with raw_channel(sidecar.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await raw_stub(channel).Assemble(
+                pb.AssembleRequest(),
+                metadata=(("authorization", f"Bearer {TOKEN.upper()}"),),
+                timeout=5,
+            )
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED

@@ -60,7 +60,7 @@ async def start_sidecar(config: SidecarConfig, listen: str = "127.0.0.1:50051") 
     if config.security.auth_token_file:
         interceptors.append(BearerTokenInterceptor(read_token(config.security.auth_token_file)))
     server = grpc.aio.server(interceptors=interceptors, options=server_options(config))
-    metrics = Metrics()
+    metrics = Metrics(key_labels=config.metrics_key_labels)
     service = SystemPromptService(Registry(config.registry), config, metrics)
     pb_grpc.add_SystemPromptServiceServicer_to_server(service, server)
     health = health_aio.HealthServicer()
@@ -121,11 +121,9 @@ def server_options(config: SidecarConfig) -> list[tuple[str, int]]:
 
 
 def server_credentials(config: SidecarConfig) -> grpc.ServerCredentials | None:
-    security = config.security
-    if not security.tls_cert_file and not security.tls_key_file:
+    security = config.security  # checked by the config: both files, or neither
+    if not security.tls_cert_file or not security.tls_key_file:
         return None
-    if not (security.tls_cert_file and security.tls_key_file):
-        raise ValueError("TLS needs both tls_cert_file and tls_key_file")
     key = Path(security.tls_key_file).read_bytes()
     cert = Path(security.tls_cert_file).read_bytes()
     client_ca = (

@@ -32,7 +32,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Rejects calls without `authorization: Bearer <token>` (UNAUTHENTICATED)."""
 
     def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+        self._expected = token.encode()
 
     async def intercept_service(
         self,
@@ -50,7 +50,11 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         for key, value in metadata:
             if key == "authorization":
                 given = value.encode() if isinstance(value, str) else value
-                return hmac.compare_digest(given, self._expected)
+                scheme, _, token = given.partition(b" ")
+                # RFC 6750 (via RFC 7235): the scheme is case-insensitive, the token is not.
+                return scheme.lower() == b"bearer" and hmac.compare_digest(
+                    token.strip(b" "), self._expected
+                )
         return False
 
 

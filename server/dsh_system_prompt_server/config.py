@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import math
+import ssl
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from dsh_system_prompt_core import PERSONA_SECTION, RenderFailure, check_template
+
+from .addresses import AddressError, host_and_port
 from .cache_report import DEFAULT_LAYOUT, Layout
 from .registry import Limits, RegistryError, RegistrySettings, validate_tool_order
 from .tokens import TOKENIZERS
@@ -15,6 +20,8 @@ from .tokens import TOKENIZERS
 T = TypeVar("T")
 LogFormat = Literal["text", "json"]
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MAX_COUNT = 2**31 - 1  # gRPC takes sizes as C ints; no count needs more
+MAX_SECONDS = 86_400.0  # a day: anything longer is a typo, and overflows timers
 
 
 class ConfigError(Exception):
@@ -27,6 +34,7 @@ class ServerLimits:
 
     max_message_bytes: int = 4 * 1024 * 1024
     max_sessions: int = 1_000
+    max_sessions_per_peer: int = 100  # per TCP connection: headroom for everyone else
     max_watchers: int = 1_000
 
 
@@ -54,6 +62,7 @@ class SidecarConfig:
     log_level: str = "info"
     log_format: LogFormat = "text"
     metrics_listen: str | None = None
+    metrics_key_labels: bool = False  # /metrics is unauthenticated: no scope keys unless asked
     tokenizer: str | None = None  # for token counts in reports; None: bytes only
     report_history: int = 8  # recent reported assemblies kept per history key
     report_keys: int = 1024  # history keys kept (scopes or caller-named keys)
@@ -73,6 +82,7 @@ _TOP_KEYS = {
     "log_level",
     "log_format",
     "metrics_listen",
+    "metrics_key_labels",
     "tokenizer",
     "report_history",
     "report_keys",
@@ -105,7 +115,7 @@ def parse_config(raw: dict[str, Any]) -> SidecarConfig:
         raise ConfigError("config key 'limits' must be a table")
     _no_unknown(limits_table, _LIMIT_KEYS, "limits.")
     registry = RegistrySettings(
-        persona=_typed(raw, "persona", str, ""),
+        persona=_persona(raw),
         include_harness_identity=_typed(raw, "include_harness_identity", bool, True),
         include_runtime_context=_typed(raw, "include_runtime_context", bool, True),
         tool_order=_tool_order(raw.get("tool_order")),
@@ -121,7 +131,7 @@ def parse_config(raw: dict[str, Any]) -> SidecarConfig:
     reflection = raw.get("reflection")
     if reflection is not None and not isinstance(reflection, bool):
         raise ConfigError(f"config key 'reflection' must be a bool, not {reflection!r}")
-    return SidecarConfig(
+    return _checked(SidecarConfig(
         registry=registry,
         server_limits=ServerLimits(**_counts(limits_table, ServerLimits())),
         security=Security(**{f.name: _path(raw, f.name) for f in fields(Security)}),
@@ -132,11 +142,12 @@ def parse_config(raw: dict[str, Any]) -> SidecarConfig:
         log_level=log_level,
         log_format="json" if log_format == "json" else "text",
         metrics_listen=_typed(raw, "metrics_listen", str, "") or None,
+        metrics_key_labels=_typed(raw, "metrics_key_labels", bool, False),
         tokenizer=_tokenizer(raw),
         report_history=_count(raw, "report_history", 8),
         report_keys=_count(raw, "report_keys", 1024),
         prefix_layout=_layout(raw),
-    )
+    ))  # fmt: skip
 
 
 def with_overrides(config: SidecarConfig, **overrides: Any) -> SidecarConfig:
@@ -144,7 +155,81 @@ def with_overrides(config: SidecarConfig, **overrides: Any) -> SidecarConfig:
     security = {k: v for k, v in overrides.items() if k in {f.name for f in fields(Security)}}
     top = {k: v for k, v in overrides.items() if k not in security and v is not None}
     given_security = {k: v for k, v in security.items() if v is not None}
-    return replace(config, security=replace(config.security, **given_security), **top)
+    return _checked(replace(config, security=replace(config.security, **given_security), **top))
+
+
+def _checked(config: SidecarConfig) -> SidecarConfig:
+    """What no single key can say: addresses, files and keys that need each other."""
+    if config.metrics_listen is not None:
+        try:
+            host_and_port(config.metrics_listen)
+        except AddressError as error:
+            raise ConfigError(f"config key 'metrics_listen': {error}") from None
+    _check_security(config.security)
+    return config
+
+
+def _check_security(security: Security) -> None:
+    if security.auth_token_file:
+        _check_token(security.auth_token_file)
+    cert, key, client_ca = (
+        security.tls_cert_file,
+        security.tls_key_file,
+        security.tls_client_ca_file,
+    )
+    if client_ca and not (cert and key):
+        raise ConfigError(
+            f"config key 'tls_client_ca_file' ({client_ca}) needs 'tls_cert_file' and"
+            " 'tls_key_file' too:"
+            " client certificates are checked only over TLS (else it would serve plaintext)"
+        )
+    if bool(cert) != bool(key):
+        given, missing = (
+            ("tls_cert_file", "tls_key_file") if cert else ("tls_key_file", "tls_cert_file")
+        )
+        raise ConfigError(f"config key '{given}' ({cert or key}) needs '{missing}' too")
+    if cert and key:
+        _check_pem("tls_cert_file", cert, lambda context: context.load_verify_locations(cert))
+        _check_pem("tls_key_file", key, lambda context: context.load_cert_chain(cert, key))
+    if client_ca:
+        _check_pem("tls_client_ca_file", client_ca,
+                   lambda context: context.load_verify_locations(client_ca))  # fmt: skip
+
+
+def _check_token(path: str) -> None:
+    data = _read("auth_token_file", path)
+    try:
+        token = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"config key 'auth_token_file': {path} is not UTF-8 text") from None
+    if not token:
+        raise ConfigError(f"config key 'auth_token_file': {path} is empty")
+
+
+def _check_pem(key: str, path: str, load: Callable[[ssl.SSLContext], None]) -> None:
+    _read(key, path)
+    try:
+        load(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER))
+    except (ssl.SSLError, ValueError) as error:
+        what = "private key for tls_cert_file" if key == "tls_key_file" else "PEM certificate"
+        raise ConfigError(f"config key '{key}': {path} is not a {what} ({error})") from None
+
+
+def _read(key: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError as error:
+        raise ConfigError(f"config key '{key}': cannot read {path}: {error.strerror}") from None
+
+
+def _persona(raw: dict[str, Any]) -> str:
+    persona = _typed(raw, "persona", str, "")
+    try:
+        check_template(persona, f'section "{PERSONA_SECTION}"')
+    except RenderFailure as error:  # it would fail every render of the pod
+        raise ConfigError(f"config key 'persona': {error}") from None
+    return persona
 
 
 def _tokenizer(raw: dict[str, Any]) -> str | None:
@@ -189,8 +274,8 @@ def _counts(table: dict[str, Any], defaults: Limits | ServerLimits) -> dict[str,
 
 def _count(raw: dict[str, Any], key: str, default: int, prefix: str = "") -> int:
     value = _typed(raw, key, int, default, prefix)
-    if value < 1:
-        raise ConfigError(f"config key '{prefix}{key}' must be at least 1, not {value}")
+    if not 1 <= value <= MAX_COUNT:
+        raise ConfigError(f"config key '{prefix}{key}' must be from 1 to {MAX_COUNT}, not {value}")
     return value
 
 
@@ -211,7 +296,15 @@ def _seconds(raw: dict[str, Any], key: str, default: float, allow_zero: bool = F
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"config key '{key}' must be a number of seconds, not {value!r}")
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        bound = "at least 0" if allow_zero else "greater than 0"
-        raise ConfigError(f"config key '{key}' must be a finite number {bound}, not {value!r}")
+    if (
+        not math.isfinite(value)
+        or value < 0
+        or (value == 0 and not allow_zero)
+        or (value > MAX_SECONDS)
+    ):
+        bound = "from 0" if allow_zero else "greater than 0 and"
+        raise ConfigError(
+            f"config key '{key}' must be a number of seconds {bound} up to {MAX_SECONDS:g},"
+            f" not {value!r}"
+        )
     return float(value)

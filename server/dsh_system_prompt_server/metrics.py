@@ -23,8 +23,10 @@ ASSEMBLY_FAILURE_REASONS = (
 class Metrics:
     """The sidecar's metrics; gauges read live counts when scraped."""
 
-    def __init__(self) -> None:
+    def __init__(self, key_labels: bool = False) -> None:
         self.registry = CollectorRegistry()
+        # /metrics has no auth: scope keys and report keys label series only if asked.
+        self._key_labels = key_labels
         self.assemble_seconds = Histogram(
             "dsp_assemble_seconds",
             "Time the sidecar spends on one Assemble call",
@@ -74,12 +76,17 @@ class Metrics:
         )
 
     def prefix_stable(self, scope: str | None, ratio: float) -> None:
-        self.prefix_stable_ratio.labels(scope or "").set(ratio)
+        self.prefix_stable_ratio.labels(scope or "" if self._key_labels else "").set(ratio)
+
+    def _key(self, key: tuple[str, str]) -> tuple[str, str]:
+        """The labels of a history key: (key_kind, "") unless key labels are on."""
+        return key if self._key_labels else (key[0], "")
 
     def cache_reported(
         self, key: tuple[str, str], tokens: int | None, recomputed: int, breaker: str
     ) -> None:
         """Count one report under `key` (key_kind, key); `breaker` is "" when nothing broke."""
+        key = self._key(key)
         self.cache_reports.labels(*key).inc()
         if breaker:
             self.cache_breaks.labels(*key, breaker).inc()
@@ -87,15 +94,19 @@ class Metrics:
         self.cache_recomputed.labels(*key, unit).inc(recomputed if tokens is None else tokens)
 
     def cache_observed(self, key: tuple[str, str], ratio: float) -> None:
-        self.cache_observed_ratio.labels(*key).set(ratio)
+        self.cache_observed_ratio.labels(*self._key(key)).set(ratio)
 
     def forget_breaker(self, key: tuple[str, str], part: str) -> None:
         """Drop one part's series of a key (it left the key's bounded breaker counts)."""
+        if not self._key_labels:
+            return  # the series is shared by every key of its kind
         with contextlib.suppress(KeyError):
             self.cache_breaks.remove(*key, part)
 
     def forget_key(self, key: tuple[str, str], breakers: list[str]) -> None:
         """Drop a history key's series (its history was evicted)."""
+        if not self._key_labels:
+            return  # the series are shared by every key of its kind
         if key[0] == "scope":
             with contextlib.suppress(KeyError):
                 self.prefix_stable_ratio.remove(key[1])

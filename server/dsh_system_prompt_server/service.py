@@ -49,6 +49,8 @@ class Context(Protocol):
 
     def time_remaining(self) -> float | None: ...
 
+    def peer(self) -> str: ...
+
 
 class _Owned(Protocol):
     """A registration request: it names its session and, optionally, a scope handle."""
@@ -62,7 +64,8 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
 
     def __init__(self, registry: Registry, config: SidecarConfig, metrics: Metrics) -> None:
         self.registry = registry
-        self.sessions = Sessions(registry, config.server_limits.max_sessions)
+        limits = config.server_limits
+        self.sessions = Sessions(registry, limits.max_sessions, limits.max_sessions_per_peer)
         self.listeners = Listeners(registry, self.sessions)
         self.responses = ResponseCache()
         self.gate = Gate()

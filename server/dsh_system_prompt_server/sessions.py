@@ -13,6 +13,7 @@ from dsh_system_prompt_core import Reason, package_version
 
 from .convert import provide_request, provided_from_proto
 from .gate import Gate
+from .peers import PeerCounts
 from .registry import (
     AssembleContext,
     ProvidedValue,
@@ -38,6 +39,10 @@ class Stream(Protocol[Out]):
 
     async def write(self, message: Out) -> None: ...
 
+    def peer(self) -> str:
+        """The peer's address as gRPC names it, e.g. `ipv4:127.0.0.1:53210` or `unix:`."""
+        ...
+
 
 SessionStream = Stream[pb.OpenSessionResponse]
 
@@ -45,9 +50,10 @@ SessionStream = Stream[pb.OpenSessionResponse]
 class Session:
     """One client session; evaluates its dynamic providers over its stream."""
 
-    def __init__(self, session_id: str, client_name: str) -> None:
+    def __init__(self, session_id: str, client_name: str, peer: str = "") -> None:
         self.id = session_id
         self.client_name = client_name
+        self.peer = peer
         self.outbox: asyncio.Queue[pb.OpenSessionResponse] = asyncio.Queue()
         self.closed = False
         self.provide_requests = 0  # one per assembly that needed this session
@@ -110,9 +116,12 @@ class _SessionGone(Exception):
 class Sessions:
     """The open sessions and their streams' life cycle; closing one disposes what it registered."""
 
-    def __init__(self, registry: Registry, max_sessions: int = 1_000) -> None:
+    def __init__(
+        self, registry: Registry, max_sessions: int = 1_000, max_per_peer: int = 100
+    ) -> None:
         self._registry = registry
         self._max_sessions = max_sessions
+        self._per_peer = PeerCounts(max_per_peer)
         self._open: dict[str, Session] = {}
 
     async def serve(self, stream: SessionStream, gate: Gate) -> None:
@@ -125,7 +134,7 @@ class Sessions:
         if not isinstance(first, pb.OpenSessionRequest) or not first.HasField("start"):
             raise bad_request(Reason.BAD_STREAM, "a session must start with SessionStart")
         with gate.call():
-            session = self.open(first.start.client_name)
+            session = self.open(first.start.client_name, stream.peer())
         writer = asyncio.create_task(_pump(session.outbox, stream))
         try:
             await stream.write(
@@ -144,10 +153,11 @@ class Sessions:
             writer.cancel()
             self.close(session)
 
-    def open(self, client_name: str) -> Session:
+    def open(self, client_name: str, peer: str = "") -> Session:
         if len(self._open) >= self._max_sessions:
             raise quota_exceeded(f"the sidecar already has {len(self._open)} sessions, its limit")
-        session = Session(new_id(), client_name)
+        self._per_peer.admit(peer)
+        session = Session(new_id(), client_name, peer)
         self._open[session.id] = session
         return session
 
@@ -160,6 +170,7 @@ class Sessions:
     def close(self, session: Session) -> None:
         if self._open.pop(session.id, None) is None:
             return
+        self._per_peer.release(session.peer)
         session.close()
         self._registry.dispose_owner(session.id)
 
