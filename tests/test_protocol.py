@@ -157,3 +157,50 @@ async def test_fresh_tools_that_do_not_match_the_minus_one_slots_are_rejected(
             await assembling
     assert failure.value.reason == dsp.Reason.LISTENER_FAILED
     assert "more -1 tool slots than tools sent" in failure.value.message
+
+
+async def register_dynamic_section(
+    stub: pb_grpc.SystemPromptServiceStub, session_id: str, name: str, key: str
+) -> pb.RegisterSectionResponse:
+    request = pb.RegisterSectionRequest(
+        session_id=session_id, name=name, order=1, dynamic=pb.Dynamic(provider_key=key)
+    )
+    return await stub.RegisterSection(request)
+
+
+async def test_a_provider_key_in_use_in_the_session_is_already_exists(sidecar: Sidecar) -> None:
+    async with raw_channel(sidecar.address) as channel:
+        stub = raw_stub(channel)
+        session = stub.OpenSession()
+        await session.write(pb.OpenSessionRequest(start=pb.SessionStart(client_name="raw")))
+        session_id = (await session.read()).opened.session_id
+        first = await register_dynamic_section(stub, session_id, "one", "k1")
+        with pytest.raises(grpc.aio.AioRpcError) as failure:
+            await register_dynamic_section(stub, session_id, "two", "k1")
+        names = [e.name for e in sidecar.registry.registrations() if e.owner == session_id]
+        await stub.Dispose(
+            pb.DisposeRequest(session_id=session_id, registration_id=first.registration_id)
+        )
+        reused = await register_dynamic_section(stub, session_id, "two", "k1")
+        session.cancel()
+    assert failure.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert dict(failure.value.trailing_metadata())["dsh-error-reason"] == "DUPLICATE_PROVIDER_KEY"
+    assert 'provider key "k1" is already in use' in str(failure.value.details())
+    assert names == ["one"]  # the refused registration left nothing behind
+    assert reused.registration_id
+
+
+async def test_two_sessions_may_use_the_same_provider_key(sidecar: Sidecar) -> None:
+    async with raw_channel(sidecar.address) as channel:
+        stub = raw_stub(channel)
+        registered = []
+        streams = []
+        for index in range(2):
+            session = stub.OpenSession()
+            await session.write(pb.OpenSessionRequest(start=pb.SessionStart(client_name="raw")))
+            session_id = (await session.read()).opened.session_id
+            streams.append(session)
+            registered.append(await register_dynamic_section(stub, session_id, f"s{index}", "k1"))
+        for session in streams:
+            session.cancel()
+    assert all(r.registration_id for r in registered)

@@ -27,6 +27,8 @@ class Reason(enum.StrEnum):
     """Assemble fields or tool parameters that are not a JSON object."""
     MISSING_VALUE = "MISSING_VALUE"
     """A registration with neither a static value nor a dynamic provider."""
+    DUPLICATE_PROVIDER_KEY = "DUPLICATE_PROVIDER_KEY"
+    """A provider key already used by a live registration of the same session."""
     VALUE_TOO_LARGE = "VALUE_TOO_LARGE"
     """A name, text, JSON value or request over a configured size limit."""
     INVALID_SCOPE = "INVALID_SCOPE"

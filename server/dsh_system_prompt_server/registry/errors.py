@@ -115,3 +115,12 @@ def invariant(message: str) -> RegistryError:
 def malformed_template(message: str) -> RegistryError:
     """A static text whose {{ }} reference can never render: it would fail every assembly."""
     return RegistryError(Status.FAILED_PRECONDITION, Reason.RENDER_FAILED, message)
+
+
+def duplicate_provider_key(key: str) -> RegistryError:
+    """A session answers provider requests by key, so a live key cannot be given twice."""
+    return RegistryError(
+        Status.ALREADY_EXISTS,
+        Reason.DUPLICATE_PROVIDER_KEY,
+        f'provider key "{key}" is already in use by another registration of this session',
+    )

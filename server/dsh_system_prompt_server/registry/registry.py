@@ -89,6 +89,8 @@ class Registry:
         self._entries: dict[str, Entry[Any]] = {}
         self._by_owner: dict[str, dict[str, Entry[Any]]] = {}
         self._unlinks: dict[str, Remover] = {}  # by entry id: takes it out of where it lives
+        # (owner, provider key) of live dynamic entries: a session answers by key, so one each.
+        self._provider_keys: set[tuple[str, str]] = set()
         self._listeners_everywhere: dict[str, ListenerEntry] = {}
         self._listeners_by_scope: dict[str, dict[str, ListenerEntry]] = {}
         self._listener_count = 0
@@ -177,6 +179,7 @@ class Registry:
         self.limits.check_name("tool provider", name)
         if isinstance(source, ToolSet):
             self.limits.check_tools(source)
+        self._check_provider_key(owner, source)
         self._check_quota(owner)
         entry = ToolsEntry(
             **self._fields(owner, Kind.TOOLS, scope_handle, name),
@@ -266,6 +269,8 @@ class Registry:
         entry.disposed = True
         del self._entries[entry.id]
         del self._by_owner[entry.owner][entry.id]
+        if isinstance(entry.value, Dynamic):
+            self._provider_keys.discard((entry.owner, entry.value.key))
         if entry.handle is not None:
             parent = self._entries.get(entry.handle)
             if isinstance(parent, ScopeHandle):
@@ -416,7 +421,12 @@ class Registry:
     def _check_value(self, owner: str, what: str, value: str | Dynamic | None) -> None:
         if isinstance(value, str):
             self.limits.check_text(what, value)
+        self._check_provider_key(owner, value)
         self._check_quota(owner)
+
+    def _check_provider_key(self, owner: str, value: object) -> None:
+        if isinstance(value, Dynamic) and (owner, value.key) in self._provider_keys:
+            raise errors.duplicate_provider_key(value.key)
 
     def _check_quota(self, owner: str) -> None:
         owned = len(self._by_owner.get(owner, ()))
@@ -457,6 +467,8 @@ class Registry:
         self._entries[entry.id] = entry
         self._unlinks[entry.id] = unlink
         self._by_owner.setdefault(entry.owner, {})[entry.id] = entry
+        if isinstance(entry.value, Dynamic):
+            self._provider_keys.add((entry.owner, entry.value.key))
         if handle is not None:
             handle.children[entry.id] = entry
         self.changes.publish(entry.kind, True, entry.name, entry.scope)

@@ -243,6 +243,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """Assemble fields or tool parameters that are not a JSON object."""
     MISSING_VALUE: _ErrorReason.ValueType  # 6
     """A registration with neither a static value nor a dynamic provider."""
+    DUPLICATE_PROVIDER_KEY: _ErrorReason.ValueType  # 37
+    """A provider key already used by a live registration of the same session."""
     VALUE_TOO_LARGE: _ErrorReason.ValueType  # 7
     """A name, text, JSON value or request over a configured size limit."""
     INVALID_SCOPE: _ErrorReason.ValueType  # 8
@@ -330,6 +332,8 @@ INVALID_JSON: ErrorReason.ValueType  # 5
 """Assemble fields or tool parameters that are not a JSON object."""
 MISSING_VALUE: ErrorReason.ValueType  # 6
 """A registration with neither a static value nor a dynamic provider."""
+DUPLICATE_PROVIDER_KEY: ErrorReason.ValueType  # 37
+"""A provider key already used by a live registration of the same session."""
 VALUE_TOO_LARGE: ErrorReason.ValueType  # 7
 """A name, text, JSON value or request over a configured size limit."""
 INVALID_SCOPE: ErrorReason.ValueType  # 8
@@ -408,9 +412,11 @@ class Dynamic(_message.Message):
 
     PROVIDER_KEY_FIELD_NUMBER: _builtins.int
     provider_key: _builtins.str
-    """A key chosen by the client, unique within its session, that the sidecar
-    quotes back in ProvideRequest so the client finds its provider. Chosen by
-    the client so that a provider is known before its registration returns.
+    """A key chosen by the client, that the sidecar quotes back in
+    ProvideRequest so the client finds its provider. Chosen by the client so
+    that a provider is known before its registration returns. Unique among
+    the session's live registrations: a key in use is ALREADY_EXISTS
+    (DUPLICATE_PROVIDER_KEY); once its registration is disposed it may be reused.
     """
     def __init__(
         self,
