@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 LISTEN ?= 127.0.0.1:50051
 CONFIG ?=
 
-.PHONY: serve test lint typecheck proto check-proto docs check-docs buf check bench soak clean
+.PHONY: serve test lint typecheck proto check-proto docs check-docs buf check bench soak soak-hostile clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,10 @@ bench: $(STAMP)
 ## A bounded soak test (not part of `make test`): SOAK_ARGS="--clients 8 --seconds 60".
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak $(SOAK_ARGS)
+
+## The hostile soak: the soak's clients beside every attack of issue 11, against a calm run.
+soak-hostile: $(STAMP)
+	$(BIN)/python -m bench.hostile $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info examples/node/node_modules

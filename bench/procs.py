@@ -107,7 +107,10 @@ async def _start(argv: Sequence[str], ready: str, label: str) -> ServerProcess:
 
 def _toml(config: dict[str, Any]) -> str:
     lines = []
+    tables = {key: value for key, value in config.items() if isinstance(value, dict)}
     for key, value in config.items():
+        if key in tables:
+            continue
         if isinstance(value, bool):
             rendered = "true" if value else "false"
         elif isinstance(value, str):
@@ -115,4 +118,6 @@ def _toml(config: dict[str, Any]) -> str:
         else:
             rendered = repr(value)
         lines.append(f"{key} = {rendered}")
+    for key, table in tables.items():  # after every top-level key, as TOML wants
+        lines.append(f"[{key}]\n{_toml(table)}")
     return "\n".join(lines) + "\n"

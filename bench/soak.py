@@ -33,6 +33,7 @@ class Tally:
     registrations: int = 0
     reconnects: int = 0
     errors: list[str] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)  # seconds per assemble call
 
 
 async def churn(address: str, index: int, deadline: float, tally: Tally) -> None:
@@ -74,8 +75,10 @@ async def one_round(
     offs.append(await scope.on_assemble(tag))
     tally.registrations += len(offs) + 1
     for turn in range(rng.randint(1, 5)):
-        await client.assemble(scope=scope.key, fields={"turn": turn}, timeout=10)
-        await client.assemble(timeout=10)
+        for scoped in (scope.key, None):
+            started = time.perf_counter()
+            await client.assemble(scope=scoped, fields={"turn": turn}, timeout=10)
+            tally.latencies.append(time.perf_counter() - started)
         tally.assemblies += 2
     for off in rng.sample(offs, k=rng.randint(0, len(offs))):
         await off()

@@ -182,6 +182,18 @@ async def test_the_default_per_peer_limit_leaves_headroom_under_max_sessions(
             call.cancel()
 
 
+async def test_python_clients_in_one_process_each_have_their_own_connection(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(limits={"max_sessions_per_peer": 1})
+    clients = [await dsp.connect(sidecar.address) for _ in range(3)]  # one peer each
+    try:
+        assert len(sidecar.service.sessions) == 3
+    finally:
+        for client in clients:
+            await client.close()
+
+
 async def _until(condition: Callable[[], bool], timeout: float = 5) -> None:
     """Poll `condition` (a count the sidecar updates when a stream ends) until true."""
     loop = asyncio.get_running_loop()

@@ -1,0 +1,125 @@
+"""The hostile soak: well-behaved clients beside hostile peers, against a calm run.
+
+    python -m bench.hostile [--clients 8] [--seconds 30]     (or `make soak-hostile`)
+
+Twice, each time against a fresh sidecar process: a calm run of the soak's
+clients (`bench.soak`: register, assemble, churn), then the same run while
+`bench.attacks` does every attack of issue 11 at once from its own process (a
+listener that stops reading, a session that never reads, huge scope keys, deep
+JSON, a session flood, malformed templates, 1,000 idle watchers, a 20 KB provider
+error, 400 chained listeners). It passes when the well-behaved clients see no
+error, their assembly p99 stays within 3x of the calm run's, and the sidecar's
+RSS stays under the memory budget (`[limits] max_total_bytes` where this build
+has it). Exit 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from dataclasses import fields
+from typing import Any
+
+from dsh_system_prompt_server.registry import Limits
+
+from . import procs
+from .soak import Tally, churn
+
+BUDGET_MIB = 512
+P99_FACTOR = 3.0
+
+
+async def run(clients: int, seconds: float, hostile: bool, budget_mib: int) -> dict[str, Any]:
+    """One run; with `hostile`, the attackers' process runs beside the clients."""
+    sidecar = await procs.start_sidecar(label="hostile" if hostile else "calm",
+                                        config=_config(budget_mib))  # fmt: skip
+    attackers = None
+    try:
+        loop = asyncio.get_running_loop()
+        if hostile:
+            attackers = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "bench.attacks", sidecar.address, str(seconds + 5),
+                stdout=asyncio.subprocess.PIPE, cwd=procs.ROOT,
+            )  # fmt: skip
+            await asyncio.sleep(5)  # the attacks are under way before the clients start
+        tally = Tally()
+        deadline = loop.time() + seconds
+        peak = sidecar.rss_kib()
+
+        async def sample_memory() -> None:
+            nonlocal peak
+            while loop.time() < deadline:
+                peak = max(peak, sidecar.rss_kib())
+                await asyncio.sleep(0.5)
+
+        started = time.perf_counter()
+        await asyncio.gather(
+            sample_memory(), *(churn(sidecar.address, i, deadline, tally) for i in range(clients))
+        )
+        elapsed = time.perf_counter() - started
+        seen = None
+        if attackers is not None:
+            out, _ = await asyncio.wait_for(attackers.communicate(), 60)
+            seen = json.loads(out or b"{}")
+        latencies = sorted(tally.latencies) or [0.0]
+        return {
+            "seconds": round(elapsed, 1),
+            "assemblies": tally.assemblies,
+            "errors": len(tally.errors),
+            "first_errors": tally.errors[:5],
+            "p50_ms": round(1000 * latencies[len(latencies) // 2], 2),
+            "p99_ms": round(1000 * latencies[int(len(latencies) * 0.99)], 2),
+            "rss_peak_mib": round(peak / 1024, 1),
+            **({"attacks": seen} if seen is not None else {}),
+        }
+    finally:
+        if attackers is not None and attackers.returncode is None:
+            attackers.kill()
+            await attackers.wait()
+        await sidecar.stop()
+
+
+def _config(budget_mib: int) -> dict[str, Any]:
+    # The memory budget is configured where the sidecar has it (issue 11, item 2).
+    if "max_total_bytes" in {f.name for f in fields(Limits)}:
+        return {"limits": {"max_total_bytes": budget_mib * 1024 * 1024}}
+    return {}
+
+
+async def hostile_soak(clients: int, seconds: float, budget_mib: int) -> dict[str, Any]:
+    calm = await run(clients, seconds, hostile=False, budget_mib=budget_mib)
+    hostile = await run(clients, seconds, hostile=True, budget_mib=budget_mib)
+    ratio = hostile["p99_ms"] / max(calm["p99_ms"], 0.001)
+    report = {
+        "clients": clients,
+        "budget_mib": budget_mib,
+        "budget_enforced": bool(_config(budget_mib)),
+        "calm": calm,
+        "hostile": hostile,
+        "p99_ratio": round(ratio, 2),
+    }
+    report["ok"] = (
+        not calm["errors"]
+        and not hostile["errors"]
+        and ratio <= P99_FACTOR
+        and hostile["rss_peak_mib"] <= budget_mib
+    )
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.hostile", description=__doc__)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--budget-mib", type=int, default=BUDGET_MIB)
+    args = parser.parse_args()
+    report = asyncio.run(hostile_soak(args.clients, args.seconds, args.budget_mib))
+    print(json.dumps(report, indent=2))
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
