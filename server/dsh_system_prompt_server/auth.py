@@ -11,7 +11,7 @@ import grpc
 import grpc.aio
 from dsh_system_prompt_core import Reason
 
-from .registry import RegistryError, Status
+from .registry import ServiceError, Status
 from .status import abort
 
 # The platform's probes cannot send a token; health says nothing about the registry.
@@ -62,9 +62,7 @@ def _refusing(handler: Any) -> Any:
     """A handler of the same shape as `handler` that ends the call UNAUTHENTICATED."""
 
     async def refuse(request: Any, context: Any) -> None:
-        await abort(
-            context, RegistryError(Status.UNAUTHENTICATED, Reason.UNAUTHENTICATED, _MESSAGE)
-        )
+        await abort(context, ServiceError(Status.UNAUTHENTICATED, Reason.UNAUTHENTICATED, _MESSAGE))
 
     options = {
         "request_deserializer": handler.request_deserializer,

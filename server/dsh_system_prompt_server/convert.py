@@ -17,6 +17,7 @@ from .registry import (
     Assembly,
     ChangeEvent,
     Dynamic,
+    Failure,
     Kind,
     Missed,
     Origin,
@@ -25,7 +26,7 @@ from .registry import (
     ProvidedValue,
     ProviderCall,
     ProviderHost,
-    RegistryError,
+    ServiceError,
     Status,
     Tool,
     ToolSet,
@@ -387,15 +388,15 @@ def _provided_value(call: ProviderCall, answer: pb.ProvidedValue) -> ProvidedVal
     if call.kind is Kind.TOOLS:
         try:
             return toolset_from_proto(answer.tools)
-        except RegistryError as error:
+        except Failure as error:
             raise _provider_failed(call, error.message) from None
     if answer.HasField("no_value"):
         return None
     return answer.text if call.kind in (Kind.SECTION, Kind.CONTEXT) else answer.variable_value
 
 
-def _provider_failed(call: ProviderCall, message: str) -> RegistryError:
-    return RegistryError(
+def _provider_failed(call: ProviderCall, message: str) -> ServiceError:
+    return ServiceError(
         Status.ABORTED, Reason.PROVIDER_FAILED, f"{call.describe()} failed: {message}"
     )
 

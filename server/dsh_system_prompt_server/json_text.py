@@ -11,7 +11,7 @@ from typing import Any
 
 from dsh_system_prompt_core import Reason
 
-from .registry import RegistryError
+from .registry import ServiceError
 from .status import bad_request
 
 MAX_JSON_DEPTH = 64
@@ -48,7 +48,7 @@ def _deeper_than(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
     return True
 
 
-def _too_deep(what: str) -> RegistryError:
+def _too_deep(what: str) -> ServiceError:
     message = f"{what} are not valid JSON here: nested deeper than {MAX_JSON_DEPTH} levels"
     return bad_request(Reason.INVALID_JSON, message)
 

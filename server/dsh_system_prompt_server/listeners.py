@@ -18,7 +18,17 @@ from .convert import (
     context_to_proto,
 )
 from .gate import Gate
-from .registry import AssembleContext, Assembly, NextFn, Registry, RegistryError, Status, Tool
+from .registry import (
+    AssembleContext,
+    Assembly,
+    Failure,
+    NextFn,
+    Registry,
+    RegistryError,
+    ServiceError,
+    Status,
+    Tool,
+)
 from .sessions import Sessions, Stream
 from .status import bad_request
 
@@ -42,7 +52,7 @@ class Listeners:
         """One Listen stream, start to end: the start message installs the listener
         (through `gate`) until the client closes the stream or the listener is disposed.
 
-        Raises RegistryError before the listener is installed (a bad start, a refusal).
+        Raises a Failure before the listener is installed (a bad start, a refusal).
         """
         first = await stream.read()
         if not isinstance(first, pb.ListenRequest) or not first.HasField("start"):
@@ -168,7 +178,7 @@ class ListenerStream:
             async with asyncio.timeout(timeout):
                 reply = await inbox.get()
         except TimeoutError:
-            raise RegistryError(
+            raise ServiceError(
                 Status.DEADLINE_EXCEEDED,
                 Reason.LISTENER_TIMEOUT,
                 f'listener "{self.name}" did not answer within {timeout:g}s',
@@ -182,12 +192,12 @@ class ListenerStream:
         if kind == "result":
             return self._decode(reply.result.assembly, reply.result.tool_slots, sent)
         if kind == "failure":
-            raise RegistryError(
+            raise ServiceError(
                 Status.ABORTED,
                 Reason.LISTENER_FAILED,
                 f'listener "{self.name}" failed: {reply.failure.message}',
             )
-        raise RegistryError(
+        raise ServiceError(
             Status.ABORTED,
             Reason.LISTENER_FAILED,
             f'listener "{self.name}" failed: it called next() more than once',
@@ -198,8 +208,8 @@ class ListenerStream:
     ) -> Assembly:
         try:
             return assembly_from_proto(message, slots, sent)
-        except RegistryError as error:  # the listener broke the protocol, like a provider would
-            raise RegistryError(
+        except Failure as error:  # the listener broke the protocol, like a provider would
+            raise ServiceError(
                 Status.ABORTED,
                 Reason.LISTENER_FAILED,
                 f'listener "{self.name}" failed: {error.message}',
@@ -225,8 +235,8 @@ class ListenerStream:
         with contextlib.suppress(Exception):  # the stream may be going away
             await self._send(message)
 
-    def _unavailable(self) -> RegistryError:
-        return RegistryError(
+    def _unavailable(self) -> ServiceError:
+        return ServiceError(
             Status.UNAVAILABLE,
             Reason.LISTENER_UNAVAILABLE,
             f'listener "{self.name}" is unavailable: its stream has closed',

@@ -30,7 +30,7 @@ from .convert import (
 from .gate import Gate
 from .listeners import Listeners
 from .metrics import ASSEMBLY_FAILURE_REASONS, Metrics
-from .registry import Assembly, Entry, Registry, RegistryError, Status
+from .registry import Assembly, Entry, Failure, Registry, RegistryError, ServiceError, Status
 from .registry.limits import quota_exceeded
 from .response_cache import ResponseCache
 from .sessions import Session, Sessions
@@ -165,7 +165,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         try:
             with self.gate.call(), self.metrics.assemble_seconds.time():
                 return await self._assemble(request, context)
-        except RegistryError as error:
+        except Failure as error:
             if error.reason in ASSEMBLY_FAILURE_REASONS:
                 self.metrics.assembly_failures.labels(error.reason).inc()
             await abort(context, error)
@@ -224,7 +224,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
             prompt = request.prompt_tokens if request.HasField("prompt_tokens") else None
             entry = self.reports.observe(key, request.cached_tokens, prompt)
             if entry is None:
-                raise RegistryError(
+                raise ServiceError(
                     Status.NOT_FOUND,
                     Reason.REPORT_NOT_FOUND,
                     f"no reported assembly for {key.describe()} to attach usage to"
@@ -306,14 +306,14 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         """Serve a bidi stream with its broker; a refusal before it starts is its status."""
         try:
             await serve(context, self.gate)
-        except RegistryError as error:
+        except Failure as error:
             await abort(context, error)
 
     async def _unary(self, context: Context, action: Callable[[], Reply]) -> Reply:
         try:
             with self.gate.call():
                 return action()
-        except RegistryError as error:
+        except Failure as error:
             await abort(context, error)
 
 

@@ -19,7 +19,7 @@ from .registry import (
     ProvidedValue,
     ProviderCall,
     Registry,
-    RegistryError,
+    ServiceError,
     Status,
     new_id,
 )
@@ -76,7 +76,7 @@ class Session:
                 response = await answer
         except TimeoutError:
             self._cancel(call_id)
-            raise RegistryError(
+            raise ServiceError(
                 Status.DEADLINE_EXCEEDED,
                 Reason.PROVIDER_TIMEOUT,
                 f"{_describe(calls)} did not answer within {timeout:g}s",
@@ -128,7 +128,7 @@ class Sessions:
         """One OpenSession stream, start to end: the start message opens a session (through
         `gate`), answers flow to waiting assemblies, and the stream's end closes it.
 
-        Raises RegistryError before the session is opened (a bad start, a full sidecar).
+        Raises a Failure before the session is opened (a bad start, a full sidecar).
         """
         first = await stream.read()
         if not isinstance(first, pb.OpenSessionRequest) or not first.HasField("start"):
@@ -187,8 +187,8 @@ def _describe(calls: Sequence[ProviderCall]) -> str:
     return ", ".join(call.describe() for call in calls)
 
 
-def _unavailable(calls: Sequence[ProviderCall]) -> RegistryError:
-    return RegistryError(
+def _unavailable(calls: Sequence[ProviderCall]) -> ServiceError:
+    return ServiceError(
         Status.UNAVAILABLE,
         Reason.PROVIDER_UNAVAILABLE,
         f"{_describe(calls)} unavailable: the session that registered it has ended",

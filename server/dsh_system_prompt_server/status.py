@@ -1,4 +1,4 @@
-"""RegistryError -> gRPC status with a google.rpc.ErrorInfo detail."""
+"""A Failure -> gRPC status with a google.rpc.ErrorInfo detail; the service's own failures."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from .registry import RegistryError, Status
+from .registry import Failure, ServiceError, Status
 
 ERROR_DOMAIN = "dsh.systemprompt.v1"
 REASON_TRAILER = "dsh-error-reason"
@@ -20,7 +20,7 @@ MAX_MESSAGE_BYTES = 1024
 details, base64): longer ones would overflow the peer's 8 KiB metadata limit."""
 
 
-def to_grpc_status(error: RegistryError) -> grpc.Status:
+def to_grpc_status(error: Failure) -> grpc.Status:
     """The status a client sees: code, the registry's message, ErrorInfo reason."""
     info = error_details_pb2.ErrorInfo(reason=error.reason, domain=ERROR_DOMAIN)
     detail = any_pb2.Any()
@@ -53,25 +53,23 @@ class _WithReason(grpc.Status):  # type: ignore[misc]
         self.trailing_metadata = (*status.trailing_metadata, (REASON_TRAILER, reason))
 
 
-async def abort(
-    context: grpc.aio.ServicerContext[object, object], error: RegistryError
-) -> NoReturn:
+async def abort(context: grpc.aio.ServicerContext[object, object], error: Failure) -> NoReturn:
     """End the call with `error`'s status."""
     await context.abort_with_status(to_grpc_status(error))
     raise AssertionError("abort_with_status returned")  # pragma: no cover
 
 
-def shutting_down() -> RegistryError:
-    return RegistryError(Status.UNAVAILABLE, Reason.SHUTTING_DOWN, "the sidecar is shutting down")
+def shutting_down() -> ServiceError:
+    return ServiceError(Status.UNAVAILABLE, Reason.SHUTTING_DOWN, "the sidecar is shutting down")
 
 
-def unknown_session() -> RegistryError:
-    return RegistryError(
+def unknown_session() -> ServiceError:
+    return ServiceError(
         Status.FAILED_PRECONDITION,
         Reason.UNKNOWN_SESSION,
         "unknown or closed session: open one with OpenSession and name its session_id",
     )
 
 
-def bad_request(reason: Reason, message: str) -> RegistryError:
-    return RegistryError(Status.INVALID_ARGUMENT, reason, message)
+def bad_request(reason: Reason, message: str) -> ServiceError:
+    return ServiceError(Status.INVALID_ARGUMENT, reason, message)

@@ -4,7 +4,7 @@ Nothing here knows about gRPC; the service translates to and from it.
 """
 
 from .changes import ChangeFeed, Missed, Subscription
-from .errors import RegistryError, Status
+from .errors import Failure, RegistryError, ServiceError, Status
 from .limits import Limits
 from .model import (
     SIDECAR_OWNER,
@@ -39,6 +39,7 @@ __all__ = [
     "ChangeFeed",
     "Dynamic",
     "Entry",
+    "Failure",
     "Kind",
     "Limits",
     "ListenerHost",
@@ -54,6 +55,7 @@ __all__ = [
     "Registry",
     "RegistryError",
     "RegistrySettings",
+    "ServiceError",
     "Status",
     "Step",
     "Subscription",

@@ -27,14 +27,23 @@ class Status(enum.Enum):
     UNAUTHENTICATED = "UNAUTHENTICATED"
 
 
-class RegistryError(Exception):
-    """A rejected registration, disposal or assembly."""
+class Failure(Exception):
+    """Any failure a caller is told about: a status class, a stable reason, the message."""
 
     def __init__(self, status: Status, reason: Reason, message: str) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
         self.message = message
+
+
+class RegistryError(Failure):
+    """The registry's own rules refused a registration, disposal or assembly."""
+
+
+class ServiceError(Failure):
+    """A failure found outside the registry's rules: a request's wire form, a session or
+    stream, credentials, a provider or listener host, or the sidecar going away."""
 
 
 def quoted_list(names: Iterable[str]) -> str:

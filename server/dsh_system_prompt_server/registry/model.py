@@ -114,7 +114,7 @@ class ProviderHost(Protocol):
     ) -> Mapping[str, ProvidedValue]:
         """Evaluate every call in one exchange; return each value by call key.
 
-        Raises RegistryError naming the failing provider (PROVIDER_FAILED,
+        Raises a Failure naming the failing provider (PROVIDER_FAILED,
         PROVIDER_TIMEOUT, or UNAVAILABLE when the host is gone).
         """
         ...
@@ -131,7 +131,7 @@ class ListenerHost(Protocol):
     ) -> Assembly:
         """Run the listener once; it may call `next_` at most once.
 
-        The host must not mutate `assembly`. Raises RegistryError naming the
+        The host must not mutate `assembly`. Raises a Failure naming the
         listener (LISTENER_FAILED, LISTENER_TIMEOUT, UNAVAILABLE).
         """
         ...
