@@ -1,6 +1,6 @@
 """Hostile peers, every attack of issue 11 at once, in their own process (`bench.hostile`).
 
-    python -m bench.attacks ADDRESS SECONDS
+    python -m bench.attacks ADDRESS SECONDS [SKIP,...]
 
 Each attack loops until the deadline and counts what the sidecar answered;
 the counts go to stdout as one JSON object. Nothing here is expected to
@@ -156,16 +156,22 @@ async def loud_provider_and_deep_waterfall(client: dsp.Client, counts: Counts,
                       next_: Callable[[], Awaitable[dsp.PromptAssembly]]) -> Any:  # fmt: skip
         return await next_()
 
-    for _ in range(400):
-        await waterfall.on_assemble(passing)
     loop = asyncio.get_running_loop()
+    installed = 0
     while loop.time() < until:
         await _tally(counts, "loud provider", client.assemble(scope="hostile-loud", timeout=5))
-        await _tally(counts, "400 listeners", client.assemble(scope="hostile-waterfall",
-                                                             timeout=10))  # fmt: skip
+        for _ in range(min(50, 400 - installed)):  # the chain grows while it is assembled
+            await waterfall.on_assemble(passing)
+            installed += 1
+        await _tally(counts, f"{installed} chained listeners",
+                     client.assemble(scope="hostile-waterfall", timeout=10))  # fmt: skip
 
 
-async def attack(address: str, seconds: float) -> Counts:
+ATTACKS = ("idle-watchers", "stalled-listener", "stalled-session", "huge-scope-keys",
+           "deep-json", "session-flood", "malformed-templates", "loud-provider")  # fmt: skip
+
+
+async def attack(address: str, seconds: float, skip: frozenset[str] = frozenset()) -> Counts:
     counts: Counts = collections.Counter()
     until = asyncio.get_running_loop().time() + seconds
     channel = grpc.aio.insecure_channel(address)
@@ -173,15 +179,20 @@ async def attack(address: str, seconds: float) -> Counts:
     client = await dsp.connect(address, client_name="hostile")
     held: list[Any] = []
     try:
-        held += await idle_watchers(stub, counts)
-        held += await stalled_listener(stub, counts)
+        if "idle-watchers" not in skip:
+            held += await idle_watchers(stub, counts)
+        if "stalled-listener" not in skip:
+            held += await stalled_listener(stub, counts)
+        running = {
+            "stalled-session": lambda: stalled_session(stub, counts, until),
+            "huge-scope-keys": lambda: huge_scope_keys(stub, counts, until),
+            "deep-json": lambda: deep_json(client, stub, counts, until),
+            "session-flood": lambda: session_flood(address, counts, until),
+            "malformed-templates": lambda: malformed_templates(client, counts, until),
+            "loud-provider": lambda: loud_provider_and_deep_waterfall(client, counts, until),
+        }
         results = await asyncio.gather(
-            stalled_session(stub, counts, until),
-            huge_scope_keys(stub, counts, until),
-            deep_json(client, stub, counts, until),
-            session_flood(address, counts, until),
-            malformed_templates(client, counts, until),
-            loud_provider_and_deep_waterfall(client, counts, until),
+            *(start() for name, start in running.items() if name not in skip),
             return_exceptions=True,
         )
         for result in results:
@@ -203,7 +214,8 @@ async def attack(address: str, seconds: float) -> Counts:
 
 def main() -> int:
     address, seconds = sys.argv[1], float(sys.argv[2])
-    counts = asyncio.run(attack(address, seconds))
+    skip = frozenset(sys.argv[3].split(",")) if len(sys.argv) > 3 else frozenset()
+    counts = asyncio.run(attack(address, seconds, skip))
     print(json.dumps(dict(sorted(counts.items())), indent=2))
     return 0
 

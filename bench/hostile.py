@@ -26,13 +26,16 @@ from typing import Any
 from dsh_system_prompt_server.registry import Limits
 
 from . import procs
+from .attacks import ATTACKS
 from .soak import Tally, churn
 
 BUDGET_MIB = 512
 P99_FACTOR = 3.0
 
 
-async def run(clients: int, seconds: float, hostile: bool, budget_mib: int) -> dict[str, Any]:
+async def run(
+    clients: int, seconds: float, hostile: bool, budget_mib: int, skip: str = ""
+) -> dict[str, Any]:
     """One run; with `hostile`, the attackers' process runs beside the clients."""
     sidecar = await procs.start_sidecar(label="hostile" if hostile else "calm",
                                         config=_config(budget_mib))  # fmt: skip
@@ -41,7 +44,7 @@ async def run(clients: int, seconds: float, hostile: bool, budget_mib: int) -> d
         loop = asyncio.get_running_loop()
         if hostile:
             attackers = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bench.attacks", sidecar.address, str(seconds + 5),
+                sys.executable, "-m", "bench.attacks", sidecar.address, str(seconds + 5), skip,
                 stdout=asyncio.subprocess.PIPE, cwd=procs.ROOT,
             )  # fmt: skip
             await asyncio.sleep(5)  # the attacks are under way before the clients start
@@ -64,14 +67,14 @@ async def run(clients: int, seconds: float, hostile: bool, budget_mib: int) -> d
         if attackers is not None:
             out, _ = await asyncio.wait_for(attackers.communicate(), 60)
             seen = json.loads(out or b"{}")
-        latencies = sorted(tally.latencies) or [0.0]
+        latencies = sorted(tally.latencies)
         return {
             "seconds": round(elapsed, 1),
             "assemblies": tally.assemblies,
             "errors": len(tally.errors),
             "first_errors": tally.errors[:5],
-            "p50_ms": round(1000 * latencies[len(latencies) // 2], 2),
-            "p99_ms": round(1000 * latencies[int(len(latencies) * 0.99)], 2),
+            "p50_ms": _percentile_ms(latencies, 0.5),  # of the assemblies that succeeded
+            "p99_ms": _percentile_ms(latencies, 0.99),
             "rss_peak_mib": round(peak / 1024, 1),
             **({"attacks": seen} if seen is not None else {}),
         }
@@ -82,6 +85,10 @@ async def run(clients: int, seconds: float, hostile: bool, budget_mib: int) -> d
         await sidecar.stop()
 
 
+def _percentile_ms(ordered: list[float], share: float) -> float | None:
+    return round(1000 * ordered[int(len(ordered) * share)], 2) if ordered else None
+
+
 def _config(budget_mib: int) -> dict[str, Any]:
     # The memory budget is configured where the sidecar has it (issue 11, item 2).
     if "max_total_bytes" in {f.name for f in fields(Limits)}:
@@ -89,21 +96,26 @@ def _config(budget_mib: int) -> dict[str, Any]:
     return {}
 
 
-async def hostile_soak(clients: int, seconds: float, budget_mib: int) -> dict[str, Any]:
+async def hostile_soak(
+    clients: int, seconds: float, budget_mib: int, skip: str = ""
+) -> dict[str, Any]:
     calm = await run(clients, seconds, hostile=False, budget_mib=budget_mib)
-    hostile = await run(clients, seconds, hostile=True, budget_mib=budget_mib)
-    ratio = hostile["p99_ms"] / max(calm["p99_ms"], 0.001)
+    hostile = await run(clients, seconds, hostile=True, budget_mib=budget_mib, skip=skip)
+    both = calm["p99_ms"] is not None and hostile["p99_ms"] is not None
+    ratio = hostile["p99_ms"] / max(calm["p99_ms"], 0.001) if both else None
     report = {
         "clients": clients,
         "budget_mib": budget_mib,
         "budget_enforced": bool(_config(budget_mib)),
+        "skipped_attacks": [name for name in skip.split(",") if name],
         "calm": calm,
         "hostile": hostile,
-        "p99_ratio": round(ratio, 2),
+        "p99_ratio": None if ratio is None else round(ratio, 2),
     }
     report["ok"] = (
         not calm["errors"]
         and not hostile["errors"]
+        and ratio is not None
         and ratio <= P99_FACTOR
         and hostile["rss_peak_mib"] <= budget_mib
     )
@@ -115,8 +127,11 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--budget-mib", type=int, default=BUDGET_MIB)
+    parser.add_argument(
+        "--skip", default="", help=f"attacks to leave out, comma-separated: {', '.join(ATTACKS)}"
+    )
     args = parser.parse_args()
-    report = asyncio.run(hostile_soak(args.clients, args.seconds, args.budget_mib))
+    report = asyncio.run(hostile_soak(args.clients, args.seconds, args.budget_mib, args.skip))
     print(json.dumps(report, indent=2))
     return 0 if report["ok"] else 1
 
