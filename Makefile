@@ -19,7 +19,7 @@ serve: $(STAMP)
 	$(BIN)/dsh-system-prompt serve --listen $(LISTEN) $(if $(CONFIG),--config $(CONFIG))
 
 ## Run the whole test suite.
-test: $(STAMP) node-deps codegen-tools
+test: $(STAMP) node-deps independent-client-deps codegen-tools
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 ## Regenerate the protobuf stubs from proto/.
@@ -75,7 +75,7 @@ soak-hostile: $(STAMP)
 	$(BIN)/python -m bench.hostile $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info examples/node/node_modules
+	rm -rf $(VENV) build *.egg-info examples/node/node_modules tests/independent_client/node_modules
 
 ## Install the Node.js example's dependencies (examples/node) from its lockfile,
 ## when node_modules is missing or older than package.json / package-lock.json.
@@ -85,6 +85,15 @@ node-deps: $(NODE_EXAMPLE)/node_modules/.package-lock.json
 
 $(NODE_EXAMPLE)/node_modules/.package-lock.json: $(NODE_EXAMPLE)/package.json $(NODE_EXAMPLE)/package-lock.json
 	cd $(NODE_EXAMPLE) && npm ci --no-audit --no-fund
+	touch $@
+
+## The same for the independent client (tests/independent_client), written from the docs alone.
+INDEPENDENT_CLIENT := tests/independent_client
+.PHONY: independent-client-deps
+independent-client-deps: $(INDEPENDENT_CLIENT)/node_modules/.package-lock.json
+
+$(INDEPENDENT_CLIENT)/node_modules/.package-lock.json: $(INDEPENDENT_CLIENT)/package.json $(INDEPENDENT_CLIENT)/package-lock.json
+	cd $(INDEPENDENT_CLIENT) && npm ci --no-audit --no-fund
 	touch $@
 
 ## protoc and the Go plugins the README's codegen commands use (Debian packages), when missing.
