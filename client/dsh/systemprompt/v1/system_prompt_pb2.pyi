@@ -234,7 +234,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     DUPLICATE_NAME: _ErrorReason.ValueType  # 1
     """A section, context or variable name already registered in that layer."""
     INVALID_NAME: _ErrorReason.ValueType  # 2
-    """An empty section, context, tool or listener name."""
+    """An empty section or context name (INVALID_ARGUMENT). Tool provider and
+    listener labels may be empty; an empty tool name fails the assembly with
+    INVARIANT_VIOLATION instead.
+    """
     INVALID_ORDER: _ErrorReason.ValueType  # 3
     """A section or context order that is not a finite number."""
     INVALID_VARIABLE_NAME: _ErrorReason.ValueType  # 4
@@ -323,7 +326,10 @@ ERROR_REASON_UNSPECIFIED: ErrorReason.ValueType  # 0
 DUPLICATE_NAME: ErrorReason.ValueType  # 1
 """A section, context or variable name already registered in that layer."""
 INVALID_NAME: ErrorReason.ValueType  # 2
-"""An empty section, context, tool or listener name."""
+"""An empty section or context name (INVALID_ARGUMENT). Tool provider and
+listener labels may be empty; an empty tool name fails the assembly with
+INVARIANT_VIOLATION instead.
+"""
 INVALID_ORDER: ErrorReason.ValueType  # 3
 """A section or context order that is not a finite number."""
 INVALID_VARIABLE_NAME: ErrorReason.ValueType  # 4
@@ -458,12 +464,18 @@ class ToolSchema(_message.Message):
     DESCRIPTION_FIELD_NUMBER: _builtins.int
     PARAMETERS_JSON_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    """The tool's name, as the model calls it. Must not be "<unlisted-tools>"."""
+    """The tool's name, as the model calls it: non-empty and not
+    "<unlisted-tools>". Registration does not check it (a dynamic provider's
+    tools are only known at assembly): an assembly that sees an empty name
+    fails INVARIANT_VIOLATION, one that sees "<unlisted-tools>" fails
+    RESERVED_TOOL_NAME (both FAILED_PRECONDITION).
+    """
     description: _builtins.str
     """What the tool does, for the model."""
     parameters_json: _builtins.str
     """The JSON Schema of the tool's parameters, as JSON text holding an
     object. Carried as text so that it stays byte-identical end to end.
+    Required: "" is not JSON and is INVALID_JSON (write "{}" for none).
     """
     def __init__(
         self,
@@ -1391,7 +1403,10 @@ class OpenScopeRequest(_message.Message):
     key: _builtins.str
     """The scope key, non-empty."""
     parent_key: _builtins.str
-    """The parent scope key; empty for none. A key's parent is bound once."""
+    """The parent scope key; empty for none. A key's parent is bound once:
+    naming another parent later is SCOPE_PARENT_CONFLICT, while an empty
+    parent_key on a bound key opens it and keeps its parent.
+    """
     def __init__(
         self,
         *,
@@ -2307,7 +2322,9 @@ class ChangeEvent(_message.Message):
     suppressor.
     """
     scope: _builtins.str
-    """The scope whose layer changed; empty for the global layer."""
+    """The scope whose layer changed; empty for the global layer. For a scope
+    handle (CHANGE_KIND_SCOPE) it is the scope key, like name.
+    """
     def __init__(
         self,
         *,
