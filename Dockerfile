@@ -15,12 +15,15 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 WORKDIR /src
-# What the wheel is built from: pyproject's readme and its packages (core/, client/, server/).
-COPY pyproject.toml README.md ./
+# What the wheel is built from: pyproject's readme, the licence, its packages (core/, client/,
+# server/) and the contract their stubs' folder links to; the server extra brings the sidecar's
+# dependencies.
+COPY pyproject.toml README.md LICENSE ./
+COPY proto ./proto
 COPY core ./core
 COPY client ./client
 COPY server ./server
-RUN /opt/venv/bin/pip install --no-cache-dir . \
+RUN /opt/venv/bin/pip install --no-cache-dir '.[server]' \
     && /opt/venv/bin/dsh-system-prompt --help >/dev/null
 COPY deploy/docker/entrypoint.sh /usr/local/bin/dsp-entrypoint
 RUN chmod 0755 /usr/local/bin/dsp-entrypoint

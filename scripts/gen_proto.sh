@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Generates the Python stubs (and their .pyi typings) from proto/ into client/.
+# Generates the Python stubs (and their .pyi typings) from proto/ into client/, and links the
+# .proto beside them (one file, two names) so the wheel ships the contract.
 # Usage: scripts/gen_proto.sh [OUTDIR]   (OUTDIR defaults to client/; CI uses a temp dir to check freshness)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,3 +17,6 @@ mkdir -p "$out"
   --mypy_out="$out" \
   --mypy_grpc_out="$out" \
   proto/dsh/systemprompt/v1/system_prompt.proto
+stubs="$out"/dsh/systemprompt/v1
+ln -sfn "$(realpath --relative-to="$stubs" proto/dsh/systemprompt/v1/system_prompt.proto)" \
+  "$stubs"/system_prompt.proto
