@@ -4,19 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import dsh_system_prompt as dsp
+from dsh_system_prompt_core import package_version
 from dsh_system_prompt_server.app import Sidecar
 from helpers import IDENTITY, eventually, tool
 from processes import free_port, sidecar_command
 
 
-async def cli(*args: str, timeout: float = 20) -> tuple[int, str, str]:
-    """Run `dsh-system-prompt ARGS` (stdout piped: plain output); exit code, stdout, stderr."""
+async def cli(
+    *args: str, timeout: float = 20, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    """Run `dsh-system-prompt ARGS` (stdout piped: plain output); exit code, stdout, stderr.
+
+    `env` adds to the environment (DSP_ADDRESS is dropped from it unless given there).
+    """
+    environment = {k: v for k, v in os.environ.items() if k != "DSP_ADDRESS"} | (env or {})
     process = await asyncio.create_subprocess_exec(
-        sidecar_command(), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
+        sidecar_command(), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=environment,
+    )  # fmt: skip
     out, err = await asyncio.wait_for(process.communicate(), timeout)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
@@ -28,6 +37,26 @@ async def test_assemble_prints_the_rendered_prompt(sidecar: Sidecar, client: dsp
     code, out, err = await cli("assemble", "--address", sidecar.address)
     assert (code, err) == (0, "")
     assert out == f"{IDENTITY}\n\nYou run on deepseek-v4.\n"
+
+
+async def test_assemble_finds_the_sidecar_at_dsp_address(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    await client.section("rules", 10, "From the environment.")
+    code, out, err = await cli("assemble", env={"DSP_ADDRESS": sidecar.address})
+    assert (code, err) == (0, "")
+    assert out.endswith("From the environment.\n")
+
+
+async def test_address_flag_wins_over_dsp_address(sidecar: Sidecar) -> None:
+    nowhere = f"127.0.0.1:{free_port()}"
+    code, out, _ = await cli("health", "--address", sidecar.address, env={"DSP_ADDRESS": nowhere})
+    assert (code, out) == (0, "SERVING\n")
+
+
+async def test_version_prints_the_package_version() -> None:
+    code, out, _ = await cli("--version")
+    assert (code, out) == (0, f"dsh-system-prompt {package_version()}\n")
 
 
 async def test_assemble_takes_a_scope_and_fields(sidecar: Sidecar, client: dsp.Client) -> None:

@@ -9,6 +9,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from dsh_system_prompt_core import package_version
+
 from .addresses import AddressError, check_listen
 from .app import start_sidecar
 from .cache_report import Layout
@@ -33,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dsh-system-prompt", description="The dsh-system-prompt registry as a gRPC sidecar."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the sidecar")
     serve.set_defaults(run=_serve)

@@ -41,7 +41,9 @@ class CommandError(Exception):
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
     """--address and the auth/TLS options every client command takes."""
     parser.add_argument(
-        "--address", default="127.0.0.1:50051", help="sidecar HOST:PORT or unix:PATH"
+        "--address",
+        default=None,
+        help=f"sidecar HOST:PORT or unix:PATH (default: $DSP_ADDRESS, else {dsp.DEFAULT_ADDRESS})",
     )
     parser.add_argument("--auth-token-file", help="send the bearer token in this file")
     parser.add_argument("--tls-ca", help="CA certificate (PEM) to trust: switches TLS on")
@@ -56,6 +58,7 @@ def run(command: str, args: argparse.Namespace) -> int:
     try:
         if command == "render":
             return render(args)
+        args.address = args.address or dsp.default_address()
         return asyncio.run(_COMMANDS[command](args))
     except CommandError as error:
         print(f"dsh-system-prompt {command}: {error}", file=sys.stderr)
