@@ -40,7 +40,7 @@ async def test_a_name_over_the_limit_is_invalid_and_leaves_nothing(small: Sideca
     async with dsp.connect(small.address) as client:
         error = await rejected(client.section("n" * 17, 1, "x"))
         assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "VALUE_TOO_LARGE")
-        assert str(error) == "prompt section name is 17 bytes, over the limit of 16"
+        assert error.message == "prompt section name is 17 bytes, over the limit of 16"
         assert len(small.registry.registrations(owner=client.session_id)) == 0
 
 
@@ -53,7 +53,7 @@ async def test_names_are_measured_in_utf8_bytes(small: Sidecar) -> None:
 async def test_a_text_over_the_limit_is_invalid(small: Sidecar) -> None:
     async with dsp.connect(small.address) as client:
         error = await rejected(client.context("long", 1, "x" * 65))
-        assert str(error) == 'prompt context "long" text is 65 bytes, over the limit of 64'
+        assert error.message == 'prompt context "long" text is 65 bytes, over the limit of 64'
         assert small.registry.changes.revision == 2  # only the built-ins ever registered
 
 
@@ -69,7 +69,7 @@ async def test_a_tool_schema_over_the_limit_is_invalid(small: Sidecar) -> None:
 async def test_tool_parameters_must_be_a_json_object(client: dsp.Client) -> None:
     error = await rejected(client.tools([dsp.ToolSchema("t", "d", [1, 2])]))  # type: ignore[arg-type]
     assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_JSON")
-    assert str(error) == 'tool "t" parameters must be a JSON object'
+    assert error.message == 'tool "t" parameters must be a JSON object'
 
 
 async def test_a_dynamic_answer_over_the_limit_fails_the_assembly(small: Sidecar) -> None:

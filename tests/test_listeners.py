@@ -140,7 +140,7 @@ async def test_listener_returning_duplicate_section_names_is_rejected(client: ds
         await client.assemble()
     assert failure.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert failure.value.reason == "INVARIANT_VIOLATION"
-    assert str(failure.value) == 'assembled section name "dup" is duplicated'
+    assert failure.value.message == 'assembled section name "dup" is duplicated'
 
 
 @pytest.mark.parametrize(
@@ -169,7 +169,7 @@ async def test_invariant_violations_from_listeners_are_rejected(
     with pytest.raises(dsp.SystemPromptError) as failure:
         await client.assemble()
     assert failure.value.reason == "INVARIANT_VIOLATION"
-    assert str(failure.value) == message
+    assert failure.value.message == message
 
 
 async def test_complete_section_is_restored_against_a_meddling_listener(

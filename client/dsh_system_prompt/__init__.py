@@ -1,17 +1,30 @@
 """dsh_system_prompt: the Python client of the dsh-system-prompt sidecar.
 
 import dsh_system_prompt as dsp
-async with dsp.connect("127.0.0.1:50051") as client:
+async with dsp.connect() as client:  # $DSP_ADDRESS, else 127.0.0.1:50051
     await client.section("rules", 10, "Be precise.")
     print(dsp.render_prompt(await client.assemble()))
 """
 
 from dsh_system_prompt_core import PERSONA_ORDER, PERSONA_SECTION, TOOL_ORDER_REST, Reason
 
+from . import _quiet  # noqa: F401  (before anything here imports grpc)
 from ._cache_history import CacheHistory, CacheHistoryEntry
 from ._changes import ChangeStream
-from ._channel import TLS, open_channel
-from .client import Client, Disposer, Scope, connect
+from ._channel import DEFAULT_ADDRESS, TLS, default_address, open_channel
+from ._listeners import Listener, Next
+from .client import (
+    Client,
+    Disposer,
+    Scope,
+    TextProvider,
+    TextSource,
+    ToolsProvider,
+    ToolsSource,
+    VariableProvider,
+    VariableSource,
+    connect,
+)
 from .errors import RenderError, SystemPromptError
 from .render import render_context_snapshot, render_prompt
 from .types import (
@@ -33,6 +46,7 @@ from .types import (
 )
 
 __all__ = [
+    "DEFAULT_ADDRESS",
     "PERSONA_ORDER",
     "PERSONA_SECTION",
     "TLS",
@@ -48,6 +62,8 @@ __all__ = [
     "ChangesMissed",
     "Client",
     "Disposer",
+    "Listener",
+    "Next",
     "PartReport",
     "PrefixLayout",
     "PrefixStability",
@@ -59,9 +75,16 @@ __all__ = [
     "Size",
     "Source",
     "SystemPromptError",
+    "TextProvider",
+    "TextSource",
     "ToolProviderResult",
     "ToolSchema",
+    "ToolsProvider",
+    "ToolsSource",
+    "VariableProvider",
+    "VariableSource",
     "connect",
+    "default_address",
     "open_channel",
     "render_context_snapshot",
     "render_prompt",

@@ -7,12 +7,16 @@ interceptors, once for every unary and streaming call made on the channel.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import grpc.aio
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+ADDRESS_VARIABLE = "DSP_ADDRESS"  # the deploy manifests set it for the agent container
 
 CHANNEL_OPTIONS = [
     # Notice a vanished sidecar within ~15 s even when no call is active.
@@ -42,8 +46,17 @@ class TLS:
     server_name: str | None = None  # when the certificate names another host
 
 
-def open_channel(address: str, tls: TLS | None, token: str | None = None) -> grpc.aio.Channel:
-    """A channel to `address` (HOST:PORT or unix:PATH); every call on it carries `token`."""
+def default_address() -> str:
+    """`$DSP_ADDRESS` when set, else 127.0.0.1:50051."""
+    return os.environ.get(ADDRESS_VARIABLE) or DEFAULT_ADDRESS
+
+
+def open_channel(
+    address: str | None = None, tls: TLS | None = None, token: str | None = None
+) -> grpc.aio.Channel:
+    """A channel to `address` (HOST:PORT or unix:PATH, default `default_address()`);
+    every call on it carries `token`."""
+    address = address or default_address()
     options: list[tuple[str, int | str]] = list(CHANNEL_OPTIONS)
     # Without a token there is nothing to add: no interceptor, no cost per call.
     interceptors = _bearer_token(token) if token else None

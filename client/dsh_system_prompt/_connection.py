@@ -31,6 +31,37 @@ T = TypeVar("T")
 _log = logging.getLogger("dsh_system_prompt")
 _FIRST_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 2.0
+_READY_POLL_S = 1.0  # the channel's own reconnect backoff is at most 2 s (see _channel)
+
+
+async def open_when_ready(connection: Connection, address: str, timeout: float) -> None:
+    """Open the first session once the sidecar at `address` serves, within `timeout`."""
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                try:
+                    await connection.open()
+                    return
+                except SystemPromptError as error:
+                    if error.code != grpc.StatusCode.UNAVAILABLE:
+                        raise
+                    _log.debug("waiting for the sidecar at %s: %s", address, error.message)
+                # Wake on the channel's next connection, or poll: a READY channel to a
+                # draining sidecar still refuses sessions.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(connection.channel.channel_ready(), _READY_POLL_S)
+                await asyncio.sleep(_FIRST_BACKOFF_S)
+    except TimeoutError:
+        raise not_ready(address, timeout) from None
+
+
+def not_ready(address: str, timeout: float | None) -> SystemPromptError:
+    """Connecting to `address` took longer than `timeout` seconds."""
+    return SystemPromptError(
+        f"sidecar unavailable: no session with {address} within {timeout:g}s",
+        grpc.StatusCode.UNAVAILABLE,
+        Reason.SIDECAR_UNAVAILABLE,
+    )
 
 
 class Connection:

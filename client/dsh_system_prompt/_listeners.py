@@ -17,11 +17,13 @@ from ._convert import assembly_from_proto, assembly_to_proto, context_from_proto
 from .errors import SystemPromptError, error_from_rpc, stream_ended
 from .types import AssembleContext, PromptAssembly, ToolSchema
 
-NextFn = Callable[..., Awaitable[PromptAssembly]]
-# A listener returns the final assembly, or `next()` itself for a tail call.
+Next = Callable[..., Awaitable[PromptAssembly]]
+"""The `next` a listener receives: `await next()` (or `next(assembly)`) runs the rest."""
 Listener = Callable[
-    [PromptAssembly, AssembleContext, NextFn], Awaitable[PromptAssembly | Awaitable[PromptAssembly]]
+    [PromptAssembly, AssembleContext, Next], Awaitable[PromptAssembly | Awaitable[PromptAssembly]]
 ]
+"""`async def listener(assembly, context, next)`: returns the final assembly, or
+`next()` itself, un-awaited, to hand the rest of the chain's result on (a tail call)."""
 
 
 def listener_name(listener: object) -> str:

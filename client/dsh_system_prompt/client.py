@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
@@ -21,8 +22,8 @@ from ._cache_history import (
     usage_from,
 )
 from ._changes import ChangeStream, WatchCall
-from ._channel import TLS, open_channel
-from ._connection import Connection
+from ._channel import TLS, default_address, open_channel
+from ._connection import Connection, not_ready, open_when_ready
 from ._convert import (
     assembly_from_proto,
     context_to_proto,
@@ -42,13 +43,15 @@ from .types import (
     ToolSchema,
 )
 
-TextSource = str | Callable[[AssembleContext], str | Awaitable[str]]
-VariableSource = str | None | Callable[[AssembleContext], str | None | Awaitable[str | None]]
-ToolsSource = (
-    list[ToolSchema]
-    | ToolProviderResult
-    | Callable[[AssembleContext], ToolProviderResult | list[ToolSchema] | Awaitable[Any]]
-)
+TextProvider = Callable[[AssembleContext], str | Awaitable[str]]
+"""A dynamic section or context: asked for its text at every assembly."""
+VariableProvider = Callable[[AssembleContext], str | None | Awaitable[str | None]]
+"""A dynamic variable: asked for its value (None: no value) at every assembly."""
+ToolsProvider = Callable[[AssembleContext], ToolProviderResult | list[ToolSchema] | Awaitable[Any]]
+"""Dynamic tools: asked for a list or a ToolProviderResult at every assembly."""
+TextSource = str | TextProvider
+VariableSource = str | None | VariableProvider
+ToolsSource = list[ToolSchema] | ToolProviderResult | ToolsProvider
 
 
 class Disposer:
@@ -67,6 +70,12 @@ class Disposer:
             return
         self._done = True
         await self._dispose()
+
+    async def __aenter__(self) -> Disposer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self()
 
 
 class _Registrar:
@@ -99,14 +108,17 @@ class _Registrar:
         rpc = self._stub.SuppressRuntimeContext
         return await self._register(Contribution(request=request, rpc=rpc))
 
-    async def tools(self, provider: ToolsSource) -> Disposer:
-        """Contribute tool schemas: a list, a ToolProviderResult, or a provider of one."""
+    async def tools(self, provider: ToolsSource, *, name: str | None = None) -> Disposer:
+        """Contribute tool schemas: a list, a ToolProviderResult, or a provider of one.
+
+        `name` labels a provider in errors, reports and traces (default: its function name).
+        """
         request = pb.RegisterToolsRequest()
         source = None
         if callable(provider):
             source = pb.Dynamic(provider_key=self._connection.providers.add(provider))
             request.dynamic.CopyFrom(source)
-            request.name = label(getattr(provider, "__qualname__", ""))
+            request.name = name or label(getattr(provider, "__qualname__", ""))
         else:
             request.result.CopyFrom(tools_to_proto(provider))
         record = Contribution(request=request, rpc=self._stub.RegisterTools)
@@ -126,11 +138,19 @@ class _Registrar:
         return await self._register(record, source)
 
     async def on_assemble(
-        self, listener: Listener, prepend: bool = False, global_: bool = False
+        self,
+        listener: Listener,
+        prepend: bool = False,
+        global_: bool = False,
+        *,
+        name: str | None = None,
     ) -> Disposer:
-        """Install a waterfall listener: `async def listener(assembly, context, next)`."""
+        """Install a waterfall listener: `async def listener(assembly, context, next)`.
+
+        `name` labels it in errors, reports and traces (default: its function name).
+        """
         start = pb.ListenStart(
-            prepend=prepend, name=listener_name(listener), features=[FEATURE_TOOL_SLOTS]
+            prepend=prepend, name=name or listener_name(listener), features=[FEATURE_TOOL_SLOTS]
         )
         setattr(start, "global", global_)  # a Python keyword as a field name
         return await self._register(
@@ -169,6 +189,12 @@ class Scope(_Registrar):
     async def dispose(self) -> None:
         """Close the handle and dispose everything registered through it."""
         await self._disposer()
+
+    async def __aenter__(self) -> Scope:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.dispose()
 
 
 class Client(_Registrar):
@@ -278,6 +304,12 @@ class Client(_Registrar):
         """End the session; the sidecar disposes everything it registered."""
         await self._connection.close()
 
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
     async def _assemble(
         self,
         scope: str | None,
@@ -309,18 +341,27 @@ class _Report:
 class _Connecting:
     """What connect() returns: await it, or use it with `async with`."""
 
-    def __init__(self, address: str, client_name: str, token: str | None, tls: TLS | None) -> None:
+    def __init__(self, address: str, client_name: str, options: _ConnectOptions) -> None:
         self._address = address
         self._client_name = client_name
-        self._token = token
-        self._tls = tls
+        self._options = options
         self._client: Client | None = None
 
     async def _connect(self) -> Client:
-        channel = open_channel(self._address, self._tls, self._token)
+        options = self._options
+        channel = open_channel(self._address, options.tls, options.token)
         connection = Connection(channel, self._client_name)
         try:
-            await connection.open()
+            if options.wait_for_ready:
+                await open_when_ready(connection, self._address, options.ready_timeout())
+            elif options.timeout is not None:
+                async with asyncio.timeout(options.timeout):
+                    await connection.open()
+            else:
+                await connection.open()
+        except TimeoutError:
+            await channel.close()
+            raise not_ready(self._address, options.timeout) from None
         except BaseException:
             await channel.close()
             raise
@@ -343,19 +384,42 @@ class _Connecting:
             await self._client.close()
 
 
+@dataclass(frozen=True)
+class _ConnectOptions:
+    token: str | None
+    tls: TLS | None
+    wait_for_ready: bool
+    timeout: float | None
+
+    def ready_timeout(self) -> float:
+        return READY_TIMEOUT_S if self.timeout is None else self.timeout
+
+
+READY_TIMEOUT_S = 30.0  # wait_for_ready without a timeout still gives up, and says so
+
+
 def connect(
-    address: str,
+    address: str | None = None,
     *,
     client_name: str | None = None,
     token: str | None = None,
     tls: TLS | None = None,
+    wait_for_ready: bool = False,
+    timeout: float | None = None,
 ) -> _Connecting:
-    """Open a session with the sidecar at `address` (HOST:PORT or unix:PATH).
+    """Open a session with the sidecar at `address` (HOST:PORT or unix:PATH; default
+    `$DSP_ADDRESS`, else 127.0.0.1:50051).
 
     `token` is sent as `authorization: Bearer <token>` on every call; `tls`
-    switches to TLS (mutual TLS when it carries a client certificate).
+    switches to TLS (mutual TLS when it carries a client certificate). By
+    default an unreachable sidecar fails at once (UNAVAILABLE); with
+    `wait_for_ready=True` connecting waits for the sidecar to come up, for
+    `timeout` seconds (30 without one), then fails UNAVAILABLE. `timeout`
+    bounds connecting either way.
     """
-    return _Connecting(address, client_name or f"python-{os.getpid()}", token, tls)
+    options = _ConnectOptions(token, tls, wait_for_ready, timeout)
+    name = client_name or f"python-{os.getpid()}"
+    return _Connecting(address or default_address(), name, options)
 
 
 class _TextRequest(Protocol):

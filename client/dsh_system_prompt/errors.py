@@ -14,8 +14,8 @@ class SystemPromptError(Exception):
     """A failure reported by (or on the way to) the sidecar.
 
     `code` is the gRPC status code, `reason` the stable reason (a `dsp.Reason`,
-    or the plain string a newer sidecar sent), and the message is the
-    sidecar's own text.
+    or the plain string a newer sidecar sent), and `message` the sidecar's own
+    text; `str(error)` shows all three: `UNAVAILABLE SIDECAR_UNAVAILABLE: ...`.
     """
 
     def __init__(self, message: str, code: grpc.StatusCode, reason: Reason | str) -> None:
@@ -23,6 +23,9 @@ class SystemPromptError(Exception):
         self.message = message
         self.code = code
         self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.code.name} {self.reason}: {self.message}"
 
 
 class RenderError(SystemPromptError):

@@ -1,6 +1,6 @@
 """A small agent process that contributes to the sidecar's prompt, then stays.
 
-    .venv/bin/python examples/python/agent.py [ADDRESS]
+    .venv/bin/python examples/python/agent.py [ADDRESS]   (default $DSP_ADDRESS, or 127.0.0.1:50051)
 
 Run it while `make serve` runs; in another terminal try
 `.venv/bin/dsh-system-prompt assemble --scope agent-1 --field cwd=/work`,
@@ -14,13 +14,16 @@ import asyncio
 import contextlib
 import datetime
 import sys
-from typing import Any
+from collections.abc import Awaitable
 
 import dsh_system_prompt as dsp
 
 
-async def main(address: str) -> None:
-    async with dsp.connect(address, client_name="example-agent") as client:
+async def main(address: str | None) -> None:
+    # Started beside its sidecar (in a pod, say): wait for it to come up, 30 s at most.
+    async with dsp.connect(
+        address, client_name="example-agent", wait_for_ready=True, timeout=30
+    ) as client:
         await client.variable("model", "deepseek-v4")
         await client.section("rules", 10, "You run on {{model}}. Be precise and brief.")
         await client.tools(
@@ -40,11 +43,13 @@ async def main(address: str) -> None:
         agent = await client.scope("agent-1")
         await agent.section("deployment:persona", 0, "You are agent 1, a careful reviewer.")
 
-        async def sign(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Any) -> Any:
+        async def sign(
+            assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: dsp.Next
+        ) -> Awaitable[dsp.PromptAssembly]:
             assembly.sections.append(dsp.AssembledSection("signature", "Sign replies as agent 1."))
-            return next_()
+            return next_()  # un-awaited: the rest of the chain's result, one round trip less
 
-        await agent.on_assemble(sign)
+        await agent.on_assemble(sign, name="sign")
         print("registered; Ctrl-C to leave", flush=True)
         rendered = await client.render(scope="agent-1", fields={"cwd": "/work"})
         print(rendered.prompt, "\n", rendered.context_snapshot, sep="\n", flush=True)
@@ -53,4 +58,4 @@ async def main(address: str) -> None:
 
 if __name__ == "__main__":
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1:50051"))
+        asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else None))
