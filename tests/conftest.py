@@ -1,20 +1,26 @@
 """Shared fixtures: a real sidecar on an ephemeral loopback port, and clients of it.
 
-The suite uses plain pytest-asyncio fixtures rather than pytest-grpc(-aio): those
-plugins build a bare server around one servicer, while these tests must drive
-the sidecar exactly as `serve` builds it (health, reflection, drain, config).
+The real sidecar is started with plain pytest-asyncio fixtures rather than
+pytest-grpc: that plugin builds a bare server around one servicer, while these
+tests must drive the sidecar exactly as `serve` builds it (health, reflection,
+drain, config). pytest-grpc serves the scripted sidecars (`scripted`), which
+are exactly such a bare server.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import dsh_system_prompt as dsp
+import grpc
 import pytest
+from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server.app import Sidecar, start_sidecar
 from dsh_system_prompt_server.config import parse_config
 from helpers import ClientFactory, SidecarFactory
+from scripted import LoopWatch, Script, ScriptedSidecar, left_behind
 
 
 @pytest.fixture
@@ -57,3 +63,38 @@ async def connect(sidecar: Sidecar) -> AsyncIterator[ClientFactory]:
 async def client(connect: ClientFactory) -> dsp.Client:
     """One client session on the default sidecar."""
     return await connect()
+
+
+# -- scripted sidecars (pytest-grpc serves one per test module; tests/scripted.py) -----
+
+
+@pytest.fixture(scope="module")
+def grpc_add_to_server() -> Callable[[ScriptedSidecar, grpc.Server], None]:
+    return pb_grpc.add_SystemPromptServiceServicer_to_server  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def grpc_servicer() -> ScriptedSidecar:
+    return ScriptedSidecar()
+
+
+@pytest.fixture
+async def scripted(
+    grpc_server: grpc.Server, grpc_servicer: ScriptedSidecar, grpc_addr: str
+) -> AsyncIterator[ScriptedSidecar]:
+    """The module's scripted sidecar with a fresh `Script`. After the test, the client
+    must have left nothing: no stream open on the sidecar, no task in the loop, and
+    the loop never stalled."""
+    grpc_servicer.script = Script()
+    grpc_servicer.address = grpc_addr
+    before = asyncio.all_tasks()
+    watch = LoopWatch()
+    yield grpc_servicer
+    await watch.stop()
+    assert not await left_behind(before), "the client left tasks running"
+    closed = await asyncio.to_thread(grpc_servicer.wait_all_closed, 5.0)
+    assert closed, f"{grpc_servicer.open_streams} streams still open on the sidecar"
+    assert watch.longest < _LONGEST_STALL_S, f"the event loop stalled {watch.longest:.2f}s"
+
+
+_LONGEST_STALL_S = 1.0  # generous for a loaded 2-core machine; a blocked loop stalls for good

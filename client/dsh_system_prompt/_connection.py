@@ -23,9 +23,9 @@ from dsh_system_prompt_core import Reason
 from google.protobuf.message import Message
 
 from ._providers import Providers
-from ._replay import Journal, Registration, send
+from ._replay import Journal, Registration, answer_error, send
 from ._session import Session
-from .errors import SystemPromptError, error_from_rpc
+from .errors import NoAnswer, SystemPromptError, error_from_rpc
 
 T = TypeVar("T")
 _log = logging.getLogger("dsh_system_prompt")
@@ -64,11 +64,17 @@ def not_ready(address: str, timeout: float | None) -> SystemPromptError:
     )
 
 
+CALL_TIMEOUT_S = 10.0  # for what the sidecar answers at once: stream opens, registrations
+
+
 class Connection:
     """Owns the channel, the current session, the journal and the providers."""
 
-    def __init__(self, channel: grpc.aio.Channel, client_name: str) -> None:
+    def __init__(
+        self, channel: grpc.aio.Channel, client_name: str, call_timeout: float = CALL_TIMEOUT_S
+    ) -> None:
         self.channel = channel
+        self.call_timeout = call_timeout
         self.stub = pb_grpc.SystemPromptServiceStub(channel)
         self.client_name = client_name
         self.providers = Providers()
@@ -98,29 +104,45 @@ class Connection:
         self.connected.clear()
         if self._reconnecting is not None:
             self._reconnecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reconnecting
         await self.journal.release_all()
         if self._session is not None:
             await self._session.end()
         await self.channel.close()
 
     async def _start_session(self) -> None:
-        session = await Session.open(self.stub, self.client_name, self.providers, self._lost)
+        session = await Session.open(
+            self.stub, self.client_name, self.providers, self._lost, self.call_timeout
+        )
         self._session = session
         try:
-            await self.journal.replay(session.id)
+            await self.journal.replay(session.id, self.call_timeout)
         except BaseException:
             await session.end()  # leave nothing half-replayed on the sidecar
             raise
 
     def _lost(self, session: Session) -> None:
-        if self.closed or session is not self._session or self._reconnecting is not None:
+        if session is self._session:
+            self._start_over(None)
+
+    def restart(self) -> None:
+        """The sidecar and this client may disagree on what is registered (a call went
+        unanswered, a listener stream was dropped): end the session, open a new one
+        and replay, so that the journal is the truth again."""
+        self._start_over(self._session)
+
+    def _start_over(self, ending: Session | None) -> None:
+        if self.closed or self._reconnecting is not None:
             return
         self.connected.clear()
-        self._reconnecting = asyncio.create_task(self._reconnect())
+        self._reconnecting = asyncio.create_task(self._reconnect(ending))
 
-    async def _reconnect(self) -> None:
+    async def _reconnect(self, ending: Session | None) -> None:
         delay = _FIRST_BACKOFF_S
         try:
+            if ending is not None:
+                await ending.end()  # the sidecar disposes all of it, whatever it kept
             while not self.closed:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MAX_BACKOFF_S)
@@ -129,6 +151,9 @@ class Connection:
                 except SystemPromptError as error:
                     _log.info("sidecar unavailable, retrying in %.2fs: %s", delay, error)
                     continue
+                if self._session is None or self._session.ended:
+                    _log.info("the session ended during its replay, retrying in %.2fs", delay)
+                    continue  # its registrations went with it
                 self.connected.set()
                 _log.info(
                     "reconnected as a new session; %d registrations replayed", len(self.journal)
@@ -179,9 +204,11 @@ class Connection:
         """Make a registration and keep it for replay; nothing is kept if it fails."""
         await self.ready()
         try:
-            await send(record, self.session_id)
-        except BaseException:
+            await send(record, self.session_id, self.call_timeout)
+        except BaseException as error:
             self.providers.remove(record.provider_key)
+            if isinstance(error, NoAnswer):
+                self.restart()  # it may be registered there: a new session drops it
             raise
         self.journal.keep(record)
 
@@ -196,10 +223,13 @@ class Connection:
             session_id=self.session_id, registration_id=record.registration_id
         )
         try:
-            await self.call(self.stub.Dispose, request)
-        except SystemPromptError as error:
+            await self.stub.Dispose(request, timeout=self.call_timeout)
+        except grpc.RpcError as rpc_error:
+            error = answer_error(rpc_error, "Dispose", self.call_timeout)
+            if isinstance(error, NoAnswer):
+                self.restart()  # it may still be registered there: a new session drops it
             if error.code != grpc.StatusCode.NOT_FOUND:  # NOT_FOUND: gone already
-                raise
+                raise error from None
 
     async def _forget(self, record: Registration) -> None:
         self.journal.forget(record)

@@ -120,8 +120,8 @@ def context_from_proto(message: pb.AssembleContext) -> AssembleContext:
 def change_from_proto(message: pb.ChangeEvent) -> ChangeEvent:
     return ChangeEvent(
         revision=message.revision,
-        kind=_CHANGE_KINDS[message.kind],
-        action=_CHANGE_ACTIONS[message.action],
+        kind=_CHANGE_KINDS.get(message.kind, "unknown"),
+        action=_CHANGE_ACTIONS.get(message.action, "unknown"),
         name=message.name,
         scope=message.scope or None,
     )
@@ -146,7 +146,7 @@ def report_from_proto(message: pb.AssemblyReport) -> AssemblyReport:
         tokenizer=message.tokenizer,
         parts=[
             PartReport(
-                kind=_PART_KINDS[part.kind],
+                kind=_PART_KINDS.get(part.kind, "unknown"),
                 name=part.name,
                 source=_source(part.source),
                 bytes=part.bytes,
@@ -196,7 +196,7 @@ def layout_to_proto(layout: PrefixLayout | None) -> pb.PrefixLayout.ValueType:
 
 def _source(message: pb.Source) -> Source:
     return Source(
-        kind=_SOURCE_KINDS[message.kind],
+        kind=_SOURCE_KINDS.get(message.kind, "unknown"),
         scope=message.scope or None,
         ancestor_depth=message.ancestor_depth,
         listener=message.listener,

@@ -11,10 +11,10 @@ import grpc
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
-from dsh_system_prompt_core import Reason
+from dsh_system_prompt_core import FEATURE_TOOL_SLOTS, Reason
 
 from ._convert import assembly_from_proto, assembly_to_proto, context_from_proto
-from .errors import SystemPromptError, error_from_rpc, stream_ended
+from .errors import NoAnswer, SystemPromptError, error_from_rpc, protocol_error, stream_ended
 from .types import AssembleContext, PromptAssembly, ToolSchema
 
 Next = Callable[..., Awaitable[PromptAssembly]]
@@ -54,32 +54,51 @@ class _ListenCall(Protocol):
 class ListenerStream:
     """Runs one listener for every invocation the sidecar sends."""
 
-    def __init__(self, stub: pb_grpc.SystemPromptServiceStub, listener: Listener) -> None:
+    def __init__(
+        self,
+        stub: pb_grpc.SystemPromptServiceStub,
+        listener: Listener,
+        on_lost: Callable[[], None] = lambda: None,
+    ) -> None:
         self._stub = stub
         self._listener = listener
+        self._on_lost = on_lost
         self._call: _ListenCall | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._closing = False
         self._write_lock = asyncio.Lock()
         self._running: dict[int, asyncio.Task[None]] = {}
         self._next_results: dict[int, asyncio.Future[pb.ListenerNextResult]] = {}
+        self.tool_slots = False  # whether the sidecar confirmed `tool-slots`
 
-    async def start(self, start: pb.ListenStart) -> str:
-        """Install the listener; returns its registration id."""
+    async def start(self, start: pb.ListenStart, timeout: float) -> str:
+        """Install the listener, confirmed within `timeout`; returns its registration id."""
         call: _ListenCall = self._stub.Listen()
         self._call = call
         try:
-            await call.write(pb.ListenRequest(start=start))
-            first = await call.read()
+            async with asyncio.timeout(timeout):
+                await call.write(pb.ListenRequest(start=start))
+                first = await call.read()
+        except TimeoutError:
+            call.cancel()  # a silent sidecar keeps no stream of ours
+            raise NoAnswer("installing a listener", timeout) from None
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
         if not isinstance(first, pb.ListenResponse):
             raise stream_ended("it closed the listener stream", await call.code())
+        if first.WhichOneof("kind") != "registered" or not first.registered.registration_id:
+            call.cancel()
+            raise protocol_error("the listener stream did not start with ListenerRegistered")
+        # Only what both sides support: a sidecar that confirms no feature gets none.
+        self.tool_slots = FEATURE_TOOL_SLOTS in start.features and (
+            FEATURE_TOOL_SLOTS in first.registered.features
+        )
         self._reader = asyncio.create_task(self._read(call))
         return str(first.registered.registration_id)
 
     async def close(self) -> None:
-        for task in self._running.values():
-            task.cancel()
+        self._closing = True
+        self._cancel_invocations()
         if self._call is not None:
             self._call.cancel()
         if self._reader is not None:
@@ -88,7 +107,7 @@ class ListenerStream:
                 await self._reader
 
     async def _read(self, call: _ListenCall) -> None:
-        with contextlib.suppress(grpc.RpcError, asyncio.CancelledError):
+        try:
             while isinstance(message := await call.read(), pb.ListenResponse):
                 kind = message.WhichOneof("kind")
                 if kind == "invocation":
@@ -101,16 +120,30 @@ class ListenerStream:
                     task = self._running.get(message.cancel.invocation_id)
                     if task is not None:
                         task.cancel()
+                # A next_result nobody waits for, a second `registered` and a kind this
+                # client does not know (a newer sidecar's) are ignored.
+        except grpc.RpcError:
+            pass
+        finally:
+            self._cancel_invocations()  # their replies have nowhere to go now
+            if not self._closing:
+                self._on_lost()  # the sidecar dropped the listener: the session is re-made
+
+    def _cancel_invocations(self) -> None:
+        for task in list(self._running.values()):
+            task.cancel()
 
     def _start(self, invocation: pb.ListenerInvocation) -> None:
         invocation_id = invocation.invocation_id
+        if invocation_id in self._running:
+            return  # a repeated id: that invocation is running already
         task = asyncio.create_task(self._invoke(invocation))
         self._running[invocation_id] = task
         task.add_done_callback(lambda _: self._running.pop(invocation_id, None))
 
     async def _invoke(self, invocation: pb.ListenerInvocation) -> None:
         invocation_id = invocation.invocation_id
-        sent = _SentTools(invocation.assembly.tools)
+        sent = _SentTools(invocation.assembly.tools, slots=self.tool_slots)
         assembly = assembly_from_proto(invocation.assembly, sent.tools)
         next_ = _Next(self, invocation_id, assembly, sent)
         try:
@@ -222,16 +255,19 @@ class _Next:
 
 
 class _SentTools:
-    """The tools an invocation came with. Replies name the unchanged ones by their
-    slot instead of sending their schemas back; the sidecar does the same."""
+    """The tools an invocation came with. With `tool-slots` in effect, replies name
+    the unchanged ones by their slot instead of sending their schemas back."""
 
-    def __init__(self, messages: Sequence[pb.ToolSchema]) -> None:
+    def __init__(self, messages: Sequence[pb.ToolSchema], slots: bool) -> None:
         self._originals = [(m.name, m.description, m.parameters_json) for m in messages]
         self.tools = [ToolSchema.from_json(*original) for original in self._originals]
         self._index = {id(tool): slot for slot, tool in enumerate(self.tools)}
+        self._slots = slots
 
     def encode(self, assembly: PromptAssembly) -> tuple[pb.PromptAssembly, list[int]]:
         """The assembly with untouched invocation tools as slots, the others in full."""
+        if not self._slots:
+            return assembly_to_proto(assembly), []
         slots = [self._slot(tool) for tool in assembly.tools]
         fresh = [tool for tool, slot in zip(assembly.tools, slots, strict=True) if slot < 0]
         message = assembly_to_proto(
@@ -240,12 +276,27 @@ class _SentTools:
         return message, slots
 
     def decode(self, message: pb.PromptAssembly, slots: Sequence[int]) -> PromptAssembly:
-        """An assembly the sidecar sent with slots into this invocation's tools."""
+        """An assembly the sidecar sent, with slots into this invocation's tools or not
+        (a sidecar may send slots unasked: an older one always did)."""
         assembly = assembly_from_proto(message)
         if slots:
+            self._check(slots, len(assembly.tools))
             fresh = iter(assembly.tools)
             assembly.tools = [self._tool(slot) if slot >= 0 else next(fresh) for slot in slots]
         return assembly
+
+    def _check(self, slots: Sequence[int], sent: int) -> None:
+        bad = [slot for slot in slots if not -1 <= slot < len(self.tools)]
+        if bad:
+            raise protocol_error(
+                f"next() came back with tool slot {bad[0]}, "
+                f"but the invocation had {len(self.tools)} tools"
+            )
+        wanted = sum(1 for slot in slots if slot == -1)
+        if wanted != sent:
+            raise protocol_error(
+                f"next() came back with {wanted} new tool slots but {sent} new tools"
+            )
 
     def _slot(self, tool: ToolSchema) -> int:
         slot = self._index.get(id(tool), -1)

@@ -40,8 +40,13 @@ class Providers:
 
     async def answer(self, request: pb.ProvideRequest) -> pb.ProvideResponse:
         """Every value `request` asks for; a provider's failure is its answer, not ours."""
-        context = context_from_proto(request.context)
         answers = [pb.ProvidedValue(provider_key=call.provider_key) for call in request.calls]
+        try:
+            context = context_from_proto(request.context)
+        except (ValueError, RecursionError) as error:  # fields not JSON: no provider can answer
+            for answer in answers:
+                _fail(answer, error)
+            return pb.ProvideResponse(call_id=request.call_id, values=answers)
         waiting = [
             _finish(answer, call.kind, pending)
             for answer, call in zip(answers, request.calls, strict=True)
@@ -89,7 +94,12 @@ def _fill(answer: pb.ProvidedValue, kind: int, value: object) -> None:
             answer.variable_value = value
         else:
             raise TypeError(f"a variable provider must return str or None, not {value!r}")
+    elif kind not in _TEXT_KINDS:  # a newer sidecar's kind: say so rather than guess
+        raise TypeError(f"this client does not know provider kind {kind}")
     elif isinstance(value, str):
         answer.text = value
     else:
         raise TypeError(f"a text provider must return str, not {value!r}")
+
+
+_TEXT_KINDS = frozenset({pb.PROVIDER_KIND_SECTION, pb.PROVIDER_KIND_CONTEXT})

@@ -19,9 +19,10 @@ from typing import Generic, Protocol, TypeVar
 import grpc
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
+from dsh_system_prompt_core import Reason
 
 from ._listeners import Listener, ListenerStream
-from .errors import error_from_rpc
+from .errors import NoAnswer, SystemPromptError, error_from_rpc
 
 
 class Addressed(Protocol):
@@ -50,8 +51,9 @@ class Registration(ABC):
     registration_id: str = ""  # its id on the current session
 
     @abstractmethod
-    async def make(self, session_id: str) -> str:
-        """Register it on the session `session_id`; returns its registration id there."""
+    async def make(self, session_id: str, timeout: float) -> str:
+        """Register it on the session `session_id` within `timeout`; returns its
+        registration id there."""
 
     async def release(self) -> None:  # noqa: B027  (a hook: only a listener holds more)
         """Let go of what this client holds for it besides the record."""
@@ -65,12 +67,12 @@ class Contribution(Registration, Generic[Request]):
     """A section, context, suppressor, tool provider or variable: one unary call."""
 
     request: Request
-    rpc: Callable[[Request], Awaitable[Registered]]
+    rpc: Callable[..., Awaitable[Registered]]
 
-    async def make(self, session_id: str) -> str:
+    async def make(self, session_id: str, timeout: float) -> str:
         self.request.session_id = session_id
         self.request.scope_id = self.scope_id()
-        reply = await self.rpc(self.request)
+        reply = await self.rpc(self.request, timeout=timeout)
         return reply.registration_id
 
 
@@ -79,11 +81,11 @@ class ScopeHandle(Registration):
     """A handle on a scope key; what is registered through it names it as `scope`."""
 
     request: pb.OpenScopeRequest
-    rpc: Callable[[pb.OpenScopeRequest], Awaitable[pb.OpenScopeResponse]]
+    rpc: Callable[..., Awaitable[pb.OpenScopeResponse]]
 
-    async def make(self, session_id: str) -> str:
+    async def make(self, session_id: str, timeout: float) -> str:
         self.request.session_id = session_id
-        reply = await self.rpc(self.request)
+        reply = await self.rpc(self.request, timeout=timeout)
         return reply.scope_id
 
 
@@ -94,13 +96,14 @@ class ListenerRegistration(Registration):
     start: pb.ListenStart
     listener: Listener
     stub: pb_grpc.SystemPromptServiceStub
+    on_lost: Callable[[], None]  # the sidecar ended the stream while the session lives
     stream: ListenerStream | None = None
 
-    async def make(self, session_id: str) -> str:
+    async def make(self, session_id: str, timeout: float) -> str:
         self.start.session_id = session_id
         self.start.scope_id = self.scope_id()
-        stream = ListenerStream(self.stub, self.listener)
-        registration_id = await stream.start(self.start)
+        stream = ListenerStream(self.stub, self.listener, self.on_lost)
+        registration_id = await stream.start(self.start, timeout)
         self.stream = stream
         return registration_id
 
@@ -110,12 +113,21 @@ class ListenerRegistration(Registration):
             self.stream = None
 
 
-async def send(record: Registration, session_id: str) -> None:
-    """Make `record` on the session `session_id`; gRPC failures become SystemPromptError."""
+async def send(record: Registration, session_id: str, timeout: float) -> None:
+    """Make `record` on the session `session_id`; gRPC failures become SystemPromptError,
+    and no answer within `timeout` NoAnswer."""
     try:
-        record.registration_id = await record.make(session_id)
+        record.registration_id = await record.make(session_id, timeout)
     except grpc.RpcError as error:
-        raise error_from_rpc(error) from None
+        raise answer_error(error, type(record).__name__, timeout) from None
+
+
+def answer_error(error: grpc.RpcError, what: str, timeout: float) -> SystemPromptError:
+    """The error for a call the sidecar answers at once: our own deadline is NoAnswer."""
+    failure = error_from_rpc(error)
+    if failure.code == grpc.StatusCode.DEADLINE_EXCEEDED and failure.reason == Reason.UNKNOWN:
+        return NoAnswer(what, timeout)
+    return failure
 
 
 class Journal:
@@ -140,9 +152,9 @@ class Journal:
         for record in list(self._records):
             await record.release()
 
-    async def replay(self, session_id: str) -> None:
+    async def replay(self, session_id: str, timeout: float) -> None:
         """Make every record again on the new session `session_id`, in the original order."""
         await self.release_all()  # a lost session's listener streams went with it
         for record in list(self._records):
             if record in self._records:  # not disposed meanwhile
-                await send(record, session_id)
+                await send(record, session_id, timeout)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import Protocol
 
@@ -20,8 +21,9 @@ from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_core import package_version
 
 from ._providers import Providers
-from .errors import error_from_rpc, stream_ended
+from .errors import NoAnswer, error_from_rpc, protocol_error, stream_ended
 
+_log = logging.getLogger("dsh_system_prompt")
 _END_WAIT_S = 5.0  # how long ending waits for the sidecar to close its side
 
 CLIENT_VERSION = f"dsh-system-prompt-python/{package_version()}"
@@ -38,6 +40,8 @@ class _SessionCall(Protocol):
 
     async def code(self) -> grpc.StatusCode: ...
 
+    def cancel(self) -> bool: ...
+
 
 class Session:
     """One open session stream: its id, its reader, the provider answers running on it."""
@@ -50,6 +54,7 @@ class Session:
         self._reader: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
         self._answering: dict[int, asyncio.Task[None]] = {}
+        self.sidecar_version = ""
 
     @classmethod
     async def open(
@@ -58,20 +63,36 @@ class Session:
         client_name: str,
         providers: Providers,
         on_lost: Callable[[Session], None],
+        timeout: float,
     ) -> Session:
-        """Open a session; `on_lost` hears when it ends without `end()`."""
+        """Open a session, confirmed within `timeout`; `on_lost` hears when it ends
+        without `end()`."""
         call: _SessionCall = stub.OpenSession()
         try:
-            start = pb.SessionStart(client_name=client_name, client_version=CLIENT_VERSION)
-            await call.write(pb.OpenSessionRequest(start=start))
-            opened = await call.read()
+            async with asyncio.timeout(timeout):
+                start = pb.SessionStart(client_name=client_name, client_version=CLIENT_VERSION)
+                await call.write(pb.OpenSessionRequest(start=start))
+                first = await call.read()
+        except TimeoutError:
+            call.cancel()  # a silent sidecar keeps no stream of ours
+            raise NoAnswer("opening the session", timeout) from None
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
-        if not isinstance(opened, pb.OpenSessionResponse):
+        if not isinstance(first, pb.OpenSessionResponse):
             raise stream_ended("it ended the session stream before opening it", await call.code())
-        session = cls(call, opened.opened.session_id, providers)
+        if first.WhichOneof("kind") != "opened" or not first.opened.session_id:
+            call.cancel()
+            raise protocol_error("the session stream did not start with SessionOpened")
+        session = cls(call, first.opened.session_id, providers)
+        session.sidecar_version = first.opened.sidecar_version  # for diagnostics only
+        _log.debug("session %s opened on %s", session.id, session.sidecar_version or "a sidecar")
         session._reader = asyncio.create_task(session._read(on_lost))
         return session
+
+    @property
+    def ended(self) -> bool:
+        """The stream is over, whoever ended it."""
+        return self._reader is not None and self._reader.done()
 
     async def end(self) -> None:
         """End the stream: the sidecar disposes everything registered on it."""
@@ -85,6 +106,7 @@ class Session:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self._reader), _END_WAIT_S)
             self._reader.cancel()
+        self._call.cancel()  # a sidecar that never closed its side keeps no stream of ours
 
     async def _read(self, on_lost: Callable[[Session], None]) -> None:
         try:
@@ -96,6 +118,8 @@ class Session:
                     task = self._answering.get(message.cancel.call_id)
                     if task is not None:
                         task.cancel()
+                # A second `opened`, and a kind this client does not know (a newer
+                # sidecar's), are ignored: the first `opened` named the session.
         except grpc.RpcError:
             pass
         finally:
@@ -104,9 +128,12 @@ class Session:
                 on_lost(self)
 
     def _start_answer(self, request: pb.ProvideRequest) -> None:
+        call_id = request.call_id
+        if call_id in self._answering:
+            return  # a repeated call id: the first request is being answered
         task = asyncio.create_task(self._answer(request))
-        self._answering[request.call_id] = task
-        task.add_done_callback(lambda _: self._answering.pop(request.call_id, None))
+        self._answering[call_id] = task
+        task.add_done_callback(lambda _: self._answering.pop(call_id, None))
 
     async def _answer(self, request: pb.ProvideRequest) -> None:
         response = await self._providers.answer(request)

@@ -23,7 +23,7 @@ from ._cache_history import (
 )
 from ._changes import ChangeStream, WatchCall
 from ._channel import TLS, default_address, open_channel
-from ._connection import Connection, not_ready, open_when_ready
+from ._connection import CALL_TIMEOUT_S, Connection, not_ready, open_when_ready
 from ._convert import (
     assembly_from_proto,
     context_to_proto,
@@ -33,7 +33,7 @@ from ._convert import (
 )
 from ._listeners import Listener, label, listener_name
 from ._replay import Contribution, ListenerRegistration, Registration, ScopeHandle
-from .errors import error_from_rpc, invalid_value, stream_ended
+from .errors import NoAnswer, error_from_rpc, invalid_value, protocol_error, stream_ended
 from .types import (
     AssembleContext,
     PrefixLayout,
@@ -153,9 +153,10 @@ class _Registrar:
             prepend=prepend, name=name or listener_name(listener), features=[FEATURE_TOOL_SLOTS]
         )
         setattr(start, "global", global_)  # a Python keyword as a field name
-        return await self._register(
-            ListenerRegistration(start=start, listener=listener, stub=self._stub)
+        record = ListenerRegistration(
+            start=start, listener=listener, stub=self._stub, on_lost=self._connection.restart
         )
+        return await self._register(record)
 
     def _source(self, value: object, field: str) -> str | pb.Dynamic:
         """A text or value as sent: the string itself, or its provider's key here."""
@@ -292,12 +293,20 @@ class Client(_Registrar):
         """Subscribe to change events; subscribed when this returns."""
         await self._connection.ready()
         call: WatchCall = self._connection.stub.WatchChanges(pb.WatchChangesRequest())
+        timeout = self._connection.call_timeout
         try:
-            first = await call.read()
+            async with asyncio.timeout(timeout):
+                first = await call.read()
+        except TimeoutError:
+            call.cancel()  # a silent sidecar keeps no stream of ours
+            raise NoAnswer("watching changes", timeout) from None
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
         if not isinstance(first, pb.WatchChangesResponse):  # grpc.aio.EOF
             raise stream_ended("it closed the change stream", await call.code())
+        if first.WhichOneof("kind") != "subscribed":
+            call.cancel()
+            raise protocol_error("the change stream did not start with WatchSubscribed")
         return ChangeStream(call, first.subscribed.revision)
 
     async def close(self) -> None:
@@ -350,7 +359,7 @@ class _Connecting:
     async def _connect(self) -> Client:
         options = self._options
         channel = open_channel(self._address, options.tls, options.token)
-        connection = Connection(channel, self._client_name)
+        connection = Connection(channel, self._client_name, options.call_timeout)
         try:
             if options.wait_for_ready:
                 await open_when_ready(connection, self._address, options.ready_timeout())
@@ -390,6 +399,7 @@ class _ConnectOptions:
     tls: TLS | None
     wait_for_ready: bool
     timeout: float | None
+    call_timeout: float
 
     def ready_timeout(self) -> float:
         return READY_TIMEOUT_S if self.timeout is None else self.timeout
@@ -406,6 +416,7 @@ def connect(
     tls: TLS | None = None,
     wait_for_ready: bool = False,
     timeout: float | None = None,
+    call_timeout: float = CALL_TIMEOUT_S,
 ) -> _Connecting:
     """Open a session with the sidecar at `address` (HOST:PORT or unix:PATH; default
     `$DSP_ADDRESS`, else 127.0.0.1:50051).
@@ -415,9 +426,12 @@ def connect(
     default an unreachable sidecar fails at once (UNAVAILABLE); with
     `wait_for_ready=True` connecting waits for the sidecar to come up, for
     `timeout` seconds (30 without one), then fails UNAVAILABLE. `timeout`
-    bounds connecting either way.
+    bounds connecting either way. `call_timeout` bounds what the sidecar answers
+    at once (opening a session, listener or change stream, a registration, a
+    disposal): past it the call fails UNAVAILABLE / SIDECAR_UNAVAILABLE and,
+    for a registration or disposal, the client opens a new session and replays.
     """
-    options = _ConnectOptions(token, tls, wait_for_ready, timeout)
+    options = _ConnectOptions(token, tls, wait_for_ready, timeout, call_timeout)
     name = client_name or f"python-{os.getpid()}"
     return _Connecting(address or default_address(), name, options)
 

@@ -87,5 +87,26 @@ def invalid_value(message: str) -> SystemPromptError:
 
 
 def stream_ended(message: str, code: grpc.StatusCode) -> SystemPromptError:
-    """A stream the sidecar ended before confirming it (it is going away, or refused it)."""
+    """A stream the sidecar ended before confirming it (it is going away, or refused it),
+    or one it should never end; OK then says nothing, so it is UNAVAILABLE."""
+    if code == grpc.StatusCode.OK:
+        code = grpc.StatusCode.UNAVAILABLE
     return SystemPromptError(f"sidecar unavailable: {message}", code, Reason.SIDECAR_UNAVAILABLE)
+
+
+def protocol_error(message: str) -> SystemPromptError:
+    """The sidecar sent what this protocol does not allow (a buggy or hostile sidecar)."""
+    return SystemPromptError(
+        f"protocol error: {message}", grpc.StatusCode.INTERNAL, Reason.PROTOCOL_ERROR
+    )
+
+
+class NoAnswer(SystemPromptError):
+    """The sidecar took a call and did not answer it in time: treat it as unreachable."""
+
+    def __init__(self, what: str, timeout: float) -> None:
+        super().__init__(
+            f"sidecar unavailable: no answer to {what} within {timeout:g}s",
+            grpc.StatusCode.UNAVAILABLE,
+            Reason.SIDECAR_UNAVAILABLE,
+        )

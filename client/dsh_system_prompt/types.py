@@ -7,10 +7,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-ChangeKind = Literal["section", "context", "tools", "variable", "suppressor", "listener", "scope"]
-ChangeAction = Literal["registered", "unregistered"]
-SourceKind = Literal["builtin", "global", "scope", "listener"]
-PartKind = Literal["tool", "section", "context"]
+# "unknown": a value this client does not know, sent by a newer sidecar.
+ChangeKind = Literal[
+    "section", "context", "tools", "variable", "suppressor", "listener", "scope", "unknown"
+]
+ChangeAction = Literal["registered", "unregistered", "unknown"]
+SourceKind = Literal["builtin", "global", "scope", "listener", "unknown"]
+PartKind = Literal["tool", "section", "context", "unknown"]
 # The order a model server caches tools and the system prompt in (see docs/prompt-cache.md).
 PrefixLayout = Literal["tools-first", "system-first"]
 
