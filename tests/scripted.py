@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import dsh_system_prompt as dsp
 import grpc
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
@@ -28,6 +29,7 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+CALL_TIMEOUT_S = 0.5  # the call_timeout of the clients tests connect
 WAIT_S = 30.0  # a silent script gives up after this, so a stuck test frees its thread
 
 
@@ -256,6 +258,36 @@ class ScriptedSidecar(pb_grpc.SystemPromptServiceServicer):  # type: ignore[misc
     def _unary(self, method: str, request: Any, context: grpc.ServicerContext) -> Any:
         self.script.unary.append((method, request))
         return self.script.answer(method, request, context)
+
+
+# -- for tests: a client of the scripted sidecar, and the messages they send ------------
+
+
+def connect(sidecar: ScriptedSidecar) -> Any:
+    return dsp.connect(sidecar.address, call_timeout=CALL_TIMEOUT_S)
+
+
+async def taken(peer: Peer, timeout: float = 5.0) -> Any:
+    """What the client sends next on `peer`'s stream, waited for off the loop."""
+    return await asyncio.to_thread(peer.take, timeout)
+
+
+def invocation(invocation_id: int, *tools: pb.ToolSchema) -> pb.ListenResponse:
+    assembly = pb.PromptAssembly(tools=tools)
+    return pb.ListenResponse(
+        invocation=pb.ListenerInvocation(invocation_id=invocation_id, assembly=assembly)
+    )
+
+
+def next_result(invocation_id: int, slots: list[int], *tools: pb.ToolSchema) -> pb.ListenResponse:
+    result = pb.ListenerNextResult(
+        invocation_id=invocation_id, assembly=pb.PromptAssembly(tools=tools), tool_slots=slots
+    )
+    return pb.ListenResponse(next_result=result)
+
+
+def wire_tool(name: str) -> pb.ToolSchema:
+    return pb.ToolSchema(name=name, description=f"the {name} tool", parameters_json="{}")
 
 
 class LoopWatch:

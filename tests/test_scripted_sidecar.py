@@ -18,19 +18,22 @@ import grpc
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from helpers import eventually
-from scripted import End, Peer, Script, ScriptedSidecar, fail, opened
+from scripted import (
+    CALL_TIMEOUT_S,
+    End,
+    Peer,
+    Script,
+    ScriptedSidecar,
+    connect,
+    fail,
+    invocation,
+    next_result,
+    opened,
+    taken,
+    wire_tool,
+)
 
 grpc_max_workers = 32  # pytest-grpc: each open stream of the scripted sidecar holds a thread
-CALL_TIMEOUT_S = 0.5
-
-
-def connect(sidecar: ScriptedSidecar) -> Any:
-    return dsp.connect(sidecar.address, call_timeout=CALL_TIMEOUT_S)
-
-
-async def taken(peer: Peer, timeout: float = 5.0) -> Any:
-    """What the client sends next on `peer`'s stream, waited for off the loop."""
-    return await asyncio.to_thread(peer.take, timeout)
 
 
 async def bounded(awaitable: Any, seconds: float = 5.0) -> dsp.SystemPromptError:
@@ -46,24 +49,6 @@ def provide(call_id: int, key: str, fields_json: str = "") -> pb.OpenSessionResp
     return pb.OpenSessionResponse(
         provide=pb.ProvideRequest(call_id=call_id, calls=[call], context=context)
     )
-
-
-def invocation(invocation_id: int, *tools: pb.ToolSchema) -> pb.ListenResponse:
-    assembly = pb.PromptAssembly(tools=tools)
-    return pb.ListenResponse(
-        invocation=pb.ListenerInvocation(invocation_id=invocation_id, assembly=assembly)
-    )
-
-
-def next_result(invocation_id: int, slots: list[int], *tools: pb.ToolSchema) -> pb.ListenResponse:
-    result = pb.ListenerNextResult(
-        invocation_id=invocation_id, assembly=pb.PromptAssembly(tools=tools), tool_slots=slots
-    )
-    return pb.ListenResponse(next_result=result)
-
-
-def wire_tool(name: str) -> pb.ToolSchema:
-    return pb.ToolSchema(name=name, description=f"the {name} tool", parameters_json="{}")
 
 
 class Silent(Script):
