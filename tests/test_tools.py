@@ -266,7 +266,7 @@ async def test_a_scoped_providers_known_names_count_only_in_that_scope(
 
 
 async def test_a_tool_named_like_the_rest_entry_rejects_the_assembly(client: dsp.Client) -> None:
-    await client.tools([tool("bash"), tool(REST)])
+    await client.tools(lambda ctx: [tool("bash"), tool(REST)])
     error = await rejection(client.assemble())
     assert failure(error) == (
         grpc.StatusCode.FAILED_PRECONDITION,
@@ -281,7 +281,7 @@ async def test_the_reserved_name_rejects_with_a_tool_order_too(
 ) -> None:
     client = await ordered_client(make_sidecar, [REST])
     try:
-        await client.tools([tool(REST)])
+        await client.tools(lambda ctx: [tool(REST)])
         error = await rejection(client.assemble())
     finally:
         await client.close()
@@ -292,7 +292,7 @@ async def test_disposing_the_reserved_name_provider_restores_the_assembly(
     client: dsp.Client,
 ) -> None:
     await client.tools([tool("bash")])
-    off = await client.tools([tool(REST)])
+    off = await client.tools(lambda ctx: [tool(REST)])
     await rejection(client.assemble())
     await off()
     assert tool_names(await client.assemble()) == ["bash"]
@@ -419,8 +419,33 @@ async def test_global_providers_come_before_scoped_ones_for_equal_names(
 # -- invariants -----------------------------------------------------------------------
 
 
+async def test_a_static_tool_list_with_the_reserved_name_is_refused_at_registration(
+    client: dsp.Client,
+) -> None:
+    error = await rejection(client.tools([tool("bash"), tool(REST)]))
+    assert failure(error) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "RESERVED_TOOL_NAME",
+        'tool provider returned reserved tool name "<unlisted-tools>"'
+        " (reserved for toolOrder's rest entry)",
+    )
+    assert tool_names(await client.assemble()) == []  # nothing left behind, nothing poisoned
+
+
+async def test_a_static_tool_with_an_empty_name_is_refused_at_registration(
+    client: dsp.Client,
+) -> None:
+    error = await rejection(client.tools([dsp.ToolSchema("", "nameless", {})]))
+    assert failure(error) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_NAME",
+        "tool names must be non-empty",
+    )
+    assert tool_names(await client.assemble()) == []
+
+
 async def test_a_tool_with_an_empty_name_rejects_the_assembly(client: dsp.Client) -> None:
-    await client.tools([dsp.ToolSchema("", "nameless", {})])
+    await client.tools(lambda ctx: [dsp.ToolSchema("", "nameless", {})])
     error = await rejection(client.assemble())
     assert failure(error) == (
         grpc.StatusCode.FAILED_PRECONDITION,

@@ -17,6 +17,7 @@ from dsh_system_prompt_core import (
     HARNESS_IDENTITY_TEXT,
     PERSONA_ORDER,
     PERSONA_SECTION,
+    TOOL_ORDER_REST,
     Reason,
     RenderFailure,
     check_template,
@@ -179,6 +180,7 @@ class Registry:
         self.limits.check_name("tool provider", name)
         if isinstance(source, ToolSet):
             self.limits.check_tools(source)
+            _check_tool_names(source)
         self._check_provider_key(owner, source)
         self._check_quota(owner)
         entry = ToolsEntry(
@@ -473,6 +475,15 @@ class Registry:
             handle.children[entry.id] = entry
         self.changes.publish(entry.kind, True, entry.name, entry.scope)
         return entry
+
+
+def _check_tool_names(tools: ToolSet) -> None:
+    # A static tool that no assembly can ship would fail every assembly that sees it.
+    for tool in tools.schemas:
+        if not tool.name:
+            raise errors.empty_name("tool")
+        if tool.name == TOOL_ORDER_REST:
+            raise errors.reserved_tool_name(TOOL_ORDER_REST)
 
 
 def _check_template(text: str | Dynamic, where: str) -> None:

@@ -234,9 +234,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     DUPLICATE_NAME: _ErrorReason.ValueType  # 1
     """A section, context or variable name already registered in that layer."""
     INVALID_NAME: _ErrorReason.ValueType  # 2
-    """An empty section or context name (INVALID_ARGUMENT). Tool provider and
-    listener labels may be empty; an empty tool name fails the assembly with
-    INVARIANT_VIOLATION instead.
+    """An empty section, context or static tool name (INVALID_ARGUMENT). Tool
+    provider and listener labels may be empty; an empty name in a dynamic
+    provider's tools fails the assembly with INVARIANT_VIOLATION instead.
     """
     INVALID_ORDER: _ErrorReason.ValueType  # 3
     """A section or context order that is not a finite number."""
@@ -269,7 +269,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     UNKNOWN_TOOL_ORDER_NAME: _ErrorReason.ValueType  # 15
     """tool_order lists a name no tool provider knows."""
     RESERVED_TOOL_NAME: _ErrorReason.ValueType  # 16
-    """A tool provider returned the reserved name <unlisted-tools>."""
+    """A static tool list, or a tool provider's answer, holds the reserved name
+    <unlisted-tools> (FAILED_PRECONDITION).
+    """
     INVARIANT_VIOLATION: _ErrorReason.ValueType  # 17
     """What the waterfall returned breaks an assembly invariant."""
     RENDER_FAILED: _ErrorReason.ValueType  # 18
@@ -326,9 +328,9 @@ ERROR_REASON_UNSPECIFIED: ErrorReason.ValueType  # 0
 DUPLICATE_NAME: ErrorReason.ValueType  # 1
 """A section, context or variable name already registered in that layer."""
 INVALID_NAME: ErrorReason.ValueType  # 2
-"""An empty section or context name (INVALID_ARGUMENT). Tool provider and
-listener labels may be empty; an empty tool name fails the assembly with
-INVARIANT_VIOLATION instead.
+"""An empty section, context or static tool name (INVALID_ARGUMENT). Tool
+provider and listener labels may be empty; an empty name in a dynamic
+provider's tools fails the assembly with INVARIANT_VIOLATION instead.
 """
 INVALID_ORDER: ErrorReason.ValueType  # 3
 """A section or context order that is not a finite number."""
@@ -361,7 +363,9 @@ MULTIPLE_COMPLETE_SECTIONS: ErrorReason.ValueType  # 14
 UNKNOWN_TOOL_ORDER_NAME: ErrorReason.ValueType  # 15
 """tool_order lists a name no tool provider knows."""
 RESERVED_TOOL_NAME: ErrorReason.ValueType  # 16
-"""A tool provider returned the reserved name <unlisted-tools>."""
+"""A static tool list, or a tool provider's answer, holds the reserved name
+<unlisted-tools> (FAILED_PRECONDITION).
+"""
 INVARIANT_VIOLATION: ErrorReason.ValueType  # 17
 """What the waterfall returned breaks an assembly invariant."""
 RENDER_FAILED: ErrorReason.ValueType  # 18
@@ -465,9 +469,10 @@ class ToolSchema(_message.Message):
     PARAMETERS_JSON_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The tool's name, as the model calls it: non-empty and not
-    "<unlisted-tools>". Registration does not check it (a dynamic provider's
-    tools are only known at assembly): an assembly that sees an empty name
-    fails INVARIANT_VIOLATION, one that sees "<unlisted-tools>" fails
+    "<unlisted-tools>". A static tool list breaking either is refused at
+    registration (INVALID_ARGUMENT / INVALID_NAME, FAILED_PRECONDITION /
+    RESERVED_TOOL_NAME); a dynamic provider's tools are only known at
+    assembly, which then fails INVARIANT_VIOLATION for an empty name or
     RESERVED_TOOL_NAME (both FAILED_PRECONDITION).
     """
     description: _builtins.str
