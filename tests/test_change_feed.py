@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dsh_system_prompt_server.registry import ChangeEvent, ChangeFeed, Kind, Missed
+from dsh_system_prompt_server.registry import Action, ChangeEvent, ChangeFeed, Kind, Missed
 
 
 def publish(feed: ChangeFeed, count: int) -> None:
     for index in range(count):
-        feed.publish(Kind.SECTION, True, f"s{index}", None)
+        feed.publish(Kind.SECTION, Action.REGISTERED, f"s{index}", None)
 
 
 async def test_a_full_buffer_turns_further_events_into_one_gap_after_the_queued_ones() -> None:

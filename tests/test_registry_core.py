@@ -198,10 +198,10 @@ async def test_each_registration_and_disposal_is_one_revision_in_order() -> None
     section = registry.register_section(ALICE, handle.id, "rules", 1, "r")
     registry.dispose(ALICE, section.id)
     events = await published(registry, subscription)
-    assert [(e.revision, e.kind.value, e.registered, e.name, e.scope) for e in events] == [
-        (start + 1, "scope", True, "agent", "agent"),
-        (start + 2, "section", True, "rules", "agent"),
-        (start + 3, "section", False, "rules", "agent"),
+    assert [(e.revision, e.kind.value, e.action.value, e.name, e.scope) for e in events] == [
+        (start + 1, "scope", "registered", "agent", "agent"),
+        (start + 2, "section", "registered", "rules", "agent"),
+        (start + 3, "section", "unregistered", "rules", "agent"),
     ]
     assert registry.revision == start + 3
 

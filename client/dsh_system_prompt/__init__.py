@@ -16,6 +16,7 @@ from ._listeners import Listener, Next
 from .client import (
     Client,
     Disposer,
+    Handle,
     Scope,
     TextProvider,
     TextSource,
@@ -62,6 +63,7 @@ __all__ = [
     "ChangesMissed",
     "Client",
     "Disposer",
+    "Handle",
     "Listener",
     "Next",
     "PartReport",

@@ -25,6 +25,7 @@ from google.protobuf.message import Message
 from ._providers import Providers
 from ._replay import Journal, Registration, answer_error, send
 from ._session import Session
+from ._updates import Update
 from .errors import NoAnswer, SystemPromptError, error_from_rpc
 
 T = TypeVar("T")
@@ -230,6 +231,18 @@ class Connection:
                 self.restart()  # it may still be registered there: a new session drops it
             if error.code != grpc.StatusCode.NOT_FOUND:  # NOT_FOUND: gone already
                 raise error from None
+
+    async def update(
+        self, record: Registration, update: Update, timeout: float | None = None
+    ) -> int:
+        """Replace `record`'s value on the sidecar, then in the journal (for replay)."""
+        await self.ready(timeout)
+        update.request.session_id = self.session_id  # after the wait: the current session
+        update.request.registration_id = record.registration_id
+        reply: pb.UpdateResponse = await self.call(self.stub.Update, update.request)
+        if record in self.journal:  # not disposed meanwhile
+            update.apply()
+        return reply.revision
 
     async def _forget(self, record: Registration) -> None:
         self.journal.forget(record)

@@ -41,6 +41,7 @@ _CHANGE_KINDS: dict[int, ChangeKind] = {
 _CHANGE_ACTIONS: dict[int, ChangeAction] = {
     pb.CHANGE_ACTION_REGISTERED: "registered",
     pb.CHANGE_ACTION_UNREGISTERED: "unregistered",
+    pb.CHANGE_ACTION_UPDATED: "updated",
 }
 
 

@@ -139,6 +139,9 @@ class Journal:
     def __len__(self) -> int:
         return len(self._records)
 
+    def __contains__(self, record: Registration) -> bool:
+        return record in self._records
+
     def keep(self, record: Registration) -> None:
         self._records[record] = None
 

@@ -33,6 +33,7 @@ from ._convert import (
 )
 from ._listeners import Listener, label, listener_name
 from ._replay import Contribution, ListenerRegistration, Registration, ScopeHandle
+from ._updates import update_for
 from .errors import NoAnswer, error_from_rpc, invalid_value, protocol_error, stream_ended
 from .types import (
     AssembleContext,
@@ -78,6 +79,34 @@ class Disposer:
         await self()
 
 
+class Handle(Disposer):
+    """A static registration's handle: `await off()` disposes it, like any disposer,
+    and `await off.update(value)` replaces its value in place.
+
+    Only the value changes (a section's or context's text, a variable's value
+    or None, a tool list or ToolProviderResult); its name, order and owner stay.
+    Other clients' assemblies see the old value or the new one, never neither,
+    and watchers get one `updated` event. After a reconnect the latest value
+    is what is registered again.
+    """
+
+    def __init__(self, connection: Connection, record: Contribution[Any]) -> None:
+        super().__init__(lambda: connection.dispose(record))
+        self._connection = connection
+        self._record = record
+
+    async def update(self, value: Any, timeout: float | None = None) -> int:
+        """Replace the value; returns the registry's revision after the update.
+
+        Raises like a registration would for a bad value; NOT_UPDATABLE for a
+        registration made with a provider; while the connection is down, fails
+        fast with UNAVAILABLE or waits up to `timeout` for the reconnect.
+        """
+        return await self._connection.update(
+            self._record, update_for(self._record.request, value), timeout
+        )
+
+
 class _Registrar:
     """The registration methods shared by the client (global layer) and scope handles."""
 
@@ -88,19 +117,19 @@ class _Registrar:
 
     async def section(
         self, name: str, order: float, text: TextSource, *, complete: bool = False
-    ) -> Disposer:
+    ) -> Handle:
         """Contribute a prompt section; `text` is a string or a provider of one."""
         request = pb.RegisterSectionRequest(name=name, order=_order(order), complete=complete)
         source = _with_text(request, self._source(text, "text"))
         record = Contribution(request=request, rpc=self._stub.RegisterSection)
-        return await self._register(record, source)
+        return await self._register_value(record, source)
 
-    async def context(self, name: str, order: float, text: TextSource) -> Disposer:
+    async def context(self, name: str, order: float, text: TextSource) -> Handle:
         """Contribute an ordered runtime context; `text` is a string or a provider."""
         request = pb.RegisterContextRequest(name=name, order=_order(order))
         source = _with_text(request, self._source(text, "text"))
         record = Contribution(request=request, rpc=self._stub.RegisterContext)
-        return await self._register(record, source)
+        return await self._register_value(record, source)
 
     async def suppress_runtime_context(self) -> Disposer:
         """Suppress runtime context here until the returned disposer runs."""
@@ -108,7 +137,7 @@ class _Registrar:
         rpc = self._stub.SuppressRuntimeContext
         return await self._register(Contribution(request=request, rpc=rpc))
 
-    async def tools(self, provider: ToolsSource, *, name: str | None = None) -> Disposer:
+    async def tools(self, provider: ToolsSource, *, name: str | None = None) -> Handle:
         """Contribute tool schemas: a list, a ToolProviderResult, or a provider of one.
 
         `name` labels a provider in errors, reports and traces (default: its function name).
@@ -122,9 +151,9 @@ class _Registrar:
         else:
             request.result.CopyFrom(tools_to_proto(provider))
         record = Contribution(request=request, rpc=self._stub.RegisterTools)
-        return await self._register(record, source)
+        return await self._register_value(record, source)
 
-    async def variable(self, name: str, value: VariableSource) -> Disposer:
+    async def variable(self, name: str, value: VariableSource) -> Handle:
         """Contribute {{name}}: a value, None (no value), or a provider of either."""
         request = pb.RegisterVariableRequest(name=name)
         source = None if value is None else self._source(value, "value")
@@ -135,7 +164,7 @@ class _Registrar:
         else:
             request.dynamic.CopyFrom(source)
         record = Contribution(request=request, rpc=self._stub.RegisterVariable)
-        return await self._register(record, source)
+        return await self._register_value(record, source)
 
     async def on_assemble(
         self,
@@ -169,11 +198,20 @@ class _Registrar:
     async def _register(
         self, record: Registration, source: str | pb.Dynamic | None = None
     ) -> Disposer:
+        await self._make(record, source)
+        return Disposer(lambda: self._connection.dispose(record))
+
+    async def _register_value(
+        self, record: Contribution[Any], source: str | pb.Dynamic | None
+    ) -> Handle:
+        await self._make(record, source)
+        return Handle(self._connection, record)
+
+    async def _make(self, record: Registration, source: str | pb.Dynamic | None) -> None:
         record.scope = self._scope
         if isinstance(source, pb.Dynamic):
             record.provider_key = source.provider_key
         await self._connection.register(record)
-        return Disposer(lambda: self._connection.dispose(record))
 
 
 class Scope(_Registrar):

@@ -11,7 +11,7 @@ from typing import Any, Literal
 ChangeKind = Literal[
     "section", "context", "tools", "variable", "suppressor", "listener", "scope", "unknown"
 ]
-ChangeAction = Literal["registered", "unregistered", "unknown"]
+ChangeAction = Literal["registered", "unregistered", "updated", "unknown"]
 SourceKind = Literal["builtin", "global", "scope", "listener", "unknown"]
 PartKind = Literal["tool", "section", "context", "unknown"]
 # The order a model server caches tools and the system prompt in (see docs/prompt-cache.md).
@@ -208,7 +208,7 @@ class RenderedPrompt:
 
 @dataclass(frozen=True)
 class ChangeEvent:
-    """One registration or disposal seen on the change stream."""
+    """One registration, update or disposal seen on the change stream."""
 
     revision: int
     kind: ChangeKind

@@ -13,6 +13,7 @@ from .cache_history import Entry, HistoryKey, KeyHistory
 from .cache_report import Layout, Report, Size
 from .json_text import load_json
 from .registry import (
+    Action,
     AssembleContext,
     Assembly,
     ChangeEvent,
@@ -321,6 +322,16 @@ def tools_from_proto(request: pb.RegisterToolsRequest, host: ProviderHost) -> To
     return toolset_from_proto(request.result)
 
 
+def update_value_from_proto(request: pb.UpdateRequest) -> str | None | ToolSet:
+    """An update's new static value: text (or a variable's value), no value, or tools."""
+    case = request.WhichOneof("value")
+    if case is None:
+        raise bad_request(Reason.MISSING_VALUE, "an update needs a new value")
+    if case == "tools":
+        return toolset_from_proto(request.tools)
+    return request.text if case == "text" else None
+
+
 def dynamic_from_proto(dynamic: pb.Dynamic, host: ProviderHost) -> Dynamic:
     if not dynamic.provider_key:
         raise bad_request(Reason.MISSING_VALUE, "a dynamic provider needs a provider_key")
@@ -414,6 +425,13 @@ _CHANGE_KINDS = {
 }
 
 
+_CHANGE_ACTIONS = {
+    Action.REGISTERED: pb.CHANGE_ACTION_REGISTERED,
+    Action.UNREGISTERED: pb.CHANGE_ACTION_UNREGISTERED,
+    Action.UPDATED: pb.CHANGE_ACTION_UPDATED,
+}
+
+
 def change_to_proto(item: ChangeEvent | Missed) -> pb.WatchChangesResponse:
     if isinstance(item, Missed):
         return pb.WatchChangesResponse(
@@ -427,9 +445,7 @@ def change_to_proto(item: ChangeEvent | Missed) -> pb.WatchChangesResponse:
         event=pb.ChangeEvent(
             revision=item.revision,
             kind=_CHANGE_KINDS[item.kind],
-            action=pb.CHANGE_ACTION_REGISTERED
-            if item.registered
-            else pb.CHANGE_ACTION_UNREGISTERED,
+            action=_CHANGE_ACTIONS[item.action],
             name=item.name,
             scope=item.scope or "",
         )

@@ -25,6 +25,7 @@ from .convert import (
     report_to_proto,
     text_from_proto,
     tools_from_proto,
+    update_value_from_proto,
     variable_from_proto,
 )
 from .gate import Gate
@@ -158,6 +159,15 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
             return pb.DisposeResponse(revision=self.registry.revision)
 
         return await self._unary(context, dispose)
+
+    async def Update(self, request: pb.UpdateRequest, context: Context) -> pb.UpdateResponse:
+        def update() -> pb.UpdateResponse:
+            session = self.sessions.get(request.session_id)
+            value = update_value_from_proto(request)
+            self.registry.update(session.id, request.registration_id, value)
+            return pb.UpdateResponse(revision=self.registry.revision)
+
+        return await self._unary(context, update)
 
     # -- assembly ---------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from .errors import Failure, RegistryError, ServiceError, Status
 from .limits import Limits
 from .model import (
     SIDECAR_OWNER,
+    Action,
     AssembleContext,
     Assembly,
     ChangeEvent,
@@ -33,6 +34,7 @@ from .tool_order import validate_tool_order
 
 __all__ = [
     "SIDECAR_OWNER",
+    "Action",
     "AssembleContext",
     "Assembly",
     "ChangeEvent",

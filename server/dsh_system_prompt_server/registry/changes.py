@@ -11,7 +11,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
-from .model import ChangeEvent, Kind
+from .model import Action, ChangeEvent, Kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +67,9 @@ class ChangeFeed:
         self.revision = 0
         self._subscribers: dict[Subscription, None] = {}
 
-    def publish(self, kind: Kind, registered: bool, name: str, scope: str | None) -> ChangeEvent:
+    def publish(self, kind: Kind, action: Action, name: str, scope: str | None) -> ChangeEvent:
         self.revision += 1
-        event = ChangeEvent(self.revision, kind, registered, name, scope)
+        event = ChangeEvent(self.revision, kind, action, name, scope)
         for subscriber in self._subscribers:
             subscriber.offer(event)
         return event

@@ -90,6 +90,26 @@ def not_found() -> RegistryError:
     )
 
 
+def not_updatable(kind: str, name: str) -> RegistryError:
+    label = f'{kind} "{name}"' if name else f"this {kind}"
+    why = (
+        "it has no value to replace"
+        if kind in ("suppressor", "listener", "scope")
+        else "its value comes from a dynamic provider, which already gives the latest one"
+    )
+    return RegistryError(
+        Status.FAILED_PRECONDITION, Reason.NOT_UPDATABLE, f"{label} cannot be updated: {why}"
+    )
+
+
+def wrong_value_kind(label: str, wanted: str) -> RegistryError:
+    return RegistryError(
+        Status.INVALID_ARGUMENT,
+        Reason.WRONG_VALUE_KIND,
+        f"an update of {label} needs {wanted}",
+    )
+
+
 def multiple_complete(names: Iterable[str]) -> RegistryError:
     return RegistryError(
         Status.FAILED_PRECONDITION,

@@ -87,6 +87,14 @@ class Kind(enum.Enum):
     SCOPE = "scope"
 
 
+class Action(enum.Enum):
+    """What happened to a registration; the values are the change events' `action` words."""
+
+    REGISTERED = "registered"
+    UNREGISTERED = "unregistered"
+    UPDATED = "updated"
+
+
 @dataclass(frozen=True, slots=True)
 class ProviderCall:
     """One dynamic provider that an assembly needs the value of."""
@@ -204,10 +212,10 @@ class ScopeHandle(Entry[None]):
 
 @dataclass(frozen=True, slots=True)
 class ChangeEvent:
-    """One registration or disposal, numbered by a revision that only grows."""
+    """One registration, update or disposal, numbered by a revision that only grows."""
 
     revision: int
     kind: Kind
-    registered: bool
+    action: Action
     name: str
     scope: str | None

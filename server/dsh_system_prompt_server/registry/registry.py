@@ -30,6 +30,7 @@ from .layers import Layer, Remover, ScopeTree
 from .limits import Limits, quota_exceeded
 from .model import (
     SIDECAR_OWNER,
+    Action,
     AssembleContext,
     Assembly,
     ContextEntry,
@@ -46,6 +47,10 @@ from .model import (
 )
 
 _PLANS_KEPT = 1024  # scopes whose plan is remembered between assemblies
+_UPDATABLE = frozenset({Kind.SECTION, Kind.CONTEXT, Kind.VARIABLE, Kind.TOOLS})
+
+# What an update may put in place of a static value: text, a variable's None, tools.
+StaticValue = str | None | ToolSet
 
 
 E = TypeVar("E", bound=Entry[Any])
@@ -264,6 +269,48 @@ class Registry:
         self._by_owner.pop(owner, None)
         return count
 
+    # -- updates ----------------------------------------------------------------------
+
+    def update(self, owner: str, registration_id: str, value: StaticValue) -> Entry[Any]:
+        """Replace the static value of one of `owner`'s registrations, in place.
+
+        Only the value changes (name, order, layer, owner and id stay), so the
+        entry keeps its place everywhere and an assembly sees the old value or
+        the new one. The new value is checked as at registration. An equal value
+        changes nothing: no new revision, no event.
+        """
+        entry = self._by_owner.get(owner, {}).get(registration_id)
+        if entry is None:
+            raise errors.not_found()
+        if entry.kind not in _UPDATABLE or isinstance(entry.value, Dynamic):
+            raise errors.not_updatable(entry.kind.value, entry.name)
+        self._check_update(entry, value)
+        if entry.value == value:
+            return entry
+        entry.value = value
+        self.changes.publish(entry.kind, Action.UPDATED, entry.name, entry.scope)
+        return entry
+
+    def _check_update(self, entry: Entry[Any], value: StaticValue) -> None:
+        """The checks registration makes of a value of the entry's kind."""
+        label = f'{entry.kind.value} "{entry.name}"' if entry.name else entry.kind.value
+        if entry.kind is Kind.TOOLS:
+            if not isinstance(value, ToolSet):
+                raise errors.wrong_value_kind(label, "a tool result")
+            self.limits.check_tools(value)
+            return
+        if value is None and entry.kind is Kind.VARIABLE:
+            return
+        if not isinstance(value, str):
+            wanted = "a value or no value" if entry.kind is Kind.VARIABLE else "a text"
+            raise errors.wrong_value_kind(label, wanted)
+        noun = {Kind.SECTION: "prompt section", Kind.CONTEXT: "prompt context"}.get(entry.kind)
+        if noun is None:
+            self.limits.check_text(f'prompt variable "{entry.name}" value', value)
+            return
+        self.limits.check_text(f'{noun} "{entry.name}" text', value)
+        _check_template(value, f'{entry.kind.value} "{entry.name}"')
+
     def _remove(self, entry: Entry[Any]) -> None:
         if isinstance(entry, ScopeHandle):
             for child in reversed(list(entry.children.values())):
@@ -278,7 +325,7 @@ class Registry:
             if isinstance(parent, ScopeHandle):
                 parent.children.pop(entry.id, None)
         self._unlinks.pop(entry.id)()
-        self.changes.publish(entry.kind, False, entry.name, entry.scope)
+        self.changes.publish(entry.kind, Action.UNREGISTERED, entry.name, entry.scope)
 
     def _unlink_listener(self, entry: ListenerEntry) -> None:
         entry.value.disposed()
@@ -473,7 +520,7 @@ class Registry:
             self._provider_keys.add((entry.owner, entry.value.key))
         if handle is not None:
             handle.children[entry.id] = entry
-        self.changes.publish(entry.kind, True, entry.name, entry.scope)
+        self.changes.publish(entry.kind, Action.REGISTERED, entry.name, entry.scope)
         return entry
 
 

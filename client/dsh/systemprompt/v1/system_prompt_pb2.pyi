@@ -211,9 +211,11 @@ class _ChangeActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ChangeAc
     """Registered."""
     CHANGE_ACTION_UNREGISTERED: _ChangeAction.ValueType  # 2
     """Disposed."""
+    CHANGE_ACTION_UPDATED: _ChangeAction.ValueType  # 3
+    """Its value was replaced in place (Update): name, order and owner are unchanged."""
 
 class ChangeAction(_ChangeAction, metaclass=_ChangeActionEnumTypeWrapper):
-    """Whether something came or went."""
+    """Whether something came, went or changed its value."""
 
 CHANGE_ACTION_UNSPECIFIED: ChangeAction.ValueType  # 0
 """Never sent."""
@@ -221,6 +223,8 @@ CHANGE_ACTION_REGISTERED: ChangeAction.ValueType  # 1
 """Registered."""
 CHANGE_ACTION_UNREGISTERED: ChangeAction.ValueType  # 2
 """Disposed."""
+CHANGE_ACTION_UPDATED: ChangeAction.ValueType  # 3
+"""Its value was replaced in place (Update): name, order and owner are unchanged."""
 Global___ChangeAction: _TypeAlias = ChangeAction  # noqa: Y015
 
 class _ErrorReason:
@@ -259,7 +263,15 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     SCOPE_NOT_FOUND: _ErrorReason.ValueType  # 11
     """A scope handle id that this session does not hold."""
     REGISTRATION_NOT_FOUND: _ErrorReason.ValueType  # 12
-    """Disposing what does not exist or belongs to another session."""
+    """Disposing (or updating) what does not exist or belongs to another session."""
+    NOT_UPDATABLE: _ErrorReason.ValueType  # 38
+    """Updating a registration that has no static value to replace: a dynamic
+    one, a suppressor, a listener or a scope handle (FAILED_PRECONDITION).
+    """
+    WRONG_VALUE_KIND: _ErrorReason.ValueType  # 39
+    """An update whose value does not fit the registration's kind, e.g. tools
+    for a section, "no value" for a context (INVALID_ARGUMENT).
+    """
     REPORT_NOT_FOUND: _ErrorReason.ValueType  # 36
     """Usage reported for a history key with no reported assembly (NOT_FOUND)."""
     INVALID_TOOL_ORDER: _ErrorReason.ValueType  # 13
@@ -353,7 +365,15 @@ SCOPE_CYCLE: ErrorReason.ValueType  # 10
 SCOPE_NOT_FOUND: ErrorReason.ValueType  # 11
 """A scope handle id that this session does not hold."""
 REGISTRATION_NOT_FOUND: ErrorReason.ValueType  # 12
-"""Disposing what does not exist or belongs to another session."""
+"""Disposing (or updating) what does not exist or belongs to another session."""
+NOT_UPDATABLE: ErrorReason.ValueType  # 38
+"""Updating a registration that has no static value to replace: a dynamic
+one, a suppressor, a listener or a scope handle (FAILED_PRECONDITION).
+"""
+WRONG_VALUE_KIND: ErrorReason.ValueType  # 39
+"""An update whose value does not fit the registration's kind, e.g. tools
+for a section, "no value" for a context (INVALID_ARGUMENT).
+"""
 REPORT_NOT_FOUND: ErrorReason.ValueType  # 36
 """Usage reported for a history key with no reported assembly (NOT_FOUND)."""
 INVALID_TOOL_ORDER: ErrorReason.ValueType  # 13
@@ -1504,6 +1524,82 @@ class DisposeResponse(_message.Message):
 Global___DisposeResponse: _TypeAlias = DisposeResponse  # noqa: Y015
 
 @_typing.final
+class UpdateRequest(_message.Message):
+    """Replaces the value of one static registration. Only the value changes:
+    a section's or context's text, a variable's value (or its "no value"), a
+    tool provider's result. Name, order, complete, layer, owner, label and
+    registration id do not. The new value is checked as at registration
+    (sizes, malformed {{ }} references, tool JSON). A dynamic registration,
+    a suppressor, a listener or a scope handle cannot be updated
+    (FAILED_PRECONDITION, NOT_UPDATABLE); a value of the wrong case for the
+    registration's kind is INVALID_ARGUMENT, WRONG_VALUE_KIND.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    REGISTRATION_ID_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    NO_VALUE_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The owning session."""
+    registration_id: _builtins.str
+    """The id the registration call returned; another session's is NOT_FOUND."""
+    text: _builtins.str
+    """A section's or context's new text, or a variable's new value."""
+    @_builtins.property
+    def no_value(self) -> Global___NoValue:
+        """A variable's new static "no value"."""
+
+    @_builtins.property
+    def tools(self) -> Global___ToolProviderResult:
+        """A tool provider's new static result."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        registration_id: _builtins.str = ...,
+        text: _builtins.str = ...,
+        no_value: Global___NoValue | None = ...,
+        tools: Global___ToolProviderResult | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["no_value", b"no_value", "text", b"text", "tools", b"tools", "value", b"value"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["no_value", b"no_value", "registration_id", b"registration_id", "session_id", b"session_id", "text", b"text", "tools", b"tools", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_value: _TypeAlias = _typing.Literal["text", "no_value", "tools"]  # noqa: Y015
+    _WhichOneofArgType_value: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_value) -> _WhichOneofReturnType_value | None: ...
+
+Global___UpdateRequest: _TypeAlias = UpdateRequest  # noqa: Y015
+
+@_typing.final
+class UpdateResponse(_message.Message):
+    """The registration holds the new value."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    """The registry's revision after the update (unchanged when the value was
+    already the one held: nothing changed, no event was sent).
+    """
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateResponse: _TypeAlias = UpdateResponse  # noqa: Y015
+
+@_typing.final
 class AssembleRequest(_message.Message):
     """---------------------------------------------------------------------------
     Assembly.
@@ -2320,7 +2416,7 @@ class ChangeEvent(_message.Message):
     kind: Global___ChangeKind.ValueType
     """What changed."""
     action: Global___ChangeAction.ValueType
-    """Registered or unregistered."""
+    """Registered, unregistered or updated."""
     name: _builtins.str
     """The name of the section, context or variable; the key of a scope; the label
     a tool provider or listener was registered with (may be empty); empty for a

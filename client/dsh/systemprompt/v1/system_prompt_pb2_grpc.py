@@ -75,6 +75,11 @@ class SystemPromptServiceStub:
                 request_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.DisposeRequest.SerializeToString,
                 response_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.DisposeResponse.FromString,
                 _registered_method=True)
+        self.Update = channel.unary_unary(
+                '/dsh.systemprompt.v1.SystemPromptService/Update',
+                request_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.UpdateRequest.SerializeToString,
+                response_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.UpdateResponse.FromString,
+                _registered_method=True)
         self.Assemble = channel.unary_unary(
                 '/dsh.systemprompt.v1.SystemPromptService/Assemble',
                 request_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.AssembleRequest.SerializeToString,
@@ -168,6 +173,17 @@ class SystemPromptServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Update(self, request, context):
+        """Replaces the value of one static registration (section, context,
+        variable or tool provider) owned by the calling session, atomically: an
+        assembly sees the old value or the new one, never neither. Its name,
+        order, layer, owner and id stay; one change event with action UPDATED
+        tells watchers. An update to the value it already holds changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Assemble(self, request, context):
         """Assembles the prompt for one caller, optionally rendering it on the sidecar.
         """
@@ -251,6 +267,11 @@ def add_SystemPromptServiceServicer_to_server(servicer, server):
                     servicer.Dispose,
                     request_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.DisposeRequest.FromString,
                     response_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.DisposeResponse.SerializeToString,
+            ),
+            'Update': grpc.unary_unary_rpc_method_handler(
+                    servicer.Update,
+                    request_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.UpdateRequest.FromString,
+                    response_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.UpdateResponse.SerializeToString,
             ),
             'Assemble': grpc.unary_unary_rpc_method_handler(
                     servicer.Assemble,
@@ -495,6 +516,33 @@ class SystemPromptService:
             '/dsh.systemprompt.v1.SystemPromptService/Dispose',
             dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.DisposeRequest.SerializeToString,
             dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.DisposeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Update(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dsh.systemprompt.v1.SystemPromptService/Update',
+            dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.UpdateRequest.SerializeToString,
+            dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.UpdateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -69,6 +69,13 @@ class SystemPromptServiceStub:
     """Disposes one registration (or scope handle) owned by the calling session.
     Disposing what does not exist or belongs to another session is NOT_FOUND.
     """
+    Update: _grpc.UnaryUnaryMultiCallable[_system_prompt_pb2.UpdateRequest, _system_prompt_pb2.UpdateResponse]
+    """Replaces the value of one static registration (section, context,
+    variable or tool provider) owned by the calling session, atomically: an
+    assembly sees the old value or the new one, never neither. Its name,
+    order, layer, owner and id stay; one change event with action UPDATED
+    tells watchers. An update to the value it already holds changes nothing.
+    """
     Assemble: _grpc.UnaryUnaryMultiCallable[_system_prompt_pb2.AssembleRequest, _system_prompt_pb2.AssembleResponse]
     """Assembles the prompt for one caller, optionally rendering it on the sidecar."""
     WatchChanges: _grpc.UnaryStreamMultiCallable[_system_prompt_pb2.WatchChangesRequest, _system_prompt_pb2.WatchChangesResponse]
@@ -118,6 +125,13 @@ class SystemPromptServiceAsyncStub(SystemPromptServiceStub):
     Dispose: _aio.UnaryUnaryMultiCallable[_system_prompt_pb2.DisposeRequest, _system_prompt_pb2.DisposeResponse]  # type: ignore[assignment]
     """Disposes one registration (or scope handle) owned by the calling session.
     Disposing what does not exist or belongs to another session is NOT_FOUND.
+    """
+    Update: _aio.UnaryUnaryMultiCallable[_system_prompt_pb2.UpdateRequest, _system_prompt_pb2.UpdateResponse]  # type: ignore[assignment]
+    """Replaces the value of one static registration (section, context,
+    variable or tool provider) owned by the calling session, atomically: an
+    assembly sees the old value or the new one, never neither. Its name,
+    order, layer, owner and id stay; one change event with action UPDATED
+    tells watchers. An update to the value it already holds changes nothing.
     """
     Assemble: _aio.UnaryUnaryMultiCallable[_system_prompt_pb2.AssembleRequest, _system_prompt_pb2.AssembleResponse]  # type: ignore[assignment]
     """Assembles the prompt for one caller, optionally rendering it on the sidecar."""
@@ -213,6 +227,19 @@ class SystemPromptServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_system_prompt_pb2.DisposeResponse, _abc.Awaitable[_system_prompt_pb2.DisposeResponse]]:
         """Disposes one registration (or scope handle) owned by the calling session.
         Disposing what does not exist or belongs to another session is NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def Update(
+        self,
+        request: _system_prompt_pb2.UpdateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_system_prompt_pb2.UpdateResponse, _abc.Awaitable[_system_prompt_pb2.UpdateResponse]]:
+        """Replaces the value of one static registration (section, context,
+        variable or tool provider) owned by the calling session, atomically: an
+        assembly sees the old value or the new one, never neither. Its name,
+        order, layer, owner and id stay; one change event with action UPDATED
+        tells watchers. An update to the value it already holds changes nothing.
         """
 
     @_abc_1.abstractmethod
