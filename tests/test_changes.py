@@ -90,7 +90,8 @@ async def test_closing_a_session_emits_an_unregistered_event_per_registration(
 async def test_a_stuck_watcher_blocks_no_registration_and_is_told_what_it_missed(
     make_sidecar: SidecarFactory,
 ) -> None:
-    sidecar: Sidecar = await make_sidecar(watch_buffer=16, limits={"max_name_bytes": 16384})
+    # 256 buffered: the stuck watcher still overflows, a live reader slowed by load does not.
+    sidecar: Sidecar = await make_sidecar(watch_buffer=256, limits={"max_name_bytes": 16384})
     async with dsp.connect(sidecar.address) as client:
         stuck = await client.watch_changes()  # never read until the end
         live = await client.watch_changes()
