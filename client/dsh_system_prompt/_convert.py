@@ -37,6 +37,7 @@ _CHANGE_KINDS: dict[int, ChangeKind] = {
     pb.CHANGE_KIND_SUPPRESSOR: "suppressor",
     pb.CHANGE_KIND_LISTENER: "listener",
     pb.CHANGE_KIND_SCOPE: "scope",
+    pb.CHANGE_KIND_CONFIG: "config",
 }
 _CHANGE_ACTIONS: dict[int, ChangeAction] = {
     pb.CHANGE_ACTION_REGISTERED: "registered",

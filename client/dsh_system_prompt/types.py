@@ -9,7 +9,15 @@ from typing import Any, Literal
 
 # "unknown": a value this client does not know, sent by a newer sidecar.
 ChangeKind = Literal[
-    "section", "context", "tools", "variable", "suppressor", "listener", "scope", "unknown"
+    "section",
+    "context",
+    "tools",
+    "variable",
+    "suppressor",
+    "listener",
+    "scope",
+    "config",
+    "unknown",
 ]
 ChangeAction = Literal["registered", "unregistered", "updated", "unknown"]
 SourceKind = Literal["builtin", "global", "scope", "listener", "unknown"]

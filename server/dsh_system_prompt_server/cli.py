@@ -17,6 +17,7 @@ from .cache_report import Layout
 from .commands import add_connection_options, run
 from .config import LOG_LEVELS, ConfigError, SidecarConfig, load_config, with_overrides
 from .logs import configure_logging, logger
+from .reload import POLL_S, Reloader
 from .tokens import TOKENIZERS
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
@@ -39,7 +40,17 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the sidecar")
     serve.set_defaults(run=_serve)
-    serve.add_argument("--config", help="TOML config file (defaults apply without one)")
+    serve.add_argument(
+        "--config",
+        help="TOML config file (defaults apply without one); reloaded on SIGHUP and on change",
+    )
+    serve.add_argument(
+        "--config-poll",
+        type=float,
+        default=POLL_S,
+        metavar="SECONDS",
+        help=f"how often to look for a changed config file (default {POLL_S:g}; 0: SIGHUP only)",
+    )
     serve.add_argument(
         "--listen",
         default=DEFAULT_LISTEN,
@@ -117,24 +128,13 @@ def _add_client_commands(commands: Any) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        config = with_overrides(
-            load_config(args.config),
-            auth_token_file=args.auth_token_file,
-            tls_cert_file=args.tls_cert_file,
-            tls_key_file=args.tls_key_file,
-            tls_client_ca_file=args.tls_client_ca_file,
-            metrics_listen=args.metrics_listen,
-            tokenizer=args.tokenizer,
-            log_level=args.log_level,
-            log_format=args.log_format,
-            reflection=args.reflection,
-        )
+        config = _load(args)
     except ConfigError as error:
         print(f"dsh-system-prompt: {error}", file=sys.stderr)
         return EXIT_CONFIG
     configure_logging(config.log_level, config.log_format)
     try:
-        asyncio.run(_run(config, args.listen))
+        asyncio.run(_run(config, args))
     except OSError as error:
         print(f"dsh-system-prompt: cannot serve on {args.listen}: {error}", file=sys.stderr)
         return EXIT_LISTEN
@@ -142,6 +142,22 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"dsh-system-prompt: {error}", file=sys.stderr)
         return EXIT_CONFIG
     return 0
+
+
+def _load(args: argparse.Namespace) -> SidecarConfig:
+    """The config file with the command's flags over it (at start, and at every reload)."""
+    return with_overrides(
+        load_config(args.config),
+        auth_token_file=args.auth_token_file,
+        tls_cert_file=args.tls_cert_file,
+        tls_key_file=args.tls_key_file,
+        tls_client_ca_file=args.tls_client_ca_file,
+        metrics_listen=args.metrics_listen,
+        tokenizer=args.tokenizer,
+        log_level=args.log_level,
+        log_format=args.log_format,
+        reflection=args.reflection,
+    )
 
 
 def _listen_address(value: str) -> str:
@@ -152,13 +168,21 @@ def _listen_address(value: str) -> str:
     return value
 
 
-async def _run(config: SidecarConfig, listen: str) -> None:
-    sidecar = await start_sidecar(config, listen)
+async def _run(config: SidecarConfig, args: argparse.Namespace) -> None:
+    sidecar = await start_sidecar(config, args.listen)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    watching = None
+    if args.config:
+        reloader = Reloader(sidecar, args.config, lambda: _load(args))
+        loop.add_signal_handler(signal.SIGHUP, reloader.reload, "SIGHUP")
+        if args.config_poll > 0:
+            watching = asyncio.create_task(reloader.watch(args.config_poll))
     print(f"dsh-system-prompt listening on {sidecar.address}", flush=True)
     await stop.wait()
+    if watching is not None:
+        watching.cancel()
     _log.info("draining (grace %ss)", config.shutdown_grace_s)
     await sidecar.drain()

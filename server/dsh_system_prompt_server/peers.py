@@ -15,14 +15,14 @@ class PeerCounts:
     """How many sessions each TCP connection holds, against `limit`."""
 
     def __init__(self, limit: int) -> None:
-        self._limit = limit
+        self.limit = limit
         self._counts: Counter[str] = Counter()
 
     def admit(self, peer: str) -> None:
         """Count one more session for `peer`; QUOTA_EXCEEDED when it holds `limit` already."""
         if not peer.startswith(_DISTINCT_PEERS):
             return
-        if self._counts[peer] >= self._limit:
+        if self._counts[peer] >= self.limit:
             raise quota_exceeded(
                 f"this connection already has {self._counts[peer]} sessions, the limit per"
                 " peer (limits.max_sessions_per_peer): open another connection or close some"

@@ -82,6 +82,14 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
             watchers=registry.changes.subscriber_count,
         )
 
+    def reconfigure(self, config: SidecarConfig) -> None:
+        """Take the reloaded live settings: quotas, the watch buffer, the report layout."""
+        limits = config.server_limits
+        self.sessions.set_limits(limits.max_sessions, limits.max_sessions_per_peer)
+        self.prefix_layout = config.prefix_layout
+        self._watch_buffer = config.watch_buffer
+        self._max_watchers = limits.max_watchers
+
     # -- sessions ---------------------------------------------------------------------
 
     # The reader/writer API (context.read, context.write) returns None where the

@@ -124,6 +124,11 @@ class Sessions:
         self._per_peer = PeerCounts(max_per_peer)
         self._open: dict[str, Session] = {}
 
+    def set_limits(self, max_sessions: int, max_per_peer: int) -> None:
+        """New quotas for sessions opened from now on (open ones stay)."""
+        self._max_sessions = max_sessions
+        self._per_peer.limit = max_per_peer
+
     async def serve(self, stream: SessionStream, gate: Gate) -> None:
         """One OpenSession stream, start to end: the start message opens a session (through
         `gate`), answers flow to waiting assemblies, and the stream's end closes it.

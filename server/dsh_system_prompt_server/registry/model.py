@@ -85,6 +85,7 @@ class Kind(enum.Enum):
     SUPPRESSOR = "suppressor"
     LISTENER = "listener"
     SCOPE = "scope"
+    CONFIG = "config"  # a sidecar setting reloaded live; never a registration
 
 
 class Action(enum.Enum):

@@ -8,7 +8,7 @@ import math
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, TypeVar
 
 from dsh_system_prompt_core import (
@@ -102,11 +102,38 @@ class Registry:
         self._listener_count = 0
         self._plans: OrderedDict[str | None, assembly.Plan] = OrderedDict()
         self.limits = self.settings.limits
+        self._builtins: dict[str, SectionEntry] = {}
         if self.settings.include_harness_identity:
             self._add_builtin(
                 HARNESS_IDENTITY_SECTION, HARNESS_IDENTITY_ORDER, HARNESS_IDENTITY_TEXT
             )
         self._add_builtin(PERSONA_SECTION, PERSONA_ORDER, self.settings.persona)
+
+    def reconfigure(self, settings: RegistrySettings) -> list[str]:
+        """Apply reloaded settings; returns the config keys that changed.
+
+        The built-in sections come, go or are updated like registrations (their
+        change events); every other changed setting is a `config` event named for its
+        key. Either moves the revision, so no plan or cached response outlives it.
+        """
+        old, self.settings = self.settings, settings
+        self.limits = settings.limits
+        changed = [key for key, value in _flat(settings).items() if _flat(old)[key] != value]
+        if "include_harness_identity" in changed:
+            if settings.include_harness_identity:
+                self._add_builtin(
+                    HARNESS_IDENTITY_SECTION, HARNESS_IDENTITY_ORDER, HARNESS_IDENTITY_TEXT
+                )
+            else:
+                self._remove(self._builtins.pop(HARNESS_IDENTITY_SECTION))
+        if "persona" in changed:  # in place, as update() does: no gap for assemblies
+            persona = self._builtins[PERSONA_SECTION]
+            persona.value = settings.persona
+            self.changes.publish(Kind.SECTION, Action.UPDATED, persona.name, None)
+        for key in changed:
+            if key not in ("persona", "include_harness_identity"):
+                self.changes.publish(Kind.CONFIG, Action.REGISTERED, key, None)
+        return changed
 
     @property
     def revision(self) -> int:
@@ -465,7 +492,7 @@ class Registry:
             id=new_id(), owner=SIDECAR_OWNER, kind=Kind.SECTION, scope=None, handle=None,
             name=name, value=text, order=order,
         )  # fmt: skip
-        self._added(entry, None, self._global.add_section(entry))
+        self._builtins[name] = self._added(entry, None, self._global.add_section(entry))
 
     def _check_value(self, owner: str, what: str, value: str | Dynamic | None) -> None:
         if isinstance(value, str):
@@ -556,3 +583,13 @@ def _merged(layers: Iterable[dict[str, E]]) -> dict[str, E]:
 
 def _sorted(merged: dict[str, Ordered]) -> list[Ordered]:
     return sorted(merged.values(), key=lambda entry: entry.order)
+
+
+def _flat(settings: RegistrySettings) -> dict[str, object]:
+    """The settings by config key (`limits.max_tools` for a limit)."""
+    flat: dict[str, object] = {
+        f.name: getattr(settings, f.name) for f in fields(settings) if f.name != "limits"
+    }
+    for limit in fields(settings.limits):
+        flat[f"limits.{limit.name}"] = getattr(settings.limits, limit.name)
+    return flat

@@ -177,6 +177,12 @@ class _ChangeKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ChangeKind
     """A waterfall listener."""
     CHANGE_KIND_SCOPE: _ChangeKind.ValueType  # 7
     """A scope handle."""
+    CHANGE_KIND_CONFIG: _ChangeKind.ValueType  # 8
+    """A setting of the sidecar's config, reloaded live (SIGHUP or a changed config
+    file); `name` is its config key (e.g. `tool_order`, `limits.max_tools`) and
+    the action is always CHANGE_ACTION_REGISTERED. A reloaded persona is its
+    built-in section updated; the identity switch, harness:identity coming or going.
+    """
 
 class ChangeKind(_ChangeKind, metaclass=_ChangeKindEnumTypeWrapper):
     """What a change event is about."""
@@ -197,6 +203,12 @@ CHANGE_KIND_LISTENER: ChangeKind.ValueType  # 6
 """A waterfall listener."""
 CHANGE_KIND_SCOPE: ChangeKind.ValueType  # 7
 """A scope handle."""
+CHANGE_KIND_CONFIG: ChangeKind.ValueType  # 8
+"""A setting of the sidecar's config, reloaded live (SIGHUP or a changed config
+file); `name` is its config key (e.g. `tool_order`, `limits.max_tools`) and
+the action is always CHANGE_ACTION_REGISTERED. A reloaded persona is its
+built-in section updated; the identity switch, harness:identity coming or going.
+"""
 Global___ChangeKind: _TypeAlias = ChangeKind  # noqa: Y015
 
 class _ChangeAction:

@@ -1,0 +1,133 @@
+"""Config reload: on SIGHUP or a changed config file, apply what can change live.
+
+The new file is validated whole first; a bad one changes nothing and is
+logged. Settings that only take effect at start (addresses, TLS, auth, the
+transport's limits) keep their running value, and a log line says a restart
+is needed for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from .app import Sidecar
+from .config import ConfigError, ServerLimits, SidecarConfig
+from .logs import LOGGER_NAME, logger
+from .registry import Limits
+
+_log = logger("reload")
+
+# Everything else needs a restart: it is bound into the server, its ports or its caches.
+LIVE_KEYS = frozenset(
+    {
+        "persona", "include_harness_identity", "include_runtime_context", "tool_order",
+        "provider_timeout_s", "shutdown_grace_s", "watch_buffer", "log_level", "prefix_layout",
+        *(f"limits.{f.name}" for f in fields(Limits)),
+        "limits.max_sessions", "limits.max_sessions_per_peer", "limits.max_watchers",
+    }
+)  # fmt: skip
+POLL_S = 1.0  # how often the config file is compared with what was loaded
+
+
+@dataclass(frozen=True)
+class Reloaded:
+    """What one reload did: the keys applied live, and those that wait for a restart."""
+
+    applied: list[str]
+    need_restart: list[str]
+
+
+def config_keys(config: SidecarConfig) -> dict[str, object]:
+    """The config by its file's keys (`limits.max_tools`, `auth_token_file`, ...)."""
+    flat: dict[str, object] = {}
+    for item in fields(config):
+        value = getattr(config, item.name)
+        if item.name == "registry":
+            flat |= {f.name: getattr(value, f.name) for f in fields(value) if f.name != "limits"}
+            flat |= {f"limits.{f.name}": getattr(value.limits, f.name) for f in fields(Limits)}
+        elif item.name == "server_limits":
+            flat |= {f"limits.{f.name}": getattr(value, f.name) for f in fields(ServerLimits)}
+        elif item.name == "security":
+            flat |= {f.name: getattr(value, f.name) for f in fields(value)}
+        else:
+            flat[item.name] = value
+    return flat
+
+
+def apply(sidecar: Sidecar, new: SidecarConfig, loaded: SidecarConfig) -> Reloaded:
+    """Apply `new`'s live settings to `sidecar`; `loaded` is the config read last time."""
+    before, after = config_keys(loaded), config_keys(new)
+    changed = [key for key in after if after[key] != before[key]]
+    running = sidecar.config
+    limits = new.server_limits
+    live = replace(
+        running,
+        registry=new.registry,
+        server_limits=replace(
+            running.server_limits, max_sessions=limits.max_sessions,
+            max_sessions_per_peer=limits.max_sessions_per_peer, max_watchers=limits.max_watchers,
+        ),
+        shutdown_grace_s=new.shutdown_grace_s, watch_buffer=new.watch_buffer,
+        log_level=new.log_level, prefix_layout=new.prefix_layout,
+    )  # fmt: skip
+    sidecar.config = live
+    sidecar.registry.reconfigure(live.registry)
+    sidecar.service.reconfigure(live)
+    logging.getLogger(LOGGER_NAME).setLevel(live.log_level.upper())
+    return Reloaded(
+        applied=[key for key in changed if key in LIVE_KEYS],
+        need_restart=[key for key in changed if key not in LIVE_KEYS],
+    )
+
+
+class Reloader:
+    """Reloads `path` into a running sidecar, on demand and when the file changes."""
+
+    def __init__(self, sidecar: Sidecar, path: str, load: Callable[[], SidecarConfig]) -> None:
+        self._sidecar = sidecar
+        self._path = path
+        self._load = load
+        self._loaded = sidecar.config
+        self._seen = _fingerprint(path)
+
+    def reload(self, why: str) -> Reloaded | None:
+        """Load, validate and apply the file; None (and an error logged) when it is bad."""
+        self._seen = _fingerprint(self._path)
+        try:
+            new = self._load()
+        except ConfigError as error:
+            _log.error(
+                "config reload from %s (%s) failed, keeping the running config: %s",
+                self._path, why, error,
+            )  # fmt: skip
+            return None
+        reloaded = apply(self._sidecar, new, self._loaded)
+        self._loaded = new
+        changed = ", ".join(reloaded.applied) or "nothing changed"
+        _log.info("config reloaded from %s (%s): %s", self._path, why, changed)
+        for key in reloaded.need_restart:
+            _log.warning(
+                "config key '%s' changed in %s but takes effect only at a restart:"
+                " the running value stays", key, self._path,
+            )  # fmt: skip
+        return reloaded
+
+    async def watch(self, interval: float = POLL_S) -> None:
+        """Reload whenever the file's contents change (a mounted ConfigMap swaps it)."""
+        while True:
+            await asyncio.sleep(interval)
+            if _fingerprint(self._path) != self._seen:
+                self.reload("config file changed")
+
+
+def _fingerprint(path: str) -> str | None:
+    """The file's contents' digest; None while it cannot be read."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None

@@ -1,0 +1,137 @@
+"""Config reload in a running `serve`: a changed file (or SIGHUP) changes the next assembly;
+a bad file changes nothing and is logged; what needs a restart says so."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import dsh_system_prompt as dsp
+from dsh_system_prompt_server.registry import Registry, RegistrySettings
+from helpers import eventually, section_names, tool, tool_names
+from processes import serve
+
+ORDER = 'tool_order = ["b", "<unlisted-tools>", "a"]\n'
+
+
+def write(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
+
+
+async def persona(client: dsp.Client) -> str:
+    sections = (await client.assemble()).sections
+    return next(s.text for s in sections if s.name == dsp.PERSONA_SECTION)
+
+
+async def test_an_edited_config_file_changes_the_next_assembly(tmp_path: Path) -> None:
+    config = tmp_path / "sidecar.toml"
+    write(config, 'persona = "Before."\n')
+    async with (
+        serve("--listen", "127.0.0.1:0", "--config", str(config), "--config-poll", "0.1") as served,
+        dsp.connect(served.address) as client,
+    ):
+        assert await persona(client) == "Before."
+        write(config, 'persona = "After."\n')
+
+        async def after() -> bool:
+            return await persona(client) == "After."
+
+        await eventually(after, "the new persona", timeout=10)
+        assert served.process.returncode is None  # the same process: no restart
+
+
+async def test_sighup_reloads_the_tool_order(tmp_path: Path) -> None:
+    config = tmp_path / "sidecar.toml"
+    write(config, "")
+    async with (
+        serve("--listen", "127.0.0.1:0", "--config", str(config), "--config-poll", "0") as served,
+        dsp.connect(served.address) as client,
+    ):
+        await client.tools([tool("a"), tool("b")])
+        assert tool_names(await client.assemble()) == ["a", "b"]
+        write(config, ORDER)
+        served.process.send_signal(signal.SIGHUP)
+
+        async def reordered() -> bool:
+            return tool_names(await client.assemble()) == ["b", "a"]
+
+        await eventually(reordered, "the reloaded tool order", timeout=10)
+        assert "config reloaded from" in served.logs()
+
+
+async def test_a_bad_edit_changes_nothing_and_is_logged(tmp_path: Path) -> None:
+    config = tmp_path / "sidecar.toml"
+    write(config, 'persona = "Kept."\n' + ORDER)
+    async with (
+        serve("--listen", "127.0.0.1:0", "--config", str(config), "--config-poll", "0.1") as served,
+        dsp.connect(served.address) as client,
+    ):
+        await client.tools([tool("a"), tool("b")])
+        write(config, 'persona = "Lost."\ntool_order = ["b", "a"]\n')  # no <unlisted-tools>
+        await eventually(lambda: "keeping the running config" in served.logs(), "the log line")
+        assert '"<unlisted-tools>"' in served.logs().split("keeping the running config")[1]
+        assembly = await client.assemble()
+        assert await persona(client) == "Kept."
+        assert tool_names(assembly) == ["b", "a"]
+
+
+async def test_a_key_that_needs_a_restart_says_so_and_keeps_its_value(tmp_path: Path) -> None:
+    config = tmp_path / "sidecar.toml"
+    write(config, 'persona = "One."\n')
+    async with serve(
+        "--listen", "127.0.0.1:0", "--config", str(config), "--config-poll", "0.1"
+    ) as served:
+        write(config, 'persona = "Two."\nmetrics_listen = "127.0.0.1:1"\n')
+        await eventually(lambda: "metrics_listen" in served.logs(), "the restart notice")
+        assert "config key 'metrics_listen' changed" in served.logs()
+        assert "takes effect only at a restart" in served.logs()
+        async with dsp.connect(served.address) as client:
+            assert await persona(client) == "Two."  # the live key applied all the same
+
+
+async def test_reloading_the_identity_switch_and_persona_emits_change_events() -> None:
+    registry = Registry(RegistrySettings(persona="Old."))
+    subscription = registry.changes.subscribe(16)
+    changed = registry.reconfigure(RegistrySettings(persona="New.", include_harness_identity=False))
+    assert changed == ["persona", "include_harness_identity"]
+    events = [await subscription.next() for _ in range(2)]
+    assert [(e.kind.value, e.action.value, e.name) for e in events] == [  # type: ignore[union-attr]
+        ("section", "unregistered", "harness:identity"),
+        ("section", "updated", dsp.PERSONA_SECTION),
+    ]
+    assembly = await registry.assemble()
+    assert [s.text for s in assembly.sections] == ["New."]
+
+
+async def test_reloading_other_settings_emits_a_config_event_per_key() -> None:
+    registry = Registry()
+    revision = registry.revision
+    subscription = registry.changes.subscribe(16)
+    registry.reconfigure(
+        RegistrySettings(include_runtime_context=False, tool_order=("<unlisted-tools>",))
+    )
+    events = [await subscription.next() for _ in range(2)]
+    assert {(e.kind.value, e.name) for e in events} == {  # type: ignore[union-attr]
+        ("config", "include_runtime_context"),
+        ("config", "tool_order"),
+    }
+    assert registry.revision == revision + 2
+
+
+async def test_a_watcher_sees_a_reload_as_change_events(tmp_path: Path) -> None:
+    config = tmp_path / "sidecar.toml"
+    write(config, "")
+    async with (
+        serve("--listen", "127.0.0.1:0", "--config", str(config), "--config-poll", "0.1") as served,
+        dsp.connect(served.address) as client,
+    ):
+        changes = await client.watch_changes()
+        write(config, "include_runtime_context = false\n")
+        event = await anext(aiter(changes))
+        assert isinstance(event, dsp.ChangeEvent)
+        assert (event.kind, event.action, event.name) == (
+            "config", "registered", "include_runtime_context",
+        )  # fmt: skip
+        await client.context("cwd", 1, "cwd: /work")
+        assert (await client.assemble()).contexts == []
+        assert section_names(await client.assemble())[0] == "harness:identity"
