@@ -101,3 +101,9 @@ class Reason(enum.StrEnum):
     """The sidecar sent something the client cannot make sense of."""
     UNKNOWN = "UNKNOWN"
     """A failure that carried no reason (an older sidecar, or a proxy in between)."""
+
+    # -- peers and sizes (RESOURCE_EXHAUSTED), added after the client-side reasons ------
+    STREAM_STALLED = "STREAM_STALLED"
+    """A peer did not read its stream in time, or left too much unread: it was closed."""
+    RESPONSE_TOO_LARGE = "RESPONSE_TOO_LARGE"
+    """An assembly (or its report) too large for one message of the configured size."""

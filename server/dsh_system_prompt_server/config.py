@@ -36,6 +36,7 @@ class ServerLimits:
     max_sessions: int = 1_000
     max_sessions_per_peer: int = 100  # per TCP connection: headroom for everyone else
     max_watchers: int = 1_000
+    max_outbox_bytes: int = 8 * 1024 * 1024  # unread by one session or listener
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
@@ -18,6 +18,9 @@ from .convert import (
     context_to_proto,
 )
 from .gate import Gate
+from .logs import logger
+from .metrics import Metrics
+from .outbox import Outbox, OutboxLimits
 from .registry import (
     AssembleContext,
     Assembly,
@@ -32,7 +35,7 @@ from .registry import (
 from .sessions import Sessions, Stream
 from .status import bad_request
 
-Send = Callable[[pb.ListenResponse], Awaitable[None]]
+_log = logger("listeners")
 
 # What this sidecar can do on a listener stream, when the client says it can too.
 LISTENER_FEATURES = frozenset({FEATURE_TOOL_SLOTS})
@@ -44,24 +47,32 @@ ListenStream = Stream[pb.ListenResponse]
 class Listeners:
     """Listen streams' life cycle: install the listener, route replies, dispose at the end."""
 
-    def __init__(self, registry: Registry, sessions: Sessions) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        sessions: Sessions,
+        metrics: Metrics,
+        outbox: OutboxLimits | None = None,
+    ) -> None:
         self._registry = registry
         self._sessions = sessions
+        self._metrics = metrics
+        self._outbox = outbox or OutboxLimits()
 
     async def serve(self, stream: ListenStream, gate: Gate) -> None:
         """One Listen stream, start to end: the start message installs the listener
         (through `gate`) until the client closes the stream or the listener is disposed.
 
-        Raises a Failure before the listener is installed (a bad start, a refusal).
+        Raises a Failure before the listener is installed (a bad start, a refusal), and
+        STREAM_STALLED when the client stopped reading (the listener is disposed).
         """
         first = await stream.read()
         if not isinstance(first, pb.ListenRequest) or not first.HasField("start"):
             raise bad_request(Reason.BAD_STREAM, "a listener must start with ListenStart")
         start = first.start
         features = [name for name in start.features if name in LISTENER_FEATURES]
-        listener = ListenerStream(
-            start.name, stream.write, tool_slots=FEATURE_TOOL_SLOTS in features
-        )
+        outbox = Outbox(stream.write, self._outbox, f'listener "{start.name[:64]}"')
+        listener = ListenerStream(start.name, outbox, tool_slots=FEATURE_TOOL_SLOTS in features)
         with gate.call():
             owner = self._sessions.get(start.session_id).id
             entry = self._registry.add_listener(
@@ -72,40 +83,44 @@ class Listeners:
                 global_=getattr(start, "global"),  # a Python keyword: no attribute syntax
                 name=start.name,
             )
+        writer = asyncio.create_task(outbox.run())
         reader = asyncio.create_task(_route(stream, listener))
+        ended = asyncio.create_task(listener.ended.wait())
         try:
-            await stream.write(
-                pb.ListenResponse(
-                    registered=pb.ListenerRegistered(
-                        registration_id=entry.id,
-                        revision=self._registry.revision,
-                        features=features,
-                    )
-                )
+            registered = pb.ListenerRegistered(
+                registration_id=entry.id, revision=self._registry.revision, features=features
             )
-            ended = asyncio.create_task(listener.ended.wait())
-            await asyncio.wait({reader, ended}, return_when=asyncio.FIRST_COMPLETED)
-            ended.cancel()
+            outbox.send(pb.ListenResponse(registered=registered))
+            done, _ = await asyncio.wait(
+                {reader, ended, writer}, return_when=asyncio.FIRST_COMPLETED
+            )
+            if reader in done:
+                reader.result()  # what ended the stream, if it failed
         finally:
-            reader.cancel()
+            for task in (reader, ended, writer):
+                task.cancel()
             listener.end()
             with contextlib.suppress(RegistryError):  # already disposed, or with its session
                 self._registry.dispose(owner, entry.id)
+        if outbox.stalled.is_set():
+            _log.warning("disposed listener %s: %s", listener.name[:64], outbox.stall_reason)
+            self._metrics.peer_stalled("listener")
+            raise outbox.stall_error()
 
 
 class ListenerStream:
     """Runs invocations of one listener over its stream (a registry ListenerHost)."""
 
-    def __init__(self, name: str, send: Send, *, tool_slots: bool = False) -> None:
+    def __init__(
+        self, name: str, outbox: Outbox[pb.ListenResponse], *, tool_slots: bool = False
+    ) -> None:
         self.name = name or "(unnamed)"
         self._tool_slots = tool_slots  # the client decodes slots in next results
-        self._send_raw = send
-        self._send_lock = asyncio.Lock()
+        self._outbox = outbox
         self._inboxes: dict[int, asyncio.Queue[pb.ListenRequest | None]] = {}
         self._invocation_ids = itertools.count(1)
         self.ended = asyncio.Event()
         self.messages_sent = 0  # invocations, next results and cancels, for round-trip counts
-        self._background: set[asyncio.Task[None]] = set()
 
     async def invoke(
         self, assembly: Assembly, context: AssembleContext, next_: NextFn, timeout: float | None
@@ -117,7 +132,7 @@ class ListenerStream:
         self._inboxes[invocation_id] = inbox
         sent = assembly.tools  # what the client holds: its replies refer to these by slot
         try:
-            await self._send(
+            self._send(
                 pb.ListenResponse(
                     invocation=pb.ListenerInvocation(
                         invocation_id=invocation_id,
@@ -137,7 +152,7 @@ class ListenerStream:
                     if self._tool_slots
                     else (assembly_to_proto(returned), [])
                 )
-                await self._send(
+                self._send(
                     pb.ListenResponse(
                         next_result=pb.ListenerNextResult(
                             invocation_id=invocation_id, assembly=message, tool_slots=slots
@@ -215,25 +230,17 @@ class ListenerStream:
                 f'listener "{self.name}" failed: {error.message}',
             ) from None
 
-    async def _send(self, message: pb.ListenResponse) -> None:
-        if self.ended.is_set():
+    def _send(self, message: pb.ListenResponse) -> None:
+        """Queue `message` on the stream (its outbox writes it; this never waits)."""
+        if self.ended.is_set() or not self._outbox.send(message):
             raise self._unavailable()
-        async with self._send_lock:  # one outstanding write per stream
-            self.messages_sent += 1
-            await self._send_raw(message)
+        self.messages_sent += 1
 
     def _abandon(self, invocation_id: int) -> None:
-        # Sent in the background: the assembly may itself be being cancelled.
         if self.ended.is_set():
             return
-        message = pb.ListenResponse(cancel=pb.ListenerCancel(invocation_id=invocation_id))
-        task = asyncio.ensure_future(self._send_quietly(message))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _send_quietly(self, message: pb.ListenResponse) -> None:
-        with contextlib.suppress(Exception):  # the stream may be going away
-            await self._send(message)
+        with contextlib.suppress(ServiceError):  # the stream may be going away
+            self._send(pb.ListenResponse(cancel=pb.ListenerCancel(invocation_id=invocation_id)))
 
     def _unavailable(self) -> ServiceError:
         return ServiceError(

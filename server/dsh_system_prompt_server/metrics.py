@@ -39,6 +39,12 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.stalled_peers = Counter(
+            "dsp_stalled_peers",
+            "Sessions and listeners closed because they did not read their stream, by kind",
+            ["kind"],
+            registry=self.registry,
+        )
         self.sessions = Gauge("dsp_sessions", "Open sessions", registry=self.registry)
         self.registrations = Gauge(
             "dsp_registrations", "Live registrations (built-ins included)", registry=self.registry
@@ -74,6 +80,10 @@ class Metrics:
             key,
             registry=self.registry,
         )
+
+    def peer_stalled(self, kind: str) -> None:
+        """Count one session or listener closed for not reading its stream."""
+        self.stalled_peers.labels(kind).inc()
 
     def prefix_stable(self, scope: str | None, ratio: float) -> None:
         self.prefix_stable_ratio.labels(scope or "" if self._key_labels else "").set(ratio)

@@ -31,6 +31,7 @@ from .convert import (
 from .gate import Gate
 from .listeners import Listeners
 from .metrics import ASSEMBLY_FAILURE_REASONS, Metrics
+from .outbox import OutboxLimits
 from .registry import Assembly, Entry, Failure, Registry, RegistryError, ServiceError, Status
 from .registry.limits import quota_exceeded
 from .response_cache import ResponseCache
@@ -66,8 +67,11 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     def __init__(self, registry: Registry, config: SidecarConfig, metrics: Metrics) -> None:
         self.registry = registry
         limits = config.server_limits
-        self.sessions = Sessions(registry, limits.max_sessions, limits.max_sessions_per_peer)
-        self.listeners = Listeners(registry, self.sessions)
+        outbox = OutboxLimits(limits.max_outbox_bytes, config.registry.provider_timeout_s)
+        self.sessions = Sessions(
+            registry, metrics, limits.max_sessions, limits.max_sessions_per_peer, outbox
+        )
+        self.listeners = Listeners(registry, self.sessions, metrics, outbox)
         self.responses = ResponseCache()
         self.gate = Gate()
         self.metrics = metrics

@@ -13,6 +13,9 @@ from dsh_system_prompt_core import Reason, package_version
 
 from .convert import provide_request, provided_from_proto
 from .gate import Gate
+from .logs import logger
+from .metrics import Metrics
+from .outbox import Outbox, OutboxLimits
 from .peers import PeerCounts
 from .registry import (
     AssembleContext,
@@ -28,6 +31,7 @@ from .status import bad_request, unknown_session
 
 Out = TypeVar("Out", contravariant=True)
 SIDECAR_VERSION = f"dsh-system-prompt/{package_version()}"
+_log = logger("sessions")
 
 
 class Stream(Protocol[Out]):
@@ -50,11 +54,14 @@ SessionStream = Stream[pb.OpenSessionResponse]
 class Session:
     """One client session; evaluates its dynamic providers over its stream."""
 
-    def __init__(self, session_id: str, client_name: str, peer: str = "") -> None:
+    def __init__(
+        self, session_id: str, client_name: str, outbox: Outbox[pb.OpenSessionResponse],
+        peer: str = "",
+    ) -> None:  # fmt: skip
         self.id = session_id
         self.client_name = client_name
         self.peer = peer
-        self.outbox: asyncio.Queue[pb.OpenSessionResponse] = asyncio.Queue()
+        self.outbox = outbox
         self.closed = False
         self.provide_requests = 0  # one per assembly that needed this session
         self._pending: dict[int, asyncio.Future[pb.ProvideResponse]] = {}
@@ -68,9 +75,10 @@ class Session:
             raise _unavailable(calls)
         call_id = next(self._call_ids)
         self.provide_requests += 1
+        if not self.outbox.send(provide_request(call_id, calls, context, timeout)):
+            raise _unavailable(calls)
         answer: asyncio.Future[pb.ProvideResponse] = asyncio.get_running_loop().create_future()
         self._pending[call_id] = answer
-        self.outbox.put_nowait(provide_request(call_id, calls, context, timeout))
         try:
             async with asyncio.timeout(timeout):
                 response = await answer
@@ -106,7 +114,7 @@ class Session:
 
     def _cancel(self, call_id: int) -> None:
         if not self.closed:
-            self.outbox.put_nowait(pb.OpenSessionResponse(cancel=pb.ProvideCancel(call_id=call_id)))
+            self.outbox.send(pb.OpenSessionResponse(cancel=pb.ProvideCancel(call_id=call_id)))
 
 
 class _SessionGone(Exception):
@@ -117,11 +125,18 @@ class Sessions:
     """The open sessions and their streams' life cycle; closing one disposes what it registered."""
 
     def __init__(
-        self, registry: Registry, max_sessions: int = 1_000, max_per_peer: int = 100
+        self,
+        registry: Registry,
+        metrics: Metrics,
+        max_sessions: int = 1_000,
+        max_per_peer: int = 100,
+        outbox: OutboxLimits | None = None,
     ) -> None:
         self._registry = registry
+        self._metrics = metrics
         self._max_sessions = max_sessions
         self._per_peer = PeerCounts(max_per_peer)
+        self._outbox = outbox or OutboxLimits()
         self._open: dict[str, Session] = {}
 
     def set_limits(self, max_sessions: int, max_per_peer: int) -> None:
@@ -133,36 +148,46 @@ class Sessions:
         """One OpenSession stream, start to end: the start message opens a session (through
         `gate`), answers flow to waiting assemblies, and the stream's end closes it.
 
-        Raises a Failure before the session is opened (a bad start, a full sidecar).
+        Raises a Failure before the session is opened (a bad start, a full sidecar), and
+        STREAM_STALLED when the client stopped reading (the session is closed).
         """
         first = await stream.read()
         if not isinstance(first, pb.OpenSessionRequest) or not first.HasField("start"):
             raise bad_request(Reason.BAD_STREAM, "a session must start with SessionStart")
+        client_name = first.start.client_name
+        self._registry.limits.check_name("client", client_name)
+        outbox = Outbox(stream.write, self._outbox, "the session")
         with gate.call():
-            session = self.open(first.start.client_name, stream.peer())
-        writer = asyncio.create_task(_pump(session.outbox, stream))
+            session = self.open(client_name, outbox, stream.peer())
+        writer = asyncio.create_task(outbox.run())
+        reader = asyncio.create_task(_route(stream, session))
         try:
-            await stream.write(
-                pb.OpenSessionResponse(
-                    opened=pb.SessionOpened(
-                        session_id=session.id,
-                        revision=self._registry.revision,
-                        sidecar_version=SIDECAR_VERSION,
-                    )
-                )
+            opened = pb.SessionOpened(
+                session_id=session.id,
+                revision=self._registry.revision,
+                sidecar_version=SIDECAR_VERSION,
             )
-            while (request := await stream.read()) is not grpc.aio.EOF:
-                if isinstance(request, pb.OpenSessionRequest) and request.HasField("provided"):
-                    session.deliver(request.provided)
+            outbox.send(pb.OpenSessionResponse(opened=opened))
+            done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+            if reader in done:
+                reader.result()  # what ended the stream, if it failed
         finally:
+            reader.cancel()
             writer.cancel()
             self.close(session)
+        if outbox.stalled.is_set():
+            _log.warning("closed session %s (%s): %s", session.id, client_name[:64],
+                         outbox.stall_reason)  # fmt: skip
+            self._metrics.peer_stalled("session")
+            raise outbox.stall_error()
 
-    def open(self, client_name: str, peer: str = "") -> Session:
+    def open(
+        self, client_name: str, outbox: Outbox[pb.OpenSessionResponse], peer: str = ""
+    ) -> Session:
         if len(self._open) >= self._max_sessions:
             raise quota_exceeded(f"the sidecar already has {len(self._open)} sessions, its limit")
         self._per_peer.admit(peer)
-        session = Session(new_id(), client_name, peer)
+        session = Session(new_id(), client_name, outbox, peer)
         self._open[session.id] = session
         return session
 
@@ -183,9 +208,10 @@ class Sessions:
         return len(self._open)
 
 
-async def _pump(outbox: asyncio.Queue[pb.OpenSessionResponse], stream: SessionStream) -> None:
-    while True:
-        await stream.write(await outbox.get())
+async def _route(stream: SessionStream, session: Session) -> None:
+    while (request := await stream.read()) is not grpc.aio.EOF:
+        if isinstance(request, pb.OpenSessionRequest) and request.HasField("provided"):
+            session.deliver(request.provided)
 
 
 def _describe(calls: Sequence[ProviderCall]) -> str:

@@ -336,6 +336,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """Client-side: the sidecar sent something the client cannot make sense of."""
     UNKNOWN: _ErrorReason.ValueType  # 35
     """Client-side: a failure that carried no reason (an older sidecar, or a proxy in between)."""
+    STREAM_STALLED: _ErrorReason.ValueType  # 40
+    """A peer did not read its stream in time, or left too much unread: its session or listener was closed (RESOURCE_EXHAUSTED)."""
+    RESPONSE_TOO_LARGE: _ErrorReason.ValueType  # 41
+    """An assembly (or its report) too large for one message of the configured maximum size (RESOURCE_EXHAUSTED)."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The stable reason of a failure. The google.rpc.ErrorInfo detail of every
@@ -438,6 +442,10 @@ PROTOCOL_ERROR: ErrorReason.ValueType  # 34
 """Client-side: the sidecar sent something the client cannot make sense of."""
 UNKNOWN: ErrorReason.ValueType  # 35
 """Client-side: a failure that carried no reason (an older sidecar, or a proxy in between)."""
+STREAM_STALLED: ErrorReason.ValueType  # 40
+"""A peer did not read its stream in time, or left too much unread: its session or listener was closed (RESOURCE_EXHAUSTED)."""
+RESPONSE_TOO_LARGE: ErrorReason.ValueType  # 41
+"""An assembly (or its report) too large for one message of the configured maximum size (RESOURCE_EXHAUSTED)."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final

@@ -1,0 +1,80 @@
+"""Peers that stop reading, hold on or pile up cost only themselves."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import grpc
+import grpc.aio
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
+from dsh_system_prompt_server.app import Sidecar
+from helpers import BUILTIN_SECTIONS, SidecarFactory
+
+BIG = "x" * (250 * 1024)
+
+
+async def _open_session(stub: pb_grpc.SystemPromptServiceStub) -> tuple[object, str]:
+    stream = stub.OpenSession()
+    await stream.write(pb.OpenSessionRequest(start=pb.SessionStart(client_name="t")))
+    return stream, (await stream.read()).opened.session_id
+
+
+async def test_a_listener_that_stops_reading_is_dropped_and_assemblies_answer(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(provider_timeout_s=1)
+    async with grpc.aio.insecure_channel(sidecar.address) as channel:
+        stub = pb_grpc.SystemPromptServiceStub(channel)
+        session, session_id = await _open_session(stub)
+        for index in range(12):  # 3 MiB an invocation: a few fill the stream's window
+            await stub.RegisterSection(
+                pb.RegisterSectionRequest(session_id=session_id, name=f"big{index}", text=BIG)
+            )
+        listener = stub.Listen()
+        await listener.write(pb.ListenRequest(start=pb.ListenStart(session_id=session_id)))
+        await listener.read()  # registered; from here on it reads nothing
+        outcomes = []
+        for _ in range(6):
+            try:
+                await stub.Assemble(pb.AssembleRequest(), timeout=5)
+                outcomes.append("ok")
+            except grpc.aio.AioRpcError as error:
+                trailers = dict(error.trailing_metadata() or ())
+                outcomes.append(str(trailers.get("dsh-error-reason", error.code())))
+        listener.cancel()
+        session.cancel()
+    assert set(outcomes) <= {"ok", "LISTENER_TIMEOUT"}
+    assert outcomes[-1] == "ok"
+    assert _stalled(sidecar, "listener") == 1
+
+
+def _stalled(sidecar: Sidecar, kind: str) -> float:
+    value = sidecar.metrics.registry.get_sample_value("dsp_stalled_peers_total", {"kind": kind})
+    return value or 0.0
+
+
+async def test_a_session_that_stops_reading_is_closed_before_its_outbox_outgrows_the_bound(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(provider_timeout_s=30, limits={"max_outbox_bytes": 1 << 20})
+    fields = json.dumps({"blob": "y" * (256 * 1024)})
+    async with grpc.aio.insecure_channel(sidecar.address) as channel:
+        stub = pb_grpc.SystemPromptServiceStub(channel)
+        session, session_id = await _open_session(stub)
+        dynamic = pb.Dynamic(provider_key="p")
+        await stub.RegisterSection(
+            pb.RegisterSectionRequest(session_id=session_id, name="d", dynamic=dynamic)
+        )
+        context = pb.AssembleContext(fields_json=fields)
+        for _ in range(100):  # each asks the session, which reads nothing
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await stub.Assemble(pb.AssembleRequest(context=context), timeout=0.2)
+            if not len(sidecar.service.sessions):
+                break
+        reply = await stub.Assemble(pb.AssembleRequest(context=context), timeout=5)
+        session.cancel()
+    assert len(sidecar.service.sessions) == 0
+    assert [s.name for s in reply.assembly.sections] == list(BUILTIN_SECTIONS)
+    assert _stalled(sidecar, "session") == 1
