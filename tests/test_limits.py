@@ -201,3 +201,23 @@ async def _until(condition: Callable[[], bool], timeout: float = 5) -> None:
     while not condition():
         assert loop.time() < give_up, f"condition not reached within {timeout}s"
         await asyncio.sleep(0.01)
+
+
+async def test_a_client_name_over_the_name_limit_is_refused(small: Sidecar) -> None:
+    error = await rejected(dsp.connect(small.address, client_name="c" * 17))
+    assert (error.code, error.reason, str(error)) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "VALUE_TOO_LARGE",
+        "client name is 17 bytes, over the limit of 16",
+    )
+    assert len(small.service.sessions) == 0
+
+
+async def test_an_assembly_scope_key_over_the_name_limit_is_refused(small: Sidecar) -> None:
+    async with dsp.connect(small.address) as client:
+        error = await rejected(client.assemble(scope="s" * 17))
+        assert (error.code, error.reason, str(error)) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "VALUE_TOO_LARGE",
+            "scope name is 17 bytes, over the limit of 16",
+        )

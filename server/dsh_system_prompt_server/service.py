@@ -33,6 +33,7 @@ from .listeners import Listeners
 from .metrics import ASSEMBLY_FAILURE_REASONS, Metrics
 from .outbox import OutboxLimits
 from .registry import Assembly, Entry, Failure, Registry, RegistryError, ServiceError, Status
+from .registry.assembly import Plan
 from .registry.limits import quota_exceeded
 from .response_cache import ResponseCache
 from .sessions import Session, Sessions
@@ -195,7 +196,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def _assemble(self, request: pb.AssembleRequest, context: Context) -> pb.AssembleResponse:
         assemble_context = context_from_proto(request.context)
         plan = self.registry.plan(assemble_context.scope)
-        key = (assemble_context.scope, plan.revision, request.render)
+        key = (plan.scope, plan.revision, request.render)  # not the caller's key: not kept
         cached = None if request.report else self.responses.get(key)
         if cached is not None:
             return cached  # a static plan's response, built once
@@ -204,7 +205,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         assembly = await self.registry.run(plan, assemble_context, deadline, track=request.report)
         response = pb.AssembleResponse(assembly=assembly_to_proto(assembly), revision=plan.revision)
         if request.report:  # before rendering: a report names a failing part, never fails
-            response.report.CopyFrom(self._report(request, plan.revision, assembly))
+            response.report.CopyFrom(self._report(request, plan, assembly))
         try:
             if request.render:
                 response.rendered.prompt = render_prompt(assembly)
@@ -217,9 +218,11 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         return response
 
     def _report(
-        self, request: pb.AssembleRequest, revision: int, assembly: Assembly
+        self, request: pb.AssembleRequest, plan: Plan, assembly: Assembly
     ) -> pb.AssemblyReport:
-        key = self._history_key(request.context.scope, request.report_key)
+        # The plan's scope, not the caller's key: a key no handle opened is not kept.
+        key = self._history_key(plan.scope or "", request.report_key)
+        revision = plan.revision
         layout = layout_from_proto(request.prefix_layout, self.prefix_layout)
         previous, evicted = self.reports.previous(key)
         report, current = build_report(assembly, self.tokenizer, layout, previous, evicted)

@@ -64,6 +64,11 @@ class Plan:
         ]
         self.is_static = not self.listeners and not self.dynamic
 
+    @property
+    def scope(self) -> str | None:
+        """The scope whose layers the plan joins; None for the global layer alone."""
+        return self.chain[0] if self.chain else None
+
     def complete_section(self) -> SectionEntry | None:
         """The effective complete section; more than one rejects the assembly."""
         complete = [entry for entry in self.sections if entry.complete]

@@ -122,6 +122,10 @@ class ScopeTree:
     def keys(self) -> list[str]:
         return list(self._parent)
 
+    def knows(self, key: str) -> bool:
+        """Whether `key` is held by an open handle or is the parent of one."""
+        return key in self._parent
+
     def _forget_if_unused(self, key: str) -> None:
         while key in self._parent and not self._handles.get(key) and not self._children.get(key):
             parent = self._parent.pop(key)

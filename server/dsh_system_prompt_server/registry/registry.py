@@ -393,7 +393,15 @@ class Registry:
         )
 
     def plan(self, scope: str | None) -> assembly.Plan:
-        """The registrations an assembly for `scope` works on now (reused until a change)."""
+        """The registrations an assembly for `scope` works on now (reused until a change).
+
+        A key no handle opened has no layer of its own: its plan is the global one,
+        and the key is not kept (callers choose keys freely; memory is not theirs).
+        """
+        if scope is not None:
+            self.limits.check_name("scope", scope)
+            if not self._scopes.knows(scope):
+                scope = None
         plan = self._plans.get(scope)
         if plan is not None and plan.revision == self.revision:
             self._plans.move_to_end(scope)
@@ -450,6 +458,10 @@ class Registry:
 
     def scope_keys(self) -> list[str]:
         return self._scopes.keys()
+
+    def knows_scope(self, key: str | None) -> bool:
+        """Whether `key` is the global layer (None) or a scope some handle opened."""
+        return key is None or self._scopes.knows(key)
 
     # -- helpers ----------------------------------------------------------------------
 
