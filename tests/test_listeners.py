@@ -390,3 +390,16 @@ async def test_tools_handed_back_reordered_keep_their_exact_schemas(client: dsp.
     assert tool_names(assembly) == ["two", "one", "added"]
     assert assembly.tools[0].parameters == schema
     assert list(assembly.tools[2].parameters) == ["b", "a"]  # key order kept
+
+
+async def test_the_documented_maximum_of_listeners_all_calling_next_assemble(
+    client: dsp.Client,
+) -> None:
+    async def passing(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Next):
+        return await next_()
+
+    for _ in range(999):  # and one more that leaves its mark: 1,000, the default maximum
+        await client.on_assemble(passing)
+    await client.on_assemble(appending("last"))
+    assembly = await client.assemble(timeout=20)
+    assert section_names(assembly)[-1] == "last"

@@ -265,7 +265,9 @@ async def _waterfall(
                 record_changes(origins, current, handed, listener.name)
             if trace is not None:
                 trace.record(listener.name, handed)
-            returned = await step(index + 1, handed)
+            # The rest runs in a task of its own: awaiting a task does not nest coroutine
+            # frames, so the stack stays flat however many listeners call next().
+            returned = await asyncio.ensure_future(step(index + 1, handed))
             from_next.append(returned)
             return returned
 
