@@ -66,7 +66,13 @@ def test_a_plan_is_reused_until_a_change() -> None:
     registry.register_section(ALICE, None, "rules", 1, "r")
     plan = registry.plan(None)
     assert registry.plan(None) is plan
+    registry.open_scope(ALICE, "agent")
     assert registry.plan("agent") is not plan  # one per scope
+
+
+def test_a_scope_key_no_handle_opened_gets_the_global_plan() -> None:
+    registry = Registry()
+    assert registry.plan("never-opened") is registry.plan(None)
 
 
 async def test_a_registration_replaces_the_plan_and_shows_in_the_next_assembly() -> None:
