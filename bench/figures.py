@@ -688,6 +688,51 @@ async def change_fan_out(h: Harness) -> list[Figure]:
     ]
 
 
+async def idle_watchers(h: Harness) -> list[Figure]:
+    """Registration p50 with 1,000 idle watchers, over the same with none."""
+    count, registrations = 1000, h.budget.n(500)
+    sidecar = await procs.start_sidecar(label="sidecar-idle-watchers")
+    try:
+        async with dsp.connect(sidecar.address, client_name="bench-registrar") as registrar:
+            alone = await _registration_samples(registrar, registrations)
+            watching = await procs.start_watchers(sidecar.address, count)
+            try:
+                watched = await _registration_samples(registrar, registrations)
+            finally:
+                await watching.stop()
+    finally:
+        await sidecar.stop()
+    slowdown = watched.p50 / alone.p50
+    return [
+        Figure(
+            key="idle_watchers",
+            name="registration p50, 1,000 idle watchers / none",
+            value=round(slowdown, 2),
+            unit="x",
+            target="≤ 3x",
+            met=slowdown <= 3,
+            display=f"{slowdown:.2f}x ({watched.p50 / 1e6:.2f} ms / {alone.p50 / 1e6:.2f} ms)",
+            details={
+                "without_watchers": alone.summary_us(),
+                "with_watchers": watched.summary_us(),
+                "watchers": count,
+                "measured": "a section registered then disposed (two changes, each fanned "
+                "out to every watcher); the watchers read in a process of their own",
+            },
+        )
+    ]
+
+
+async def _registration_samples(client: dsp.Client, count: int) -> Samples:
+    durations = []
+    for index in range(count):
+        started = time.perf_counter_ns()
+        dispose = await client.section(f"idle-{index}", index, "Registered under watch.")
+        durations.append(time.perf_counter_ns() - started)
+        await dispose()
+    return Samples.of(durations)
+
+
 async def _watch(
     stream: dsp.ChangeStream, expected: int, prefix: str
 ) -> tuple[dict[str, int], int]:
@@ -777,6 +822,7 @@ ALL: dict[str, FigureFn] = {
     "throughput": throughput,
     "unix_vs_tcp": unix_vs_tcp,
     "change_fan_out": change_fan_out,
+    "idle_watchers": idle_watchers,
     "session_memory": session_memory,
 }
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import echo
+from . import echo, watchers
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = Path(tempfile.gettempdir()) / f"dsp-bench-{os.getpid()}"
@@ -76,6 +76,12 @@ async def start_sidecar(
 async def start_echo(listen: str = "127.0.0.1:0") -> ServerProcess:
     argv = [sys.executable, "-m", "bench.echo", "--listen", listen]
     return await _start(argv, echo.READY, "echo")
+
+
+async def start_watchers(address: str, count: int) -> ServerProcess:
+    """`count` idle WatchChanges streams on `address`, read by a process of their own."""
+    argv = [sys.executable, "-m", "bench.watchers", address, str(count)]
+    return await _start(argv, watchers.READY, "watchers")
 
 
 # cli.py has no `if __name__ == "__main__"`; call its main() the way the script does.

@@ -1,17 +1,25 @@
-"""Change notifications: a growing revision and bounded per-subscriber buffers.
+"""Change notifications: a growing revision, one shared log and a cursor per subscriber.
 
-Publishing never waits on a subscriber. A subscriber that falls behind by more
-than its buffer loses events, and is told so (`Missed`) at the point of the
-gap, before any later event.
+Publishing costs the same however many subscribers there are: the event is
+appended to one log, and waiting subscribers are woken in small batches by a
+task of its own, so the caller that made the change never pays for the fan-out.
+
+A subscriber that falls behind by more than its capacity loses events, and is
+told so (`Missed`) at the point of the gap, before any later event: it reads
+the `capacity` events that followed its cursor, then one gap covering every
+event published until it reads the gap, then events flow again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import deque
 from dataclasses import dataclass
 
 from .model import Action, ChangeEvent, Kind
+
+WAKE_BATCH = 64  # subscribers woken before the loop serves anything else
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,57 +38,144 @@ class Subscription:
         self.revision = revision
         self._feed = feed
         self._capacity = capacity
-        self._queue: deque[ChangeEvent | Missed] = deque()
-        self._gap: Missed | None = None
-        self._ready = asyncio.Event()
-
-    def offer(self, event: ChangeEvent) -> None:
-        """Queue `event`, or widen the gap when the buffer is full."""
-        if self._gap is not None:
-            gap = self._gap
-            self._gap = Missed(gap.first_revision, gap.count + 1, event.revision)
-        elif len(self._queue) >= self._capacity:
-            self._gap = Missed(event.revision, 1, event.revision)
-        else:
-            self._queue.append(event)
-            self._ready.set()
+        self.cursor = revision + 1  # the next revision to read
+        self._seen = revision  # the latest revision already judged queued or missed
+        self._gap_from: int | None = None
+        # Events kept for this subscriber alone once the shared log moved past them.
+        self._detached: deque[ChangeEvent] | None = None
+        self._waiter: asyncio.Future[None] | None = None
 
     async def next(self) -> ChangeEvent | Missed:
         """The next event, or the notice of a gap once what came before it is read."""
+        feed = self._feed
         while True:
-            if self._queue:
-                return self._queue.popleft()
-            if self._gap is not None:
-                gap, self._gap = self._gap, None
-                return gap
-            self._ready.clear()
-            await self._ready.wait()
+            if self._detached is not None:
+                if self._detached:
+                    return self._detached.popleft()
+                return self._report_gap()
+            self._judge()
+            if self._gap_from == self.cursor:
+                return self._report_gap()
+            if self.cursor <= feed.revision:
+                event = feed.event(self.cursor)
+                feed.move(self, self.cursor + 1)
+                return event
+            self._waiter = asyncio.get_running_loop().create_future()
+            feed.wait(self)
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
 
     def close(self) -> None:
         self._feed.unsubscribe(self)
 
+    def wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def detach(self) -> None:
+        """Copy what this subscriber still reads out of the shared log (its buffer is full)."""
+        self._judge()
+        end = self._feed.revision + 1 if self._gap_from is None else self._gap_from
+        self._detached = deque(self._feed.events(self.cursor, end))
+
+    def _judge(self) -> None:
+        # Events published since the last call all found the same cursor: those
+        # past `capacity` of it start the gap (once started, it takes every event).
+        latest = self._feed.revision
+        if self._gap_from is None and latest > self._seen:
+            limit = self.cursor + self._capacity - 1
+            if latest > limit:
+                self._gap_from = max(self._seen + 1, limit + 1)
+        self._seen = latest
+
+    def _report_gap(self) -> Missed:
+        assert self._gap_from is not None
+        latest = self._feed.revision
+        gap = Missed(self._gap_from, latest - self._gap_from + 1, latest)
+        self._gap_from, self._detached, self._seen = None, None, latest
+        self._feed.move(self, latest + 1)
+        return gap
+
 
 class ChangeFeed:
-    """Numbers changes and fans them out to subscribers without blocking."""
+    """Numbers changes and keeps them in one log for the subscribers still to read them."""
 
     def __init__(self) -> None:
         self.revision = 0
+        self._log: deque[ChangeEvent] = deque()  # revisions _first, _first + 1, ...
+        self._first = 1
+        self._keep = 0  # the largest capacity: a longer log means someone's buffer is full
+        self._at: dict[int, dict[Subscription, None]] = {}  # cursor -> subscribers there
         self._subscribers: dict[Subscription, None] = {}
+        self._waiting: deque[Subscription] = deque()
+        self._waker: asyncio.Task[None] | None = None
 
     def publish(self, kind: Kind, action: Action, name: str, scope: str | None) -> ChangeEvent:
         self.revision += 1
         event = ChangeEvent(self.revision, kind, action, name, scope)
-        for subscriber in self._subscribers:
-            subscriber.offer(event)
+        self._log.append(event)
+        self._trim()
+        if self._waiting and self._waker is None:
+            self._waker = asyncio.get_running_loop().create_task(self._wake())
         return event
 
     def subscribe(self, capacity: int) -> Subscription:
         subscription = Subscription(self, capacity, self.revision)
         self._subscribers[subscription] = None
+        self._keep = max(self._keep, capacity)
+        self._at.setdefault(subscription.cursor, {})[subscription] = None
         return subscription
 
     def unsubscribe(self, subscription: Subscription) -> None:
-        self._subscribers.pop(subscription, None)
+        if self._subscribers.pop(subscription, None) is None:
+            return
+        self._leave(subscription)
 
     def subscriber_count(self) -> int:
         return len(self._subscribers)
+
+    # -- for subscriptions ------------------------------------------------------------
+
+    def event(self, revision: int) -> ChangeEvent:
+        return self._log[revision - self._first]
+
+    def events(self, start: int, end: int) -> list[ChangeEvent]:
+        """The logged events from revision `start` up to, not including, `end`."""
+        return list(itertools.islice(self._log, start - self._first, end - self._first))
+
+    def move(self, subscription: Subscription, cursor: int) -> None:
+        """`subscription` reads from `cursor` on (in the shared log again, if detached)."""
+        self._leave(subscription)
+        subscription.cursor = cursor
+        if subscription in self._subscribers:
+            self._at.setdefault(cursor, {})[subscription] = None
+
+    def wait(self, subscription: Subscription) -> None:
+        self._waiting.append(subscription)
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _leave(self, subscription: Subscription) -> None:
+        there = self._at.get(subscription.cursor)
+        if there is not None and there.pop(subscription, 0) is None and not there:
+            del self._at[subscription.cursor]
+
+    def _trim(self) -> None:
+        # Drop what no subscriber in the log still reads; a subscriber still at an
+        # event the log must drop (its buffer is full) keeps its events to itself.
+        while self._log and (self._first not in self._at or len(self._log) > self._keep):
+            for subscription in self._at.pop(self._first, {}):
+                subscription.detach()
+            self._log.popleft()
+            self._first += 1
+
+    async def _wake(self) -> None:
+        try:
+            while self._waiting:
+                for _ in range(min(WAKE_BATCH, len(self._waiting))):
+                    self._waiting.popleft().wake()
+                await asyncio.sleep(0)  # let calls in between be served
+        finally:
+            self._waker = None
