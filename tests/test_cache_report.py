@@ -340,10 +340,3 @@ async def test_an_unknown_tokenizer_is_a_config_error(
 
     with pytest.raises(ConfigError, match="config key 'tokenizer' must be one of: deepseek-v4"):
         await make_sidecar(**{key: "gpt-17"})
-
-
-async def test_a_scope_key_no_handle_opened_shares_the_global_history(client: dsp.Client) -> None:
-    # Callers choose such keys freely: nothing is kept under them, however many.
-    await client.section("rules", 10, "Be precise.")
-    await report(client)
-    assert (await report(client, scope="never-opened")).stability.has_previous

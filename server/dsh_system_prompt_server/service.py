@@ -220,8 +220,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     def _report(
         self, request: pb.AssembleRequest, plan: Plan, assembly: Assembly
     ) -> pb.AssemblyReport:
-        # The plan's scope, not the caller's key: a key no handle opened is not kept.
-        key = self._history_key(plan.scope or "", request.report_key)
+        key = self._history_key(request.context.scope, request.report_key)
         revision = plan.revision
         layout = layout_from_proto(request.prefix_layout, self.prefix_layout)
         previous, evicted = self.reports.previous(key)
