@@ -205,7 +205,7 @@ async def _until(condition: Callable[[], bool], timeout: float = 5) -> None:
 
 async def test_a_client_name_over_the_name_limit_is_refused(small: Sidecar) -> None:
     error = await rejected(dsp.connect(small.address, client_name="c" * 17))
-    assert (error.code, error.reason, str(error)) == (
+    assert (error.code, error.reason, error.message) == (
         grpc.StatusCode.INVALID_ARGUMENT,
         "VALUE_TOO_LARGE",
         "client name is 17 bytes, over the limit of 16",
@@ -216,7 +216,7 @@ async def test_a_client_name_over_the_name_limit_is_refused(small: Sidecar) -> N
 async def test_an_assembly_scope_key_over_the_name_limit_is_refused(small: Sidecar) -> None:
     async with dsp.connect(small.address) as client:
         error = await rejected(client.assemble(scope="s" * 17))
-        assert (error.code, error.reason, str(error)) == (
+        assert (error.code, error.reason, error.message) == (
             grpc.StatusCode.INVALID_ARGUMENT,
             "VALUE_TOO_LARGE",
             "scope name is 17 bytes, over the limit of 16",
