@@ -57,7 +57,7 @@ class Listeners:
         self._registry = registry
         self._sessions = sessions
         self._metrics = metrics
-        self._outbox = outbox or OutboxLimits()
+        self.outbox_limits = outbox or OutboxLimits()  # for streams opened from now on
 
     async def serve(self, stream: ListenStream, gate: Gate) -> None:
         """One Listen stream, start to end: the start message installs the listener
@@ -71,7 +71,7 @@ class Listeners:
             raise bad_request(Reason.BAD_STREAM, "a listener must start with ListenStart")
         start = first.start
         features = [name for name in start.features if name in LISTENER_FEATURES]
-        outbox = Outbox(stream.write, self._outbox, f'listener "{start.name[:64]}"')
+        outbox = Outbox(stream.write, self.outbox_limits, f'listener "{start.name[:64]}"')
         listener = ListenerStream(start.name, outbox, tool_slots=FEATURE_TOOL_SLOTS in features)
         with gate.call():
             owner = self._sessions.get(start.session_id).id

@@ -88,9 +88,12 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         )
 
     def reconfigure(self, config: SidecarConfig) -> None:
-        """Take the reloaded live settings: quotas, the watch buffer, the report layout."""
+        """Take the reloaded live settings: quotas, the watch buffer, the report layout, and
+        the write timeout of streams opened from now on (`provider_timeout_s`)."""
         limits = config.server_limits
         self.sessions.set_limits(limits.max_sessions, limits.max_sessions_per_peer)
+        outbox = OutboxLimits(limits.max_outbox_bytes, config.registry.provider_timeout_s)
+        self.sessions.outbox_limits = self.listeners.outbox_limits = outbox
         self.prefix_layout = config.prefix_layout
         self._watch_buffer = config.watch_buffer
         self._max_watchers = limits.max_watchers

@@ -136,7 +136,7 @@ class Sessions:
         self._metrics = metrics
         self._max_sessions = max_sessions
         self._per_peer = PeerCounts(max_per_peer)
-        self._outbox = outbox or OutboxLimits()
+        self.outbox_limits = outbox or OutboxLimits()  # for streams opened from now on
         self._open: dict[str, Session] = {}
 
     def set_limits(self, max_sessions: int, max_per_peer: int) -> None:
@@ -156,7 +156,7 @@ class Sessions:
             raise bad_request(Reason.BAD_STREAM, "a session must start with SessionStart")
         client_name = first.start.client_name
         self._registry.limits.check_name("client", client_name)
-        outbox = Outbox(stream.write, self._outbox, "the session")
+        outbox = Outbox(stream.write, self.outbox_limits, "the session")
         with gate.call():
             session = self.open(client_name, outbox, stream.peer())
         writer = asyncio.create_task(outbox.run())
