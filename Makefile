@@ -19,11 +19,11 @@ serve: $(STAMP)
 	$(BIN)/dsh-system-prompt serve --listen $(LISTEN) $(if $(CONFIG),--config $(CONFIG))
 
 ## Run the whole test suite.
-test: $(STAMP) node-deps independent-client-deps codegen-tools
+test: $(STAMP) node-deps independent-client-deps codegen-tools ts-test
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-## Regenerate the protobuf stubs from proto/.
-proto: $(STAMP)
+## Regenerate the protobuf stubs from proto/ (Python, and the TypeScript client's).
+proto: $(STAMP) ts-proto
 	PYTHON=$(BIN)/python scripts/gen_proto.sh
 
 ## Fail when the committed stubs differ from what proto/ generates.
@@ -56,7 +56,7 @@ buf: $(STAMP)
 	    && echo "no breaking change against the previous commit"; \
 	else echo "no previous commit to check for breaking changes"; fi
 
-check: check-proto check-docs buf lint typecheck validate-deploy
+check: check-proto check-ts-proto check-docs buf lint typecheck ts-typecheck validate-deploy
 
 .PHONY: validate-deploy
 ## Lint the Dockerfile (hadolint) and validate deploy/kubernetes/ (kubernetes-validate).
@@ -75,7 +75,8 @@ soak-hostile: $(STAMP)
 	$(BIN)/python -m bench.hostile $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info examples/node/node_modules tests/independent_client/node_modules
+	rm -rf $(VENV) build *.egg-info examples/node/node_modules tests/independent_client/node_modules \
+	  $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist
 
 ## Install the Node.js example's dependencies (examples/node) from its lockfile,
 ## when node_modules is missing or older than package.json / package-lock.json.
@@ -106,3 +107,32 @@ codegen-tools:
 	$$sudo apt-get install -y -q --no-install-recommends $(CODEGEN_PACKAGES) >/dev/null \
 	  || { $$sudo apt-get update -q >/dev/null && \
 	       $$sudo apt-get install -y -q --no-install-recommends $(CODEGEN_PACKAGES) >/dev/null; }
+
+## The TypeScript client (clients/typescript): its dependencies from its lockfile,
+## when node_modules is missing or older than package.json / package-lock.json.
+TS_CLIENT := clients/typescript
+.PHONY: ts-deps ts-proto check-ts-proto ts-typecheck ts-test
+ts-deps: $(TS_CLIENT)/node_modules/.package-lock.json
+
+$(TS_CLIENT)/node_modules/.package-lock.json: $(TS_CLIENT)/package.json $(TS_CLIENT)/package-lock.json
+	cd $(TS_CLIENT) && npm ci --no-audit --no-fund
+	touch $@
+
+## Regenerate the TypeScript client's messages and service from proto/ (buf + protoc-gen-es).
+ts-proto: ts-deps
+	cd $(TS_CLIENT) && npm run --silent generate
+
+## Fail when the TypeScript client's generated code differs from what proto/ generates.
+check-ts-proto: ts-deps
+	@tmp=$$(mktemp -d) && (cd $(TS_CLIENT) && npx --no-install buf generate ../../proto \
+	    --template buf.gen.yaml -o $$tmp) \
+	  && diff -r $$tmp/src/gen $(TS_CLIENT)/src/gen \
+	  && echo "TypeScript generated code is fresh"; status=$$?; rm -rf $$tmp; exit $$status
+
+## Type-check the TypeScript client and its tests (strict), without emitting.
+ts-typecheck: ts-deps
+	cd $(TS_CLIENT) && npx --no-install tsc -p tsconfig.json --noEmit
+
+## Build the TypeScript client and run its tests against real sidecars from .venv.
+ts-test: $(STAMP) ts-deps
+	cd $(TS_CLIENT) && npm run --silent build && npm test

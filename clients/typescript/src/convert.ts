@@ -1,0 +1,183 @@
+/** Client value types <-> protobuf messages. */
+
+import { create } from "@bufbuild/protobuf";
+import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
+import { invalid } from "./errors.js";
+import {
+  ToolSchema,
+  type AssembleContext,
+  type AssemblyReport,
+  type ChangeEvent,
+  type ChangeKind,
+  type JsonObject,
+  type PromptAssembly,
+  type Size,
+  type Source,
+  type ToolProviderResult,
+  type ToolSchemaLike,
+} from "./types.js";
+
+const CHANGE_KINDS: Record<number, ChangeKind> = {
+  [pb.ChangeKind.SECTION]: "section",
+  [pb.ChangeKind.CONTEXT]: "context",
+  [pb.ChangeKind.TOOLS]: "tools",
+  [pb.ChangeKind.VARIABLE]: "variable",
+  [pb.ChangeKind.SUPPRESSOR]: "suppressor",
+  [pb.ChangeKind.LISTENER]: "listener",
+  [pb.ChangeKind.SCOPE]: "scope",
+};
+const SOURCE_KINDS: Record<number, Source["kind"]> = {
+  [pb.SourceKind.BUILTIN]: "builtin",
+  [pb.SourceKind.GLOBAL]: "global",
+  [pb.SourceKind.SCOPE]: "scope",
+  [pb.SourceKind.LISTENER]: "listener",
+};
+const PART_KINDS: Record<number, "tool" | "section" | "context"> = {
+  [pb.PartKind.TOOL]: "tool",
+  [pb.PartKind.SECTION]: "section",
+  [pb.PartKind.CONTEXT]: "context",
+};
+
+/** Deterministic JSON text; key order is kept so schemas stay byte-identical. */
+export function dumpJson(value: unknown, what: string): string {
+  let text: string | undefined;
+  try {
+    text = JSON.stringify(value, (_key, item: unknown) => {
+      if (typeof item === "number" && !Number.isFinite(item)) throw new Error(`${item} is not JSON`);
+      if (typeof item === "bigint") throw new Error("a bigint is not JSON");
+      return item;
+    });
+  } catch (error) {
+    throw invalid(`${what} cannot be sent as JSON: ${(error as Error).message}`);
+  }
+  if (text === undefined) throw invalid(`${what} cannot be sent as JSON: ${String(value)}`);
+  return text;
+}
+
+export function toolToProto(tool: ToolSchemaLike): pb.ToolSchema {
+  if (tool === null || typeof tool !== "object" || typeof tool.name !== "string") {
+    throw invalid(`expected a tool schema {name, description, parameters}, got ${String(tool)}`);
+  }
+  const parametersJson =
+    (tool instanceof ToolSchema ? tool.parametersJson() : undefined) ??
+    dumpJson(tool.parameters ?? {}, `tool "${tool.name}" parameters`);
+  return create(pb.ToolSchemaSchema, {
+    name: tool.name,
+    description: tool.description ?? "",
+    parametersJson,
+  });
+}
+
+export function toolsToProto(result: ToolProviderResult | ToolSchemaLike[]): pb.ToolProviderResult {
+  const value = Array.isArray(result) ? { schemas: result } : result;
+  if (value === null || typeof value !== "object" || !Array.isArray(value.schemas)) {
+    throw invalid(`expected a ToolProviderResult or an array of tool schemas, got ${String(result)}`);
+  }
+  const message = create(pb.ToolProviderResultSchema, { schemas: value.schemas.map(toolToProto) });
+  if (value.knownNames !== undefined) {
+    message.knownNames = create(pb.KnownNamesSchema, { names: [...value.knownNames] });
+  }
+  return message;
+}
+
+export function toolFromProto(message: pb.ToolSchema): ToolSchema {
+  return ToolSchema.fromJson(message.name, message.description, message.parametersJson);
+}
+
+/** The assembly in `message`; `tools` when the caller already decoded them. */
+export function assemblyFromProto(
+  message: pb.PromptAssembly | undefined,
+  tools?: ToolSchemaLike[],
+): PromptAssembly {
+  const variables: Record<string, string | undefined> = {};
+  for (const variable of message?.variables ?? []) variables[variable.name] = variable.value;
+  return {
+    sections: (message?.sections ?? []).map(({ name, text }) => ({ name, text })),
+    contexts: (message?.contexts ?? []).map(({ name, text }) => ({ name, text })),
+    tools: tools === undefined ? (message?.tools ?? []).map(toolFromProto) : [...tools],
+    variables,
+  };
+}
+
+export function assemblyToProto(assembly: PromptAssembly): pb.PromptAssembly {
+  if (assembly === null || typeof assembly !== "object" || !Array.isArray(assembly.sections)) {
+    throw invalid(`a listener must return a PromptAssembly, not ${String(assembly)}`);
+  }
+  return create(pb.PromptAssemblySchema, {
+    sections: assembly.sections.map(({ name, text }) => ({ name, text })),
+    contexts: (assembly.contexts ?? []).map(({ name, text }) => ({ name, text })),
+    tools: (assembly.tools ?? []).map(toolToProto),
+    variables: Object.entries(assembly.variables ?? {}).map(([name, value]) =>
+      value === undefined || value === null ? { name } : { name, value },
+    ),
+  });
+}
+
+export function contextToProto(scope: string | undefined, fields: JsonObject | undefined): pb.AssembleContext {
+  const fieldsJson = fields && Object.keys(fields).length ? dumpJson(fields, "assemble fields") : "";
+  return create(pb.AssembleContextSchema, { scope: scope ?? "", fieldsJson });
+}
+
+export function contextFromProto(message: pb.AssembleContext | undefined, signal: AbortSignal): AssembleContext {
+  const fields = message?.fieldsJson ? (JSON.parse(message.fieldsJson) as JsonObject) : {};
+  return { ...fields, scope: message?.scope || undefined, fields, signal };
+}
+
+export function changeFromProto(message: pb.ChangeEvent): ChangeEvent {
+  return {
+    type: "change",
+    revision: Number(message.revision),
+    kind: CHANGE_KINDS[message.kind] ?? "section",
+    action: message.action === pb.ChangeAction.UNREGISTERED ? "unregistered" : "registered",
+    name: message.name,
+    scope: message.scope || undefined,
+  };
+}
+
+export function reportFromProto(message: pb.AssemblyReport): AssemblyReport {
+  const stability = message.stability;
+  const variables: Record<string, Source> = {};
+  for (const variable of message.variables) variables[variable.name] = source(variable.source);
+  return {
+    tokenizer: message.tokenizer,
+    parts: message.parts.map((part) => ({
+      kind: PART_KINDS[part.kind] ?? "section",
+      name: part.name,
+      source: source(part.source),
+      bytes: Number(part.bytes),
+      tokens: optionalNumber(part.tokens),
+      fingerprint: part.fingerprint,
+      stable: part.stable,
+    })),
+    tools: size(message.tools),
+    prompt: size(message.prompt),
+    contextSnapshot: size(message.contextSnapshot),
+    stability: {
+      hasPrevious: stability?.hasPrevious ?? false,
+      stableBytes: Number(stability?.stableBytes ?? 0),
+      stableTokens: optionalNumber(stability?.stableTokens),
+      prefix: size(stability?.prefix),
+      firstChanged: stability?.firstChanged ?? "",
+      reason: stability?.reason ?? "",
+    },
+    variables,
+  };
+}
+
+function source(message: pb.Source | undefined): Source {
+  return {
+    kind: SOURCE_KINDS[message?.kind ?? 0] ?? "global",
+    scope: message?.scope || undefined,
+    ancestorDepth: message?.ancestorDepth ?? 0,
+    listener: message?.listener ?? "",
+    description: message?.description ?? "",
+  };
+}
+
+function size(message: pb.Size | undefined): Size {
+  return { bytes: Number(message?.bytes ?? 0), tokens: optionalNumber(message?.tokens) };
+}
+
+function optionalNumber(value: bigint | undefined): number | undefined {
+  return value === undefined ? undefined : Number(value);
+}

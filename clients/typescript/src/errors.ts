@@ -1,0 +1,100 @@
+/** SystemPromptError: every failure, with the gRPC status code and the sidecar's words. */
+
+import { BinaryReader, WireType } from "@bufbuild/protobuf/wire";
+import { Metadata, status as Code, type ServiceError } from "@grpc/grpc-js";
+
+export { Code };
+
+/**
+ * A failure reported by (or on the way to) the sidecar.
+ *
+ * `code` is the gRPC status code, `reason` the stable ErrorInfo reason
+ * (e.g. "DUPLICATE_NAME"), and the message is the sidecar's own text.
+ */
+export class SystemPromptError extends Error {
+  /** The gRPC status code. */
+  readonly code: Code;
+  /** The stable machine-readable reason, e.g. "DUPLICATE_NAME"; "" when none was sent. */
+  readonly reason: string;
+
+  constructor(message: string, code: Code, reason = "") {
+    super(message);
+    this.name = "SystemPromptError";
+    this.code = code;
+    this.reason = reason;
+  }
+}
+
+/** Strict interpolation failed (locally or on the sidecar). */
+export class RenderError extends SystemPromptError {
+  constructor(message: string) {
+    super(message, Code.FAILED_PRECONDITION, "RENDER_FAILED");
+    this.name = "RenderError";
+  }
+}
+
+/** An INVALID_ARGUMENT raised in this client, before anything is sent. */
+export function invalid(message: string): SystemPromptError {
+  return new SystemPromptError(message, Code.INVALID_ARGUMENT, "INVALID_ARGUMENT");
+}
+
+/** The SystemPromptError for a failed call, with the ErrorInfo reason if sent. */
+export function errorFromGrpc(error: Partial<ServiceError>): SystemPromptError {
+  const code = error.code ?? Code.UNKNOWN;
+  let message = error.details || Code[code] || String(code);
+  const reason = error.metadata === undefined ? "" : reasonOf(error.metadata);
+  if (reason === "RENDER_FAILED") return new RenderError(message);
+  if (code === Code.UNAVAILABLE && !reason) message = `sidecar unavailable: ${message}`;
+  return new SystemPromptError(message, code, reason);
+}
+
+/** The ErrorInfo reason in a call's trailers, or the plain `dsh-error-reason` trailer. */
+export function reasonOf(trailers: Metadata): string {
+  for (const value of trailers.get(DETAILS_KEY)) {
+    if (typeof value === "string") continue;
+    try {
+      const reason = errorInfoReason(value);
+      if (reason) return reason;
+    } catch {
+      break; // not a google.rpc.Status: fall back to the plain trailer
+    }
+  }
+  const [plain] = trailers.get(REASON_KEY);
+  return typeof plain === "string" ? plain : "";
+}
+
+const DETAILS_KEY = "grpc-status-details-bin";
+const REASON_KEY = "dsh-error-reason";
+const ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo";
+
+// google.rpc.Status {3: repeated google.protobuf.Any details}; Any {1: type_url, 2: value};
+// ErrorInfo {1: reason}. Three fields are all this client reads, so it decodes them here.
+function errorInfoReason(status: Uint8Array): string {
+  for (const any of fields(status, 3)) {
+    let typeUrl = "";
+    let value: Uint8Array | undefined;
+    const reader = new BinaryReader(any);
+    while (reader.pos < reader.len) {
+      const [number, wireType] = reader.tag();
+      if (number === 1 && wireType === WireType.LengthDelimited) typeUrl = reader.string();
+      else if (number === 2 && wireType === WireType.LengthDelimited) value = reader.bytes();
+      else reader.skip(wireType);
+    }
+    if (typeUrl === ERROR_INFO_TYPE && value !== undefined) {
+      const [reason] = fields(value, 1);
+      return reason === undefined ? "" : new TextDecoder().decode(reason);
+    }
+  }
+  return "";
+}
+
+function fields(message: Uint8Array, wanted: number): Uint8Array[] {
+  const found: Uint8Array[] = [];
+  const reader = new BinaryReader(message);
+  while (reader.pos < reader.len) {
+    const [number, wireType] = reader.tag();
+    if (number === wanted && wireType === WireType.LengthDelimited) found.push(reader.bytes());
+    else reader.skip(wireType);
+  }
+  return found;
+}

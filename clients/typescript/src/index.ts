@@ -1,0 +1,32 @@
+/**
+ * @dsh/system-prompt: the TypeScript client of the dsh-system-prompt sidecar.
+ *
+ * ```ts
+ * import * as dsp from "@dsh/system-prompt";
+ * const client = await dsp.connect("127.0.0.1:50051");
+ * await client.section("rules", 10, "Be precise.");
+ * console.log(dsp.renderPrompt(await client.assemble()));
+ * await client.close();
+ * ```
+ */
+
+export { ChangeStream } from "./changes.js";
+export {
+  Client,
+  connect,
+  Scope,
+  type AssembleOptions,
+  type ConnectOptions,
+  type Disposer,
+  type ListenerOptions,
+  type PromptContext,
+  type PromptSection,
+  type TextSource,
+  type ToolsSource,
+  type VariableSource,
+} from "./client.js";
+export { Code, RenderError, SystemPromptError } from "./errors.js";
+export type { Listener, NextFn } from "./listeners.js";
+export { CONTEXT_SNAPSHOT_HEADER, renderContextSnapshot, renderPrompt } from "./render.js";
+export type { Pem, TlsOptions } from "./rpc.js";
+export * from "./types.js";

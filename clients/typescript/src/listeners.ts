@@ -1,0 +1,346 @@
+/** A waterfall listener's stream: invocations in, next() and results out. */
+
+import { create } from "@bufbuild/protobuf";
+import type { ClientDuplexStream, StatusObject } from "@grpc/grpc-js";
+import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
+import { assemblyFromProto, assemblyToProto, contextFromProto } from "./convert.js";
+import { Code, SystemPromptError, errorFromGrpc } from "./errors.js";
+import type { Rpc } from "./rpc.js";
+import { ToolSchema, type AssembleContext, type PromptAssembly, type ToolSchemaLike } from "./types.js";
+
+/**
+ * The `next` a listener receives: hands `assembly` (default: the one the
+ * listener got) to the rest of the chain and resolves to what it returned.
+ * Callable once per invocation.
+ */
+export type NextFn = (assembly?: PromptAssembly) => Promise<PromptAssembly>;
+
+/**
+ * A waterfall listener. It may change `assembly` and `return next()`, post-process
+ * `await next()`, or return an assembly of its own without calling `next()`.
+ *
+ * `return next()` without awaiting it is a tail call: what the rest of the chain
+ * returns is this listener's result, untouched, and it costs one round trip instead
+ * of two. Any `await` of next()'s promise (or a callback on it) is not a tail call.
+ */
+export type Listener = (
+  assembly: PromptAssembly,
+  context: AssembleContext,
+  next: NextFn,
+) => PromptAssembly | Promise<PromptAssembly>;
+
+/** A label for errors and change events: the function's name, kept short. */
+export function label(name: string): string {
+  // The end of a qualified name is the telling part: keep it.
+  const points = Array.from(name);
+  return points.length <= LABEL_LIMIT ? name : "…" + points.slice(1 - LABEL_LIMIT).join("");
+}
+
+const LABEL_LIMIT = 120;
+const TAIL = Symbol("tail call sent");
+
+type ListenStream = ClientDuplexStream<pb.ListenRequest, pb.ListenResponse>;
+
+interface Waiting {
+  resolve(result: pb.ListenerNextResult): void;
+  reject(error: Error): void;
+}
+
+/** Runs one listener for every invocation the sidecar sends. */
+export class ListenerStream {
+  readonly #rpc: Rpc;
+  readonly #listener: Listener;
+  #call: ListenStream | undefined;
+  readonly #running = new Map<bigint, AbortController>();
+  readonly #nextResults = new Map<bigint, Waiting>();
+
+  constructor(rpc: Rpc, listener: Listener) {
+    this.#rpc = rpc;
+    this.#listener = listener;
+  }
+
+  /** Install the listener; resolves to its registration id. */
+  start(start: pb.ListenStart): Promise<string> {
+    const call = this.#rpc.bidi(pb.SystemPromptService.method.listen);
+    this.#call = call;
+    return new Promise((resolve, reject) => {
+      let registered = false;
+      call.on("data", (message: pb.ListenResponse) => {
+        const kind = message.kind;
+        if (kind.case === "registered" && !registered) {
+          registered = true;
+          resolve(kind.value.registrationId);
+        } else if (kind.case === "invocation") {
+          void this.#invoke(kind.value);
+        } else if (kind.case === "nextResult") {
+          this.#nextResults.get(kind.value.invocationId)?.resolve(kind.value);
+        } else if (kind.case === "cancel") {
+          this.#abandon(kind.value.invocationId);
+        }
+      });
+      call.on("error", () => undefined); // the status below says it all
+      call.on("status", (status: StatusObject) => {
+        for (const id of [...this.#running.keys()]) this.#abandon(id);
+        if (!registered) {
+          reject(
+            status.code === Code.OK
+              ? new SystemPromptError("the sidecar closed the listener stream", Code.UNAVAILABLE)
+              : errorFromGrpc(status),
+          );
+        }
+      });
+      call.write(create(pb.ListenRequestSchema, { kind: { case: "start", value: start } }));
+    });
+  }
+
+  /** End the stream: the sidecar removes the listener. */
+  close(): void {
+    for (const id of [...this.#running.keys()]) this.#abandon(id);
+    this.#call?.cancel();
+  }
+
+  #abandon(invocationId: bigint): void {
+    this.#running.get(invocationId)?.abort();
+    this.#running.delete(invocationId);
+    this.#nextResults
+      .get(invocationId)
+      ?.reject(new SystemPromptError("the sidecar abandoned this invocation", Code.CANCELLED));
+  }
+
+  async #invoke(invocation: pb.ListenerInvocation): Promise<void> {
+    const id = invocation.invocationId;
+    const controller = new AbortController();
+    this.#running.set(id, controller);
+    const sent = new SentTools(invocation.assembly?.tools ?? []);
+    const assembly = assemblyFromProto(invocation.assembly, sent.tools);
+    const context = contextFromProto(invocation.context, controller.signal);
+    let reply: pb.ListenRequest;
+    try {
+      const tail = new Deferred<typeof TAIL>();
+      let call: NextCall | undefined;
+      const next: NextFn = (handed) => {
+        if (call !== undefined) {
+          throw new SystemPromptError("next() may be called once per invocation", Code.FAILED_PRECONDITION);
+        }
+        call = new NextCall(this, id, handed ?? assembly, sent, controller.signal, () => tail.resolve(TAIL));
+        return call.promise;
+      };
+      const returned = this.#listener(assembly, context, next);
+      if (call !== undefined && returned === call.promise) {
+        call.sendTail(); // `return next()` from a plain function
+        return;
+      }
+      const result = await Promise.race([returned, tail.promise]);
+      if (result === TAIL) return; // `return next()` from an async function
+      if (controller.signal.aborted) return;
+      const [message, slots] = sent.encode(result);
+      reply = create(pb.ListenRequestSchema, {
+        kind: { case: "result", value: { invocationId: id, assembly: message, toolSlots: slots } },
+      });
+    } catch (error) {
+      if (controller.signal.aborted) return; // the sidecar abandoned this invocation
+      reply = create(pb.ListenRequestSchema, {
+        kind: { case: "failure", value: { invocationId: id, message: describe(error) } },
+      });
+    } finally {
+      this.#running.delete(id);
+    }
+    this.write(reply);
+  }
+
+  /** Hand `handed` to the rest of the chain; resolves to what it returned (undefined for a tail call). */
+  async next(
+    invocationId: bigint,
+    handed: PromptAssembly,
+    sent: SentTools,
+    tail: boolean,
+  ): Promise<PromptAssembly | undefined> {
+    const [assembly, toolSlots] = sent.encode(handed);
+    const message = create(pb.ListenRequestSchema, {
+      kind: { case: "next", value: { invocationId, assembly, tail, toolSlots } },
+    });
+    if (tail) {
+      this.write(message);
+      return undefined;
+    }
+    const waiting = new Deferred<pb.ListenerNextResult>();
+    this.#nextResults.set(invocationId, waiting);
+    try {
+      this.write(message);
+      const returned = await waiting.promise;
+      return sent.decode(returned.assembly, returned.toolSlots);
+    } finally {
+      this.#nextResults.delete(invocationId);
+    }
+  }
+
+  write(message: pb.ListenRequest): void {
+    try {
+      this.#call?.write(message);
+    } catch {
+      // the stream is over; the sidecar has failed or dropped this invocation already
+    }
+  }
+}
+
+/**
+ * What `next()` returns: a promise whose round trip starts after the listener's
+ * current turn, so that a `return next()` seen by then becomes a tail call.
+ *
+ * An async function's `return next()` is the one way next()'s promise is adopted
+ * after the current turn by the engine's own resolving functions (never by user
+ * callbacks, and `await` adopts a native promise without calling its `then`).
+ */
+class NextCall {
+  readonly promise: Promise<PromptAssembly>;
+  readonly #stream: ListenerStream;
+  readonly #invocationId: bigint;
+  readonly #handed: PromptAssembly;
+  readonly #sent: SentTools;
+  readonly #signal: AbortSignal;
+  readonly #onTail: () => void;
+  readonly #settle = new Deferred<PromptAssembly>();
+  #state: "undecided" | "sent" | "tail" = "undecided";
+  #turnPassed = false;
+
+  constructor(
+    stream: ListenerStream,
+    invocationId: bigint,
+    handed: PromptAssembly,
+    sent: SentTools,
+    signal: AbortSignal,
+    onTail: () => void,
+  ) {
+    this.#stream = stream;
+    this.#invocationId = invocationId;
+    this.#handed = handed;
+    this.#sent = sent;
+    this.#signal = signal;
+    this.#onTail = onTail;
+    const promise = this.#settle.promise;
+    promise.catch(() => undefined); // a listener need not await next(): no unhandled rejection
+    const then = promise.then.bind(promise);
+    Object.defineProperty(promise, "then", {
+      value: (onFulfilled?: unknown, onRejected?: unknown) => {
+        if (this.#turnPassed && isResolvingFunction(onFulfilled) && isResolvingFunction(onRejected)) {
+          this.sendTail();
+        }
+        return then(onFulfilled as never, onRejected as never);
+      },
+    });
+    this.promise = promise;
+    queueMicrotask(() => {
+      this.#turnPassed = true;
+    });
+    setImmediate(() => this.#send());
+  }
+
+  /** Send the assembly on as a tail call, unless it went already. */
+  sendTail(): void {
+    if (this.#state !== "undecided") return;
+    this.#state = "tail";
+    void this.#stream.next(this.#invocationId, this.#handed, this.#sent, true);
+    this.#onTail();
+  }
+
+  #send(): void {
+    if (this.#state !== "undecided") return;
+    this.#state = "sent";
+    if (this.#signal.aborted) {
+      this.#settle.reject(new SystemPromptError("the sidecar abandoned this invocation", Code.CANCELLED));
+      return;
+    }
+    this.#stream.next(this.#invocationId, this.#handed, this.#sent, false).then(
+      (result) => this.#settle.resolve(result ?? this.#handed),
+      (error: unknown) => this.#settle.reject(error instanceof Error ? error : new Error(String(error))),
+    );
+  }
+}
+
+// The engine's promise resolving functions: anonymous, native.
+function isResolvingFunction(value: unknown): boolean {
+  return (
+    typeof value === "function" &&
+    value.name === "" &&
+    Function.prototype.toString.call(value).includes("[native code]")
+  );
+}
+
+/**
+ * The tools an invocation came with. Replies name the unchanged ones by their
+ * slot instead of sending their schemas back; the sidecar does the same.
+ */
+export class SentTools {
+  readonly tools: ToolSchema[];
+  readonly #originals: [string, string, string][];
+  readonly #index = new Map<ToolSchemaLike, number>();
+
+  constructor(messages: readonly pb.ToolSchema[]) {
+    this.#originals = messages.map((m) => [m.name, m.description, m.parametersJson]);
+    this.tools = this.#originals.map(([name, description, json]) => ToolSchema.fromJson(name, description, json));
+    this.tools.forEach((tool, slot) => this.#index.set(tool, slot));
+  }
+
+  /** The assembly with untouched invocation tools as slots, the others in full. */
+  encode(assembly: PromptAssembly): [pb.PromptAssembly, number[]] {
+    if (assembly === null || typeof assembly !== "object" || !Array.isArray(assembly.tools)) {
+      throw new TypeError(`a listener must return a PromptAssembly, not ${String(assembly)}`);
+    }
+    const slots = assembly.tools.map((tool) => this.#slot(tool));
+    const fresh = assembly.tools.filter((_, i) => slots[i] === -1);
+    return [assemblyToProto({ ...assembly, tools: fresh }), slots];
+  }
+
+  /** An assembly the sidecar sent with slots into this invocation's tools. */
+  decode(message: pb.PromptAssembly | undefined, slots: readonly number[]): PromptAssembly {
+    const assembly = assemblyFromProto(message);
+    if (slots.length) {
+      const fresh = assembly.tools[Symbol.iterator]();
+      assembly.tools = slots.map((slot) => {
+        const tool = slot >= 0 ? this.#tool(slot) : fresh.next().value;
+        if (tool === undefined) throw new Error(`the sidecar sent a bad tool slot ${slot}`);
+        return tool;
+      });
+    }
+    return assembly;
+  }
+
+  #slot(tool: ToolSchemaLike): number {
+    const slot = this.#index.get(tool) ?? -1;
+    return slot >= 0 && this.#untouched(slot) ? slot : -1;
+  }
+
+  #tool(slot: number): ToolSchema | undefined {
+    const original = this.#originals[slot];
+    if (original === undefined) return undefined;
+    // The listener may have changed its copy in place since: then rebuild the original.
+    return this.#untouched(slot) ? this.tools[slot] : ToolSchema.fromJson(...original);
+  }
+
+  #untouched(slot: number): boolean {
+    const tool = this.tools[slot];
+    const original = this.#originals[slot];
+    if (tool === undefined || original === undefined) return false;
+    const [name, description, json] = original;
+    return tool.parametersJson() === json && tool.name === name && tool.description === description;
+  }
+}
+
+/** A promise with its resolve and reject at hand. */
+export class Deferred<T> {
+  readonly promise: Promise<T>;
+  resolve!: (value: T) => void;
+  reject!: (error: Error) => void;
+
+  constructor() {
+    this.promise = new Promise<T>((resolve, reject) => {
+      this.resolve = resolve;
+      this.reject = reject;
+    });
+  }
+}
+
+/** What a failing provider or listener said, as `Name: message`. */
+export function describe(error: unknown): string {
+  return error instanceof Error ? `${error.name}: ${error.message}` : `Error: ${String(error)}`;
+}
