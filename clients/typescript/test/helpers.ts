@@ -1,5 +1,8 @@
 /** What the tests share: the built-in sections, and small readers of assemblies. */
 
+import { after, afterEach, before } from "node:test";
+import * as dsp from "../src/index.js";
+import { Sidecar, type SidecarOptions } from "./sidecar.js";
 import type { PromptAssembly } from "../src/index.js";
 
 export const IDENTITY = "You are an AI agent powered by DeepSeek Harness.";
@@ -18,4 +21,57 @@ export function ownSections(assembly: PromptAssembly): string[] {
 /** The tools' names, in model order. */
 export function toolNames(assembly: PromptAssembly): string[] {
   return assembly.tools.map((tool) => tool.name);
+}
+
+/** One sidecar for a test file, and clients that are closed after each test. */
+export interface Harness {
+  readonly sidecar: Sidecar;
+  /** A client of the file's sidecar, closed after the test. */
+  connect(options?: dsp.ConnectOptions): Promise<dsp.Client>;
+}
+
+/** Start a sidecar before the file's tests and stop it after them. */
+export function useSidecar(options: SidecarOptions = {}): Harness {
+  let sidecar: Sidecar | undefined;
+  const clients: dsp.Client[] = [];
+  before(async () => {
+    sidecar = await Sidecar.start(options);
+  });
+  afterEach(async () => {
+    await Promise.all(clients.splice(0).map((client) => client.close()));
+  });
+  after(async () => {
+    await sidecar?.stop();
+  });
+  return {
+    get sidecar(): Sidecar {
+      if (sidecar === undefined) throw new Error("the sidecar is not started yet");
+      return sidecar;
+    },
+    async connect(connectOptions?: dsp.ConnectOptions): Promise<dsp.Client> {
+      const client = await dsp.connect(this.sidecar.address, connectOptions);
+      clients.push(client);
+      return client;
+    },
+  };
+}
+
+/** Resolve once `condition()` holds, checking every few milliseconds; fail after `timeoutMs`. */
+export async function waitFor(condition: () => boolean, what: string, timeoutMs = 15_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!condition()) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+}
+
+/** The rejection of `promise`, which must be a SystemPromptError. */
+export async function failure(promise: Promise<unknown>): Promise<dsp.SystemPromptError> {
+  try {
+    await promise;
+  } catch (error) {
+    if (error instanceof dsp.SystemPromptError) return error;
+    throw error;
+  }
+  throw new Error("expected a SystemPromptError, but the call succeeded");
 }
