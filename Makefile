@@ -79,10 +79,11 @@ clean:
 	  $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist
 
 ## Install the Node.js example's dependencies (examples/node) from its lockfile,
-## when node_modules is missing or older than package.json / package-lock.json.
+## when node_modules is missing or older than package.json / package-lock.json;
+## its one dependency is the TypeScript client, linked and built.
 NODE_EXAMPLE := examples/node
 .PHONY: node-deps
-node-deps: $(NODE_EXAMPLE)/node_modules/.package-lock.json
+node-deps: $(NODE_EXAMPLE)/node_modules/.package-lock.json ts-build
 
 $(NODE_EXAMPLE)/node_modules/.package-lock.json: $(NODE_EXAMPLE)/package.json $(NODE_EXAMPLE)/package-lock.json
 	cd $(NODE_EXAMPLE) && npm ci --no-audit --no-fund
@@ -111,7 +112,7 @@ codegen-tools:
 ## The TypeScript client (clients/typescript): its dependencies from its lockfile,
 ## when node_modules is missing or older than package.json / package-lock.json.
 TS_CLIENT := clients/typescript
-.PHONY: ts-deps ts-proto check-ts-proto ts-typecheck ts-test
+.PHONY: ts-deps ts-proto check-ts-proto ts-typecheck ts-build ts-test
 ts-deps: $(TS_CLIENT)/node_modules/.package-lock.json
 
 $(TS_CLIENT)/node_modules/.package-lock.json: $(TS_CLIENT)/package.json $(TS_CLIENT)/package-lock.json
@@ -133,6 +134,10 @@ check-ts-proto: ts-deps
 ts-typecheck: ts-deps
 	cd $(TS_CLIENT) && npx --no-install tsc -p tsconfig.json --noEmit
 
-## Build the TypeScript client and run its tests against real sidecars from .venv.
-ts-test: $(STAMP) ts-deps
-	cd $(TS_CLIENT) && npm run --silent build && npm test
+## Build the TypeScript client (strict type-check, ESM + .d.ts into dist/).
+ts-build: ts-deps
+	cd $(TS_CLIENT) && npm run --silent build
+
+## Run the TypeScript client's tests against real sidecars from .venv.
+ts-test: $(STAMP) ts-build
+	cd $(TS_CLIENT) && npm test

@@ -1,8 +1,9 @@
-"""The Node.js example (examples/node/client.js) runs against a real sidecar.
+"""The Node.js example (examples/node/client.mjs) runs against a real sidecar.
 
-It needs `node` and the example's node_modules, which `make node-deps` installs
-from the committed lockfile. Missing either is a failure, not a skip: CI runs
-`make test`, which installs them first.
+It is an agent on the TypeScript client package (clients/typescript). It needs
+`node`, the example's node_modules and the package built, which `make node-deps`
+does from the committed lockfiles. Missing any is a failure, not a skip: CI runs
+`make test`, which does it first.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from helpers import BUILTIN_SECTIONS, IDENTITY, section_names
 from processes import free_port
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "node"
-SETUP = "run `make node-deps` (npm ci in examples/node) first"
+SETUP = "run `make node-deps` (builds clients/typescript, npm ci in examples/node) first"
 TIMEOUT_S = 30
 
 EXPECTED_PROMPT = "\n\n".join(
@@ -35,9 +36,10 @@ def node_command() -> list[str]:
     node = shutil.which("node")
     if node is None:
         pytest.fail(f"`node` is not on PATH: install Node.js 18 or later, then {SETUP}")
-    if not (EXAMPLE / "node_modules" / "@grpc" / "grpc-js").is_dir():
-        pytest.fail(f"{EXAMPLE / 'node_modules'} is missing or incomplete: {SETUP}")
-    return [node, str(EXAMPLE / "client.js")]
+    package = EXAMPLE / "node_modules" / "@dsh" / "system-prompt"
+    if not (package / "dist" / "src" / "index.js").is_file():
+        pytest.fail(f"{package} is missing or not built: {SETUP}")
+    return [node, str(EXAMPLE / "client.mjs")]
 
 
 async def run_example(address: str, cwd: Path) -> tuple[int, str, str]:
@@ -74,7 +76,7 @@ def rendered_prompt(output: str) -> str:
 async def test_node_client_registers_listens_watches_and_renders(
     sidecar: Sidecar, tmp_path: Path
 ) -> None:
-    # Run from elsewhere: the example finds proto/ relative to itself.
+    # Run from elsewhere: the example finds its package relative to itself.
     code, out, err = await run_example(sidecar.address, tmp_path)
 
     assert code == 0, f"exit {code}\nstdout:\n{out}\nstderr:\n{err}"
