@@ -3,7 +3,7 @@
 import type { ClientReadableStream, ServiceError } from "@grpc/grpc-js";
 import type * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import { changeFromProto } from "./convert.js";
-import { Code, SystemPromptError, errorFromGrpc } from "./errors.js";
+import { Code, Reason, SystemPromptError, errorFromGrpc } from "./errors.js";
 import type { ChangeEvent, ChangesMissed } from "./types.js";
 
 /** `for await (const change of changes)`: a ChangeEvent, or ChangesMissed after a gap. */
@@ -34,7 +34,7 @@ export class ChangeStream implements AsyncIterableIterator<ChangeEvent | Changes
     }
     if (first.done || first.value.kind.case !== "subscribed") {
       call.cancel();
-      throw new SystemPromptError("the sidecar closed the change stream", Code.UNAVAILABLE);
+      throw new SystemPromptError("the sidecar closed the change stream", Code.UNAVAILABLE, Reason.SIDECAR_UNAVAILABLE);
     }
     return new ChangeStream(call, messages, Number(first.value.kind.value.revision));
   }

@@ -14,7 +14,7 @@ import { create, type DescMessage, type MessageShape } from "@bufbuild/protobuf"
 import type { ClientDuplexStream, StatusObject } from "@grpc/grpc-js";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import { contextFromProto, toolsToProto } from "./convert.js";
-import { Code, SystemPromptError, errorFromGrpc } from "./errors.js";
+import { Code, Reason, SystemPromptError, errorFromGrpc } from "./errors.js";
 import { Deferred, describe, ListenerStream } from "./listeners.js";
 import type { Method, Rpc } from "./rpc.js";
 import type { AssembleContext } from "./types.js";
@@ -122,6 +122,7 @@ export class Connection {
               ? new SystemPromptError(
                   "sidecar unavailable: it ended the session stream before opening it",
                   Code.UNAVAILABLE,
+                  Reason.SIDECAR_UNAVAILABLE,
                 )
               : errorFromGrpc(status),
           );
@@ -215,7 +216,7 @@ export class Connection {
     throw new SystemPromptError(
       "sidecar unavailable: the connection is down and being re-established",
       Code.UNAVAILABLE,
-      "SIDECAR_UNAVAILABLE",
+      Reason.SIDECAR_UNAVAILABLE,
     );
   }
 
@@ -224,7 +225,7 @@ export class Connection {
       throw new SystemPromptError(
         "this client is closed: its session and registrations are gone",
         Code.FAILED_PRECONDITION,
-        "SESSION_CLOSED",
+        Reason.SESSION_CLOSED,
       );
     }
   }

@@ -2,8 +2,21 @@
 
 import { BinaryReader, WireType } from "@bufbuild/protobuf/wire";
 import { Metadata, status as Code, type ServiceError } from "@grpc/grpc-js";
+import { ErrorReason } from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 
 export { Code };
+
+/** A stable, machine-readable cause of a failure: a value name of the proto's ErrorReason. */
+export type Reason = Exclude<keyof typeof ErrorReason, "ERROR_REASON_UNSPECIFIED">;
+
+/** Every reason the sidecar (or this client) gives, by name: `error.reason === Reason.DUPLICATE_NAME`. */
+export const Reason = Object.freeze(
+  Object.fromEntries(
+    Object.keys(ErrorReason)
+      .filter((name) => Number.isNaN(Number(name)) && name !== "ERROR_REASON_UNSPECIFIED")
+      .map((name) => [name, name]),
+  ),
+) as { readonly [Name in Reason]: Name };
 
 /**
  * A failure reported by (or on the way to) the sidecar.
@@ -14,10 +27,13 @@ export { Code };
 export class SystemPromptError extends Error {
   /** The gRPC status code. */
   readonly code: Code;
-  /** The stable machine-readable reason, e.g. "DUPLICATE_NAME"; "" when none was sent. */
-  readonly reason: string;
+  /**
+   * The stable machine-readable reason, e.g. `Reason.DUPLICATE_NAME`; `Reason.UNKNOWN`
+   * when none was sent, or the plain string a newer sidecar sent.
+   */
+  readonly reason: Reason | (string & {});
 
-  constructor(message: string, code: Code, reason = "") {
+  constructor(message: string, code: Code, reason: Reason | (string & {})) {
     super(message);
     this.name = "SystemPromptError";
     this.code = code;
@@ -28,27 +44,29 @@ export class SystemPromptError extends Error {
 /** Strict interpolation failed (locally or on the sidecar). */
 export class RenderError extends SystemPromptError {
   constructor(message: string) {
-    super(message, Code.FAILED_PRECONDITION, "RENDER_FAILED");
+    super(message, Code.FAILED_PRECONDITION, Reason.RENDER_FAILED);
     this.name = "RenderError";
   }
 }
 
 /** An INVALID_ARGUMENT raised in this client, before anything is sent. */
 export function invalid(message: string): SystemPromptError {
-  return new SystemPromptError(message, Code.INVALID_ARGUMENT, "INVALID_ARGUMENT");
+  return new SystemPromptError(message, Code.INVALID_ARGUMENT, Reason.INVALID_VALUE);
 }
 
 /** The SystemPromptError for a failed call, with the ErrorInfo reason if sent. */
 export function errorFromGrpc(error: Partial<ServiceError>): SystemPromptError {
   const code = error.code ?? Code.UNKNOWN;
-  let message = error.details || Code[code] || String(code);
-  const reason = error.metadata === undefined ? "" : reasonOf(error.metadata);
-  if (reason === "RENDER_FAILED") return new RenderError(message);
-  if (code === Code.UNAVAILABLE && !reason) message = `sidecar unavailable: ${message}`;
+  const message = error.details || Code[code] || String(code);
+  const reason = (error.metadata === undefined ? "" : reasonOf(error.metadata)) || Reason.UNKNOWN;
+  if (reason === Reason.RENDER_FAILED) return new RenderError(message);
+  if (reason === Reason.UNKNOWN && code === Code.UNAVAILABLE) {
+    return new SystemPromptError(`sidecar unavailable: ${message}`, code, Reason.SIDECAR_UNAVAILABLE);
+  }
   return new SystemPromptError(message, code, reason);
 }
 
-/** The ErrorInfo reason in a call's trailers, or the plain `dsh-error-reason` trailer. */
+/** The ErrorInfo reason in a call's trailers, or the plain `dsh-error-reason` trailer; "" for none. */
 export function reasonOf(trailers: Metadata): string {
   for (const value of trailers.get(DETAILS_KEY)) {
     if (typeof value === "string") continue;

@@ -25,7 +25,7 @@ export {
   type ToolsSource,
   type VariableSource,
 } from "./client.js";
-export { Code, RenderError, SystemPromptError } from "./errors.js";
+export { Code, Reason, RenderError, SystemPromptError } from "./errors.js";
 export type { Listener, NextFn } from "./listeners.js";
 export { CONTEXT_SNAPSHOT_HEADER, renderContextSnapshot, renderPrompt } from "./render.js";
 export type { Pem, TlsOptions } from "./rpc.js";

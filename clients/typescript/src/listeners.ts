@@ -4,7 +4,7 @@ import { create } from "@bufbuild/protobuf";
 import type { ClientDuplexStream, StatusObject } from "@grpc/grpc-js";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import { assemblyFromProto, assemblyToProto, contextFromProto } from "./convert.js";
-import { Code, SystemPromptError, errorFromGrpc } from "./errors.js";
+import { Code, Reason, SystemPromptError, errorFromGrpc } from "./errors.js";
 import type { Rpc } from "./rpc.js";
 import { ToolSchema, type AssembleContext, type PromptAssembly, type ToolSchemaLike } from "./types.js";
 
@@ -84,7 +84,7 @@ export class ListenerStream {
         if (!registered) {
           reject(
             status.code === Code.OK
-              ? new SystemPromptError("the sidecar closed the listener stream", Code.UNAVAILABLE)
+              ? new SystemPromptError("the sidecar closed the listener stream", Code.UNAVAILABLE, Reason.SIDECAR_UNAVAILABLE)
               : errorFromGrpc(status),
           );
         }
@@ -104,7 +104,7 @@ export class ListenerStream {
     this.#running.delete(invocationId);
     this.#nextResults
       .get(invocationId)
-      ?.reject(new SystemPromptError("the sidecar abandoned this invocation", Code.CANCELLED));
+      ?.reject(new SystemPromptError("the sidecar abandoned this invocation", Code.CANCELLED, Reason.UNKNOWN));
   }
 
   async #invoke(invocation: pb.ListenerInvocation): Promise<void> {
@@ -120,7 +120,11 @@ export class ListenerStream {
       let call: NextCall | undefined;
       const next: NextFn = (handed) => {
         if (call !== undefined) {
-          throw new SystemPromptError("next() may be called once per invocation", Code.FAILED_PRECONDITION);
+          throw new SystemPromptError(
+            "next() may be called once per invocation",
+            Code.FAILED_PRECONDITION,
+            Reason.LISTENER_FAILED,
+          );
         }
         call = new NextCall(this, id, handed ?? assembly, sent, controller.signal, () => tail.resolve(TAIL));
         return call.promise;
@@ -247,7 +251,7 @@ class NextCall {
     if (this.#state !== "undecided") return;
     this.#state = "sent";
     if (this.#signal.aborted) {
-      this.#settle.reject(new SystemPromptError("the sidecar abandoned this invocation", Code.CANCELLED));
+      this.#settle.reject(new SystemPromptError("the sidecar abandoned this invocation", Code.CANCELLED, Reason.UNKNOWN));
       return;
     }
     this.#stream.next(this.#invocationId, this.#handed, this.#sent, false).then(

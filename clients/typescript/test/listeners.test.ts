@@ -112,7 +112,7 @@ test("a listener that raises fails the assembly naming it, and the next one succ
   });
   const error = await failure(client.assemble());
   assert.equal(error.code, dsp.Code.ABORTED);
-  assert.equal(error.reason, "LISTENER_FAILED");
+  assert.equal(error.reason, dsp.Reason.LISTENER_FAILED);
   assert.match(error.message, /breaksThings/);
   assert.match(error.message, /RangeError: listener broke/);
   await off();
@@ -126,7 +126,7 @@ test("next() may be called once per invocation", async () => {
     return next();
   });
   const error = await failure(client.assemble());
-  assert.equal(error.reason, "LISTENER_FAILED");
+  assert.equal(error.reason, dsp.Reason.LISTENER_FAILED);
   assert.match(error.message, /next\(\) may be called once per invocation/);
 });
 

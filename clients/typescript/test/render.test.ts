@@ -12,7 +12,7 @@ function renderFails(text: string, variables: Record<string, string | undefined>
   assert.throws(() => dsp.renderPrompt(assembly(text, variables)), (error: unknown) => {
     assert.ok(error instanceof dsp.RenderError);
     assert.equal(error.code, dsp.Code.FAILED_PRECONDITION);
-    assert.equal(error.reason, "RENDER_FAILED");
+    assert.equal(error.reason, dsp.Reason.RENDER_FAILED);
     assert.equal(error.message, message);
     return true;
   });

@@ -80,7 +80,7 @@ test("calls while the sidecar is down fail fast as UNAVAILABLE, or wait with a t
       const started = Date.now();
       const error = await failure(client.assemble());
       assert.equal(error.code, dsp.Code.UNAVAILABLE);
-      assert.equal(error.reason, "SIDECAR_UNAVAILABLE");
+      assert.equal(error.reason, dsp.Reason.SIDECAR_UNAVAILABLE);
       assert.ok(Date.now() - started < 1_000);
       const waiting = client.assemble({ timeoutMs: 20_000 });
       await restart();

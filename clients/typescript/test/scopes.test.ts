@@ -37,6 +37,7 @@ test("a conflicting parent is rejected with ALREADY_EXISTS", async () => {
   await client.scope("child", "one");
   const error = await failure(client.scope("child", "two"));
   assert.equal(error.code, dsp.Code.ALREADY_EXISTS);
+  assert.equal(error.reason, dsp.Reason.SCOPE_PARENT_CONFLICT);
 });
 
 test("a parent that would close a cycle is INVALID_ARGUMENT", async () => {
@@ -44,6 +45,7 @@ test("a parent that would close a cycle is INVALID_ARGUMENT", async () => {
   await client.scope("b", "a");
   const error = await failure(client.scope("a", "b"));
   assert.equal(error.code, dsp.Code.INVALID_ARGUMENT);
+  assert.equal(error.reason, dsp.Reason.SCOPE_CYCLE);
 });
 
 test("a scoped listener sees its scope's and descendants' assemblies; global sees all", async () => {

@@ -40,12 +40,17 @@ test("closing a client removes its registrations from other clients' assemblies"
 test("a killed Node process's registrations vanish", async () => {
   const observer = await harness.connect();
   const agent = spawn(process.execPath, [AGENT, harness.sidecar.address], { stdio: ["ignore", "pipe", "inherit"] });
-  const [line] = (await once(createInterface({ input: agent.stdout }), "line")) as [string];
-  assert.equal(line, "ready");
-  assert.deepEqual(ownSections(await observer.assemble()), ["child:rules", "child:dynamic", "child:listener"]);
-  const changes = await observer.watchChanges();
-  agent.kill("SIGKILL");
-  await unregistered(changes, ["child:rules", "child:dynamic", "childListener"]);
-  assert.deepEqual(ownSections(await observer.assemble()), []);
-  await once(agent, "exit");
+  const exited = once(agent, "exit");
+  try {
+    const [line] = (await once(createInterface({ input: agent.stdout }), "line")) as [string];
+    assert.equal(line, "ready");
+    assert.deepEqual(ownSections(await observer.assemble()), ["child:rules", "child:dynamic", "child:listener"]);
+    const changes = await observer.watchChanges();
+    agent.kill("SIGKILL");
+    await unregistered(changes, ["child:rules", "child:dynamic", "childListener"]);
+    assert.deepEqual(ownSections(await observer.assemble()), []);
+  } finally {
+    agent.kill("SIGKILL"); // a failed assertion must not leave the agent running
+    await exited;
+  }
 });
