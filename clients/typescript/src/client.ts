@@ -7,7 +7,7 @@ import { ChangeStream } from "./changes.js";
 import { Connection, type Provider, type Registration } from "./connection.js";
 import { assemblyFromProto, contextToProto, reportFromProto, toolsToProto } from "./convert.js";
 import { errorFromGrpc, invalid } from "./errors.js";
-import { label, ListenerStream, type Listener } from "./listeners.js";
+import { FEATURE_TOOL_SLOTS, label, ListenerStream, type Listener } from "./listeners.js";
 import { openChannel, Rpc, type Method, type TlsOptions } from "./rpc.js";
 import type {
   AssembleContext,
@@ -214,6 +214,7 @@ class Registrar {
       prepend: options.prepend ?? false,
       global: options.global ?? false,
       name: label(listener.name || "anonymous"),
+      features: [FEATURE_TOOL_SLOTS], // this client decodes slot-encoded tools in next() results
     });
     const registration: Registration = {
       registrationId: "",

@@ -36,6 +36,8 @@ export interface Registration {
 type SessionStream = ClientDuplexStream<pb.OpenSessionRequest, pb.OpenSessionResponse>;
 
 const MAX_BACKOFF_MS = 2_000;
+/** Sent in SessionStart, for the sidecar's logs only. */
+const CLIENT_VERSION = "dsh-system-prompt-typescript/0.1.0";
 const CLOSE_GRACE_MS = 5_000;
 
 /** Owns the channel and the session stream; answers provider requests. */
@@ -132,7 +134,7 @@ export class Connection {
       });
       stream.write(
         create(pb.OpenSessionRequestSchema, {
-          kind: { case: "start", value: { clientName: this.clientName } },
+          kind: { case: "start", value: { clientName: this.clientName, clientVersion: CLIENT_VERSION } },
         }),
       );
     });

@@ -37,6 +37,8 @@ export function label(name: string): string {
 }
 
 const LABEL_LIMIT = 120;
+/** The ListenStart feature: this client decodes ListenerNextResult.tool_slots. */
+export const FEATURE_TOOL_SLOTS = "tool-slots";
 const TAIL = Symbol("tail call sent");
 
 type ListenStream = ClientDuplexStream<pb.ListenRequest, pb.ListenResponse>;

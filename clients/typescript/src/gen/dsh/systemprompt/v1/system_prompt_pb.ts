@@ -23,7 +23,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file dsh/systemprompt/v1/system_prompt.proto.
  */
 export const file_dsh_systemprompt_v1_system_prompt: GenFile = /*@__PURE__*/
-  fileDesc("Cidkc2gvc3lzdGVtcHJvbXB0L3YxL3N5c3RlbV9wcm9tcHQucHJvdG8SE2RzaC5zeXN0ZW1wcm9tcHQudjEiHwoHRHluYW1pYxIUCgxwcm92aWRlcl9rZXkYASABKAkiCQoHTm9WYWx1ZSJICgpUb29sU2NoZW1hEgwKBG5hbWUYASABKAkSEwoLZGVzY3JpcHRpb24YAiABKAkSFwoPcGFyYW1ldGVyc19qc29uGAMgASgJIhsKCktub3duTmFtZXMSDQoFbmFtZXMYASADKAkifAoSVG9vbFByb3ZpZGVyUmVzdWx0EjAKB3NjaGVtYXMYASADKAsyHy5kc2guc3lzdGVtcHJvbXB0LnYxLlRvb2xTY2hlbWESNAoLa25vd25fbmFtZXMYAiABKAsyHy5kc2guc3lzdGVtcHJvbXB0LnYxLktub3duTmFtZXMiNQoPQXNzZW1ibGVDb250ZXh0Eg0KBXNjb3BlGAEgASgJEhMKC2ZpZWxkc19qc29uGAIgASgJIi4KEEFzc2VtYmxlZFNlY3Rpb24SDAoEbmFtZRgBIAEoCRIMCgR0ZXh0GAIgASgJIi4KEEFzc2VtYmxlZENvbnRleHQSDAoEbmFtZRgBIAEoCRIMCgR0ZXh0GAIgASgJIjYKCFZhcmlhYmxlEgwKBG5hbWUYASABKAkSEgoFdmFsdWUYAiABKAlIAIgBAUIICgZfdmFsdWUi5AEKDlByb21wdEFzc2VtYmx5EjcKCHNlY3Rpb25zGAEgAygLMiUuZHNoLnN5c3RlbXByb21wdC52MS5Bc3NlbWJsZWRTZWN0aW9uEjcKCGNvbnRleHRzGAIgAygLMiUuZHNoLnN5c3RlbXByb21wdC52MS5Bc3NlbWJsZWRDb250ZXh0Ei4KBXRvb2xzGAMgAygLMh8uZHNoLnN5c3RlbXByb21wdC52MS5Ub29sU2NoZW1hEjAKCXZhcmlhYmxlcxgEIAMoCzIdLmRzaC5zeXN0ZW1wcm9tcHQudjEuVmFyaWFibGUiigEKEk9wZW5TZXNzaW9uUmVxdWVzdBIyCgVzdGFydBgBIAEoCzIhLmRzaC5zeXN0ZW1wcm9tcHQudjEuU2Vzc2lvblN0YXJ0SAASOAoIcHJvdmlkZWQYAiABKAsyJC5kc2guc3lzdGVtcHJvbXB0LnYxLlByb3ZpZGVSZXNwb25zZUgAQgYKBGtpbmQiIwoMU2Vzc2lvblN0YXJ0EhMKC2NsaWVudF9uYW1lGAEgASgJIsEBChNPcGVuU2Vzc2lvblJlc3BvbnNlEjQKBm9wZW5lZBgBIAEoCzIiLmRzaC5zeXN0ZW1wcm9tcHQudjEuU2Vzc2lvbk9wZW5lZEgAEjYKB3Byb3ZpZGUYAiABKAsyIy5kc2guc3lzdGVtcHJvbXB0LnYxLlByb3ZpZGVSZXF1ZXN0SAASNAoGY2FuY2VsGAMgASgLMiIuZHNoLnN5c3RlbXByb21wdC52MS5Qcm92aWRlQ2FuY2VsSABCBgoEa2luZCI1Cg1TZXNzaW9uT3BlbmVkEhIKCnNlc3Npb25faWQYASABKAkSEAoIcmV2aXNpb24YAiABKAQiVAoLUHJvdmlkZUNhbGwSFAoMcHJvdmlkZXJfa2V5GAEgASgJEi8KBGtpbmQYAiABKA4yIS5kc2guc3lzdGVtcHJvbXB0LnYxLlByb3ZpZGVyS2luZCKcAQoOUHJvdmlkZVJlcXVlc3QSDwoHY2FsbF9pZBgBIAEoBBI1Cgdjb250ZXh0GAIgASgLMiQuZHNoLnN5c3RlbXByb21wdC52MS5Bc3NlbWJsZUNvbnRleHQSLwoFY2FsbHMYAyADKAsyIC5kc2guc3lzdGVtcHJvbXB0LnYxLlByb3ZpZGVDYWxsEhEKCXRpbWVvdXRfcxgEIAEoASIgCg1Qcm92aWRlQ2FuY2VsEg8KB2NhbGxfaWQYASABKAQiVgoPUHJvdmlkZVJlc3BvbnNlEg8KB2NhbGxfaWQYASABKAQSMgoGdmFsdWVzGAIgAygLMiIuZHNoLnN5c3RlbXByb21wdC52MS5Qcm92aWRlZFZhbHVlIvkBCg1Qcm92aWRlZFZhbHVlEhQKDHByb3ZpZGVyX2tleRgBIAEoCRIOCgR0ZXh0GAIgASgJSAASOAoFdG9vbHMYAyABKAsyJy5kc2guc3lzdGVtcHJvbXB0LnYxLlRvb2xQcm92aWRlclJlc3VsdEgAEhgKDnZhcmlhYmxlX3ZhbHVlGAQgASgJSAASMAoIbm9fdmFsdWUYBSABKAsyHC5kc2guc3lzdGVtcHJvbXB0LnYxLk5vVmFsdWVIABIzCgVlcnJvchgGIAEoCzIiLmRzaC5zeXN0ZW1wcm9tcHQudjEuUHJvdmlkZXJFcnJvckgAQgcKBXZhbHVlIiAKDVByb3ZpZGVyRXJyb3ISDwoHbWVzc2FnZRgBIAEoCSK9AQoWUmVnaXN0ZXJTZWN0aW9uUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhAKCHNjb3BlX2lkGAIgASgJEgwKBG5hbWUYAyABKAkSDQoFb3JkZXIYBCABKAESEAoIY29tcGxldGUYBSABKAgSDgoEdGV4dBgGIAEoCUgAEi8KB2R5bmFtaWMYByABKAsyHC5kc2guc3lzdGVtcHJvbXB0LnYxLkR5bmFtaWNIAEINCgt0ZXh0X3NvdXJjZSJEChdSZWdpc3RlclNlY3Rpb25SZXNwb25zZRIXCg9yZWdpc3RyYXRpb25faWQYASABKAkSEAoIcmV2aXNpb24YAiABKAQiqwEKFlJlZ2lzdGVyQ29udGV4dFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCghzY29wZV9pZBgCIAEoCRIMCgRuYW1lGAMgASgJEg0KBW9yZGVyGAQgASgBEg4KBHRleHQYBSABKAlIABIvCgdkeW5hbWljGAYgASgLMhwuZHNoLnN5c3RlbXByb21wdC52MS5EeW5hbWljSABCDQoLdGV4dF9zb3VyY2UiRAoXUmVnaXN0ZXJDb250ZXh0UmVzcG9uc2USFwoPcmVnaXN0cmF0aW9uX2lkGAEgASgJEhAKCHJldmlzaW9uGAIgASgEIkUKHVN1cHByZXNzUnVudGltZUNvbnRleHRSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEAoIc2NvcGVfaWQYAiABKAkiSwoeU3VwcHJlc3NSdW50aW1lQ29udGV4dFJlc3BvbnNlEhcKD3JlZ2lzdHJhdGlvbl9pZBgBIAEoCRIQCghyZXZpc2lvbhgCIAEoBCLAAQoUUmVnaXN0ZXJUb29sc1JlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCghzY29wZV9pZBgCIAEoCRI5CgZyZXN1bHQYAyABKAsyJy5kc2guc3lzdGVtcHJvbXB0LnYxLlRvb2xQcm92aWRlclJlc3VsdEgAEi8KB2R5bmFtaWMYBCABKAsyHC5kc2guc3lzdGVtcHJvbXB0LnYxLkR5bmFtaWNIABIMCgRuYW1lGAUgASgJQggKBnNvdXJjZSJCChVSZWdpc3RlclRvb2xzUmVzcG9uc2USFwoPcmVnaXN0cmF0aW9uX2lkGAEgASgJEhAKCHJldmlzaW9uGAIgASgEItEBChdSZWdpc3RlclZhcmlhYmxlUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhAKCHNjb3BlX2lkGAIgASgJEgwKBG5hbWUYAyABKAkSDwoFdmFsdWUYBCABKAlIABIwCghub192YWx1ZRgFIAEoCzIcLmRzaC5zeXN0ZW1wcm9tcHQudjEuTm9WYWx1ZUgAEi8KB2R5bmFtaWMYBiABKAsyHC5kc2guc3lzdGVtcHJvbXB0LnYxLkR5bmFtaWNIAEIOCgx2YWx1ZV9zb3VyY2UiRQoYUmVnaXN0ZXJWYXJpYWJsZVJlc3BvbnNlEhcKD3JlZ2lzdHJhdGlvbl9pZBgBIAEoCRIQCghyZXZpc2lvbhgCIAEoBCJHChBPcGVuU2NvcGVSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSCwoDa2V5GAIgASgJEhIKCnBhcmVudF9rZXkYAyABKAkiNwoRT3BlblNjb3BlUmVzcG9uc2USEAoIc2NvcGVfaWQYASABKAkSEAoIcmV2aXNpb24YAiABKAQiPQoORGlzcG9zZVJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIXCg9yZWdpc3RyYXRpb25faWQYAiABKAkiIwoPRGlzcG9zZVJlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgEImgKD0Fzc2VtYmxlUmVxdWVzdBI1Cgdjb250ZXh0GAEgASgLMiQuZHNoLnN5c3RlbXByb21wdC52MS5Bc3NlbWJsZUNvbnRleHQSDgoGcmVuZGVyGAIgASgIEg4KBnJlcG9ydBgDIAEoCCLHAQoQQXNzZW1ibGVSZXNwb25zZRI1Cghhc3NlbWJseRgBIAEoCzIjLmRzaC5zeXN0ZW1wcm9tcHQudjEuUHJvbXB0QXNzZW1ibHkSNQoIcmVuZGVyZWQYAiABKAsyIy5kc2guc3lzdGVtcHJvbXB0LnYxLlJlbmRlcmVkUHJvbXB0EhAKCHJldmlzaW9uGAMgASgEEjMKBnJlcG9ydBgEIAEoCzIjLmRzaC5zeXN0ZW1wcm9tcHQudjEuQXNzZW1ibHlSZXBvcnQihQEKBlNvdXJjZRItCgRraW5kGAEgASgOMh8uZHNoLnN5c3RlbXByb21wdC52MS5Tb3VyY2VLaW5kEg0KBXNjb3BlGAIgASgJEhYKDmFuY2VzdG9yX2RlcHRoGAMgASgNEhAKCGxpc3RlbmVyGAQgASgJEhMKC2Rlc2NyaXB0aW9uGAUgASgJIsgBCgpQYXJ0UmVwb3J0EisKBGtpbmQYASABKA4yHS5kc2guc3lzdGVtcHJvbXB0LnYxLlBhcnRLaW5kEgwKBG5hbWUYAiABKAkSKwoGc291cmNlGAMgASgLMhsuZHNoLnN5c3RlbXByb21wdC52MS5Tb3VyY2USDQoFYnl0ZXMYBCABKAQSEwoGdG9rZW5zGAUgASgESACIAQESEwoLZmluZ2VycHJpbnQYBiABKAkSDgoGc3RhYmxlGAcgASgIQgkKB190b2tlbnMiNQoEU2l6ZRINCgVieXRlcxgBIAEoBBITCgZ0b2tlbnMYAiABKARIAIgBAUIJCgdfdG9rZW5zIr0BCg9QcmVmaXhTdGFiaWxpdHkSFAoMaGFzX3ByZXZpb3VzGAEgASgIEhQKDHN0YWJsZV9ieXRlcxgCIAEoBBIaCg1zdGFibGVfdG9rZW5zGAMgASgESACIAQESKQoGcHJlZml4GAQgASgLMhkuZHNoLnN5c3RlbXByb21wdC52MS5TaXplEhUKDWZpcnN0X2NoYW5nZWQYBSABKAkSDgoGcmVhc29uGAYgASgJQhAKDl9zdGFibGVfdG9rZW5zIksKDlZhcmlhYmxlUmVwb3J0EgwKBG5hbWUYASABKAkSKwoGc291cmNlGAIgASgLMhsuZHNoLnN5c3RlbXByb21wdC52MS5Tb3VyY2Ui5AIKDkFzc2VtYmx5UmVwb3J0EhEKCXRva2VuaXplchgBIAEoCRIuCgVwYXJ0cxgCIAMoCzIfLmRzaC5zeXN0ZW1wcm9tcHQudjEuUGFydFJlcG9ydBIoCgV0b29scxgDIAEoCzIZLmRzaC5zeXN0ZW1wcm9tcHQudjEuU2l6ZRIpCgZwcm9tcHQYBCABKAsyGS5kc2guc3lzdGVtcHJvbXB0LnYxLlNpemUSMwoQY29udGV4dF9zbmFwc2hvdBgFIAEoCzIZLmRzaC5zeXN0ZW1wcm9tcHQudjEuU2l6ZRI3CglzdGFiaWxpdHkYBiABKAsyJC5kc2guc3lzdGVtcHJvbXB0LnYxLlByZWZpeFN0YWJpbGl0eRI2Cgl2YXJpYWJsZXMYByADKAsyIy5kc2guc3lzdGVtcHJvbXB0LnYxLlZhcmlhYmxlUmVwb3J0EhQKDHJlbmRlcl9lcnJvchgIIAEoCSI6Cg5SZW5kZXJlZFByb21wdBIOCgZwcm9tcHQYASABKAkSGAoQY29udGV4dF9zbmFwc2hvdBgCIAEoCSIVChNXYXRjaENoYW5nZXNSZXF1ZXN0IsMBChRXYXRjaENoYW5nZXNSZXNwb25zZRI6CgpzdWJzY3JpYmVkGAEgASgLMiQuZHNoLnN5c3RlbXByb21wdC52MS5XYXRjaFN1YnNjcmliZWRIABIxCgVldmVudBgCIAEoCzIgLmRzaC5zeXN0ZW1wcm9tcHQudjEuQ2hhbmdlRXZlbnRIABI0CgZtaXNzZWQYAyABKAsyIi5kc2guc3lzdGVtcHJvbXB0LnYxLkNoYW5nZXNNaXNzZWRIAEIGCgRraW5kIiMKD1dhdGNoU3Vic2NyaWJlZBIQCghyZXZpc2lvbhgBIAEoBCJWCg1DaGFuZ2VzTWlzc2VkEh0KFWZpcnN0X21pc3NlZF9yZXZpc2lvbhgBIAEoBBINCgVjb3VudBgCIAEoBBIXCg9yZXN5bmNfcmV2aXNpb24YAyABKAQingEKC0NoYW5nZUV2ZW50EhAKCHJldmlzaW9uGAEgASgEEi0KBGtpbmQYAiABKA4yHy5kc2guc3lzdGVtcHJvbXB0LnYxLkNoYW5nZUtpbmQSMQoGYWN0aW9uGAMgASgOMiEuZHNoLnN5c3RlbXByb21wdC52MS5DaGFuZ2VBY3Rpb24SDAoEbmFtZRgEIAEoCRINCgVzY29wZRgFIAEoCSLtAQoNTGlzdGVuUmVxdWVzdBIxCgVzdGFydBgBIAEoCzIgLmRzaC5zeXN0ZW1wcm9tcHQudjEuTGlzdGVuU3RhcnRIABIxCgRuZXh0GAIgASgLMiEuZHNoLnN5c3RlbXByb21wdC52MS5MaXN0ZW5lck5leHRIABI1CgZyZXN1bHQYAyABKAsyIy5kc2guc3lzdGVtcHJvbXB0LnYxLkxpc3RlbmVyUmVzdWx0SAASNwoHZmFpbHVyZRgEIAEoCzIkLmRzaC5zeXN0ZW1wcm9tcHQudjEuTGlzdGVuZXJGYWlsdXJlSABCBgoEa2luZCJiCgtMaXN0ZW5TdGFydBISCgpzZXNzaW9uX2lkGAEgASgJEhAKCHNjb3BlX2lkGAIgASgJEg8KB3ByZXBlbmQYAyABKAgSDgoGZ2xvYmFsGAQgASgIEgwKBG5hbWUYBSABKAkifgoMTGlzdGVuZXJOZXh0EhUKDWludm9jYXRpb25faWQYASABKAQSNQoIYXNzZW1ibHkYAiABKAsyIy5kc2guc3lzdGVtcHJvbXB0LnYxLlByb21wdEFzc2VtYmx5EgwKBHRhaWwYAyABKAgSEgoKdG9vbF9zbG90cxgEIAMoBSJyCg5MaXN0ZW5lclJlc3VsdBIVCg1pbnZvY2F0aW9uX2lkGAEgASgEEjUKCGFzc2VtYmx5GAIgASgLMiMuZHNoLnN5c3RlbXByb21wdC52MS5Qcm9tcHRBc3NlbWJseRISCgp0b29sX3Nsb3RzGAMgAygFIjkKD0xpc3RlbmVyRmFpbHVyZRIVCg1pbnZvY2F0aW9uX2lkGAEgASgEEg8KB21lc3NhZ2UYAiABKAkijQIKDkxpc3RlblJlc3BvbnNlEj0KCnJlZ2lzdGVyZWQYASABKAsyJy5kc2guc3lzdGVtcHJvbXB0LnYxLkxpc3RlbmVyUmVnaXN0ZXJlZEgAEj0KCmludm9jYXRpb24YAiABKAsyJy5kc2guc3lzdGVtcHJvbXB0LnYxLkxpc3RlbmVySW52b2NhdGlvbkgAEj4KC25leHRfcmVzdWx0GAMgASgLMicuZHNoLnN5c3RlbXByb21wdC52MS5MaXN0ZW5lck5leHRSZXN1bHRIABI1CgZjYW5jZWwYBCABKAsyIy5kc2guc3lzdGVtcHJvbXB0LnYxLkxpc3RlbmVyQ2FuY2VsSABCBgoEa2luZCI/ChJMaXN0ZW5lclJlZ2lzdGVyZWQSFwoPcmVnaXN0cmF0aW9uX2lkGAEgASgJEhAKCHJldmlzaW9uGAIgASgEIpkBChJMaXN0ZW5lckludm9jYXRpb24SFQoNaW52b2NhdGlvbl9pZBgBIAEoBBI1Cghhc3NlbWJseRgCIAEoCzIjLmRzaC5zeXN0ZW1wcm9tcHQudjEuUHJvbXB0QXNzZW1ibHkSNQoHY29udGV4dBgDIAEoCzIkLmRzaC5zeXN0ZW1wcm9tcHQudjEuQXNzZW1ibGVDb250ZXh0InYKEkxpc3RlbmVyTmV4dFJlc3VsdBIVCg1pbnZvY2F0aW9uX2lkGAEgASgEEjUKCGFzc2VtYmx5GAIgASgLMiMuZHNoLnN5c3RlbXByb21wdC52MS5Qcm9tcHRBc3NlbWJseRISCgp0b29sX3Nsb3RzGAMgAygFIicKDkxpc3RlbmVyQ2FuY2VsEhUKDWludm9jYXRpb25faWQYASABKAQqmAEKDFByb3ZpZGVyS2luZBIdChlQUk9WSURFUl9LSU5EX1VOU1BFQ0lGSUVEEAASGQoVUFJPVklERVJfS0lORF9TRUNUSU9OEAESGQoVUFJPVklERVJfS0lORF9DT05URVhUEAISFwoTUFJPVklERVJfS0lORF9UT09MUxADEhoKFlBST1ZJREVSX0tJTkRfVkFSSUFCTEUQBCqLAQoKU291cmNlS2luZBIbChdTT1VSQ0VfS0lORF9VTlNQRUNJRklFRBAAEhcKE1NPVVJDRV9LSU5EX0JVSUxUSU4QARIWChJTT1VSQ0VfS0lORF9HTE9CQUwQAhIVChFTT1VSQ0VfS0lORF9TQ09QRRADEhgKFFNPVVJDRV9LSU5EX0xJU1RFTkVSEAQqZwoIUGFydEtpbmQSGQoVUEFSVF9LSU5EX1VOU1BFQ0lGSUVEEAASEgoOUEFSVF9LSU5EX1RPT0wQARIVChFQQVJUX0tJTkRfU0VDVElPThACEhUKEVBBUlRfS0lORF9DT05URVhUEAMq2QEKCkNoYW5nZUtpbmQSGwoXQ0hBTkdFX0tJTkRfVU5TUEVDSUZJRUQQABIXChNDSEFOR0VfS0lORF9TRUNUSU9OEAESFwoTQ0hBTkdFX0tJTkRfQ09OVEVYVBACEhUKEUNIQU5HRV9LSU5EX1RPT0xTEAMSGAoUQ0hBTkdFX0tJTkRfVkFSSUFCTEUQBBIaChZDSEFOR0VfS0lORF9TVVBQUkVTU09SEAUSGAoUQ0hBTkdFX0tJTkRfTElTVEVORVIQBhIVChFDSEFOR0VfS0lORF9TQ09QRRAHKmsKDENoYW5nZUFjdGlvbhIdChlDSEFOR0VfQUNUSU9OX1VOU1BFQ0lGSUVEEAASHAoYQ0hBTkdFX0FDVElPTl9SRUdJU1RFUkVEEAESHgoaQ0hBTkdFX0FDVElPTl9VTlJFR0lTVEVSRUQQAiqhBgoLRXJyb3JSZWFzb24SHAoYRVJST1JfUkVBU09OX1VOU1BFQ0lGSUVEEAASEgoORFVQTElDQVRFX05BTUUQARIQCgxJTlZBTElEX05BTUUQAhIRCg1JTlZBTElEX09SREVSEAMSGQoVSU5WQUxJRF9WQVJJQUJMRV9OQU1FEAQSEAoMSU5WQUxJRF9KU09OEAUSEQoNTUlTU0lOR19WQUxVRRAGEhMKD1ZBTFVFX1RPT19MQVJHRRAHEhEKDUlOVkFMSURfU0NPUEUQCBIZChVTQ09QRV9QQVJFTlRfQ09ORkxJQ1QQCRIPCgtTQ09QRV9DWUNMRRAKEhMKD1NDT1BFX05PVF9GT1VORBALEhoKFlJFR0lTVFJBVElPTl9OT1RfRk9VTkQQDBIWChJJTlZBTElEX1RPT0xfT1JERVIQDRIeChpNVUxUSVBMRV9DT01QTEVURV9TRUNUSU9OUxAOEhsKF1VOS05PV05fVE9PTF9PUkRFUl9OQU1FEA8SFgoSUkVTRVJWRURfVE9PTF9OQU1FEBASFwoTSU5WQVJJQU5UX1ZJT0xBVElPThAREhEKDVJFTkRFUl9GQUlMRUQQEhIRCg1CQURfVE9PTF9TTE9UEBMSEwoPUFJPVklERVJfRkFJTEVEEBQSFAoQUFJPVklERVJfVElNRU9VVBAVEhgKFFBST1ZJREVSX1VOQVZBSUxBQkxFEBYSEwoPTElTVEVORVJfRkFJTEVEEBcSFAoQTElTVEVORVJfVElNRU9VVBAYEhgKFExJU1RFTkVSX1VOQVZBSUxBQkxFEBkSEwoPVU5LTk9XTl9TRVNTSU9OEBoSDgoKQkFEX1NUUkVBTRAbEhIKDlFVT1RBX0VYQ0VFREVEEBwSEwoPVU5BVVRIRU5USUNBVEVEEB0SEQoNU0hVVFRJTkdfRE9XThAeEhcKE1NJREVDQVJfVU5BVkFJTEFCTEUQHxISCg5TRVNTSU9OX0NMT1NFRBAgEhEKDUlOVkFMSURfVkFMVUUQIRISCg5QUk9UT0NPTF9FUlJPUhAiEgsKB1VOS05PV04QIzL9CAoTU3lzdGVtUHJvbXB0U2VydmljZRJkCgtPcGVuU2Vzc2lvbhInLmRzaC5zeXN0ZW1wcm9tcHQudjEuT3BlblNlc3Npb25SZXF1ZXN0GiguZHNoLnN5c3RlbXByb21wdC52MS5PcGVuU2Vzc2lvblJlc3BvbnNlKAEwARJsCg9SZWdpc3RlclNlY3Rpb24SKy5kc2guc3lzdGVtcHJvbXB0LnYxLlJlZ2lzdGVyU2VjdGlvblJlcXVlc3QaLC5kc2guc3lzdGVtcHJvbXB0LnYxLlJlZ2lzdGVyU2VjdGlvblJlc3BvbnNlEmwKD1JlZ2lzdGVyQ29udGV4dBIrLmRzaC5zeXN0ZW1wcm9tcHQudjEuUmVnaXN0ZXJDb250ZXh0UmVxdWVzdBosLmRzaC5zeXN0ZW1wcm9tcHQudjEuUmVnaXN0ZXJDb250ZXh0UmVzcG9uc2USgQEKFlN1cHByZXNzUnVudGltZUNvbnRleHQSMi5kc2guc3lzdGVtcHJvbXB0LnYxLlN1cHByZXNzUnVudGltZUNvbnRleHRSZXF1ZXN0GjMuZHNoLnN5c3RlbXByb21wdC52MS5TdXBwcmVzc1J1bnRpbWVDb250ZXh0UmVzcG9uc2USZgoNUmVnaXN0ZXJUb29scxIpLmRzaC5zeXN0ZW1wcm9tcHQudjEuUmVnaXN0ZXJUb29sc1JlcXVlc3QaKi5kc2guc3lzdGVtcHJvbXB0LnYxLlJlZ2lzdGVyVG9vbHNSZXNwb25zZRJvChBSZWdpc3RlclZhcmlhYmxlEiwuZHNoLnN5c3RlbXByb21wdC52MS5SZWdpc3RlclZhcmlhYmxlUmVxdWVzdBotLmRzaC5zeXN0ZW1wcm9tcHQudjEuUmVnaXN0ZXJWYXJpYWJsZVJlc3BvbnNlEloKCU9wZW5TY29wZRIlLmRzaC5zeXN0ZW1wcm9tcHQudjEuT3BlblNjb3BlUmVxdWVzdBomLmRzaC5zeXN0ZW1wcm9tcHQudjEuT3BlblNjb3BlUmVzcG9uc2USVAoHRGlzcG9zZRIjLmRzaC5zeXN0ZW1wcm9tcHQudjEuRGlzcG9zZVJlcXVlc3QaJC5kc2guc3lzdGVtcHJvbXB0LnYxLkRpc3Bvc2VSZXNwb25zZRJXCghBc3NlbWJsZRIkLmRzaC5zeXN0ZW1wcm9tcHQudjEuQXNzZW1ibGVSZXF1ZXN0GiUuZHNoLnN5c3RlbXByb21wdC52MS5Bc3NlbWJsZVJlc3BvbnNlEmUKDFdhdGNoQ2hhbmdlcxIoLmRzaC5zeXN0ZW1wcm9tcHQudjEuV2F0Y2hDaGFuZ2VzUmVxdWVzdBopLmRzaC5zeXN0ZW1wcm9tcHQudjEuV2F0Y2hDaGFuZ2VzUmVzcG9uc2UwARJVCgZMaXN0ZW4SIi5kc2guc3lzdGVtcHJvbXB0LnYxLkxpc3RlblJlcXVlc3QaIy5kc2guc3lzdGVtcHJvbXB0LnYxLkxpc3RlblJlc3BvbnNlKAEwAWIGcHJvdG8z");
+  fileDesc("Cidkc2gvc3lzdGVtcHJvbXB0L3YxL3N5c3RlbV9wcm9tcHQucHJvdG8SE2RzaC5zeXN0ZW1wcm9tcHQudjEiHwoHRHluYW1pYxIUCgxwcm92aWRlcl9rZXkYASABKAkiCQoHTm9WYWx1ZSJICgpUb29sU2NoZW1hEgwKBG5hbWUYASABKAkSEwoLZGVzY3JpcHRpb24YAiABKAkSFwoPcGFyYW1ldGVyc19qc29uGAMgASgJIhsKCktub3duTmFtZXMSDQoFbmFtZXMYASADKAkifAoSVG9vbFByb3ZpZGVyUmVzdWx0EjAKB3NjaGVtYXMYASADKAsyHy5kc2guc3lzdGVtcHJvbXB0LnYxLlRvb2xTY2hlbWESNAoLa25vd25fbmFtZXMYAiABKAsyHy5kc2guc3lzdGVtcHJvbXB0LnYxLktub3duTmFtZXMiNQoPQXNzZW1ibGVDb250ZXh0Eg0KBXNjb3BlGAEgASgJEhMKC2ZpZWxkc19qc29uGAIgASgJIi4KEEFzc2VtYmxlZFNlY3Rpb24SDAoEbmFtZRgBIAEoCRIMCgR0ZXh0GAIgASgJIi4KEEFzc2VtYmxlZENvbnRleHQSDAoEbmFtZRgBIAEoCRIMCgR0ZXh0GAIgASgJIjYKCFZhcmlhYmxlEgwKBG5hbWUYASABKAkSEgoFdmFsdWUYAiABKAlIAIgBAUIICgZfdmFsdWUi5AEKDlByb21wdEFzc2VtYmx5EjcKCHNlY3Rpb25zGAEgAygLMiUuZHNoLnN5c3RlbXByb21wdC52MS5Bc3NlbWJsZWRTZWN0aW9uEjcKCGNvbnRleHRzGAIgAygLMiUuZHNoLnN5c3RlbXByb21wdC52MS5Bc3NlbWJsZWRDb250ZXh0Ei4KBXRvb2xzGAMgAygLMh8uZHNoLnN5c3RlbXByb21wdC52MS5Ub29sU2NoZW1hEjAKCXZhcmlhYmxlcxgEIAMoCzIdLmRzaC5zeXN0ZW1wcm9tcHQudjEuVmFyaWFibGUiigEKEk9wZW5TZXNzaW9uUmVxdWVzdBIyCgVzdGFydBgBIAEoCzIhLmRzaC5zeXN0ZW1wcm9tcHQudjEuU2Vzc2lvblN0YXJ0SAASOAoIcHJvdmlkZWQYAiABKAsyJC5kc2guc3lzdGVtcHJvbXB0LnYxLlByb3ZpZGVSZXNwb25zZUgAQgYKBGtpbmQiTQoMU2Vzc2lvblN0YXJ0EhMKC2NsaWVudF9uYW1lGAEgASgJEhYKDmNsaWVudF92ZXJzaW9uGAIgASgJEhAKCGZlYXR1cmVzGAMgAygJIsEBChNPcGVuU2Vzc2lvblJlc3BvbnNlEjQKBm9wZW5lZBgBIAEoCzIiLmRzaC5zeXN0ZW1wcm9tcHQudjEuU2Vzc2lvbk9wZW5lZEgAEjYKB3Byb3ZpZGUYAiABKAsyIy5kc2guc3lzdGVtcHJvbXB0LnYxLlByb3ZpZGVSZXF1ZXN0SAASNAoGY2FuY2VsGAMgASgLMiIuZHNoLnN5c3RlbXByb21wdC52MS5Qcm92aWRlQ2FuY2VsSABCBgoEa2luZCJgCg1TZXNzaW9uT3BlbmVkEhIKCnNlc3Npb25faWQYASABKAkSEAoIcmV2aXNpb24YAiABKAQSFwoPc2lkZWNhcl92ZXJzaW9uGAMgASgJEhAKCGZlYXR1cmVzGAQgAygJIlQKC1Byb3ZpZGVDYWxsEhQKDHByb3ZpZGVyX2tleRgBIAEoCRIvCgRraW5kGAIgASgOMiEuZHNoLnN5c3RlbXByb21wdC52MS5Qcm92aWRlcktpbmQinAEKDlByb3ZpZGVSZXF1ZXN0Eg8KB2NhbGxfaWQYASABKAQSNQoHY29udGV4dBgCIAEoCzIkLmRzaC5zeXN0ZW1wcm9tcHQudjEuQXNzZW1ibGVDb250ZXh0Ei8KBWNhbGxzGAMgAygLMiAuZHNoLnN5c3RlbXByb21wdC52MS5Qcm92aWRlQ2FsbBIRCgl0aW1lb3V0X3MYBCABKAEiIAoNUHJvdmlkZUNhbmNlbBIPCgdjYWxsX2lkGAEgASgEIlYKD1Byb3ZpZGVSZXNwb25zZRIPCgdjYWxsX2lkGAEgASgEEjIKBnZhbHVlcxgCIAMoCzIiLmRzaC5zeXN0ZW1wcm9tcHQudjEuUHJvdmlkZWRWYWx1ZSL5AQoNUHJvdmlkZWRWYWx1ZRIUCgxwcm92aWRlcl9rZXkYASABKAkSDgoEdGV4dBgCIAEoCUgAEjgKBXRvb2xzGAMgASgLMicuZHNoLnN5c3RlbXByb21wdC52MS5Ub29sUHJvdmlkZXJSZXN1bHRIABIYCg52YXJpYWJsZV92YWx1ZRgEIAEoCUgAEjAKCG5vX3ZhbHVlGAUgASgLMhwuZHNoLnN5c3RlbXByb21wdC52MS5Ob1ZhbHVlSAASMwoFZXJyb3IYBiABKAsyIi5kc2guc3lzdGVtcHJvbXB0LnYxLlByb3ZpZGVyRXJyb3JIAEIHCgV2YWx1ZSIgCg1Qcm92aWRlckVycm9yEg8KB21lc3NhZ2UYASABKAkivQEKFlJlZ2lzdGVyU2VjdGlvblJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCghzY29wZV9pZBgCIAEoCRIMCgRuYW1lGAMgASgJEg0KBW9yZGVyGAQgASgBEhAKCGNvbXBsZXRlGAUgASgIEg4KBHRleHQYBiABKAlIABIvCgdkeW5hbWljGAcgASgLMhwuZHNoLnN5c3RlbXByb21wdC52MS5EeW5hbWljSABCDQoLdGV4dF9zb3VyY2UiRAoXUmVnaXN0ZXJTZWN0aW9uUmVzcG9uc2USFwoPcmVnaXN0cmF0aW9uX2lkGAEgASgJEhAKCHJldmlzaW9uGAIgASgEIqsBChZSZWdpc3RlckNvbnRleHRSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEAoIc2NvcGVfaWQYAiABKAkSDAoEbmFtZRgDIAEoCRINCgVvcmRlchgEIAEoARIOCgR0ZXh0GAUgASgJSAASLwoHZHluYW1pYxgGIAEoCzIcLmRzaC5zeXN0ZW1wcm9tcHQudjEuRHluYW1pY0gAQg0KC3RleHRfc291cmNlIkQKF1JlZ2lzdGVyQ29udGV4dFJlc3BvbnNlEhcKD3JlZ2lzdHJhdGlvbl9pZBgBIAEoCRIQCghyZXZpc2lvbhgCIAEoBCJFCh1TdXBwcmVzc1J1bnRpbWVDb250ZXh0UmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhAKCHNjb3BlX2lkGAIgASgJIksKHlN1cHByZXNzUnVudGltZUNvbnRleHRSZXNwb25zZRIXCg9yZWdpc3RyYXRpb25faWQYASABKAkSEAoIcmV2aXNpb24YAiABKAQiwAEKFFJlZ2lzdGVyVG9vbHNSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSEAoIc2NvcGVfaWQYAiABKAkSOQoGcmVzdWx0GAMgASgLMicuZHNoLnN5c3RlbXByb21wdC52MS5Ub29sUHJvdmlkZXJSZXN1bHRIABIvCgdkeW5hbWljGAQgASgLMhwuZHNoLnN5c3RlbXByb21wdC52MS5EeW5hbWljSAASDAoEbmFtZRgFIAEoCUIICgZzb3VyY2UiQgoVUmVnaXN0ZXJUb29sc1Jlc3BvbnNlEhcKD3JlZ2lzdHJhdGlvbl9pZBgBIAEoCRIQCghyZXZpc2lvbhgCIAEoBCLRAQoXUmVnaXN0ZXJWYXJpYWJsZVJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCghzY29wZV9pZBgCIAEoCRIMCgRuYW1lGAMgASgJEg8KBXZhbHVlGAQgASgJSAASMAoIbm9fdmFsdWUYBSABKAsyHC5kc2guc3lzdGVtcHJvbXB0LnYxLk5vVmFsdWVIABIvCgdkeW5hbWljGAYgASgLMhwuZHNoLnN5c3RlbXByb21wdC52MS5EeW5hbWljSABCDgoMdmFsdWVfc291cmNlIkUKGFJlZ2lzdGVyVmFyaWFibGVSZXNwb25zZRIXCg9yZWdpc3RyYXRpb25faWQYASABKAkSEAoIcmV2aXNpb24YAiABKAQiRwoQT3BlblNjb3BlUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEgsKA2tleRgCIAEoCRISCgpwYXJlbnRfa2V5GAMgASgJIjcKEU9wZW5TY29wZVJlc3BvbnNlEhAKCHNjb3BlX2lkGAEgASgJEhAKCHJldmlzaW9uGAIgASgEIj0KDkRpc3Bvc2VSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSFwoPcmVnaXN0cmF0aW9uX2lkGAIgASgJIiMKD0Rpc3Bvc2VSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoBCK2AQoPQXNzZW1ibGVSZXF1ZXN0EjUKB2NvbnRleHQYASABKAsyJC5kc2guc3lzdGVtcHJvbXB0LnYxLkFzc2VtYmxlQ29udGV4dBIOCgZyZW5kZXIYAiABKAgSDgoGcmVwb3J0GAMgASgIEjgKDXByZWZpeF9sYXlvdXQYBCABKA4yIS5kc2guc3lzdGVtcHJvbXB0LnYxLlByZWZpeExheW91dBISCgpyZXBvcnRfa2V5GAUgASgJIscBChBBc3NlbWJsZVJlc3BvbnNlEjUKCGFzc2VtYmx5GAEgASgLMiMuZHNoLnN5c3RlbXByb21wdC52MS5Qcm9tcHRBc3NlbWJseRI1CghyZW5kZXJlZBgCIAEoCzIjLmRzaC5zeXN0ZW1wcm9tcHQudjEuUmVuZGVyZWRQcm9tcHQSEAoIcmV2aXNpb24YAyABKAQSMwoGcmVwb3J0GAQgASgLMiMuZHNoLnN5c3RlbXByb21wdC52MS5Bc3NlbWJseVJlcG9ydCKFAQoGU291cmNlEi0KBGtpbmQYASABKA4yHy5kc2guc3lzdGVtcHJvbXB0LnYxLlNvdXJjZUtpbmQSDQoFc2NvcGUYAiABKAkSFgoOYW5jZXN0b3JfZGVwdGgYAyABKA0SEAoIbGlzdGVuZXIYBCABKAkSEwoLZGVzY3JpcHRpb24YBSABKAkiyAEKClBhcnRSZXBvcnQSKwoEa2luZBgBIAEoDjIdLmRzaC5zeXN0ZW1wcm9tcHQudjEuUGFydEtpbmQSDAoEbmFtZRgCIAEoCRIrCgZzb3VyY2UYAyABKAsyGy5kc2guc3lzdGVtcHJvbXB0LnYxLlNvdXJjZRINCgVieXRlcxgEIAEoBBITCgZ0b2tlbnMYBSABKARIAIgBARITCgtmaW5nZXJwcmludBgGIAEoCRIOCgZzdGFibGUYByABKAhCCQoHX3Rva2VucyI1CgRTaXplEg0KBWJ5dGVzGAEgASgEEhMKBnRva2VucxgCIAEoBEgAiAEBQgkKB190b2tlbnMisQIKD1ByZWZpeFN0YWJpbGl0eRIUCgxoYXNfcHJldmlvdXMYASABKAgSFAoMc3RhYmxlX2J5dGVzGAIgASgEEhoKDXN0YWJsZV90b2tlbnMYAyABKARIAIgBARIpCgZwcmVmaXgYBCABKAsyGS5kc2guc3lzdGVtcHJvbXB0LnYxLlNpemUSFQoNZmlyc3RfY2hhbmdlZBgFIAEoCRIOCgZyZWFzb24YBiABKAkSLQoKcmVjb21wdXRlZBgHIAEoCzIZLmRzaC5zeXN0ZW1wcm9tcHQudjEuU2l6ZRIbChNtZXNzYWdlc19yZWNvbXB1dGVkGAggASgIEgwKBGRpZmYYCSABKAkSGAoQcHJldmlvdXNfZXZpY3RlZBgKIAEoCEIQCg5fc3RhYmxlX3Rva2VucyJLCg5WYXJpYWJsZVJlcG9ydBIMCgRuYW1lGAEgASgJEisKBnNvdXJjZRgCIAEoCzIbLmRzaC5zeXN0ZW1wcm9tcHQudjEuU291cmNlIrMDCg5Bc3NlbWJseVJlcG9ydBIRCgl0b2tlbml6ZXIYASABKAkSLgoFcGFydHMYAiADKAsyHy5kc2guc3lzdGVtcHJvbXB0LnYxLlBhcnRSZXBvcnQSKAoFdG9vbHMYAyABKAsyGS5kc2guc3lzdGVtcHJvbXB0LnYxLlNpemUSKQoGcHJvbXB0GAQgASgLMhkuZHNoLnN5c3RlbXByb21wdC52MS5TaXplEjMKEGNvbnRleHRfc25hcHNob3QYBSABKAsyGS5kc2guc3lzdGVtcHJvbXB0LnYxLlNpemUSNwoJc3RhYmlsaXR5GAYgASgLMiQuZHNoLnN5c3RlbXByb21wdC52MS5QcmVmaXhTdGFiaWxpdHkSNgoJdmFyaWFibGVzGAcgAygLMiMuZHNoLnN5c3RlbXByb21wdC52MS5WYXJpYWJsZVJlcG9ydBIUCgxyZW5kZXJfZXJyb3IYCCABKAkSOAoNcHJlZml4X2xheW91dBgJIAEoDjIhLmRzaC5zeXN0ZW1wcm9tcHQudjEuUHJlZml4TGF5b3V0EhMKC2hpc3Rvcnlfa2V5GAogASgJInwKElJlcG9ydFVzYWdlUmVxdWVzdBINCgVzY29wZRgBIAEoCRISCgpyZXBvcnRfa2V5GAIgASgJEhUKDWNhY2hlZF90b2tlbnMYAyABKAQSGgoNcHJvbXB0X3Rva2VucxgEIAEoBEgAiAEBQhAKDl9wcm9tcHRfdG9rZW5zIkwKE1JlcG9ydFVzYWdlUmVzcG9uc2USNQoFZW50cnkYASABKAsyJi5kc2guc3lzdGVtcHJvbXB0LnYxLkNhY2hlSGlzdG9yeUVudHJ5IjsKFkdldENhY2hlSGlzdG9yeVJlcXVlc3QSDQoFc2NvcGUYASABKAkSEgoKcmVwb3J0X2tleRgCIAEoCSJNChdHZXRDYWNoZUhpc3RvcnlSZXNwb25zZRIyCgdoaXN0b3J5GAEgASgLMiEuZHNoLnN5c3RlbXByb21wdC52MS5DYWNoZUhpc3Rvcnki5wEKDENhY2hlSGlzdG9yeRILCgNrZXkYASABKAkSDwoHcmVwb3J0cxgCIAEoBBIOCgZicmVha3MYAyABKAQSMQoIYnJlYWtlcnMYBCADKAsyHy5kc2guc3lzdGVtcHJvbXB0LnYxLlBhcnRCcmVha3MSLQoKcmVjb21wdXRlZBgFIAEoCzIZLmRzaC5zeXN0ZW1wcm9tcHQudjEuU2l6ZRI2CgZyZWNlbnQYBiADKAsyJi5kc2guc3lzdGVtcHJvbXB0LnYxLkNhY2hlSGlzdG9yeUVudHJ5Eg8KB2V2aWN0ZWQYByABKAgiKQoKUGFydEJyZWFrcxIMCgRwYXJ0GAEgASgJEg0KBWNvdW50GAIgASgEIswDChFDYWNoZUhpc3RvcnlFbnRyeRIQCghzZXF1ZW5jZRgBIAEoBBIQCghyZXZpc2lvbhgCIAEoBBI4Cg1wcmVmaXhfbGF5b3V0GAMgASgOMiEuZHNoLnN5c3RlbXByb21wdC52MS5QcmVmaXhMYXlvdXQSFAoMaGFzX3ByZXZpb3VzGAQgASgIEhUKDWZpcnN0X2NoYW5nZWQYBSABKAkSDgoGcmVhc29uGAYgASgJEikKBnByZWZpeBgHIAEoCzIZLmRzaC5zeXN0ZW1wcm9tcHQudjEuU2l6ZRIUCgxzdGFibGVfYnl0ZXMYCCABKAQSGgoNc3RhYmxlX3Rva2VucxgJIAEoBEgAiAEBEi0KCnJlY29tcHV0ZWQYCiABKAsyGS5kc2guc3lzdGVtcHJvbXB0LnYxLlNpemUSIwoWb2JzZXJ2ZWRfY2FjaGVkX3Rva2VucxgLIAEoBEgBiAEBEiMKFm9ic2VydmVkX3Byb21wdF90b2tlbnMYDCABKARIAogBAUIQCg5fc3RhYmxlX3Rva2Vuc0IZChdfb2JzZXJ2ZWRfY2FjaGVkX3Rva2Vuc0IZChdfb2JzZXJ2ZWRfcHJvbXB0X3Rva2VucyI6Cg5SZW5kZXJlZFByb21wdBIOCgZwcm9tcHQYASABKAkSGAoQY29udGV4dF9zbmFwc2hvdBgCIAEoCSIVChNXYXRjaENoYW5nZXNSZXF1ZXN0IsMBChRXYXRjaENoYW5nZXNSZXNwb25zZRI6CgpzdWJzY3JpYmVkGAEgASgLMiQuZHNoLnN5c3RlbXByb21wdC52MS5XYXRjaFN1YnNjcmliZWRIABIxCgVldmVudBgCIAEoCzIgLmRzaC5zeXN0ZW1wcm9tcHQudjEuQ2hhbmdlRXZlbnRIABI0CgZtaXNzZWQYAyABKAsyIi5kc2guc3lzdGVtcHJvbXB0LnYxLkNoYW5nZXNNaXNzZWRIAEIGCgRraW5kIiMKD1dhdGNoU3Vic2NyaWJlZBIQCghyZXZpc2lvbhgBIAEoBCJWCg1DaGFuZ2VzTWlzc2VkEh0KFWZpcnN0X21pc3NlZF9yZXZpc2lvbhgBIAEoBBINCgVjb3VudBgCIAEoBBIXCg9yZXN5bmNfcmV2aXNpb24YAyABKAQingEKC0NoYW5nZUV2ZW50EhAKCHJldmlzaW9uGAEgASgEEi0KBGtpbmQYAiABKA4yHy5kc2guc3lzdGVtcHJvbXB0LnYxLkNoYW5nZUtpbmQSMQoGYWN0aW9uGAMgASgOMiEuZHNoLnN5c3RlbXByb21wdC52MS5DaGFuZ2VBY3Rpb24SDAoEbmFtZRgEIAEoCRINCgVzY29wZRgFIAEoCSLtAQoNTGlzdGVuUmVxdWVzdBIxCgVzdGFydBgBIAEoCzIgLmRzaC5zeXN0ZW1wcm9tcHQudjEuTGlzdGVuU3RhcnRIABIxCgRuZXh0GAIgASgLMiEuZHNoLnN5c3RlbXByb21wdC52MS5MaXN0ZW5lck5leHRIABI1CgZyZXN1bHQYAyABKAsyIy5kc2guc3lzdGVtcHJvbXB0LnYxLkxpc3RlbmVyUmVzdWx0SAASNwoHZmFpbHVyZRgEIAEoCzIkLmRzaC5zeXN0ZW1wcm9tcHQudjEuTGlzdGVuZXJGYWlsdXJlSABCBgoEa2luZCJ0CgtMaXN0ZW5TdGFydBISCgpzZXNzaW9uX2lkGAEgASgJEhAKCHNjb3BlX2lkGAIgASgJEg8KB3ByZXBlbmQYAyABKAgSDgoGZ2xvYmFsGAQgASgIEgwKBG5hbWUYBSABKAkSEAoIZmVhdHVyZXMYBiADKAkifgoMTGlzdGVuZXJOZXh0EhUKDWludm9jYXRpb25faWQYASABKAQSNQoIYXNzZW1ibHkYAiABKAsyIy5kc2guc3lzdGVtcHJvbXB0LnYxLlByb21wdEFzc2VtYmx5EgwKBHRhaWwYAyABKAgSEgoKdG9vbF9zbG90cxgEIAMoBSJyCg5MaXN0ZW5lclJlc3VsdBIVCg1pbnZvY2F0aW9uX2lkGAEgASgEEjUKCGFzc2VtYmx5GAIgASgLMiMuZHNoLnN5c3RlbXByb21wdC52MS5Qcm9tcHRBc3NlbWJseRISCgp0b29sX3Nsb3RzGAMgAygFIjkKD0xpc3RlbmVyRmFpbHVyZRIVCg1pbnZvY2F0aW9uX2lkGAEgASgEEg8KB21lc3NhZ2UYAiABKAkijQIKDkxpc3RlblJlc3BvbnNlEj0KCnJlZ2lzdGVyZWQYASABKAsyJy5kc2guc3lzdGVtcHJvbXB0LnYxLkxpc3RlbmVyUmVnaXN0ZXJlZEgAEj0KCmludm9jYXRpb24YAiABKAsyJy5kc2guc3lzdGVtcHJvbXB0LnYxLkxpc3RlbmVySW52b2NhdGlvbkgAEj4KC25leHRfcmVzdWx0GAMgASgLMicuZHNoLnN5c3RlbXByb21wdC52MS5MaXN0ZW5lck5leHRSZXN1bHRIABI1CgZjYW5jZWwYBCABKAsyIy5kc2guc3lzdGVtcHJvbXB0LnYxLkxpc3RlbmVyQ2FuY2VsSABCBgoEa2luZCJRChJMaXN0ZW5lclJlZ2lzdGVyZWQSFwoPcmVnaXN0cmF0aW9uX2lkGAEgASgJEhAKCHJldmlzaW9uGAIgASgEEhAKCGZlYXR1cmVzGAMgAygJIpkBChJMaXN0ZW5lckludm9jYXRpb24SFQoNaW52b2NhdGlvbl9pZBgBIAEoBBI1Cghhc3NlbWJseRgCIAEoCzIjLmRzaC5zeXN0ZW1wcm9tcHQudjEuUHJvbXB0QXNzZW1ibHkSNQoHY29udGV4dBgDIAEoCzIkLmRzaC5zeXN0ZW1wcm9tcHQudjEuQXNzZW1ibGVDb250ZXh0InYKEkxpc3RlbmVyTmV4dFJlc3VsdBIVCg1pbnZvY2F0aW9uX2lkGAEgASgEEjUKCGFzc2VtYmx5GAIgASgLMiMuZHNoLnN5c3RlbXByb21wdC52MS5Qcm9tcHRBc3NlbWJseRISCgp0b29sX3Nsb3RzGAMgAygFIicKDkxpc3RlbmVyQ2FuY2VsEhUKDWludm9jYXRpb25faWQYASABKAQqmAEKDFByb3ZpZGVyS2luZBIdChlQUk9WSURFUl9LSU5EX1VOU1BFQ0lGSUVEEAASGQoVUFJPVklERVJfS0lORF9TRUNUSU9OEAESGQoVUFJPVklERVJfS0lORF9DT05URVhUEAISFwoTUFJPVklERVJfS0lORF9UT09MUxADEhoKFlBST1ZJREVSX0tJTkRfVkFSSUFCTEUQBCpsCgxQcmVmaXhMYXlvdXQSHQoZUFJFRklYX0xBWU9VVF9VTlNQRUNJRklFRBAAEh0KGVBSRUZJWF9MQVlPVVRfVE9PTFNfRklSU1QQARIeChpQUkVGSVhfTEFZT1VUX1NZU1RFTV9GSVJTVBACKosBCgpTb3VyY2VLaW5kEhsKF1NPVVJDRV9LSU5EX1VOU1BFQ0lGSUVEEAASFwoTU09VUkNFX0tJTkRfQlVJTFRJThABEhYKElNPVVJDRV9LSU5EX0dMT0JBTBACEhUKEVNPVVJDRV9LSU5EX1NDT1BFEAMSGAoUU09VUkNFX0tJTkRfTElTVEVORVIQBCpnCghQYXJ0S2luZBIZChVQQVJUX0tJTkRfVU5TUEVDSUZJRUQQABISCg5QQVJUX0tJTkRfVE9PTBABEhUKEVBBUlRfS0lORF9TRUNUSU9OEAISFQoRUEFSVF9LSU5EX0NPTlRFWFQQAyrZAQoKQ2hhbmdlS2luZBIbChdDSEFOR0VfS0lORF9VTlNQRUNJRklFRBAAEhcKE0NIQU5HRV9LSU5EX1NFQ1RJT04QARIXChNDSEFOR0VfS0lORF9DT05URVhUEAISFQoRQ0hBTkdFX0tJTkRfVE9PTFMQAxIYChRDSEFOR0VfS0lORF9WQVJJQUJMRRAEEhoKFkNIQU5HRV9LSU5EX1NVUFBSRVNTT1IQBRIYChRDSEFOR0VfS0lORF9MSVNURU5FUhAGEhUKEUNIQU5HRV9LSU5EX1NDT1BFEAcqawoMQ2hhbmdlQWN0aW9uEh0KGUNIQU5HRV9BQ1RJT05fVU5TUEVDSUZJRUQQABIcChhDSEFOR0VfQUNUSU9OX1JFR0lTVEVSRUQQARIeChpDSEFOR0VfQUNUSU9OX1VOUkVHSVNURVJFRBACKtMGCgtFcnJvclJlYXNvbhIcChhFUlJPUl9SRUFTT05fVU5TUEVDSUZJRUQQABISCg5EVVBMSUNBVEVfTkFNRRABEhAKDElOVkFMSURfTkFNRRACEhEKDUlOVkFMSURfT1JERVIQAxIZChVJTlZBTElEX1ZBUklBQkxFX05BTUUQBBIQCgxJTlZBTElEX0pTT04QBRIRCg1NSVNTSU5HX1ZBTFVFEAYSGgoWRFVQTElDQVRFX1BST1ZJREVSX0tFWRAlEhMKD1ZBTFVFX1RPT19MQVJHRRAHEhEKDUlOVkFMSURfU0NPUEUQCBIZChVTQ09QRV9QQVJFTlRfQ09ORkxJQ1QQCRIPCgtTQ09QRV9DWUNMRRAKEhMKD1NDT1BFX05PVF9GT1VORBALEhoKFlJFR0lTVFJBVElPTl9OT1RfRk9VTkQQDBIUChBSRVBPUlRfTk9UX0ZPVU5EECQSFgoSSU5WQUxJRF9UT09MX09SREVSEA0SHgoaTVVMVElQTEVfQ09NUExFVEVfU0VDVElPTlMQDhIbChdVTktOT1dOX1RPT0xfT1JERVJfTkFNRRAPEhYKElJFU0VSVkVEX1RPT0xfTkFNRRAQEhcKE0lOVkFSSUFOVF9WSU9MQVRJT04QERIRCg1SRU5ERVJfRkFJTEVEEBISEQoNQkFEX1RPT0xfU0xPVBATEhMKD1BST1ZJREVSX0ZBSUxFRBAUEhQKEFBST1ZJREVSX1RJTUVPVVQQFRIYChRQUk9WSURFUl9VTkFWQUlMQUJMRRAWEhMKD0xJU1RFTkVSX0ZBSUxFRBAXEhQKEExJU1RFTkVSX1RJTUVPVVQQGBIYChRMSVNURU5FUl9VTkFWQUlMQUJMRRAZEhMKD1VOS05PV05fU0VTU0lPThAaEg4KCkJBRF9TVFJFQU0QGxISCg5RVU9UQV9FWENFRURFRBAcEhMKD1VOQVVUSEVOVElDQVRFRBAdEhEKDVNIVVRUSU5HX0RPV04QHhIXChNTSURFQ0FSX1VOQVZBSUxBQkxFEB8SEgoOU0VTU0lPTl9DTE9TRUQQIBIRCg1JTlZBTElEX1ZBTFVFECESEgoOUFJPVE9DT0xfRVJST1IQIhILCgdVTktOT1dOECMyzQoKE1N5c3RlbVByb21wdFNlcnZpY2USZAoLT3BlblNlc3Npb24SJy5kc2guc3lzdGVtcHJvbXB0LnYxLk9wZW5TZXNzaW9uUmVxdWVzdBooLmRzaC5zeXN0ZW1wcm9tcHQudjEuT3BlblNlc3Npb25SZXNwb25zZSgBMAESbAoPUmVnaXN0ZXJTZWN0aW9uEisuZHNoLnN5c3RlbXByb21wdC52MS5SZWdpc3RlclNlY3Rpb25SZXF1ZXN0GiwuZHNoLnN5c3RlbXByb21wdC52MS5SZWdpc3RlclNlY3Rpb25SZXNwb25zZRJsCg9SZWdpc3RlckNvbnRleHQSKy5kc2guc3lzdGVtcHJvbXB0LnYxLlJlZ2lzdGVyQ29udGV4dFJlcXVlc3QaLC5kc2guc3lzdGVtcHJvbXB0LnYxLlJlZ2lzdGVyQ29udGV4dFJlc3BvbnNlEoEBChZTdXBwcmVzc1J1bnRpbWVDb250ZXh0EjIuZHNoLnN5c3RlbXByb21wdC52MS5TdXBwcmVzc1J1bnRpbWVDb250ZXh0UmVxdWVzdBozLmRzaC5zeXN0ZW1wcm9tcHQudjEuU3VwcHJlc3NSdW50aW1lQ29udGV4dFJlc3BvbnNlEmYKDVJlZ2lzdGVyVG9vbHMSKS5kc2guc3lzdGVtcHJvbXB0LnYxLlJlZ2lzdGVyVG9vbHNSZXF1ZXN0GiouZHNoLnN5c3RlbXByb21wdC52MS5SZWdpc3RlclRvb2xzUmVzcG9uc2USbwoQUmVnaXN0ZXJWYXJpYWJsZRIsLmRzaC5zeXN0ZW1wcm9tcHQudjEuUmVnaXN0ZXJWYXJpYWJsZVJlcXVlc3QaLS5kc2guc3lzdGVtcHJvbXB0LnYxLlJlZ2lzdGVyVmFyaWFibGVSZXNwb25zZRJaCglPcGVuU2NvcGUSJS5kc2guc3lzdGVtcHJvbXB0LnYxLk9wZW5TY29wZVJlcXVlc3QaJi5kc2guc3lzdGVtcHJvbXB0LnYxLk9wZW5TY29wZVJlc3BvbnNlElQKB0Rpc3Bvc2USIy5kc2guc3lzdGVtcHJvbXB0LnYxLkRpc3Bvc2VSZXF1ZXN0GiQuZHNoLnN5c3RlbXByb21wdC52MS5EaXNwb3NlUmVzcG9uc2USVwoIQXNzZW1ibGUSJC5kc2guc3lzdGVtcHJvbXB0LnYxLkFzc2VtYmxlUmVxdWVzdBolLmRzaC5zeXN0ZW1wcm9tcHQudjEuQXNzZW1ibGVSZXNwb25zZRJlCgxXYXRjaENoYW5nZXMSKC5kc2guc3lzdGVtcHJvbXB0LnYxLldhdGNoQ2hhbmdlc1JlcXVlc3QaKS5kc2guc3lzdGVtcHJvbXB0LnYxLldhdGNoQ2hhbmdlc1Jlc3BvbnNlMAESVQoGTGlzdGVuEiIuZHNoLnN5c3RlbXByb21wdC52MS5MaXN0ZW5SZXF1ZXN0GiMuZHNoLnN5c3RlbXByb21wdC52MS5MaXN0ZW5SZXNwb25zZSgBMAESYAoLUmVwb3J0VXNhZ2USJy5kc2guc3lzdGVtcHJvbXB0LnYxLlJlcG9ydFVzYWdlUmVxdWVzdBooLmRzaC5zeXN0ZW1wcm9tcHQudjEuUmVwb3J0VXNhZ2VSZXNwb25zZRJsCg9HZXRDYWNoZUhpc3RvcnkSKy5kc2guc3lzdGVtcHJvbXB0LnYxLkdldENhY2hlSGlzdG9yeVJlcXVlc3QaLC5kc2guc3lzdGVtcHJvbXB0LnYxLkdldENhY2hlSGlzdG9yeVJlc3BvbnNlQrUBChdkZXYuZHNoLnN5c3RlbXByb21wdC52MUIRU3lzdGVtUHJvbXB0UHJvdG9QAVo7ZHNoLXN5c3RlbS1wcm9tcHQvZ2VuL2dvL2RzaC9zeXN0ZW1wcm9tcHQvdjE7c3lzdGVtcHJvbXB0djGiAgNEU1CqAhNEc2guU3lzdGVtUHJvbXB0LlYxygITRHNoXFN5c3RlbVByb21wdFxWMeoCFURzaDo6U3lzdGVtUHJvbXB0OjpWMWIGcHJvdG8z");
 
 /**
  * Marks a value that stays in the client: the owning session is asked for it
@@ -33,9 +33,11 @@ export const file_dsh_systemprompt_v1_system_prompt: GenFile = /*@__PURE__*/
  */
 export type Dynamic = Message<"dsh.systemprompt.v1.Dynamic"> & {
   /**
-   * A key chosen by the client, unique within its session, that the sidecar
-   * quotes back in ProvideRequest so the client finds its provider. Chosen by
-   * the client so that a provider is known before its registration returns.
+   * A key chosen by the client, that the sidecar quotes back in
+   * ProvideRequest so the client finds its provider. Chosen by the client so
+   * that a provider is known before its registration returns. Unique among
+   * the session's live registrations: a key in use is ALREADY_EXISTS
+   * (DUPLICATE_PROVIDER_KEY); once its registration is disposed it may be reused.
    *
    * @generated from field: string provider_key = 1;
    */
@@ -352,6 +354,23 @@ export type SessionStart = Message<"dsh.systemprompt.v1.SessionStart"> & {
    * @generated from field: string client_name = 1;
    */
   clientName: string;
+
+  /**
+   * The client library and its version, free text for logs and diagnostics
+   * (e.g. "dsh-system-prompt-python/0.2.0"); never used to pick behaviour.
+   *
+   * @generated from field: string client_version = 2;
+   */
+  clientVersion: string;
+
+  /**
+   * Session features the client implements. None is defined yet: the field
+   * is here so that later features need no new message. Unknown names are
+   * ignored. See docs/protocol.md, "Versions and features".
+   *
+   * @generated from field: repeated string features = 3;
+   */
+  features: string[];
 };
 
 /**
@@ -425,6 +444,22 @@ export type SessionOpened = Message<"dsh.systemprompt.v1.SessionOpened"> & {
    * @generated from field: uint64 revision = 2;
    */
   revision: bigint;
+
+  /**
+   * The sidecar's version, free text for logs and diagnostics
+   * (e.g. "dsh-system-prompt/0.2.0"); never used to pick behaviour.
+   *
+   * @generated from field: string sidecar_version = 3;
+   */
+  sidecarVersion: string;
+
+  /**
+   * The session features in effect: those of SessionStart.features that the
+   * sidecar supports too. Empty when none is.
+   *
+   * @generated from field: repeated string features = 4;
+   */
+  features: string[];
 };
 
 /**
@@ -1213,11 +1248,27 @@ export type AssembleRequest = Message<"dsh.systemprompt.v1.AssembleRequest"> & {
 
   /**
    * Also report provenance, sizes and prefix stability against the previous
-   * reported assembly of the same scope. Renders on the sidecar; costs more.
+   * reported assembly of the same history key. Renders on the sidecar; costs more.
    *
    * @generated from field: bool report = 3;
    */
   report: boolean;
+
+  /**
+   * For a report: the order the model server puts tools and the system prompt
+   * in; unspecified means the sidecar's configured prefix_layout.
+   *
+   * @generated from field: dsh.systemprompt.v1.PrefixLayout prefix_layout = 4;
+   */
+  prefixLayout: PrefixLayout;
+
+  /**
+   * For a report: the history key to compare with and count under, e.g. one
+   * per conversation; empty means the scope.
+   *
+   * @generated from field: string report_key = 5;
+   */
+  reportKey: string;
 };
 
 /**
@@ -1369,7 +1420,8 @@ export type PartReport = Message<"dsh.systemprompt.v1.PartReport"> & {
 
   /**
    * Whether it is byte-identical to the part at the same position of the
-   * previous reported assembly of the same scope (and everything before it is).
+   * previous reported assembly of the same history key (and everything before
+   * it is). For a runtime context (not in the prefix): whether it is unchanged.
    *
    * @generated from field: bool stable = 7;
    */
@@ -1412,34 +1464,35 @@ export const SizeSchema: GenMessage<Size> = /*@__PURE__*/
   messageDesc(file_dsh_systemprompt_v1_system_prompt, 38);
 
 /**
- * How much of the model-facing prefix (tools, then system prompt) stayed the same.
+ * How much of the model-facing prefix (tools and system prompt, in the
+ * report's layout) stayed the same.
  *
  * @generated from message dsh.systemprompt.v1.PrefixStability
  */
 export type PrefixStability = Message<"dsh.systemprompt.v1.PrefixStability"> & {
   /**
-   * False for the first reported assembly of a scope (nothing to compare with).
+   * False when no earlier report of the history key is kept (nothing to compare with).
    *
    * @generated from field: bool has_previous = 1;
    */
   hasPrevious: boolean;
 
   /**
-   * Leading bytes of the prefix that are unchanged since the previous assembly.
+   * The longest common prefix, in bytes, of this prefix text and the previous one.
    *
    * @generated from field: uint64 stable_bytes = 2;
    */
   stableBytes: bigint;
 
   /**
-   * The same in tokens, counting whole unchanged parts, with a tokenizer.
+   * The longest common prefix of the two prefixes' token sequences, with a tokenizer.
    *
    * @generated from field: optional uint64 stable_tokens = 3;
    */
   stableTokens?: bigint | undefined;
 
   /**
-   * The whole prefix: tools and system prompt.
+   * The whole prefix text, separators included, counted by the tokenizer as one text.
    *
    * @generated from field: dsh.systemprompt.v1.Size prefix = 4;
    */
@@ -1459,6 +1512,37 @@ export type PrefixStability = Message<"dsh.systemprompt.v1.PrefixStability"> & {
    * @generated from field: string reason = 6;
    */
   reason: string;
+
+  /**
+   * What the model server must recompute of the prefix because of the first
+   * change: everything after the common prefix (tokens with a tokenizer).
+   *
+   * @generated from field: dsh.systemprompt.v1.Size recomputed = 7;
+   */
+  recomputed?: Size | undefined;
+
+  /**
+   * True when the prefix broke: every message after it is recomputed too.
+   *
+   * @generated from field: bool messages_recomputed = 8;
+   */
+  messagesRecomputed: boolean;
+
+  /**
+   * A short, bounded diff of the first changed part's old and new text (a
+   * tool's JSON pretty-printed): `-` and `+` lines with one line of context.
+   *
+   * @generated from field: string diff = 9;
+   */
+  diff: string;
+
+  /**
+   * True when an earlier report of the key existed but was evicted to make
+   * room for other keys (has_previous is false then, yet it is no first report).
+   *
+   * @generated from field: bool previous_evicted = 10;
+   */
+  previousEvicted: boolean;
 };
 
 /**
@@ -1510,7 +1594,7 @@ export type AssemblyReport = Message<"dsh.systemprompt.v1.AssemblyReport"> & {
   tokenizer: string;
 
   /**
-   * Every part in model order: tools, then sections, then contexts.
+   * Every part in model order: the prefix in the report's layout, then contexts.
    *
    * @generated from field: repeated dsh.systemprompt.v1.PartReport parts = 2;
    */
@@ -1538,7 +1622,7 @@ export type AssemblyReport = Message<"dsh.systemprompt.v1.AssemblyReport"> & {
   contextSnapshot?: Size | undefined;
 
   /**
-   * The prefix (tools, then system prompt) against the previous assembly of the scope.
+   * The prefix against the previous reported assembly of the history key.
    *
    * @generated from field: dsh.systemprompt.v1.PrefixStability stability = 6;
    */
@@ -1559,6 +1643,20 @@ export type AssemblyReport = Message<"dsh.systemprompt.v1.AssemblyReport"> & {
    * @generated from field: string render_error = 8;
    */
   renderError: string;
+
+  /**
+   * The layout the prefix was measured in (never unspecified).
+   *
+   * @generated from field: dsh.systemprompt.v1.PrefixLayout prefix_layout = 9;
+   */
+  prefixLayout: PrefixLayout;
+
+  /**
+   * The history key compared with, in words: `scope "agent-1"`, `key "conv-7"`.
+   *
+   * @generated from field: string history_key = 10;
+   */
+  historyKey: string;
 };
 
 /**
@@ -1567,6 +1665,310 @@ export type AssemblyReport = Message<"dsh.systemprompt.v1.AssemblyReport"> & {
  */
 export const AssemblyReportSchema: GenMessage<AssemblyReport> = /*@__PURE__*/
   messageDesc(file_dsh_systemprompt_v1_system_prompt, 41);
+
+/**
+ * What a model server said about a request, for the latest report of a key.
+ *
+ * @generated from message dsh.systemprompt.v1.ReportUsageRequest
+ */
+export type ReportUsageRequest = Message<"dsh.systemprompt.v1.ReportUsageRequest"> & {
+  /**
+   * The scope assembled for; names the history key when report_key is empty.
+   *
+   * @generated from field: string scope = 1;
+   */
+  scope: string;
+
+  /**
+   * The history key the assembly was reported under, if the caller named one.
+   *
+   * @generated from field: string report_key = 2;
+   */
+  reportKey: string;
+
+  /**
+   * Prompt tokens the server read from its cache (DeepSeek's
+   * prompt_cache_hit_tokens, Anthropic's cache_read_input_tokens, OpenAI's
+   * prompt_tokens_details.cached_tokens).
+   *
+   * @generated from field: uint64 cached_tokens = 3;
+   */
+  cachedTokens: bigint;
+
+  /**
+   * All prompt tokens of the request, cached or not, when known.
+   *
+   * @generated from field: optional uint64 prompt_tokens = 4;
+   */
+  promptTokens?: bigint | undefined;
+};
+
+/**
+ * Describes the message dsh.systemprompt.v1.ReportUsageRequest.
+ * Use `create(ReportUsageRequestSchema)` to create a new message.
+ */
+export const ReportUsageRequestSchema: GenMessage<ReportUsageRequest> = /*@__PURE__*/
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 42);
+
+/**
+ * The usage is attached.
+ *
+ * @generated from message dsh.systemprompt.v1.ReportUsageResponse
+ */
+export type ReportUsageResponse = Message<"dsh.systemprompt.v1.ReportUsageResponse"> & {
+  /**
+   * The latest report of the key, now with what was observed.
+   *
+   * @generated from field: dsh.systemprompt.v1.CacheHistoryEntry entry = 1;
+   */
+  entry?: CacheHistoryEntry | undefined;
+};
+
+/**
+ * Describes the message dsh.systemprompt.v1.ReportUsageResponse.
+ * Use `create(ReportUsageResponseSchema)` to create a new message.
+ */
+export const ReportUsageResponseSchema: GenMessage<ReportUsageResponse> = /*@__PURE__*/
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 43);
+
+/**
+ * Asks for one history key's prompt-cache history.
+ *
+ * @generated from message dsh.systemprompt.v1.GetCacheHistoryRequest
+ */
+export type GetCacheHistoryRequest = Message<"dsh.systemprompt.v1.GetCacheHistoryRequest"> & {
+  /**
+   * The scope; names the history key when report_key is empty.
+   *
+   * @generated from field: string scope = 1;
+   */
+  scope: string;
+
+  /**
+   * A history key the caller named in its reports.
+   *
+   * @generated from field: string report_key = 2;
+   */
+  reportKey: string;
+};
+
+/**
+ * Describes the message dsh.systemprompt.v1.GetCacheHistoryRequest.
+ * Use `create(GetCacheHistoryRequestSchema)` to create a new message.
+ */
+export const GetCacheHistoryRequestSchema: GenMessage<GetCacheHistoryRequest> = /*@__PURE__*/
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 44);
+
+/**
+ * One key's history.
+ *
+ * @generated from message dsh.systemprompt.v1.GetCacheHistoryResponse
+ */
+export type GetCacheHistoryResponse = Message<"dsh.systemprompt.v1.GetCacheHistoryResponse"> & {
+  /**
+   * Counts, breakers and the most recent reports.
+   *
+   * @generated from field: dsh.systemprompt.v1.CacheHistory history = 1;
+   */
+  history?: CacheHistory | undefined;
+};
+
+/**
+ * Describes the message dsh.systemprompt.v1.GetCacheHistoryResponse.
+ * Use `create(GetCacheHistoryResponseSchema)` to create a new message.
+ */
+export const GetCacheHistoryResponseSchema: GenMessage<GetCacheHistoryResponse> = /*@__PURE__*/
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 45);
+
+/**
+ * The prompt-cache history of one key, since the sidecar started (or since
+ * the key was last evicted).
+ *
+ * @generated from message dsh.systemprompt.v1.CacheHistory
+ */
+export type CacheHistory = Message<"dsh.systemprompt.v1.CacheHistory"> & {
+  /**
+   * The key in words: `scope "agent-1"`, `key "conv-7"`.
+   *
+   * @generated from field: string key = 1;
+   */
+  key: string;
+
+  /**
+   * Reported assemblies.
+   *
+   * @generated from field: uint64 reports = 2;
+   */
+  reports: bigint;
+
+  /**
+   * Of these, how many broke the prefix (changed since the previous report).
+   *
+   * @generated from field: uint64 breaks = 3;
+   */
+  breaks: bigint;
+
+  /**
+   * The parts that broke it, most breaks first.
+   *
+   * @generated from field: repeated dsh.systemprompt.v1.PartBreaks breakers = 4;
+   */
+  breakers: PartBreaks[];
+
+  /**
+   * The prefix recomputed in total because of breaks (tokens with a tokenizer).
+   *
+   * @generated from field: dsh.systemprompt.v1.Size recomputed = 5;
+   */
+  recomputed?: Size | undefined;
+
+  /**
+   * The latest reports, oldest first (at most the sidecar's report_history).
+   *
+   * @generated from field: repeated dsh.systemprompt.v1.CacheHistoryEntry recent = 6;
+   */
+  recent: CacheHistoryEntry[];
+
+  /**
+   * True when the key's earlier history was evicted to make room for others.
+   *
+   * @generated from field: bool evicted = 7;
+   */
+  evicted: boolean;
+};
+
+/**
+ * Describes the message dsh.systemprompt.v1.CacheHistory.
+ * Use `create(CacheHistorySchema)` to create a new message.
+ */
+export const CacheHistorySchema: GenMessage<CacheHistory> = /*@__PURE__*/
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 46);
+
+/**
+ * How many times one part broke the prefix.
+ *
+ * @generated from message dsh.systemprompt.v1.PartBreaks
+ */
+export type PartBreaks = Message<"dsh.systemprompt.v1.PartBreaks"> & {
+  /**
+   * The part, e.g. `section "clock"`.
+   *
+   * @generated from field: string part = 1;
+   */
+  part: string;
+
+  /**
+   * Breaks it was the first change of.
+   *
+   * @generated from field: uint64 count = 2;
+   */
+  count: bigint;
+};
+
+/**
+ * Describes the message dsh.systemprompt.v1.PartBreaks.
+ * Use `create(PartBreaksSchema)` to create a new message.
+ */
+export const PartBreaksSchema: GenMessage<PartBreaks> = /*@__PURE__*/
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 47);
+
+/**
+ * One reported assembly in a key's history.
+ *
+ * @generated from message dsh.systemprompt.v1.CacheHistoryEntry
+ */
+export type CacheHistoryEntry = Message<"dsh.systemprompt.v1.CacheHistoryEntry"> & {
+  /**
+   * 1 for the key's first report, counting up.
+   *
+   * @generated from field: uint64 sequence = 1;
+   */
+  sequence: bigint;
+
+  /**
+   * The registry's revision the assembly was taken at.
+   *
+   * @generated from field: uint64 revision = 2;
+   */
+  revision: bigint;
+
+  /**
+   * The layout it was measured in.
+   *
+   * @generated from field: dsh.systemprompt.v1.PrefixLayout prefix_layout = 3;
+   */
+  prefixLayout: PrefixLayout;
+
+  /**
+   * False when there was nothing to compare it with.
+   *
+   * @generated from field: bool has_previous = 4;
+   */
+  hasPrevious: boolean;
+
+  /**
+   * The first changed part; empty when the prefix held.
+   *
+   * @generated from field: string first_changed = 5;
+   */
+  firstChanged: string;
+
+  /**
+   * Why it changed.
+   *
+   * @generated from field: string reason = 6;
+   */
+  reason: string;
+
+  /**
+   * The whole prefix.
+   *
+   * @generated from field: dsh.systemprompt.v1.Size prefix = 7;
+   */
+  prefix?: Size | undefined;
+
+  /**
+   * The predicted common prefix with the previous report, in bytes.
+   *
+   * @generated from field: uint64 stable_bytes = 8;
+   */
+  stableBytes: bigint;
+
+  /**
+   * The same in tokens (what the model server should read from its cache).
+   *
+   * @generated from field: optional uint64 stable_tokens = 9;
+   */
+  stableTokens?: bigint | undefined;
+
+  /**
+   * What the break made the model server recompute of the prefix.
+   *
+   * @generated from field: dsh.systemprompt.v1.Size recomputed = 10;
+   */
+  recomputed?: Size | undefined;
+
+  /**
+   * Cached prompt tokens the model server reported for the request, if told.
+   *
+   * @generated from field: optional uint64 observed_cached_tokens = 11;
+   */
+  observedCachedTokens?: bigint | undefined;
+
+  /**
+   * All prompt tokens the model server reported for the request, if told.
+   *
+   * @generated from field: optional uint64 observed_prompt_tokens = 12;
+   */
+  observedPromptTokens?: bigint | undefined;
+};
+
+/**
+ * Describes the message dsh.systemprompt.v1.CacheHistoryEntry.
+ * Use `create(CacheHistoryEntrySchema)` to create a new message.
+ */
+export const CacheHistoryEntrySchema: GenMessage<CacheHistoryEntry> = /*@__PURE__*/
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 48);
 
 /**
  * A rendered assembly.
@@ -1594,7 +1996,7 @@ export type RenderedPrompt = Message<"dsh.systemprompt.v1.RenderedPrompt"> & {
  * Use `create(RenderedPromptSchema)` to create a new message.
  */
 export const RenderedPromptSchema: GenMessage<RenderedPrompt> = /*@__PURE__*/
-  messageDesc(file_dsh_systemprompt_v1_system_prompt, 42);
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 49);
 
 /**
  * Subscribes to change events.
@@ -1609,7 +2011,7 @@ export type WatchChangesRequest = Message<"dsh.systemprompt.v1.WatchChangesReque
  * Use `create(WatchChangesRequestSchema)` to create a new message.
  */
 export const WatchChangesRequestSchema: GenMessage<WatchChangesRequest> = /*@__PURE__*/
-  messageDesc(file_dsh_systemprompt_v1_system_prompt, 43);
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 50);
 
 /**
  * One message of the change stream.
@@ -1654,7 +2056,7 @@ export type WatchChangesResponse = Message<"dsh.systemprompt.v1.WatchChangesResp
  * Use `create(WatchChangesResponseSchema)` to create a new message.
  */
 export const WatchChangesResponseSchema: GenMessage<WatchChangesResponse> = /*@__PURE__*/
-  messageDesc(file_dsh_systemprompt_v1_system_prompt, 44);
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 51);
 
 /**
  * The subscription is in place; every later change will be delivered.
@@ -1675,7 +2077,7 @@ export type WatchSubscribed = Message<"dsh.systemprompt.v1.WatchSubscribed"> & {
  * Use `create(WatchSubscribedSchema)` to create a new message.
  */
 export const WatchSubscribedSchema: GenMessage<WatchSubscribed> = /*@__PURE__*/
-  messageDesc(file_dsh_systemprompt_v1_system_prompt, 45);
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 52);
 
 /**
  * Events were dropped because this subscriber did not keep up.
@@ -1710,7 +2112,7 @@ export type ChangesMissed = Message<"dsh.systemprompt.v1.ChangesMissed"> & {
  * Use `create(ChangesMissedSchema)` to create a new message.
  */
 export const ChangesMissedSchema: GenMessage<ChangesMissed> = /*@__PURE__*/
-  messageDesc(file_dsh_systemprompt_v1_system_prompt, 46);
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 53);
 
 /**
  * One registration or disposal.
@@ -1761,7 +2163,7 @@ export type ChangeEvent = Message<"dsh.systemprompt.v1.ChangeEvent"> & {
  * Use `create(ChangeEventSchema)` to create a new message.
  */
 export const ChangeEventSchema: GenMessage<ChangeEvent> = /*@__PURE__*/
-  messageDesc(file_dsh_systemprompt_v1_system_prompt, 47);
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 54);
 
 /**
  * A message from a listener's client.
@@ -1814,7 +2216,7 @@ export type ListenRequest = Message<"dsh.systemprompt.v1.ListenRequest"> & {
  * Use `create(ListenRequestSchema)` to create a new message.
  */
 export const ListenRequestSchema: GenMessage<ListenRequest> = /*@__PURE__*/
-  messageDesc(file_dsh_systemprompt_v1_system_prompt, 48);
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 55);
 
 /**
  * Installs a listener.
@@ -1857,6 +2259,16 @@ export type ListenStart = Message<"dsh.systemprompt.v1.ListenStart"> & {
    * @generated from field: string name = 5;
    */
   name: string;
+
+  /**
+   * Listener features the client implements; unknown names are ignored.
+   * "tool-slots": the client decodes ListenerNextResult.tool_slots, so the
+   * sidecar may send unchanged tools as slot numbers. Without it the sidecar
+   * sends every tool in full. See docs/protocol.md, "Tool slots".
+   *
+   * @generated from field: repeated string features = 6;
+   */
+  features: string[];
 };
 
 /**
@@ -1864,7 +2276,7 @@ export type ListenStart = Message<"dsh.systemprompt.v1.ListenStart"> & {
  * Use `create(ListenStartSchema)` to create a new message.
  */
 export const ListenStartSchema: GenMessage<ListenStart> = /*@__PURE__*/
-  messageDesc(file_dsh_systemprompt_v1_system_prompt, 49);
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 56);
 
 /**
  * The listener calls next() with this assembly.
@@ -1895,10 +2307,13 @@ export type ListenerNext = Message<"dsh.systemprompt.v1.ListenerNext"> & {
   tail: boolean;
 
   /**
-   * When set, the assembly's tools in order: each entry is the index of a tool
-   * of the invocation's assembly, unchanged, or -1 for the next tool of
-   * assembly.tools (a new or changed one). Unchanged tools then cross the
-   * stream as a number instead of their schema.
+   * Empty: the tools are exactly assembly.tools. Non-empty: the tools in
+   * order, one entry each: the index of a tool of the invocation's assembly
+   * (ListenerInvocation.assembly.tools), unchanged, or -1 for the next tool of
+   * assembly.tools (a new or changed one), which then holds exactly as many
+   * tools as there are -1 entries. Unchanged tools cross as a number instead
+   * of their schema. Any client may send slots; a bad slot fails the
+   * assembly (LISTENER_FAILED, naming the slot).
    *
    * @generated from field: repeated int32 tool_slots = 4;
    */
@@ -1910,7 +2325,7 @@ export type ListenerNext = Message<"dsh.systemprompt.v1.ListenerNext"> & {
  * Use `create(ListenerNextSchema)` to create a new message.
  */
 export const ListenerNextSchema: GenMessage<ListenerNext> = /*@__PURE__*/
-  messageDesc(file_dsh_systemprompt_v1_system_prompt, 50);
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 57);
 
 /**
  * The listener's final value for an invocation.
@@ -1933,10 +2348,13 @@ export type ListenerResult = Message<"dsh.systemprompt.v1.ListenerResult"> & {
   assembly?: PromptAssembly | undefined;
 
   /**
-   * When set, the assembly's tools in order: each entry is the index of a tool
-   * of the invocation's assembly, unchanged, or -1 for the next tool of
-   * assembly.tools (a new or changed one). Unchanged tools then cross the
-   * stream as a number instead of their schema.
+   * Empty: the tools are exactly assembly.tools. Non-empty: the tools in
+   * order, one entry each: the index of a tool of the invocation's assembly
+   * (ListenerInvocation.assembly.tools), unchanged, or -1 for the next tool of
+   * assembly.tools (a new or changed one), which then holds exactly as many
+   * tools as there are -1 entries. Unchanged tools cross as a number instead
+   * of their schema. Any client may send slots; a bad slot fails the
+   * assembly (LISTENER_FAILED, naming the slot).
    *
    * @generated from field: repeated int32 tool_slots = 3;
    */
@@ -1948,7 +2366,7 @@ export type ListenerResult = Message<"dsh.systemprompt.v1.ListenerResult"> & {
  * Use `create(ListenerResultSchema)` to create a new message.
  */
 export const ListenerResultSchema: GenMessage<ListenerResult> = /*@__PURE__*/
-  messageDesc(file_dsh_systemprompt_v1_system_prompt, 51);
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 58);
 
 /**
  * The listener raised.
@@ -1976,7 +2394,7 @@ export type ListenerFailure = Message<"dsh.systemprompt.v1.ListenerFailure"> & {
  * Use `create(ListenerFailureSchema)` to create a new message.
  */
 export const ListenerFailureSchema: GenMessage<ListenerFailure> = /*@__PURE__*/
-  messageDesc(file_dsh_systemprompt_v1_system_prompt, 52);
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 59);
 
 /**
  * A message from the sidecar to a listener's client.
@@ -2029,7 +2447,7 @@ export type ListenResponse = Message<"dsh.systemprompt.v1.ListenResponse"> & {
  * Use `create(ListenResponseSchema)` to create a new message.
  */
 export const ListenResponseSchema: GenMessage<ListenResponse> = /*@__PURE__*/
-  messageDesc(file_dsh_systemprompt_v1_system_prompt, 53);
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 60);
 
 /**
  * The listener is installed.
@@ -2050,6 +2468,14 @@ export type ListenerRegistered = Message<"dsh.systemprompt.v1.ListenerRegistered
    * @generated from field: uint64 revision = 2;
    */
   revision: bigint;
+
+  /**
+   * The listener features in effect: those of ListenStart.features that the
+   * sidecar supports too. Empty when none is.
+   *
+   * @generated from field: repeated string features = 3;
+   */
+  features: string[];
 };
 
 /**
@@ -2057,7 +2483,7 @@ export type ListenerRegistered = Message<"dsh.systemprompt.v1.ListenerRegistered
  * Use `create(ListenerRegisteredSchema)` to create a new message.
  */
 export const ListenerRegisteredSchema: GenMessage<ListenerRegistered> = /*@__PURE__*/
-  messageDesc(file_dsh_systemprompt_v1_system_prompt, 54);
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 61);
 
 /**
  * One assembly for the listener.
@@ -2092,7 +2518,7 @@ export type ListenerInvocation = Message<"dsh.systemprompt.v1.ListenerInvocation
  * Use `create(ListenerInvocationSchema)` to create a new message.
  */
 export const ListenerInvocationSchema: GenMessage<ListenerInvocation> = /*@__PURE__*/
-  messageDesc(file_dsh_systemprompt_v1_system_prompt, 55);
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 62);
 
 /**
  * The rest of the chain returned.
@@ -2115,10 +2541,11 @@ export type ListenerNextResult = Message<"dsh.systemprompt.v1.ListenerNextResult
   assembly?: PromptAssembly | undefined;
 
   /**
-   * When set, the assembly's tools in order: each entry is the index of a tool
-   * of the invocation's assembly, unchanged, or -1 for the next tool of
-   * assembly.tools (a new or changed one). Unchanged tools then cross the
-   * stream as a number instead of their schema.
+   * Empty: the tools are exactly assembly.tools. Non-empty (only when the
+   * listener's ListenStart listed the "tool-slots" feature): the tools in
+   * order, one entry each: the index of a tool of the invocation's assembly
+   * (ListenerInvocation.assembly.tools), unchanged, or -1 for the next tool of
+   * assembly.tools (a new or changed one).
    *
    * @generated from field: repeated int32 tool_slots = 3;
    */
@@ -2130,7 +2557,7 @@ export type ListenerNextResult = Message<"dsh.systemprompt.v1.ListenerNextResult
  * Use `create(ListenerNextResultSchema)` to create a new message.
  */
 export const ListenerNextResultSchema: GenMessage<ListenerNextResult> = /*@__PURE__*/
-  messageDesc(file_dsh_systemprompt_v1_system_prompt, 56);
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 63);
 
 /**
  * The sidecar abandoned an invocation.
@@ -2151,7 +2578,7 @@ export type ListenerCancel = Message<"dsh.systemprompt.v1.ListenerCancel"> & {
  * Use `create(ListenerCancelSchema)` to create a new message.
  */
 export const ListenerCancelSchema: GenMessage<ListenerCancel> = /*@__PURE__*/
-  messageDesc(file_dsh_systemprompt_v1_system_prompt, 57);
+  messageDesc(file_dsh_systemprompt_v1_system_prompt, 64);
 
 /**
  * Which kind of provider a ProvideCall asks.
@@ -2202,6 +2629,42 @@ export const ProviderKindSchema: GenEnum<ProviderKind> = /*@__PURE__*/
   enumDesc(file_dsh_systemprompt_v1_system_prompt, 0);
 
 /**
+ * The order in which a model server lays out the cached prefix of a request.
+ *
+ * @generated from enum dsh.systemprompt.v1.PrefixLayout
+ */
+export enum PrefixLayout {
+  /**
+   * The sidecar's configured layout.
+   *
+   * @generated from enum value: PREFIX_LAYOUT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Tools, then the system prompt, then the messages: Anthropic's documented
+   * cache order, and OpenAI-style requests.
+   *
+   * @generated from enum value: PREFIX_LAYOUT_TOOLS_FIRST = 1;
+   */
+  TOOLS_FIRST = 1,
+
+  /**
+   * The system prompt, then the tools block, then the messages: DeepSeek's
+   * published chat templates (V3.1, V3.2).
+   *
+   * @generated from enum value: PREFIX_LAYOUT_SYSTEM_FIRST = 2;
+   */
+  SYSTEM_FIRST = 2,
+}
+
+/**
+ * Describes the enum dsh.systemprompt.v1.PrefixLayout.
+ */
+export const PrefixLayoutSchema: GenEnum<PrefixLayout> = /*@__PURE__*/
+  enumDesc(file_dsh_systemprompt_v1_system_prompt, 1);
+
+/**
  * The kinds of origin of an assembled part.
  *
  * @generated from enum dsh.systemprompt.v1.SourceKind
@@ -2247,7 +2710,7 @@ export enum SourceKind {
  * Describes the enum dsh.systemprompt.v1.SourceKind.
  */
 export const SourceKindSchema: GenEnum<SourceKind> = /*@__PURE__*/
-  enumDesc(file_dsh_systemprompt_v1_system_prompt, 1);
+  enumDesc(file_dsh_systemprompt_v1_system_prompt, 2);
 
 /**
  * What kind of part a PartReport describes.
@@ -2288,7 +2751,7 @@ export enum PartKind {
  * Describes the enum dsh.systemprompt.v1.PartKind.
  */
 export const PartKindSchema: GenEnum<PartKind> = /*@__PURE__*/
-  enumDesc(file_dsh_systemprompt_v1_system_prompt, 2);
+  enumDesc(file_dsh_systemprompt_v1_system_prompt, 3);
 
 /**
  * What a change event is about.
@@ -2357,7 +2820,7 @@ export enum ChangeKind {
  * Describes the enum dsh.systemprompt.v1.ChangeKind.
  */
 export const ChangeKindSchema: GenEnum<ChangeKind> = /*@__PURE__*/
-  enumDesc(file_dsh_systemprompt_v1_system_prompt, 3);
+  enumDesc(file_dsh_systemprompt_v1_system_prompt, 4);
 
 /**
  * Whether something came or went.
@@ -2391,7 +2854,7 @@ export enum ChangeAction {
  * Describes the enum dsh.systemprompt.v1.ChangeAction.
  */
 export const ChangeActionSchema: GenEnum<ChangeAction> = /*@__PURE__*/
-  enumDesc(file_dsh_systemprompt_v1_system_prompt, 4);
+  enumDesc(file_dsh_systemprompt_v1_system_prompt, 5);
 
 /**
  * The stable reason of a failure. The google.rpc.ErrorInfo detail of every
@@ -2413,7 +2876,6 @@ export enum ErrorReason {
   ERROR_REASON_UNSPECIFIED = 0,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * A section, context or variable name already registered in that layer.
    *
    * @generated from enum value: DUPLICATE_NAME = 1;
@@ -2421,7 +2883,6 @@ export enum ErrorReason {
   DUPLICATE_NAME = 1,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * An empty section, context, tool or listener name.
    *
    * @generated from enum value: INVALID_NAME = 2;
@@ -2429,7 +2890,6 @@ export enum ErrorReason {
   INVALID_NAME = 2,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * A section or context order that is not a finite number.
    *
    * @generated from enum value: INVALID_ORDER = 3;
@@ -2437,7 +2897,6 @@ export enum ErrorReason {
   INVALID_ORDER = 3,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * A variable name that does not match ^[a-z][a-z0-9_]*$.
    *
    * @generated from enum value: INVALID_VARIABLE_NAME = 4;
@@ -2445,7 +2904,6 @@ export enum ErrorReason {
   INVALID_VARIABLE_NAME = 4,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * Assemble fields or tool parameters that are not a JSON object.
    *
    * @generated from enum value: INVALID_JSON = 5;
@@ -2453,7 +2911,6 @@ export enum ErrorReason {
   INVALID_JSON = 5,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * A registration with neither a static value nor a dynamic provider.
    *
    * @generated from enum value: MISSING_VALUE = 6;
@@ -2461,7 +2918,13 @@ export enum ErrorReason {
   MISSING_VALUE = 6,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
+   * A provider key already used by a live registration of the same session.
+   *
+   * @generated from enum value: DUPLICATE_PROVIDER_KEY = 37;
+   */
+  DUPLICATE_PROVIDER_KEY = 37,
+
+  /**
    * A name, text, JSON value or request over a configured size limit.
    *
    * @generated from enum value: VALUE_TOO_LARGE = 7;
@@ -2469,7 +2932,6 @@ export enum ErrorReason {
   VALUE_TOO_LARGE = 7,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * An empty scope key.
    *
    * @generated from enum value: INVALID_SCOPE = 8;
@@ -2477,7 +2939,6 @@ export enum ErrorReason {
   INVALID_SCOPE = 8,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * A scope key whose parent is already bound to another key.
    *
    * @generated from enum value: SCOPE_PARENT_CONFLICT = 9;
@@ -2485,7 +2946,6 @@ export enum ErrorReason {
   SCOPE_PARENT_CONFLICT = 9,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * A scope parent that would close a cycle.
    *
    * @generated from enum value: SCOPE_CYCLE = 10;
@@ -2493,7 +2953,6 @@ export enum ErrorReason {
   SCOPE_CYCLE = 10,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * A scope handle id that this session does not hold.
    *
    * @generated from enum value: SCOPE_NOT_FOUND = 11;
@@ -2501,7 +2960,6 @@ export enum ErrorReason {
   SCOPE_NOT_FOUND = 11,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * Disposing what does not exist or belongs to another session.
    *
    * @generated from enum value: REGISTRATION_NOT_FOUND = 12;
@@ -2509,7 +2967,13 @@ export enum ErrorReason {
   REGISTRATION_NOT_FOUND = 12,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
+   * Usage reported for a history key with no reported assembly (NOT_FOUND).
+   *
+   * @generated from enum value: REPORT_NOT_FOUND = 36;
+   */
+  REPORT_NOT_FOUND = 36,
+
+  /**
    * A tool_order without its rest entry, or listing a name twice (config).
    *
    * @generated from enum value: INVALID_TOOL_ORDER = 13;
@@ -2517,7 +2981,6 @@ export enum ErrorReason {
   INVALID_TOOL_ORDER = 13,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * More than one effective complete section.
    *
    * @generated from enum value: MULTIPLE_COMPLETE_SECTIONS = 14;
@@ -2525,7 +2988,6 @@ export enum ErrorReason {
   MULTIPLE_COMPLETE_SECTIONS = 14,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * tool_order lists a name no tool provider knows.
    *
    * @generated from enum value: UNKNOWN_TOOL_ORDER_NAME = 15;
@@ -2533,7 +2995,6 @@ export enum ErrorReason {
   UNKNOWN_TOOL_ORDER_NAME = 15,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * A tool provider returned the reserved name <unlisted-tools>.
    *
    * @generated from enum value: RESERVED_TOOL_NAME = 16;
@@ -2541,7 +3002,6 @@ export enum ErrorReason {
   RESERVED_TOOL_NAME = 16,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * What the waterfall returned breaks an assembly invariant.
    *
    * @generated from enum value: INVARIANT_VIOLATION = 17;
@@ -2549,7 +3009,6 @@ export enum ErrorReason {
   INVARIANT_VIOLATION = 17,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * Strict interpolation failed.
    *
    * @generated from enum value: RENDER_FAILED = 18;
@@ -2557,15 +3016,14 @@ export enum ErrorReason {
   RENDER_FAILED = 18,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
-   * A listener reply referred to a tool slot that does not exist.
+   * Reserved: a listener reply's bad tool slot fails the assembly with
+   * LISTENER_FAILED, whose message names the slot.
    *
    * @generated from enum value: BAD_TOOL_SLOT = 19;
    */
   BAD_TOOL_SLOT = 19,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * A dynamic provider raised, or answered with the wrong kind of value.
    *
    * @generated from enum value: PROVIDER_FAILED = 20;
@@ -2573,7 +3031,6 @@ export enum ErrorReason {
   PROVIDER_FAILED = 20,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * A dynamic provider did not answer in time.
    *
    * @generated from enum value: PROVIDER_TIMEOUT = 21;
@@ -2581,7 +3038,6 @@ export enum ErrorReason {
   PROVIDER_TIMEOUT = 21,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * The session that registered a needed provider has ended.
    *
    * @generated from enum value: PROVIDER_UNAVAILABLE = 22;
@@ -2589,7 +3045,6 @@ export enum ErrorReason {
   PROVIDER_UNAVAILABLE = 22,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * A listener raised or broke its stream's protocol.
    *
    * @generated from enum value: LISTENER_FAILED = 23;
@@ -2597,7 +3052,6 @@ export enum ErrorReason {
   LISTENER_FAILED = 23,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * A listener did not answer in time.
    *
    * @generated from enum value: LISTENER_TIMEOUT = 24;
@@ -2605,7 +3059,6 @@ export enum ErrorReason {
   LISTENER_TIMEOUT = 24,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * A listener's stream has closed.
    *
    * @generated from enum value: LISTENER_UNAVAILABLE = 25;
@@ -2613,7 +3066,6 @@ export enum ErrorReason {
   LISTENER_UNAVAILABLE = 25,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * A call naming a session id that is not open (FAILED_PRECONDITION).
    *
    * @generated from enum value: UNKNOWN_SESSION = 26;
@@ -2621,7 +3073,6 @@ export enum ErrorReason {
   UNKNOWN_SESSION = 26,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * A stream that did not start with its start message (INVALID_ARGUMENT).
    *
    * @generated from enum value: BAD_STREAM = 27;
@@ -2629,7 +3080,6 @@ export enum ErrorReason {
   BAD_STREAM = 27,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * A count limit (sessions, registrations, listeners, watchers) is reached.
    *
    * @generated from enum value: QUOTA_EXCEEDED = 28;
@@ -2637,7 +3087,6 @@ export enum ErrorReason {
   QUOTA_EXCEEDED = 28,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * A call without the configured bearer token.
    *
    * @generated from enum value: UNAUTHENTICATED = 29;
@@ -2645,7 +3094,6 @@ export enum ErrorReason {
   UNAUTHENTICATED = 29,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * The sidecar is draining after SIGTERM (UNAVAILABLE).
    *
    * @generated from enum value: SHUTTING_DOWN = 30;
@@ -2653,7 +3101,6 @@ export enum ErrorReason {
   SHUTTING_DOWN = 30,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * Client-side: the sidecar cannot be reached, or the connection is being re-established.
    *
    * @generated from enum value: SIDECAR_UNAVAILABLE = 31;
@@ -2661,7 +3108,6 @@ export enum ErrorReason {
   SIDECAR_UNAVAILABLE = 31,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * Client-side: a call on a client that was closed.
    *
    * @generated from enum value: SESSION_CLOSED = 32;
@@ -2669,7 +3115,6 @@ export enum ErrorReason {
   SESSION_CLOSED = 32,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * Client-side: a value the client refused before sending it (a wrong type, not JSON-serialisable).
    *
    * @generated from enum value: INVALID_VALUE = 33;
@@ -2677,7 +3122,6 @@ export enum ErrorReason {
   INVALID_VALUE = 33,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * Client-side: the sidecar sent something the client cannot make sense of.
    *
    * @generated from enum value: PROTOCOL_ERROR = 34;
@@ -2685,7 +3129,6 @@ export enum ErrorReason {
   PROTOCOL_ERROR = 34,
 
   /**
-   * buf:lint:ignore ENUM_VALUE_PREFIX
    * Client-side: a failure that carried no reason (an older sidecar, or a proxy in between).
    *
    * @generated from enum value: UNKNOWN = 35;
@@ -2697,7 +3140,7 @@ export enum ErrorReason {
  * Describes the enum dsh.systemprompt.v1.ErrorReason.
  */
 export const ErrorReasonSchema: GenEnum<ErrorReason> = /*@__PURE__*/
-  enumDesc(file_dsh_systemprompt_v1_system_prompt, 5);
+  enumDesc(file_dsh_systemprompt_v1_system_prompt, 6);
 
 /**
  * The prompt-assembly registry served as a sidecar.
@@ -2823,6 +3266,29 @@ export const SystemPromptService: GenService<{
     methodKind: "bidi_streaming";
     input: typeof ListenRequestSchema;
     output: typeof ListenResponseSchema;
+  },
+  /**
+   * Attaches what the model server said about the last request (its cached
+   * tokens) to the latest reported assembly of a history key, so the history
+   * shows the predicted stable prefix against what the server really reused.
+   *
+   * @generated from rpc dsh.systemprompt.v1.SystemPromptService.ReportUsage
+   */
+  reportUsage: {
+    methodKind: "unary";
+    input: typeof ReportUsageRequestSchema;
+    output: typeof ReportUsageResponseSchema;
+  },
+  /**
+   * The prompt-cache history of one key: how many reported assemblies broke
+   * the prefix, which parts broke it, and what it cost.
+   *
+   * @generated from rpc dsh.systemprompt.v1.SystemPromptService.GetCacheHistory
+   */
+  getCacheHistory: {
+    methodKind: "unary";
+    input: typeof GetCacheHistoryRequestSchema;
+    output: typeof GetCacheHistoryResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_dsh_systemprompt_v1_system_prompt, 0);
