@@ -73,7 +73,11 @@ export const NoValueSchema: GenMessage<NoValue> = /*@__PURE__*/
  */
 export type ToolSchema = Message<"dsh.systemprompt.v1.ToolSchema"> & {
   /**
-   * The tool's name, as the model calls it. Must not be "<unlisted-tools>".
+   * The tool's name, as the model calls it: non-empty and not
+   * "<unlisted-tools>". Registration does not check it (a dynamic provider's
+   * tools are only known at assembly): an assembly that sees an empty name
+   * fails INVARIANT_VIOLATION, one that sees "<unlisted-tools>" fails
+   * RESERVED_TOOL_NAME (both FAILED_PRECONDITION).
    *
    * @generated from field: string name = 1;
    */
@@ -89,6 +93,7 @@ export type ToolSchema = Message<"dsh.systemprompt.v1.ToolSchema"> & {
   /**
    * The JSON Schema of the tool's parameters, as JSON text holding an
    * object. Carried as text so that it stays byte-identical end to end.
+   * Required: "" is not JSON and is INVALID_JSON (write "{}" for none).
    *
    * @generated from field: string parameters_json = 3;
    */
@@ -1133,7 +1138,9 @@ export type OpenScopeRequest = Message<"dsh.systemprompt.v1.OpenScopeRequest"> &
   key: string;
 
   /**
-   * The parent scope key; empty for none. A key's parent is bound once.
+   * The parent scope key; empty for none. A key's parent is bound once:
+   * naming another parent later is SCOPE_PARENT_CONFLICT, while an empty
+   * parent_key on a bound key opens it and keeps its parent.
    *
    * @generated from field: string parent_key = 3;
    */
@@ -2151,7 +2158,8 @@ export type ChangeEvent = Message<"dsh.systemprompt.v1.ChangeEvent"> & {
   name: string;
 
   /**
-   * The scope whose layer changed; empty for the global layer.
+   * The scope whose layer changed; empty for the global layer. For a scope
+   * handle (CHANGE_KIND_SCOPE) it is the scope key, like name.
    *
    * @generated from field: string scope = 5;
    */
@@ -2883,7 +2891,9 @@ export enum ErrorReason {
   DUPLICATE_NAME = 1,
 
   /**
-   * An empty section, context, tool or listener name.
+   * An empty section or context name (INVALID_ARGUMENT). Tool provider and
+   * listener labels may be empty; an empty tool name fails the assembly with
+   * INVARIANT_VIOLATION instead.
    *
    * @generated from enum value: INVALID_NAME = 2;
    */
