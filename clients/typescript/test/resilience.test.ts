@@ -14,7 +14,7 @@ async function withRestarts(run: (sidecar: Sidecar, restart: () => Promise<void>
       sidecar,
       async () => {
         await sidecar.stop();
-        sidecar = await Sidecar.start({ listen: address });
+        sidecar = await Sidecar.restartAt(address);
       },
       () => sidecar.stop(),
     );
@@ -95,7 +95,7 @@ test("waitForReady connects to a sidecar that starts later", async () => {
   const address = probe.address;
   await probe.stop();
   const connecting = dsp.connect(address, { waitForReady: 20_000 });
-  const sidecar = await Sidecar.start({ listen: address });
+  const sidecar = await Sidecar.restartAt(address);
   try {
     const client = await connecting;
     await client.section("late", 1, "Late.");

@@ -76,6 +76,21 @@ export class Sidecar {
     return new Sidecar(child, exited, address, log);
   }
 
+  /**
+   * Start a sidecar on the `address` another one just left. Another process on this
+   * machine may hold that port for a moment (an ephemeral port of its own): retry then.
+   */
+  static async restartAt(address: string, options: SidecarOptions = {}): Promise<Sidecar> {
+    for (let attempt = 1; ; attempt += 1) {
+      try {
+        return await Sidecar.start({ ...options, listen: address });
+      } catch (error) {
+        if (attempt >= 50 || !String(error).includes("address in use")) throw error;
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+    }
+  }
+
   /** SIGTERM, and wait for the exit. */
   async stop(): Promise<void> {
     if (this.#process.exitCode === null && this.#process.signalCode === null) this.#process.kill("SIGTERM");
