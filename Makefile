@@ -63,7 +63,7 @@ check: check-proto check-ts-proto check-docs buf lint typecheck ts-typecheck val
 validate-deploy: $(STAMP)
 	BIN=$(BIN) scripts/validate-deploy.sh
 
-bench: $(STAMP)
+bench: $(STAMP) ts-build
 	$(BIN)/python -m bench
 
 ## A bounded soak test (not part of `make test`): SOAK_ARGS="--clients 8 --seconds 60".

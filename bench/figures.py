@@ -25,7 +25,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server.registry import AssembleContext, Registry, RegistrySettings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from . import procs, workload
+from . import node, procs, workload
 from .echo import EchoStream
 from .report import Figure, X, at_least, at_most, below
 from .stats import Operation, Samples, interleaved, ratio
@@ -262,6 +262,35 @@ async def client_assemble(h: Harness) -> list[Figure]:
                 **_timed_ratio_details(samples),
                 "baseline": "grpc.health.v1.Health/Check from the same process, on a channel "
                 "of its own to the same sidecar",
+            },
+        )
+    ]
+
+
+async def ts_client_assemble(h: Harness) -> list[Figure]:
+    """The TypeScript client's assemble() vs Health.Check, both from one Node process."""
+    iterations, warmup = h.budget.n(2000), h.budget.n(200)
+    measured = await node.run_json(
+        node.TS_CLIENT / "dist" / "bench" / "assemble.js",
+        h.sidecar.address,
+        str(iterations),
+        str(warmup),
+    )
+    samples = {name: Samples.of(measured[name]) for name in ("client_assemble", "empty_rpc")}
+    value = ratio(samples["client_assemble"].p50, samples["empty_rpc"].p50)
+    return [
+        Figure(
+            key="ts_client_assemble",
+            name="TypeScript client assemble() / empty unary RPC (Node)",
+            value=round(value, 2),
+            unit=f"{X} p50",
+            target="≤ 1.6",
+            met=value <= 1.6,
+            details={
+                **_timed_ratio_details(samples),
+                "node": measured["node"],
+                "baseline": "grpc.health.v1.Health/Check from the same Node process, on a "
+                "channel of its own to the same sidecar",
             },
         )
     ]
@@ -815,6 +844,7 @@ ALL: dict[str, FigureFn] = {
     "in_process": in_process,
     "grpc_assemble": grpc_assemble,
     "client_assemble": client_assemble,
+    "ts_client_assemble": ts_client_assemble,
     "many_scopes": many_scopes,
     "report_cost": report_cost,
     "dynamic_sections": dynamic_sections,
