@@ -221,3 +221,34 @@ async def test_an_assembly_scope_key_over_the_name_limit_is_refused(small: Sidec
             "VALUE_TOO_LARGE",
             "scope name is 17 bytes, over the limit of 16",
         )
+
+
+async def test_registered_values_share_a_total_budget(make_sidecar: SidecarFactory) -> None:
+    sidecar = await make_sidecar(limits={"max_total_bytes": 10_000})
+    async with dsp.connect(sidecar.address) as client:
+        first = await client.section("first", 1, "a" * 6_000)
+        error = await rejected(client.section("second", 2, "b" * 6_000))
+        assert (error.code, error.reason, error.message) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "QUOTA_EXCEEDED",
+            "registered values would take 12000 bytes, over the sidecar's budget of 10000"
+            " (limits.max_total_bytes)",
+        )
+        assert "second" not in section_names(await client.assemble())
+        await first()
+        await client.section("second", 2, "b" * 6_000)  # disposing gave the bytes back
+
+
+async def test_an_assembly_too_large_to_send_fails_with_a_reason(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(limits={"max_message_bytes": 8192})
+    async with dsp.connect(sidecar.address) as client:
+        for index in range(3):  # each registration fits in a message, the three together not
+            await client.section(f"part-{index}", index, "p" * 3_000)
+        error = await rejected(client.assemble())
+        assert (error.code, error.reason) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "RESPONSE_TOO_LARGE",
+        )
+        assert "limits.max_message_bytes" in error.message

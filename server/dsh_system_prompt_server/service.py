@@ -80,6 +80,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         self.reports = ReportHistory(depth=config.report_history, max_keys=config.report_keys)
         self.prefix_layout = config.prefix_layout
         self._watch_buffer = config.watch_buffer
+        self._max_message_bytes = config.server_limits.max_message_bytes
         self._max_watchers = config.server_limits.max_watchers
         metrics.track(
             sessions=lambda: len(self.sessions),
@@ -216,9 +217,22 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         except RenderFailure as error:
             failure = RegistryError(Status.FAILED_PRECONDITION, Reason.RENDER_FAILED, str(error))
             raise failure from None
+        self._check_sendable(response)
         if plan.is_static and not request.report:
             self.responses.put(key, response)
         return response
+
+    def _check_sendable(self, response: pb.AssembleResponse) -> None:
+        """Fail with a reason here rather than let gRPC refuse to send it without one."""
+        size, limit = response.ByteSize(), self._max_message_bytes
+        if size > limit:
+            what = "assembly, with its report," if response.HasField("report") else "assembly"
+            raise ServiceError(
+                Status.RESOURCE_EXHAUSTED,
+                Reason.RESPONSE_TOO_LARGE,
+                f"the {what} is {size} bytes, over the largest message the sidecar sends"
+                f" ({limit} bytes, limits.max_message_bytes)",
+            )
 
     def _report(
         self, request: pb.AssembleRequest, plan: Plan, assembly: Assembly

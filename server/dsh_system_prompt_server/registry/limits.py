@@ -19,12 +19,21 @@ class Limits:
     max_tool_schema_bytes: int = 64 * 1024
     max_registrations_per_session: int = 10_000
     max_listeners: int = 1_000
+    max_total_bytes: int = 256 * 1024 * 1024  # every session's registered values together
 
     def check_name(self, what: str, name: str) -> None:
         _check_size(f"{what} name", name, self.max_name_bytes)
 
     def check_text(self, what: str, text: str) -> None:
         _check_size(what, text, self.max_text_bytes)
+
+    def check_total(self, total: int, adding: int) -> None:
+        """Refuse `adding` bytes of values when `total` are registered already."""
+        if adding and total + adding > self.max_total_bytes:
+            raise quota_exceeded(
+                f"registered values would take {total + adding} bytes, over the sidecar's"
+                f" budget of {self.max_total_bytes} (limits.max_total_bytes)"
+            )
 
     def check_tools(self, tools: ToolSet) -> None:
         for tool in tools.schemas:
@@ -47,6 +56,18 @@ def too_large(what: str, size: int, limit: int) -> RegistryError:
 
 def quota_exceeded(message: str) -> RegistryError:
     return RegistryError(Status.RESOURCE_EXHAUSTED, Reason.QUOTA_EXCEEDED, message)
+
+
+def value_bytes(value: object) -> int:
+    """What a registered value takes against `max_total_bytes` (a provider's: nothing)."""
+    if isinstance(value, str):
+        return _size(value)
+    if isinstance(value, ToolSet):
+        return sum(
+            _size(tool.name) + _size(tool.description) + _size(tool.parameters_json)
+            for tool in value.schemas
+        )
+    return 0
 
 
 def _size(text: str) -> int:

@@ -27,7 +27,7 @@ from dsh_system_prompt_core import (
 from . import assembly, errors
 from .changes import ChangeFeed
 from .layers import Layer, Remover, ScopeTree
-from .limits import Limits, quota_exceeded
+from .limits import Limits, quota_exceeded, value_bytes
 from .model import (
     SIDECAR_OWNER,
     Action,
@@ -97,6 +97,7 @@ class Registry:
         self._unlinks: dict[str, Remover] = {}  # by entry id: takes it out of where it lives
         # (owner, provider key) of live dynamic entries: a session answers by key, so one each.
         self._provider_keys: set[tuple[str, str]] = set()
+        self._total_bytes = 0  # what sessions registered, against limits.max_total_bytes
         self._listeners_everywhere: dict[str, ListenerEntry] = {}
         self._listeners_by_scope: dict[str, dict[str, ListenerEntry]] = {}
         self._listener_count = 0
@@ -215,6 +216,7 @@ class Registry:
             _check_tool_names(source)
         self._check_provider_key(owner, source)
         self._check_quota(owner)
+        self.limits.check_total(self._total_bytes, value_bytes(source))
         entry = ToolsEntry(
             **self._fields(owner, Kind.TOOLS, scope_handle, name),
             value=source,
@@ -314,6 +316,9 @@ class Registry:
         self._check_update(entry, value)
         if entry.value == value:
             return entry
+        growth = value_bytes(value) - value_bytes(entry.value)
+        self.limits.check_total(self._total_bytes, max(0, growth))
+        self._total_bytes += growth
         entry.value = value
         self.changes.publish(entry.kind, Action.UPDATED, entry.name, entry.scope)
         return entry
@@ -352,6 +357,8 @@ class Registry:
             if isinstance(parent, ScopeHandle):
                 parent.children.pop(entry.id, None)
         self._unlinks.pop(entry.id)()
+        if entry.owner != SIDECAR_OWNER:
+            self._total_bytes -= value_bytes(entry.value)
         self.changes.publish(entry.kind, Action.UNREGISTERED, entry.name, entry.scope)
 
     def _unlink_listener(self, entry: ListenerEntry) -> None:
@@ -511,6 +518,7 @@ class Registry:
             self.limits.check_text(what, value)
         self._check_provider_key(owner, value)
         self._check_quota(owner)
+        self.limits.check_total(self._total_bytes, value_bytes(value))
 
     def _check_provider_key(self, owner: str, value: object) -> None:
         if isinstance(value, Dynamic) and (owner, value.key) in self._provider_keys:
@@ -557,6 +565,8 @@ class Registry:
         self._by_owner.setdefault(entry.owner, {})[entry.id] = entry
         if isinstance(entry.value, Dynamic):
             self._provider_keys.add((entry.owner, entry.value.key))
+        if entry.owner != SIDECAR_OWNER:  # the config's own sections are not the budget's
+            self._total_bytes += value_bytes(entry.value)
         if handle is not None:
             handle.children[entry.id] = entry
         self.changes.publish(entry.kind, Action.REGISTERED, entry.name, entry.scope)
