@@ -12,7 +12,7 @@ from pathlib import Path
 import dsh_system_prompt as dsp
 import grpc
 import pytest
-from helpers import eventually, section_names, tool
+from helpers import SidecarFactory, eventually, section_names, tool
 from processes import free_port, serve
 
 CLIENT_SCRIPT = """
@@ -205,3 +205,28 @@ async def test_disposers_from_before_a_restart_still_work_after_it() -> None:
             assert "scoped" not in section_names(assembly)
         finally:
             await client.close()
+
+
+async def test_a_disposer_called_during_the_replay_wins(make_sidecar: SidecarFactory) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    before = await make_sidecar(listen=address)
+    client = await dsp.connect(address)
+    try:
+        first = await client.section("first", 0, "made first, disposed mid-replay")
+        for index in range(1, 1000):  # a replay long enough to dispose in the middle of
+            await client.section(f"s{index}", index, "x")
+        await before.server.stop(grace=None)
+        await eventually(lambda: not client.connected, "the client sees it down", timeout=10)
+        after = await make_sidecar(listen=address)
+
+        def replayed_first() -> bool:
+            return any(entry.name == "first" for entry in after.registry.registrations())
+
+        await eventually(replayed_first, "the replay makes the first section", timeout=20)
+        assert not client.connected  # still replaying the rest
+        await first()
+        await eventually(lambda: client.connected, "the replay ends", timeout=20)
+        names = {entry.name for entry in after.registry.registrations()}
+        assert "first" not in names and "s999" in names
+    finally:
+        await client.close()

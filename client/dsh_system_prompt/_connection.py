@@ -118,7 +118,8 @@ class Connection:
         )
         self._session = session
         try:
-            await self.journal.replay(session.id, self.call_timeout)
+            for disposed in await self.journal.replay(session.id, self.call_timeout):
+                await self._dispose_on(session.id, disposed)
         except BaseException:
             await session.end()  # leave nothing half-replayed on the sidecar
             raise
@@ -220,9 +221,10 @@ class Connection:
         await self._forget(record)
         if self.closed or not self.connected.is_set() or not record.registration_id:
             return  # the sidecar has nothing of it now; nothing to replay later either
-        request = pb.DisposeRequest(
-            session_id=self.session_id, registration_id=record.registration_id
-        )
+        await self._dispose_on(self.session_id, record)
+
+    async def _dispose_on(self, session_id: str, record: Registration) -> None:
+        request = pb.DisposeRequest(session_id=session_id, registration_id=record.registration_id)
         try:
             await self.stub.Dispose(request, timeout=self.call_timeout)
         except grpc.RpcError as rpc_error:

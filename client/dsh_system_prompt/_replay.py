@@ -155,9 +155,16 @@ class Journal:
         for record in list(self._records):
             await record.release()
 
-    async def replay(self, session_id: str, timeout: float) -> None:
-        """Make every record again on the new session `session_id`, in the original order."""
+    async def replay(self, session_id: str, timeout: float) -> list[Registration]:
+        """Make every record again on the new session `session_id`, in the original order.
+
+        Returns the records made here and disposed while the replay went on: the
+        sidecar still holds them, and the caller disposes them there (the disposer wins).
+        """
         await self.release_all()  # a lost session's listener streams went with it
+        made: list[Registration] = []
         for record in list(self._records):
             if record in self._records:  # not disposed meanwhile
                 await send(record, session_id, timeout)
+                made.append(record)
+        return [record for record in made if record not in self._records]
