@@ -12,6 +12,7 @@ from pathlib import Path
 import dsh_system_prompt as dsp
 import grpc
 import pytest
+from dsh_system_prompt_server.registry import Action, ChangeEvent
 from helpers import SidecarFactory, eventually, section_names, tool
 from processes import free_port, serve
 
@@ -228,5 +229,37 @@ async def test_a_disposer_called_during_the_replay_wins(make_sidecar: SidecarFac
         await eventually(lambda: client.connected, "the replay ends", timeout=20)
         names = {entry.name for entry in after.registry.registrations()}
         assert "first" not in names and "s999" in names
+    finally:
+        await client.close()
+
+
+async def test_a_replay_that_conflicts_retries_and_leaves_no_session_behind(
+    make_sidecar: SidecarFactory,
+) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    before = await make_sidecar(listen=address)
+    client = await dsp.connect(address)
+    try:
+        await client.section("mine", 1, "first made by the client")
+        await client.section("shared", 2, "the client's")
+        await before.server.stop(grace=None)
+        await eventually(lambda: not client.connected, "the client sees it down", timeout=10)
+        after = await make_sidecar(listen=address)
+        # Taken before any replay can run (no await in between): every replay conflicts.
+        taken = after.registry.register_section("another-owner", None, "shared", 2, "theirs")
+        changes = after.registry.changes.subscribe(capacity=10_000)
+        attempts, sessions = 0, []
+        while attempts < 3:  # each attempt makes "mine", then fails on "shared"
+            event = await asyncio.wait_for(changes.next(), 20)
+            made = isinstance(event, ChangeEvent) and event.action is Action.REGISTERED
+            attempts += made and event.name == "mine"
+            sessions.append(len(after.service.sessions))
+        await eventually(lambda: len(after.service.sessions) == 0, "the failed attempt's end")
+        assert not client.connected and max(sessions) <= 1
+        after.registry.dispose("another-owner", taken.id)
+        await eventually(lambda: client.connected, "the replay succeeds", timeout=20)
+        names = [entry.name for entry in after.registry.registrations(client.session_id)]
+        assert names == ["mine", "shared"]
+        assert len(after.service.sessions) == 1
     finally:
         await client.close()
