@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from .model import Action, ChangeEvent, Kind
 
 WAKE_BATCH = 64  # subscribers woken before the loop serves anything else
+PAUSE_S = 0.001  # between batches: pending calls go first, watchers catch up after
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +177,6 @@ class ChangeFeed:
             while self._waiting:
                 for _ in range(min(WAKE_BATCH, len(self._waiting))):
                     self._waiting.popleft().wake()
-                await asyncio.sleep(0)  # let calls in between be served
+                await asyncio.sleep(PAUSE_S)  # let calls in between be served first
         finally:
             self._waker = None
