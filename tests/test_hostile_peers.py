@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 
@@ -10,7 +11,7 @@ import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server.app import Sidecar
-from helpers import BUILTIN_SECTIONS, SidecarFactory
+from helpers import BUILTIN_SECTIONS, SidecarFactory, eventually
 
 BIG = "x" * (250 * 1024)
 
@@ -78,3 +79,21 @@ async def test_a_session_that_stops_reading_is_closed_before_its_outbox_outgrows
     assert len(sidecar.service.sessions) == 0
     assert [s.name for s in reply.assembly.sections] == list(BUILTIN_SECTIONS)
     assert _stalled(sidecar, "session") == 1
+
+
+async def test_a_watcher_that_stops_reading_is_closed_and_frees_its_slot(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(provider_timeout_s=1, watch_buffer=100_000)
+    async with grpc.aio.insecure_channel(sidecar.address) as channel:
+        watcher = pb_grpc.SystemPromptServiceStub(channel).WatchChanges(pb.WatchChangesRequest())
+        await watcher.read()  # subscribed; from here on it reads nothing
+        registry, name = sidecar.registry, "n" * 250
+        for index in range(8000):  # about 4 MiB of events: more than the stream's window
+            entry = registry.register_section("someone", None, f"{name}{index}", 1, "x")
+            registry.dispose("someone", entry.id)
+            if index % 100 == 0:
+                await asyncio.sleep(0)  # let the watcher's writes start
+        await eventually(lambda: registry.changes.subscriber_count() == 0, "closed", 10)
+        watcher.cancel()
+    assert _stalled(sidecar, "watcher") == 1

@@ -41,7 +41,7 @@ class Metrics:
         )
         self.stalled_peers = Counter(
             "dsp_stalled_peers",
-            "Sessions and listeners closed because they did not read their stream, by kind",
+            "Sessions, listeners and watchers closed for not reading their stream, by kind",
             ["kind"],
             registry=self.registry,
         )

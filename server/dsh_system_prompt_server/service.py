@@ -30,6 +30,7 @@ from .convert import (
 )
 from .gate import Gate
 from .listeners import Listeners
+from .logs import logger
 from .metrics import ASSEMBLY_FAILURE_REASONS, Metrics
 from .outbox import OutboxLimits
 from .registry import Assembly, Entry, Failure, Registry, RegistryError, ServiceError, Status
@@ -41,6 +42,7 @@ from .status import abort
 from .tokens import load_tokenizer
 
 Reply = TypeVar("Reply")
+_log = logger("service")
 
 
 class Context(Protocol):
@@ -295,19 +297,35 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
 
     # -- change events ----------------------------------------------------------------
 
-    async def WatchChanges(
+    # Reader/writer API (as OpenSession), so that each write is bounded in time.
+    async def WatchChanges(  # type: ignore[override]
         self, request: pb.WatchChangesRequest, context: Context
-    ) -> AsyncIterator[pb.WatchChangesResponse]:
+    ) -> None:
         await self._unary(context, self._check_watchers)
         subscription = self.registry.changes.subscribe(self._watch_buffer)
         try:
-            yield pb.WatchChangesResponse(
-                subscribed=pb.WatchSubscribed(revision=subscription.revision)
-            )
-            while True:
-                yield change_to_proto(await subscription.next())
+            subscribed = pb.WatchSubscribed(revision=subscription.revision)
+            message = pb.WatchChangesResponse(subscribed=subscribed)
+            while await self._written(context, message):
+                message = change_to_proto(await subscription.next())
         finally:
             subscription.close()
+        timeout = self.registry.settings.provider_timeout_s
+        _log.warning("closed a watcher that did not read an event within %gs", timeout)
+        self.metrics.peer_stalled("watcher")
+        stalled = f"the watcher was closed: it did not read an event within {timeout:g}s"
+        await abort(
+            context, ServiceError(Status.RESOURCE_EXHAUSTED, Reason.STREAM_STALLED, stalled)
+        )
+
+    async def _written(self, context: Context, message: Message) -> bool:
+        """Write `message`; False when the peer does not take it within provider_timeout_s."""
+        try:
+            async with asyncio.timeout(self.registry.settings.provider_timeout_s):
+                await context.write(message)
+        except TimeoutError:
+            return False
+        return True
 
     # -- listeners --------------------------------------------------------------------
 
