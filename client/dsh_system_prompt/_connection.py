@@ -25,6 +25,7 @@ from google.protobuf.message import Message
 from ._providers import Providers
 from ._replay import Journal, Registration, answer_error, send
 from ._session import Session
+from ._tracing import outgoing
 from ._updates import Update
 from .errors import NoAnswer, SystemPromptError, error_from_rpc
 
@@ -171,8 +172,8 @@ class Connection:
     ) -> T:
         """Make a unary call for this session; gRPC failures become SystemPromptError."""
         await self.ready(timeout)
-        try:
-            return await rpc(request, timeout=timeout)
+        try:  # in a traced caller, the call carries its span's context (W3C traceparent)
+            return await rpc(request, timeout=timeout, metadata=outgoing())
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
 

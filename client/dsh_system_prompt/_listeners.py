@@ -14,6 +14,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_core import FEATURE_TOOL_SLOTS, Reason
 
 from ._convert import assembly_from_proto, assembly_to_proto, context_from_proto
+from ._tracing import span
 from .errors import NoAnswer, SystemPromptError, error_from_rpc, protocol_error, stream_ended
 from .types import AssembleContext, PromptAssembly, ToolSchema
 
@@ -62,6 +63,7 @@ class ListenerStream:
     ) -> None:
         self._stub = stub
         self._listener = listener
+        self._name = ""  # as the sidecar knows it, for trace spans
         self._on_lost = on_lost
         self._call: _ListenCall | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -73,6 +75,7 @@ class ListenerStream:
 
     async def start(self, start: pb.ListenStart, timeout: float) -> str:
         """Install the listener, confirmed within `timeout`; returns its registration id."""
+        self._name = start.name
         call: _ListenCall = self._stub.Listen()
         self._call = call
         try:
@@ -142,6 +145,10 @@ class ListenerStream:
         task.add_done_callback(lambda _: self._running.pop(invocation_id, None))
 
     async def _invoke(self, invocation: pb.ListenerInvocation) -> None:
+        with span(f'listener "{self._name}"', invocation.trace_context):
+            await self._answer(invocation)
+
+    async def _answer(self, invocation: pb.ListenerInvocation) -> None:
         invocation_id = invocation.invocation_id
         sent = _SentTools(invocation.assembly.tools, slots=self.tool_slots)
         assembly = assembly_from_proto(invocation.assembly, sent.tools)

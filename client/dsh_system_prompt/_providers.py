@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
 from ._convert import context_from_proto, tools_to_proto
+from ._tracing import span
 from .types import AssembleContext
 
 # What a provider returns is checked when it answers (a hostile or buggy one fails the assembly).
@@ -26,17 +27,21 @@ class Providers:
 
     def __init__(self) -> None:
         self._providers: dict[str, Provider] = {}
+        self._labels: dict[str, str] = {}
         self._keys = itertools.count(1)
 
-    def add(self, provider: Provider) -> str:
-        """Keep `provider` here; the returned key is what the sidecar asks for."""
+    def add(self, provider: Provider, label: str = "provider") -> str:
+        """Keep `provider` here; the returned key is what the sidecar asks for.
+        `label` names its trace spans (`section provider "cwd"`)."""
         key = f"p{next(self._keys)}"
         self._providers[key] = provider
+        self._labels[key] = label
         return key
 
     def remove(self, key: str | None) -> None:
         if key is not None:
             self._providers.pop(key, None)
+            self._labels.pop(key, None)
 
     async def answer(self, request: pb.ProvideRequest) -> pb.ProvideResponse:
         """Every value `request` asks for; a provider's failure is its answer, not ours."""
@@ -47,6 +52,11 @@ class Providers:
             for answer in answers:
                 _fail(answer, error)
             return pb.ProvideResponse(call_id=request.call_id, values=answers)
+        if request.trace_context:  # the sidecar traces: one span per provider
+            pairs = zip(answers, request.calls, strict=True)
+            carrier = request.trace_context
+            await asyncio.gather(*(self._traced(a, call, context, carrier) for a, call in pairs))
+            return pb.ProvideResponse(call_id=request.call_id, values=answers)
         waiting = [
             _finish(answer, call.kind, pending)
             for answer, call in zip(answers, request.calls, strict=True)
@@ -55,6 +65,18 @@ class Providers:
         if waiting:  # async providers run concurrently; sync ones have answered already
             await asyncio.gather(*waiting)
         return pb.ProvideResponse(call_id=request.call_id, values=answers)
+
+    async def _traced(
+        self,
+        answer: pb.ProvidedValue,
+        call: pb.ProvideCall,
+        context: AssembleContext,
+        carrier: Mapping[str, str],
+    ) -> None:
+        with span(self._labels.get(call.provider_key, "provider"), carrier):
+            pending = self._start(answer, call, context)
+            if pending is not None:
+                await _finish(answer, call.kind, pending)
 
     def _start(
         self, answer: pb.ProvidedValue, call: pb.ProvideCall, context: AssembleContext

@@ -120,14 +120,14 @@ class _Registrar:
     ) -> Handle:
         """Contribute a prompt section; `text` is a string or a provider of one."""
         request = pb.RegisterSectionRequest(name=name, order=_order(order), complete=complete)
-        source = _with_text(request, self._source(text, "text"))
+        source = _with_text(request, self._source(text, "text", f'section provider "{name}"'))
         record = Contribution(request=request, rpc=self._stub.RegisterSection)
         return await self._register_value(record, source)
 
     async def context(self, name: str, order: float, text: TextSource) -> Handle:
         """Contribute an ordered runtime context; `text` is a string or a provider."""
         request = pb.RegisterContextRequest(name=name, order=_order(order))
-        source = _with_text(request, self._source(text, "text"))
+        source = _with_text(request, self._source(text, "text", f'context provider "{name}"'))
         record = Contribution(request=request, rpc=self._stub.RegisterContext)
         return await self._register_value(record, source)
 
@@ -145,9 +145,10 @@ class _Registrar:
         request = pb.RegisterToolsRequest()
         source = None
         if callable(provider):
-            source = pb.Dynamic(provider_key=self._connection.providers.add(provider))
-            request.dynamic.CopyFrom(source)
             request.name = name or label(getattr(provider, "__qualname__", ""))
+            key = self._connection.providers.add(provider, f'tools provider "{request.name}"')
+            source = pb.Dynamic(provider_key=key)
+            request.dynamic.CopyFrom(source)
         else:
             request.result.CopyFrom(tools_to_proto(provider))
         record = Contribution(request=request, rpc=self._stub.RegisterTools)
@@ -156,7 +157,8 @@ class _Registrar:
     async def variable(self, name: str, value: VariableSource) -> Handle:
         """Contribute {{name}}: a value, None (no value), or a provider of either."""
         request = pb.RegisterVariableRequest(name=name)
-        source = None if value is None else self._source(value, "value")
+        labelled = f'variable provider "{name}"'
+        source = None if value is None else self._source(value, "value", labelled)
         if source is None:
             request.no_value.SetInParent()
         elif isinstance(source, str):
@@ -187,10 +189,11 @@ class _Registrar:
         )
         return await self._register(record)
 
-    def _source(self, value: object, field: str) -> str | pb.Dynamic:
-        """A text or value as sent: the string itself, or its provider's key here."""
+    def _source(self, value: object, field: str, labelled: str) -> str | pb.Dynamic:
+        """A text or value as sent: the string itself, or its provider's key here
+        (`labelled` names the provider in traces: `section provider "cwd"`)."""
         if callable(value):
-            return pb.Dynamic(provider_key=self._connection.providers.add(value))
+            return pb.Dynamic(provider_key=self._connection.providers.add(value, labelled))
         if not isinstance(value, str):
             raise invalid_value(f"{field} must be a str or a callable, not {type(value).__name__}")
         return value

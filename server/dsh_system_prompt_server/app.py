@@ -21,6 +21,7 @@ from .logs import logger
 from .metrics import Metrics
 from .registry import Registry
 from .service import SystemPromptService
+from .tracing import Tracing
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SystemPromptService"].full_name
 HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
@@ -37,6 +38,7 @@ class Sidecar:
     metrics: Metrics
     address: str
     config: SidecarConfig
+    tracing: Tracing | None = None
 
     @property
     def registry(self) -> Registry:
@@ -51,17 +53,23 @@ class Sidecar:
         if not finished:
             _log.warning("calls still in flight after %ss: cancelled", self.config.shutdown_grace_s)
         await self.server.stop(grace=None)
+        if self.tracing is not None:
+            self.tracing.shutdown()  # export what is buffered before the process ends
         _log.info("stopped")
 
 
-async def start_sidecar(config: SidecarConfig, listen: str = "127.0.0.1:50051") -> Sidecar:
-    """Start serving on `listen` (HOST:PORT, port 0 for any, or unix:PATH)."""
-    interceptors = []
+async def start_sidecar(
+    config: SidecarConfig, listen: str = "127.0.0.1:50051", tracing: Tracing | None = None
+) -> Sidecar:
+    """Start serving on `listen` (HOST:PORT, port 0 for any, or unix:PATH); with
+    `tracing`, every call and every hop to a client is a span."""
+    interceptors = [] if tracing is None else tracing.interceptors()
+    auth = bool(config.security.auth_token_file)
     if config.security.auth_token_file:
         interceptors.append(BearerTokenInterceptor(read_token(config.security.auth_token_file)))
     server = grpc.aio.server(interceptors=interceptors, options=server_options(config))
     metrics = Metrics(key_labels=config.metrics_key_labels)
-    service = SystemPromptService(Registry(config.registry), config, metrics)
+    service = SystemPromptService(Registry(config.registry), config, metrics, tracing)
     pb_grpc.add_SystemPromptServiceServicer_to_server(service, server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -75,9 +83,9 @@ async def start_sidecar(config: SidecarConfig, listen: str = "127.0.0.1:50051") 
     for name in ("", SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     address = bound_address(listen, port)
-    _log.info("serving on %s (tls=%s, auth=%s)", address, bool(config.security.tls_cert_file),
-              bool(interceptors))  # fmt: skip
-    return Sidecar(server, service, health, metrics, address, config)
+    _log.info("serving on %s (tls=%s, auth=%s, tracing=%s)", address,
+              bool(config.security.tls_cert_file), auth, tracing is not None)  # fmt: skip
+    return Sidecar(server, service, health, metrics, address, config, tracing)
 
 
 def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None) -> int:

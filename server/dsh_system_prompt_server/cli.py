@@ -19,6 +19,7 @@ from .config import LOG_LEVELS, ConfigError, SidecarConfig, load_config, with_ov
 from .logs import configure_logging, logger
 from .reload import POLL_S, Reloader
 from .tokens import TOKENIZERS
+from .tracing import tracing_from_env
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 EXIT_CONFIG = 2
@@ -169,7 +170,7 @@ def _listen_address(value: str) -> str:
 
 
 async def _run(config: SidecarConfig, args: argparse.Namespace) -> None:
-    sidecar = await start_sidecar(config, args.listen)
+    sidecar = await start_sidecar(config, args.listen, tracing_from_env())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

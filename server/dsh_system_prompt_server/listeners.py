@@ -34,6 +34,7 @@ from .registry import (
 )
 from .sessions import Sessions, Stream
 from .status import bad_request
+from .tracing import Tracing, hop
 
 _log = logger("listeners")
 
@@ -53,10 +54,12 @@ class Listeners:
         sessions: Sessions,
         metrics: Metrics,
         outbox: OutboxLimits | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._registry = registry
         self._sessions = sessions
         self._metrics = metrics
+        self._tracing = tracing
         self.outbox_limits = outbox or OutboxLimits()  # for streams opened from now on
 
     async def serve(self, stream: ListenStream, gate: Gate) -> None:
@@ -72,7 +75,9 @@ class Listeners:
         start = first.start
         features = [name for name in start.features if name in LISTENER_FEATURES]
         outbox = Outbox(stream.write, self.outbox_limits, f'listener "{start.name[:64]}"')
-        listener = ListenerStream(start.name, outbox, tool_slots=FEATURE_TOOL_SLOTS in features)
+        listener = ListenerStream(
+            start.name, outbox, tool_slots=FEATURE_TOOL_SLOTS in features, tracing=self._tracing
+        )
         with gate.call():
             owner = self._sessions.get(start.session_id).id
             entry = self._registry.add_listener(
@@ -112,9 +117,15 @@ class ListenerStream:
     """Runs invocations of one listener over its stream (a registry ListenerHost)."""
 
     def __init__(
-        self, name: str, outbox: Outbox[pb.ListenResponse], *, tool_slots: bool = False
+        self,
+        name: str,
+        outbox: Outbox[pb.ListenResponse],
+        *,
+        tool_slots: bool = False,
+        tracing: Tracing | None = None,
     ) -> None:
         self.name = name or "(unnamed)"
+        self._tracing = tracing
         self._tool_slots = tool_slots  # the client decodes slots in next results
         self._outbox = outbox
         self._inboxes: dict[int, asyncio.Queue[pb.ListenRequest | None]] = {}
@@ -127,20 +138,27 @@ class ListenerStream:
     ) -> Assembly:
         if self.ended.is_set():
             raise self._unavailable()
-        invocation_id = next(self._invocation_ids)
+        invocation = pb.ListenerInvocation(
+            invocation_id=next(self._invocation_ids),
+            assembly=assembly_to_proto(assembly),
+            context=context_to_proto(context),
+        )
+        # The hop's span holds the rest of the chain too: listeners nest as they run.
+        with hop(self._tracing, f'listener "{self.name}"', invocation.trace_context):
+            return await self._run(invocation, assembly.tools, next_, timeout)
+
+    async def _run(
+        self,
+        invocation: pb.ListenerInvocation,
+        sent: Sequence[Tool],  # what the client holds: its replies refer to these by slot
+        next_: NextFn,
+        timeout: float | None,
+    ) -> Assembly:
+        invocation_id = invocation.invocation_id
         inbox: asyncio.Queue[pb.ListenRequest | None] = asyncio.Queue()
         self._inboxes[invocation_id] = inbox
-        sent = assembly.tools  # what the client holds: its replies refer to these by slot
         try:
-            self._send(
-                pb.ListenResponse(
-                    invocation=pb.ListenerInvocation(
-                        invocation_id=invocation_id,
-                        assembly=assembly_to_proto(assembly),
-                        context=context_to_proto(context),
-                    )
-                )
-            )
+            self._send(pb.ListenResponse(invocation=invocation))
             reply = await self._receive(inbox, timeout)
             if reply.WhichOneof("kind") == "next":
                 handed = self._decode(reply.next.assembly, reply.next.tool_slots, sent)

@@ -40,6 +40,7 @@ from .response_cache import ResponseCache
 from .sessions import Session, Sessions
 from .status import abort
 from .tokens import load_tokenizer
+from .tracing import Tracing
 
 Reply = TypeVar("Reply")
 _log = logger("service")
@@ -67,14 +68,20 @@ class _Owned(Protocol):
 class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     """Translates the wire contract to registry calls; holds no semantics of its own."""
 
-    def __init__(self, registry: Registry, config: SidecarConfig, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        config: SidecarConfig,
+        metrics: Metrics,
+        tracing: Tracing | None = None,
+    ) -> None:
         self.registry = registry
         limits = config.server_limits
         outbox = OutboxLimits(limits.max_outbox_bytes, config.registry.provider_timeout_s)
         self.sessions = Sessions(
-            registry, metrics, limits.max_sessions, limits.max_sessions_per_peer, outbox
+            registry, metrics, limits.max_sessions, limits.max_sessions_per_peer, outbox, tracing
         )
-        self.listeners = Listeners(registry, self.sessions, metrics, outbox)
+        self.listeners = Listeners(registry, self.sessions, metrics, outbox, tracing)
         self.responses = ResponseCache()
         self.gate = Gate()
         self.metrics = metrics

@@ -28,6 +28,7 @@ from .registry import (
 )
 from .registry.limits import quota_exceeded
 from .status import bad_request, unknown_session
+from .tracing import Tracing, hop
 
 Out = TypeVar("Out", contravariant=True)
 SIDECAR_VERSION = f"dsh-system-prompt/{package_version()}"
@@ -56,9 +57,10 @@ class Session:
 
     def __init__(
         self, session_id: str, client_name: str, outbox: Outbox[pb.OpenSessionResponse],
-        peer: str = "",
+        peer: str = "", tracing: Tracing | None = None,
     ) -> None:  # fmt: skip
         self.id = session_id
+        self.tracing = tracing
         self.client_name = client_name
         self.peer = peer
         self.outbox = outbox
@@ -75,7 +77,15 @@ class Session:
             raise _unavailable(calls)
         call_id = next(self._call_ids)
         self.provide_requests += 1
-        if not self.outbox.send(provide_request(call_id, calls, context, timeout)):
+        request = provide_request(call_id, calls, context, timeout)
+        with hop(self.tracing, _describe(calls), request.provide.trace_context):
+            return await self._ask(request, calls, timeout)
+
+    async def _ask(
+        self, request: pb.OpenSessionResponse, calls: Sequence[ProviderCall], timeout: float | None
+    ) -> Mapping[str, ProvidedValue]:
+        call_id = request.provide.call_id
+        if not self.outbox.send(request):
             raise _unavailable(calls)
         answer: asyncio.Future[pb.ProvideResponse] = asyncio.get_running_loop().create_future()
         self._pending[call_id] = answer
@@ -131,9 +141,11 @@ class Sessions:
         max_sessions: int = 1_000,
         max_per_peer: int = 100,
         outbox: OutboxLimits | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._registry = registry
         self._metrics = metrics
+        self._tracing = tracing
         self._max_sessions = max_sessions
         self._per_peer = PeerCounts(max_per_peer)
         self.outbox_limits = outbox or OutboxLimits()  # for streams opened from now on
@@ -187,7 +199,7 @@ class Sessions:
         if len(self._open) >= self._max_sessions:
             raise quota_exceeded(f"the sidecar already has {len(self._open)} sessions, its limit")
         self._per_peer.admit(peer)
-        session = Session(new_id(), client_name, outbox, peer)
+        session = Session(new_id(), client_name, outbox, peer, self._tracing)
         self._open[session.id] = session
         return session
 

@@ -923,10 +923,31 @@ class ProvideRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class TraceContextEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     CALL_ID_FIELD_NUMBER: _builtins.int
     CONTEXT_FIELD_NUMBER: _builtins.int
     CALLS_FIELD_NUMBER: _builtins.int
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
     call_id: _builtins.int
     """Identifies this request within the session; quoted back in the answer."""
     timeout_s: _builtins.float
@@ -939,6 +960,14 @@ class ProvideRequest(_message.Message):
     def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProvideCall]:
         """The providers to evaluate; the answer lists one value per call, in any order."""
 
+    @_builtins.property
+    def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """W3C trace context (`traceparent`, `tracestate`) of the sidecar's span for
+        this request, when the sidecar traces: a client that traces starts its
+        provider spans as children of it, so they join the Assemble caller's trace.
+        Empty when the sidecar does not trace.
+        """
+
     def __init__(
         self,
         *,
@@ -946,10 +975,11 @@ class ProvideRequest(_message.Message):
         context: Global___AssembleContext | None = ...,
         calls: _abc.Iterable[Global___ProvideCall] | None = ...,
         timeout_s: _builtins.float = ...,
+        trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "calls", b"calls", "context", b"context", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "calls", b"calls", "context", b"context", "timeout_s", b"timeout_s", "trace_context", b"trace_context"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2757,9 +2787,30 @@ class ListenerInvocation(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class TraceContextEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     INVOCATION_ID_FIELD_NUMBER: _builtins.int
     ASSEMBLY_FIELD_NUMBER: _builtins.int
     CONTEXT_FIELD_NUMBER: _builtins.int
+    TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
     invocation_id: _builtins.int
     """Identifies the invocation within the stream."""
     @_builtins.property
@@ -2770,16 +2821,23 @@ class ListenerInvocation(_message.Message):
     def context(self) -> Global___AssembleContext:
         """What the assembly is for."""
 
+    @_builtins.property
+    def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """W3C trace context (`traceparent`, `tracestate`) of the sidecar's span for
+        this listener hop, as ProvideRequest.trace_context; empty when not tracing.
+        """
+
     def __init__(
         self,
         *,
         invocation_id: _builtins.int = ...,
         assembly: Global___PromptAssembly | None = ...,
         context: Global___AssembleContext | None = ...,
+        trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "context", b"context"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "context", b"context", "invocation_id", b"invocation_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "context", b"context", "invocation_id", b"invocation_id", "trace_context", b"trace_context"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
