@@ -129,6 +129,13 @@ async def test_a_refused_update_keeps_the_old_value(make_sidecar: SidecarFactory
         assert section("rules", "short") in (await client.assemble()).sections
 
 
+async def test_an_update_to_the_reserved_tool_name_is_refused(client: dsp.Client) -> None:
+    tools = await client.tools([tool("bash")])
+    error = await rejection(tools.update([tool(dsp.TOOL_ORDER_REST)]))
+    assert error.reason == dsp.Reason.RESERVED_TOOL_NAME
+    assert tool_names(await client.assemble()) == ["bash"]
+
+
 async def test_a_dynamic_registration_is_not_updatable(client: dsp.Client) -> None:
     cwd = await client.section("cwd", 10, lambda ctx: "/tmp")
     error = await rejection(cwd.update("/home"))

@@ -330,6 +330,7 @@ class Registry:
             if not isinstance(value, ToolSet):
                 raise errors.wrong_value_kind(label, "a tool result")
             self.limits.check_tools(value)
+            _check_tool_names(value)
             return
         if value is None and entry.kind is Kind.VARIABLE:
             return
