@@ -144,6 +144,7 @@ class Script:
         self.sessions: list[Peer] = []  # every session stream, in the order opened
         self.listeners: list[Peer] = []
         self.watchers: list[Peer] = []
+        self.watch_requests: list[pb.WatchChangesRequest] = []
         self.unary: list[tuple[str, Any]] = []  # (method, request) of every unary call
 
     def new_id(self, prefix: str) -> str:
@@ -218,6 +219,7 @@ class ScriptedSidecar(pb_grpc.SystemPromptServiceServicer):  # type: ignore[misc
     def WatchChanges(self, request: Any, context: grpc.ServicerContext) -> Any:
         peer = self._peer(None, context)
         self.script.watchers.append(peer)
+        self.script.watch_requests.append(request)
         yield from self.script.watch(peer)
 
     def _peer(self, requests: Iterator[Any] | None, context: grpc.ServicerContext) -> Peer:

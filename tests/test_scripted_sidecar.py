@@ -542,11 +542,18 @@ async def test_change_events_out_of_order_raise_a_protocol_error_and_end_the_str
 @pytest.mark.parametrize(
     "end", [End(), End(grpc.StatusCode.UNAVAILABLE, "restarting")], ids=["ok", "restart"]
 )
-async def test_a_change_stream_the_sidecar_ends_raises_sidecar_unavailable(
+async def test_a_change_stream_the_sidecar_ends_resumes_after_the_last_event_delivered(
     scripted: ScriptedSidecar, end: End
 ) -> None:
     async with connect(scripted) as client:
         changes = await client.watch_changes()
+        scripted.script.watchers[0].outbox.put(change(11))
         scripted.script.watchers[0].outbox.put(end)
-        error = await bounded(anext(changes))
-    assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "SIDECAR_UNAVAILABLE")
+        first = await asyncio.wait_for(anext(changes), 5)
+        resumed = asyncio.ensure_future(anext(changes))
+        await eventually(lambda: len(scripted.script.watchers) == 2, "the stream resubscribes")
+        scripted.script.watchers[1].outbox.put(change(12))
+        second = await asyncio.wait_for(resumed, 5)
+        await changes.close()
+    assert [first.revision, second.revision] == [11, 12]  # type: ignore[union-attr]
+    assert scripted.script.watch_requests[1].after_revision == 11

@@ -13,6 +13,7 @@ from ._cache_history import CacheHistory, CacheHistoryEntry
 from ._changes import ChangeStream
 from ._channel import DEFAULT_ADDRESS, TLS, default_address, open_channel
 from ._listeners import Listener, Next
+from ._prompts import PromptStream
 from .client import (
     Client,
     Disposer,
@@ -35,12 +36,16 @@ from .types import (
     AssemblyReport,
     ChangeEvent,
     ChangesMissed,
+    ChangesResynced,
     PartReport,
     PrefixLayout,
     PrefixStability,
     PromptAssembly,
+    PromptChange,
+    RegistrationInfo,
     RenderedPrompt,
     Size,
+    Snapshot,
     Source,
     ToolProviderResult,
     ToolSchema,
@@ -61,6 +66,7 @@ __all__ = [
     "ChangeEvent",
     "ChangeStream",
     "ChangesMissed",
+    "ChangesResynced",
     "Client",
     "Disposer",
     "Handle",
@@ -70,11 +76,15 @@ __all__ = [
     "PrefixLayout",
     "PrefixStability",
     "PromptAssembly",
+    "PromptChange",
+    "PromptStream",
     "Reason",
+    "RegistrationInfo",
     "RenderError",
     "RenderedPrompt",
     "Scope",
     "Size",
+    "Snapshot",
     "Source",
     "SystemPromptError",
     "TextProvider",

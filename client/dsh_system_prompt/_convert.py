@@ -29,7 +29,7 @@ from .types import (
     ToolSchema,
 )
 
-_CHANGE_KINDS: dict[int, ChangeKind] = {
+CHANGE_KINDS: dict[int, ChangeKind] = {
     pb.CHANGE_KIND_SECTION: "section",
     pb.CHANGE_KIND_CONTEXT: "context",
     pb.CHANGE_KIND_TOOLS: "tools",
@@ -38,6 +38,9 @@ _CHANGE_KINDS: dict[int, ChangeKind] = {
     pb.CHANGE_KIND_LISTENER: "listener",
     pb.CHANGE_KIND_SCOPE: "scope",
     pb.CHANGE_KIND_CONFIG: "config",
+}
+CHANGE_KIND_WIRE: dict[str, pb.ChangeKind.ValueType] = {
+    kind: pb.ChangeKind.ValueType(wire) for wire, kind in CHANGE_KINDS.items()
 }
 _CHANGE_ACTIONS: dict[int, ChangeAction] = {
     pb.CHANGE_ACTION_REGISTERED: "registered",
@@ -75,6 +78,12 @@ def tools_to_proto(result: object) -> pb.ToolProviderResult:
     if result.known_names is not None:
         message.known_names.names.extend(result.known_names)
     return message
+
+
+def toolset_from_proto(message: pb.ToolProviderResult) -> ToolProviderResult:
+    known = list(message.known_names.names) if message.HasField("known_names") else None
+    return ToolProviderResult(schemas=[tool_from_proto(t) for t in message.schemas],
+                              known_names=known)  # fmt: skip
 
 
 def tool_from_proto(message: pb.ToolSchema) -> ToolSchema:
@@ -122,10 +131,12 @@ def context_from_proto(message: pb.AssembleContext) -> AssembleContext:
 def change_from_proto(message: pb.ChangeEvent) -> ChangeEvent:
     return ChangeEvent(
         revision=message.revision,
-        kind=_CHANGE_KINDS.get(message.kind, "unknown"),
+        kind=CHANGE_KINDS.get(message.kind, "unknown"),
         action=_CHANGE_ACTIONS.get(message.action, "unknown"),
         name=message.name,
         scope=message.scope or None,
+        ref=message.ref,
+        fingerprint=message.fingerprint,
     )
 
 

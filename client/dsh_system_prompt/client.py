@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
-import grpc
-import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import FEATURE_TOOL_SLOTS
 
@@ -21,7 +19,7 @@ from ._cache_history import (
     history_from_proto,
     usage_from,
 )
-from ._changes import ChangeStream, WatchCall
+from ._changes import ChangeStream
 from ._channel import TLS, default_address, open_channel
 from ._connection import CALL_TIMEOUT_S, Connection, not_ready, open_when_ready
 from ._convert import (
@@ -32,14 +30,18 @@ from ._convert import (
     tools_to_proto,
 )
 from ._listeners import Listener, label, listener_name
+from ._prompts import PromptStream
 from ._replay import Contribution, ListenerRegistration, Registration, ScopeHandle
+from ._snapshots import change_filter, list_registrations
 from ._updates import update_for
-from .errors import NoAnswer, error_from_rpc, invalid_value, protocol_error, stream_ended
+from .errors import invalid_value
 from .types import (
     AssembleContext,
+    ChangeKind,
     PrefixLayout,
     PromptAssembly,
     RenderedPrompt,
+    Snapshot,
     ToolProviderResult,
     ToolSchema,
 )
@@ -330,25 +332,68 @@ class Client(_Registrar):
         )
         return entry_from_proto(reply.entry)
 
-    async def watch_changes(self) -> ChangeStream:
-        """Subscribe to change events; subscribed when this returns."""
+    async def watch_changes(
+        self,
+        scope: str | None = None,
+        *,
+        ancestors: bool = False,
+        kinds: Iterable[ChangeKind] | None = None,
+        after_revision: int | None = None,
+        incarnation: str | None = None,
+    ) -> ChangeStream:
+        """Subscribe to change events; subscribed when this returns.
+
+        `scope` keeps that scope's layer only (with `ancestors`, also its
+        ancestors' and the global layer); `kinds` keeps those kinds. With
+        `after_revision` (and the `incarnation` it belongs to), the changes
+        after it are replayed first, or a ChangesResynced says they cannot be.
+        The stream resumes by itself after a restart or a dropped connection.
+        """
         await self._connection.ready()
-        call: WatchCall = self._connection.stub.WatchChanges(pb.WatchChangesRequest())
-        timeout = self._connection.call_timeout
-        try:
-            async with asyncio.timeout(timeout):
-                first = await call.read()
-        except TimeoutError:
-            call.cancel()  # a silent sidecar keeps no stream of ours
-            raise NoAnswer("watching changes", timeout) from None
-        except grpc.RpcError as error:
-            raise error_from_rpc(error) from None
-        if not isinstance(first, pb.WatchChangesResponse):  # grpc.aio.EOF
-            raise stream_ended("it closed the change stream", await call.code())
-        if first.WhichOneof("kind") != "subscribed":
-            call.cancel()
-            raise protocol_error("the change stream did not start with WatchSubscribed")
-        return ChangeStream(call, first.subscribed.revision)
+        request = pb.WatchChangesRequest(
+            filter=change_filter(scope, ancestors, kinds), incarnation=incarnation or ""
+        )
+        if after_revision is not None:
+            request.after_revision = after_revision
+        stream = ChangeStream(self._connection.stub, request, self._connection.call_timeout)
+        await stream.start()
+        return stream
+
+    async def snapshot(
+        self,
+        scope: str | None = None,
+        *,
+        ancestors: bool = False,
+        kinds: Iterable[ChangeKind] | None = None,
+        values: bool = False,
+    ) -> Snapshot:
+        """The registrations now (filtered like `watch_changes`), with their values if asked."""
+        await self._connection.ready()
+        request = pb.ListRegistrationsRequest(
+            filter=change_filter(scope, ancestors, kinds), include_values=values
+        )
+        return await list_registrations(
+            self._connection.stub, request, self._connection.call_timeout
+        )
+
+    async def watch_prompt(
+        self,
+        scope: str | None = None,
+        *,
+        render: bool = False,
+        prefix_layout: PrefixLayout | None = None,
+    ) -> PromptStream:
+        """Watch the prompt of `scope` as its static parts make it, change by change.
+
+        Each PromptChange says what changed and whether it breaks the model
+        server's prompt cache (`report.stability`); dynamic parts are
+        placeholders, never evaluated.
+        """
+        await self._connection.ready()
+        request = pb.WatchPromptRequest(
+            scope=scope or "", render=render, prefix_layout=layout_to_proto(prefix_layout)
+        )
+        return PromptStream(self._connection.stub.WatchPrompt(request))
 
     async def close(self) -> None:
         """End the session; the sidecar disposes everything it registered."""

@@ -223,6 +223,8 @@ class ChangeEvent:
     action: ChangeAction
     name: str
     scope: str | None
+    ref: str = ""  # the registration's public reference, as in RegistrationInfo.ref
+    fingerprint: str = ""  # its value's after the change; "" when gone or not static
 
 
 @dataclass(frozen=True)
@@ -235,3 +237,69 @@ class ChangesMissed:
     first_revision: int
     count: int
     resync_revision: int
+
+
+@dataclass(frozen=True)
+class RegistrationInfo:
+    """One registration as a listing shows it (`client.snapshot()`).
+
+    `fingerprint` is equal for equal static values ("" for a dynamic one);
+    `value` is the static value when the listing asked for values
+    (`has_value`): a text, None (a variable's "no value") or a ToolProviderResult.
+    """
+
+    ref: str  # the same as ChangeEvent.ref of its events
+    kind: ChangeKind
+    name: str
+    scope: str | None
+    order: float | None
+    complete: bool
+    dynamic: bool
+    owner: str  # the owning session's client name
+    owner_label: str  # tells sessions of one client name apart
+    size_bytes: int
+    fingerprint: str
+    has_value: bool = False
+    value: str | ToolProviderResult | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The registrations at `revision` of the sidecar incarnation `incarnation`."""
+
+    revision: int
+    incarnation: str
+    registrations: list[RegistrationInfo] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ChangesResynced:
+    """The change stream could not be resumed event by event: rebuild from `snapshot`.
+
+    `reason` is "restarted" (the sidecar is a new incarnation: revisions began
+    again) or "behind" (the changes since the last one delivered are no longer
+    in the sidecar's history). The events after `snapshot.revision` follow.
+    """
+
+    reason: Literal["restarted", "behind"]
+    snapshot: Snapshot
+
+
+@dataclass(frozen=True)
+class PromptChange:
+    """One message of `client.watch_prompt()`: the scope's prompt from its static parts.
+
+    Dynamic parts hold placeholders (`<dynamic section "cwd">`); listeners are
+    not run. `report.stability` is the prompt-cache verdict against the
+    previous message (none on the first); `changes` are what led here.
+    """
+
+    revision: int
+    incarnation: str
+    assembly: PromptAssembly | None  # None when the static parts do not assemble
+    prompt: str | None  # the rendered prompt, when asked for and it renders
+    context_snapshot: str | None
+    report: AssemblyReport | None
+    changes: list[ChangeEvent]
+    changes_omitted: int = 0
+    error: str = ""  # why the static parts do not assemble

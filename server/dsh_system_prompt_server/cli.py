@@ -110,8 +110,23 @@ def _add_client_commands(commands: Any) -> None:
     which.add_argument("--scope", help="the scope's history (default: the global scope)")
     which.add_argument("--key", help="the history of a report key named in assemblies")
     history.add_argument("--json", action="store_true", help="print the history as JSON")
-    watch = commands.add_parser("watch", help="print change events as they happen")
+    watch = commands.add_parser(
+        "watch", help="print change events as they happen (or, with --prompt, a scope's prompt)"
+    )
     watch.add_argument("--json", action="store_true", help="one JSON object per line")
+    watch.add_argument(
+        "--prompt", action="store_true",
+        help="show the scope's prompt at each change, with the prompt-cache verdict",
+    )  # fmt: skip
+    listing = commands.add_parser("ls", help="list the registrations (kind, name, owner, size)")
+    listing.add_argument("--json", action="store_true", help="print the listing as JSON")
+    listing.add_argument("--values", action="store_true", help="include the static values")
+    for parser in (watch, listing):
+        parser.add_argument("--scope", help="only this scope's layer (or its prompt)")
+        parser.add_argument(
+            "--ancestors", action="store_true", help="with --scope: also its ancestors and global"
+        )
+        parser.add_argument("--kind", action="append", choices=_KINDS, help="only this kind")
     render = commands.add_parser("render", help="render an assembly JSON file locally")
     render.add_argument("file", help="a file as `assemble --json` prints it")
     render.add_argument(
@@ -121,10 +136,14 @@ def _add_client_commands(commands: Any) -> None:
     health.add_argument("--service", default="", help="service name (default: the whole server)")
     for name, parser in (
         ("assemble", assemble), ("watch", watch), ("health", health), ("cache-history", history),
+        ("ls", listing),
     ):  # fmt: skip
         add_connection_options(parser)
         parser.set_defaults(run=lambda args, name=name: run(name, args))
     render.set_defaults(run=lambda args: run("render", args))
+
+
+_KINDS = ("section", "context", "tools", "variable", "suppressor", "listener", "scope", "config")
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ T = TypeVar("T")
 LogFormat = Literal["text", "json"]
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_COUNT = 2**31 - 1  # gRPC takes sizes as C ints; no count needs more
+MAX_HISTORY = 1_000_000  # change events kept for resuming watchers, at most
 MAX_SECONDS = 86_400.0  # a day: anything longer is a typo, and overflows timers
 
 
@@ -37,6 +38,7 @@ class ServerLimits:
     max_sessions_per_peer: int = 100  # per TCP connection: headroom for everyone else
     max_watchers: int = 1_000
     max_outbox_bytes: int = 8 * 1024 * 1024  # unread by one session or listener
+    max_watchers_per_peer: int = 64  # change and prompt watches per TCP connection
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class SidecarConfig:
     shutdown_grace_s: float = 5.0
     dead_peer_timeout_s: float = 20.0
     watch_buffer: int = 1024
+    prompt_coalesce_s: float = 0.1  # a prompt watcher's wait for a burst of changes to end
     reflection: bool | None = None  # None: on when listening on loopback or a unix socket
     log_level: str = "info"
     log_format: LogFormat = "text"
@@ -79,6 +82,8 @@ _TOP_KEYS = {
     "shutdown_grace_s",
     "dead_peer_timeout_s",
     "watch_buffer",
+    "change_history",
+    "prompt_coalesce_s",
     "reflection",
     "log_level",
     "log_format",
@@ -122,6 +127,7 @@ def parse_config(raw: dict[str, Any]) -> SidecarConfig:
         tool_order=_tool_order(raw.get("tool_order")),
         provider_timeout_s=_seconds(raw, "provider_timeout_s", 5.0),
         limits=Limits(**_counts(limits_table, Limits())),
+        change_history=_history(raw),
     )
     log_level = _typed(raw, "log_level", str, "info")
     if log_level not in LOG_LEVELS:
@@ -139,6 +145,7 @@ def parse_config(raw: dict[str, Any]) -> SidecarConfig:
         shutdown_grace_s=_seconds(raw, "shutdown_grace_s", 5.0, allow_zero=True),
         dead_peer_timeout_s=_seconds(raw, "dead_peer_timeout_s", 20.0),
         watch_buffer=_count(raw, "watch_buffer", 1024),
+        prompt_coalesce_s=_seconds(raw, "prompt_coalesce_s", 0.1, allow_zero=True),
         reflection=reflection,
         log_level=log_level,
         log_format="json" if log_format == "json" else "text",
@@ -157,6 +164,15 @@ def with_overrides(config: SidecarConfig, **overrides: Any) -> SidecarConfig:
     top = {k: v for k, v in overrides.items() if k not in security and v is not None}
     given_security = {k: v for k, v in security.items() if v is not None}
     return _checked(replace(config, security=replace(config.security, **given_security), **top))
+
+
+def _history(raw: dict[str, Any]) -> int:
+    value = _count(raw, "change_history", 1024)
+    if value > MAX_HISTORY:  # each kept event costs memory for as long as it is kept
+        raise ConfigError(
+            f"config key 'change_history' must be from 1 to {MAX_HISTORY}, not {value}"
+        )
+    return value
 
 
 def _checked(config: SidecarConfig) -> SidecarConfig:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
@@ -13,12 +14,14 @@ from .cache_history import Entry, HistoryKey, KeyHistory
 from .cache_report import Layout, Report, Size
 from .json_text import load_json
 from .registry import (
+    SIDECAR_OWNER,
     Action,
     AssembleContext,
     Assembly,
     ChangeEvent,
     Dynamic,
     Failure,
+    Filter,
     Kind,
     Missed,
     Origin,
@@ -31,7 +34,13 @@ from .registry import (
     Status,
     Tool,
     ToolSet,
+    owner_label,
+    public_ref,
+    value_size,
 )
+from .registry.limits import Limits
+from .registry.model import ContextEntry, SectionEntry
+from .registry.model import Entry as Registration
 from .status import bad_request
 
 
@@ -449,5 +458,57 @@ def change_to_proto(item: ChangeEvent | Missed) -> pb.WatchChangesResponse:
             action=_CHANGE_ACTIONS[item.action],
             name=item.name,
             scope=item.scope or "",
+            ref=item.ref,
+            fingerprint=item.fingerprint,
         )
     )
+
+
+_KINDS_BY_WIRE = {wire: kind for kind, wire in _CHANGE_KINDS.items()}
+BUILTIN_OWNER = "dsh-system-prompt"  # the owner name of the sidecar's own sections
+
+
+def filter_from_proto(message: pb.ChangeFilter, limits: Limits) -> Filter:
+    """A watch's or listing's filter; kinds this sidecar does not know are ignored."""
+    limits.check_name("scope", message.scope)
+    kinds = frozenset(_KINDS_BY_WIRE[k] for k in message.kinds if k in _KINDS_BY_WIRE)
+    return Filter(message.scope or None, message.ancestors, kinds)
+
+
+def registration_to_proto(
+    entry: Registration[Any], owner: str, with_value: bool
+) -> pb.RegistrationInfo:
+    """One registration as a listing shows it; its value only when asked for."""
+    builtin = entry.owner == SIDECAR_OWNER
+    info = pb.RegistrationInfo(
+        ref=public_ref(entry.id),
+        kind=_CHANGE_KINDS[entry.kind],
+        name=entry.name,
+        scope=entry.scope or "",
+        complete=isinstance(entry, SectionEntry) and entry.complete,
+        dynamic=isinstance(entry.value, Dynamic) or entry.kind is Kind.LISTENER,
+        owner=BUILTIN_OWNER if builtin else owner,
+        owner_label="built-in" if builtin else owner_label(entry.owner),
+        size_bytes=value_size(entry.value),
+        fingerprint=entry.fingerprint,
+    )
+    if isinstance(entry, SectionEntry | ContextEntry):
+        info.order = entry.order
+    if with_value and entry.fingerprint:
+        info.value.CopyFrom(_registered_value(entry.value))
+    return info
+
+
+def _registered_value(value: object) -> pb.RegisteredValue:
+    if isinstance(value, ToolSet):
+        return pb.RegisteredValue(tools=toolset_to_proto(value))
+    if isinstance(value, str):
+        return pb.RegisteredValue(text=value)
+    return pb.RegisteredValue(no_value=pb.NoValue())
+
+
+def toolset_to_proto(tools: ToolSet) -> pb.ToolProviderResult:
+    message = pb.ToolProviderResult(schemas=[tool_to_proto(tool) for tool in tools.schemas])
+    if tools.known_names is not None:
+        message.known_names.names.extend(tools.known_names)
+    return message

@@ -1,4 +1,4 @@
-"""Per-peer session counts, so one connection cannot take every session of the sidecar."""
+"""Per-peer counts (sessions, watches), so one connection cannot take all the sidecar has."""
 
 from __future__ import annotations
 
@@ -12,20 +12,24 @@ _DISTINCT_PEERS = ("ipv4:", "ipv6:")
 
 
 class PeerCounts:
-    """How many sessions each TCP connection holds, against `limit`."""
+    """How many of `what` each TCP connection holds, against `limit` (config key `key`)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(
+        self, limit: int, what: str = "sessions", key: str = "limits.max_sessions_per_peer"
+    ) -> None:
         self.limit = limit
+        self._what = what
+        self._key = key
         self._counts: Counter[str] = Counter()
 
     def admit(self, peer: str) -> None:
-        """Count one more session for `peer`; QUOTA_EXCEEDED when it holds `limit` already."""
+        """Count one more for `peer`; QUOTA_EXCEEDED when it holds `limit` already."""
         if not peer.startswith(_DISTINCT_PEERS):
             return
         if self._counts[peer] >= self.limit:
             raise quota_exceeded(
-                f"this connection already has {self._counts[peer]} sessions, the limit per"
-                " peer (limits.max_sessions_per_peer): open another connection or close some"
+                f"this connection already has {self._counts[peer]} {self._what}, the limit per"
+                f" peer ({self._key}): open another connection or close some"
             )
         self._counts[peer] += 1
 

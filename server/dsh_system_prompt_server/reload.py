@@ -29,6 +29,7 @@ LIVE_KEYS = frozenset(
         "provider_timeout_s", "shutdown_grace_s", "watch_buffer", "log_level", "prefix_layout",
         *(f"limits.{f.name}" for f in fields(Limits)),
         "limits.max_sessions", "limits.max_sessions_per_peer", "limits.max_watchers",
+        "limits.max_watchers_per_peer", "change_history", "prompt_coalesce_s",
     }
 )  # fmt: skip
 POLL_S = 1.0  # how often the config file is compared with what was loaded
@@ -71,8 +72,10 @@ def apply(sidecar: Sidecar, new: SidecarConfig, loaded: SidecarConfig) -> Reload
         server_limits=replace(
             running.server_limits, max_sessions=limits.max_sessions,
             max_sessions_per_peer=limits.max_sessions_per_peer, max_watchers=limits.max_watchers,
+            max_watchers_per_peer=limits.max_watchers_per_peer,
         ),
         shutdown_grace_s=new.shutdown_grace_s, watch_buffer=new.watch_buffer,
+        prompt_coalesce_s=new.prompt_coalesce_s,
         log_level=new.log_level, prefix_layout=new.prefix_layout,
     )  # fmt: skip
     sidecar.config = live

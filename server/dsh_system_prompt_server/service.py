@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
@@ -16,7 +17,6 @@ from .cache_report import build_report
 from .config import SidecarConfig
 from .convert import (
     assembly_to_proto,
-    change_to_proto,
     context_from_proto,
     entry_to_proto,
     history_key_from_proto,
@@ -33,17 +33,27 @@ from .listeners import Listeners
 from .logs import logger
 from .metrics import ASSEMBLY_FAILURE_REASONS, Metrics
 from .outbox import OutboxLimits
-from .registry import Assembly, Entry, Failure, Registry, RegistryError, ServiceError, Status
+from .registry import (
+    Assembly,
+    Entry,
+    Failure,
+    Registry,
+    RegistryError,
+    ServiceError,
+    Status,
+    Subscription,
+)
 from .registry.assembly import Plan
-from .registry.limits import quota_exceeded
 from .response_cache import ResponseCache
 from .sessions import Session, Sessions
 from .status import abort
 from .tokens import load_tokenizer
 from .tracing import Tracing
+from .watches import Watches, WatchSettings
 
 Reply = TypeVar("Reply")
 _log = logger("service")
+Opened = TypeVar("Opened")
 
 
 class Context(Protocol):
@@ -88,9 +98,8 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         self.tokenizer = load_tokenizer(config.tokenizer)
         self.reports = ReportHistory(depth=config.report_history, max_keys=config.report_keys)
         self.prefix_layout = config.prefix_layout
-        self._watch_buffer = config.watch_buffer
         self._max_message_bytes = config.server_limits.max_message_bytes
-        self._max_watchers = config.server_limits.max_watchers
+        self.watches = Watches(registry, watch_settings(config), self._owner_name, self.tokenizer)
         metrics.track(
             sessions=lambda: len(self.sessions),
             registrations=lambda: len(registry.registrations()),
@@ -105,8 +114,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         outbox = OutboxLimits(limits.max_outbox_bytes, config.registry.provider_timeout_s)
         self.sessions.outbox_limits = self.listeners.outbox_limits = outbox
         self.prefix_layout = config.prefix_layout
-        self._watch_buffer = config.watch_buffer
-        self._max_watchers = limits.max_watchers
+        self.watches.reconfigure(watch_settings(config))
 
     # -- sessions ---------------------------------------------------------------------
 
@@ -308,15 +316,55 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def WatchChanges(  # type: ignore[override]
         self, request: pb.WatchChangesRequest, context: Context
     ) -> None:
-        await self._unary(context, self._check_watchers)
-        subscription = self.registry.changes.subscribe(self._watch_buffer)
+        peer = context.peer()
+        subscription = await self._unary(
+            context, lambda: self._open_watch(peer, lambda: self.watches.subscribe(request))
+        )
+        await self._serve_watch(context, peer, subscription, self.watches.changes(subscription))
+
+    async def ListRegistrations(
+        self, request: pb.ListRegistrationsRequest, context: Context
+    ) -> AsyncIterator[pb.ListRegistrationsResponse]:
+        for batch in await self._unary(context, lambda: self.watches.listing(request)):
+            yield batch
+
+    # Reader/writer API, as WatchChanges.
+    async def WatchPrompt(  # type: ignore[override]
+        self, request: pb.WatchPromptRequest, context: Context
+    ) -> None:
+        peer = context.peer()
+        watch, subscription = await self._unary(
+            context, lambda: self._open_watch(peer, lambda: self.watches.prompt_watch(request))
+        )
+        prompts = self.watches.prompts(watch, subscription)
+        await self._serve_watch(context, peer, subscription, prompts)
+
+    def _open_watch(self, peer: str, start: Callable[[], Opened]) -> Opened:
+        """Admit one more watch of `peer` and start it; nothing is held if it fails."""
+        self.gate.check()
+        self.watches.admit(peer)
         try:
-            subscribed = pb.WatchSubscribed(revision=subscription.revision)
-            message = pb.WatchChangesResponse(subscribed=subscribed)
-            while await self._written(context, message):
-                message = change_to_proto(await subscription.next())
+            return start()
+        except BaseException:
+            self.watches.release(peer)
+            raise
+
+    async def _serve_watch(
+        self,
+        context: Context,
+        peer: str,
+        subscription: Subscription,
+        responses: AsyncGenerator[Message, None],
+    ) -> None:
+        """Write a watch's responses until its peer stops taking them (then close it)."""
+        try:
+            async with contextlib.aclosing(responses):
+                async for message in responses:
+                    if not await self._written(context, message):
+                        break
         finally:
             subscription.close()
+            self.watches.release(peer)
         timeout = self.registry.settings.provider_timeout_s
         _log.warning("closed a watcher that did not read an event within %gs", timeout)
         self.metrics.peer_stalled("watcher")
@@ -344,11 +392,8 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
 
     # -- helpers ----------------------------------------------------------------------
 
-    def _check_watchers(self) -> None:
-        self.gate.check()
-        watchers = self.registry.changes.subscriber_count()
-        if watchers >= self._max_watchers:
-            raise quota_exceeded(f"the sidecar already has {watchers} watchers, its limit")
+    def _owner_name(self, owner: str) -> str:
+        return self.sessions.client_name(owner)
 
     async def _register(
         self,
@@ -381,6 +426,17 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
                 return action()
         except Failure as error:
             await abort(context, error)
+
+
+def watch_settings(config: SidecarConfig) -> WatchSettings:
+    """The watches' part of the config."""
+    return WatchSettings(
+        buffer=config.watch_buffer,
+        max_watchers=config.server_limits.max_watchers,
+        max_per_peer=config.server_limits.max_watchers_per_peer,
+        coalesce_s=config.prompt_coalesce_s,
+        layout=config.prefix_layout,
+    )
 
 
 def _handle(scope_id: str) -> str | None:

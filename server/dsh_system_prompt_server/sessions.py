@@ -203,6 +203,11 @@ class Sessions:
         self._open[session.id] = session
         return session
 
+    def client_name(self, session_id: str) -> str:
+        """The client name an open session started with; "" for any other id."""
+        session = self._open.get(session_id)
+        return "" if session is None else session.client_name
+
     def get(self, session_id: str) -> Session:
         session = self._open.get(session_id)
         if session is None:

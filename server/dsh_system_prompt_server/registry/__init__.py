@@ -5,6 +5,7 @@ Nothing here knows about gRPC; the service translates to and from it.
 
 from .changes import ChangeFeed, Missed, Subscription
 from .errors import Failure, RegistryError, ServiceError, Status
+from .filters import Filter, owner_label, public_ref, value_size
 from .limits import Limits
 from .model import (
     SIDECAR_OWNER,
@@ -42,6 +43,7 @@ __all__ = [
     "Dynamic",
     "Entry",
     "Failure",
+    "Filter",
     "Kind",
     "Limits",
     "ListenerHost",
@@ -65,5 +67,8 @@ __all__ = [
     "ToolSet",
     "Trace",
     "new_id",
+    "owner_label",
+    "public_ref",
     "validate_tool_order",
+    "value_size",
 ]

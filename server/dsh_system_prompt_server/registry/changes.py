@@ -8,6 +8,11 @@ A subscriber that falls behind by more than its capacity loses events, and is
 told so (`Missed`) at the point of the gap, before any later event: it reads
 the `capacity` events that followed its cursor, then one gap covering every
 event published until it reads the gap, then events flow again.
+
+The log also keeps the last `history` events whoever reads them, so that a
+subscriber that comes back names the last revision it saw and reads on from
+there (or is told to resync, when the log no longer reaches back so far). A
+subscriber's filter runs when it reads, at its own cost.
 """
 
 from __future__ import annotations
@@ -15,12 +20,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .model import Action, ChangeEvent, Kind
 
 WAKE_BATCH = 64  # subscribers woken before the loop serves anything else
 PAUSE_S = 0.001  # between batches: pending calls go first, watchers catch up after
+
+# Whether a subscriber wants an event (its filter); None wants every event.
+Accepts = Callable[[ChangeEvent], bool] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +42,21 @@ class Missed:
 
 
 class Subscription:
-    """One subscriber's view of the feed; read with `await next()`."""
+    """One subscriber's view of the feed; read with `await next()`.
 
-    def __init__(self, feed: ChangeFeed, capacity: int, revision: int) -> None:
+    It reads from revision `start`, which may be in the past (a resumed
+    watch); `resync` says the past it asked for is no longer kept.
+    """
+
+    def __init__(
+        self, feed: ChangeFeed, capacity: int, revision: int, start: int, accepts: Accepts
+    ) -> None:
         self.revision = revision
+        self.resync = False
         self._feed = feed
         self._capacity = capacity
-        self.cursor = revision + 1  # the next revision to read
+        self._accepts = accepts
+        self.cursor = start  # the next revision to read
         self._seen = revision  # the latest revision already judged queued or missed
         self._gap_from: int | None = None
         # Events kept for this subscriber alone once the shared log moved past them.
@@ -47,26 +64,41 @@ class Subscription:
         self._waiter: asyncio.Future[None] | None = None
 
     async def next(self) -> ChangeEvent | Missed:
-        """The next event, or the notice of a gap once what came before it is read."""
-        feed = self._feed
+        """The next wanted event, or the notice of a gap once what came before it is read."""
         while True:
-            if self._detached is not None:
-                if self._detached:
-                    return self._detached.popleft()
-                return self._report_gap()
-            self._judge()
-            if self._gap_from == self.cursor:
-                return self._report_gap()
-            if self.cursor <= feed.revision:
-                event = feed.event(self.cursor)
-                feed.move(self, self.cursor + 1)
-                return event
+            item = self.poll()
+            if item is not None:
+                return item
             self._waiter = asyncio.get_running_loop().create_future()
-            feed.wait(self)
+            self._feed.wait(self)
             try:
                 await self._waiter
             finally:
                 self._waiter = None
+
+    def poll(self) -> ChangeEvent | Missed | None:
+        """The next wanted event or gap notice if one is there now, else None (never waits)."""
+        while True:
+            item = self._take()
+            if item is None or isinstance(item, Missed):
+                return item
+            if self._accepts is None or self._accepts(item):
+                return item
+
+    def _take(self) -> ChangeEvent | Missed | None:
+        feed = self._feed
+        if self._detached is not None:
+            if self._detached:
+                return self._detached.popleft()
+            return self._report_gap()
+        self._judge()
+        if self._gap_from == self.cursor:
+            return self._report_gap()
+        if self.cursor <= feed.revision:
+            event = feed.event(self.cursor)
+            feed.move(self, self.cursor + 1)
+            return event
+        return None
 
     def close(self) -> None:
         self._feed.unsubscribe(self)
@@ -103,8 +135,9 @@ class Subscription:
 class ChangeFeed:
     """Numbers changes and keeps them in one log for the subscribers still to read them."""
 
-    def __init__(self) -> None:
+    def __init__(self, history: int = 1024) -> None:
         self.revision = 0
+        self.history = history  # events kept for subscribers that come back
         self._log: deque[ChangeEvent] = deque()  # revisions _first, _first + 1, ...
         self._first = 1
         self._keep = 0  # the largest capacity: a longer log means someone's buffer is full
@@ -113,21 +146,46 @@ class ChangeFeed:
         self._waiting: deque[Subscription] = deque()
         self._waker: asyncio.Task[None] | None = None
 
-    def publish(self, kind: Kind, action: Action, name: str, scope: str | None) -> ChangeEvent:
+    def publish(
+        self,
+        kind: Kind,
+        action: Action,
+        name: str,
+        scope: str | None,
+        ref: str = "",
+        fingerprint: str = "",
+    ) -> ChangeEvent:
         self.revision += 1
-        event = ChangeEvent(self.revision, kind, action, name, scope)
+        event = ChangeEvent(self.revision, kind, action, name, scope, ref, fingerprint)
         self._log.append(event)
         self._trim()
         if self._waiting and self._waker is None:
             self._waker = asyncio.get_running_loop().create_task(self._wake())
         return event
 
-    def subscribe(self, capacity: int) -> Subscription:
-        subscription = Subscription(self, capacity, self.revision)
+    def subscribe(
+        self, capacity: int, after: int | None = None, accepts: Accepts = None
+    ) -> Subscription:
+        """Subscribe to the events after now, or, with `after`, after that revision.
+
+        When the log no longer holds every event after `after` (or it is ahead
+        of this feed), the subscription is marked `resync` and starts now.
+        """
+        start = self.revision + 1
+        if after is not None and self.covers(after):
+            start = after + 1
+        subscription = Subscription(self, capacity, self.revision, start, accepts)
+        subscription.resync = (
+            after is not None and start == self.revision + 1 and (after != self.revision)
+        )
         self._subscribers[subscription] = None
         self._keep = max(self._keep, capacity)
         self._at.setdefault(subscription.cursor, {})[subscription] = None
         return subscription
+
+    def covers(self, after: int) -> bool:
+        """Whether every event after revision `after` is still in the log."""
+        return self._first - 1 <= after <= self.revision
 
     def unsubscribe(self, subscription: Subscription) -> None:
         if self._subscribers.pop(subscription, None) is None:
@@ -166,7 +224,9 @@ class ChangeFeed:
     def _trim(self) -> None:
         # Drop what no subscriber in the log still reads; a subscriber still at an
         # event the log must drop (its buffer is full) keeps its events to itself.
-        while self._log and (self._first not in self._at or len(self._log) > self._keep):
+        while len(self._log) > self.history and (
+            self._first not in self._at or len(self._log) > self._keep
+        ):
             for subscription in self._at.pop(self._first, {}):
                 subscription.detach()
             self._log.popleft()

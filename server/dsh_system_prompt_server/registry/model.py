@@ -178,6 +178,7 @@ class Entry(Generic[V]):
     value: V
     name: str = ""
     disposed: bool = False
+    fingerprint: str = ""  # of the static value (filters.value_fingerprint); "" if none
 
     def provider_call(self, key: str) -> ProviderCall:
         return ProviderCall(key, self.kind, self.name, self.scope)
@@ -220,3 +221,5 @@ class ChangeEvent:
     action: Action
     name: str
     scope: str | None
+    ref: str = ""  # the registration's public reference (filters.public_ref)
+    fingerprint: str = ""  # its value's after the change; "" when gone or not static

@@ -26,6 +26,7 @@ from dsh_system_prompt_core import (
 
 from . import assembly, errors
 from .changes import ChangeFeed
+from .filters import Filter, public_ref, value_fingerprint
 from .layers import Layer, Remover, ScopeTree
 from .limits import Limits, quota_exceeded, value_bytes
 from .model import (
@@ -67,6 +68,7 @@ class RegistrySettings:
     tool_order: tuple[str, ...] | None = None
     provider_timeout_s: float = 5.0
     limits: Limits = field(default_factory=Limits)
+    change_history: int = 1024  # change events kept for watchers that resume
 
 
 def new_id() -> str:
@@ -88,7 +90,7 @@ class Registry:
 
     def __init__(self, settings: RegistrySettings | None = None) -> None:
         self.settings = settings or RegistrySettings()
-        self.changes = ChangeFeed()
+        self.changes = ChangeFeed(self.settings.change_history)
         self._global = Layer()
         self._scoped: dict[str, Layer] = {}
         self._scopes = ScopeTree()
@@ -119,6 +121,7 @@ class Registry:
         """
         old, self.settings = self.settings, settings
         self.limits = settings.limits
+        self.changes.history = settings.change_history
         changed = [key for key, value in _flat(settings).items() if _flat(old)[key] != value]
         if "include_harness_identity" in changed:
             if settings.include_harness_identity:
@@ -130,7 +133,8 @@ class Registry:
         if "persona" in changed:  # in place, as update() does: no gap for assemblies
             persona = self._builtins[PERSONA_SECTION]
             persona.value = settings.persona
-            self.changes.publish(Kind.SECTION, Action.UPDATED, persona.name, None)
+            persona.fingerprint = value_fingerprint(persona.kind, persona.value)
+            self._publish(persona, Action.UPDATED)
         for key in changed:
             if key not in ("persona", "include_harness_identity"):
                 self.changes.publish(Kind.CONFIG, Action.REGISTERED, key, None)
@@ -320,7 +324,8 @@ class Registry:
         self.limits.check_total(self._total_bytes, max(0, growth))
         self._total_bytes += growth
         entry.value = value
-        self.changes.publish(entry.kind, Action.UPDATED, entry.name, entry.scope)
+        entry.fingerprint = value_fingerprint(entry.kind, value)
+        self._publish(entry, Action.UPDATED)
         return entry
 
     def _check_update(self, entry: Entry[Any], value: StaticValue) -> None:
@@ -360,7 +365,7 @@ class Registry:
         self._unlinks.pop(entry.id)()
         if entry.owner != SIDECAR_OWNER:
             self._total_bytes -= value_bytes(entry.value)
-        self.changes.publish(entry.kind, Action.UNREGISTERED, entry.name, entry.scope)
+        self._publish(entry, Action.UNREGISTERED)
 
     def _unlink_listener(self, entry: ListenerEntry) -> None:
         entry.value.disposed()
@@ -471,6 +476,15 @@ class Registry:
         """Whether `key` is the global layer (None) or a scope some handle opened."""
         return key is None or self._scopes.knows(key)
 
+    def keeps(self, wanted: Filter) -> Callable[[Kind, str | None], bool]:
+        """A test of (kind, layer) against `wanted`, on the scope tree as it is when asked."""
+        return wanted.matcher(self._scopes.chain)
+
+    def listing(self, wanted: Filter) -> list[Entry[Any]]:
+        """The live registrations `wanted` keeps, oldest first (the built-ins first)."""
+        keeps = self.keeps(wanted)
+        return [entry for entry in self._entries.values() if keeps(entry.kind, entry.scope)]
+
     # -- helpers ----------------------------------------------------------------------
 
     def _handle(self, owner: str, handle: str | None) -> ScopeHandle | None:
@@ -570,8 +584,15 @@ class Registry:
             self._total_bytes += value_bytes(entry.value)
         if handle is not None:
             handle.children[entry.id] = entry
-        self.changes.publish(entry.kind, Action.REGISTERED, entry.name, entry.scope)
+        entry.fingerprint = value_fingerprint(entry.kind, entry.value)
+        self._publish(entry, Action.REGISTERED)
         return entry
+
+    def _publish(self, entry: Entry[Any], action: Action) -> None:
+        fingerprint = "" if action is Action.UNREGISTERED else entry.fingerprint
+        self.changes.publish(
+            entry.kind, action, entry.name, entry.scope, public_ref(entry.id), fingerprint
+        )
 
 
 def _check_tool_names(tools: ToolSet) -> None:

@@ -2339,24 +2339,83 @@ class RenderedPrompt(_message.Message):
 Global___RenderedPrompt: _TypeAlias = RenderedPrompt  # noqa: Y015
 
 @_typing.final
-class WatchChangesRequest(_message.Message):
+class ChangeFilter(_message.Message):
     """---------------------------------------------------------------------------
     Change events.
     ---------------------------------------------------------------------------
 
-    Subscribes to change events.
+    Which registrations a watch or a listing is about.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    SCOPE_FIELD_NUMBER: _builtins.int
+    ANCESTORS_FIELD_NUMBER: _builtins.int
+    KINDS_FIELD_NUMBER: _builtins.int
+    scope: _builtins.str
+    """Only registrations in this scope's layer (scope handles: on this key);
+    empty: every layer.
+    """
+    ancestors: _builtins.bool
+    """With a scope: also its ancestors' layers and the global layer, that is
+    everything the scope's assemblies are made of.
+    """
+    @_builtins.property
+    def kinds(self) -> _containers.RepeatedScalarFieldContainer[Global___ChangeKind.ValueType]:
+        """Only these kinds; empty: every kind."""
+
     def __init__(
         self,
+        *,
+        scope: _builtins.str = ...,
+        ancestors: _builtins.bool = ...,
+        kinds: _abc.Iterable[Global___ChangeKind.ValueType] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ancestors", b"ancestors", "kinds", b"kinds", "scope", b"scope"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChangeFilter: _TypeAlias = ChangeFilter  # noqa: Y015
+
+@_typing.final
+class WatchChangesRequest(_message.Message):
+    """Subscribes to change events."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AFTER_REVISION_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    after_revision: _builtins.int
+    """Resume: first replay every change after this revision (the last one you
+    saw), from the sidecar's bounded history. When the history no longer
+    holds them all, the revision is ahead of the sidecar's, or incarnation
+    names another incarnation, WatchSubscribed.resync says so instead.
+    """
+    incarnation: _builtins.str
+    """The incarnation after_revision belongs to (WatchSubscribed.incarnation
+    of the stream you resume); empty: the current one.
+    """
+    @_builtins.property
+    def filter(self) -> Global___ChangeFilter:
+        """Only the changes this filter keeps; unset: every change."""
+
+    def __init__(
+        self,
+        *,
+        after_revision: _builtins.int | None = ...,
+        incarnation: _builtins.str = ...,
+        filter: Global___ChangeFilter | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_after_revision", b"_after_revision", "after_revision", b"after_revision", "filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_revision", b"_after_revision", "after_revision", b"after_revision", "filter", b"filter", "incarnation", b"incarnation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__after_revision: _TypeAlias = _typing.Literal["after_revision"]  # noqa: Y015
+    _WhichOneofArgType__after_revision: _TypeAlias = _typing.Literal["_after_revision", b"_after_revision"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__after_revision) -> _WhichOneofReturnType__after_revision | None: ...
 
 Global___WatchChangesRequest: _TypeAlias = WatchChangesRequest  # noqa: Y015
 
@@ -2369,6 +2428,11 @@ class WatchChangesResponse(_message.Message):
     SUBSCRIBED_FIELD_NUMBER: _builtins.int
     EVENT_FIELD_NUMBER: _builtins.int
     MISSED_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    incarnation: _builtins.str
+    """The sidecar process's incarnation: a random id per start, the same on
+    every response. Revisions of another incarnation mean nothing here.
+    """
     @_builtins.property
     def subscribed(self) -> Global___WatchSubscribed:
         """Always first: the subscription is in place."""
@@ -2387,10 +2451,11 @@ class WatchChangesResponse(_message.Message):
         subscribed: Global___WatchSubscribed | None = ...,
         event: Global___ChangeEvent | None = ...,
         missed: Global___ChangesMissed | None = ...,
+        incarnation: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "kind", b"kind", "missed", b"missed", "subscribed", b"subscribed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "kind", b"kind", "missed", b"missed", "subscribed", b"subscribed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "incarnation", b"incarnation", "kind", b"kind", "missed", b"missed", "subscribed", b"subscribed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["subscribed", "event", "missed"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
@@ -2405,16 +2470,30 @@ class WatchSubscribed(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     REVISION_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    RESYNC_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
-    """The registry's revision at subscription."""
+    """The registry's revision at subscription. Replayed events (after_revision)
+    have revisions up to this one; live events follow it.
+    """
+    incarnation: _builtins.str
+    """The sidecar process's incarnation (a random id per start)."""
+    resync: _builtins.bool
+    """The changes after after_revision cannot be replayed (older than the
+    history, ahead of this sidecar, or of another incarnation): nothing is
+    replayed. Re-read the state with ListRegistrations; the changes after
+    `revision` follow.
+    """
     def __init__(
         self,
         *,
         revision: _builtins.int = ...,
+        incarnation: _builtins.str = ...,
+        resync: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["revision", b"revision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "resync", b"resync", "revision", b"revision"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2461,6 +2540,8 @@ class ChangeEvent(_message.Message):
     ACTION_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     SCOPE_FIELD_NUMBER: _builtins.int
+    REF_FIELD_NUMBER: _builtins.int
+    FINGERPRINT_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
     """Grows by one with every change."""
     kind: Global___ChangeKind.ValueType
@@ -2476,6 +2557,14 @@ class ChangeEvent(_message.Message):
     """The scope whose layer changed; empty for the global layer. For a scope
     handle (CHANGE_KIND_SCOPE) it is the scope key, like name.
     """
+    ref: _builtins.str
+    """The registration's public reference: the same in its every event and in
+    ListRegistrations (not its registration_id, which stays with its owner).
+    """
+    fingerprint: _builtins.str
+    """The fingerprint of its value after the change (as in RegistrationInfo);
+    empty for an unregistration and for what has no static value.
+    """
     def __init__(
         self,
         *,
@@ -2484,14 +2573,285 @@ class ChangeEvent(_message.Message):
         action: Global___ChangeAction.ValueType = ...,
         name: _builtins.str = ...,
         scope: _builtins.str = ...,
+        ref: _builtins.str = ...,
+        fingerprint: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "kind", b"kind", "name", b"name", "revision", b"revision", "scope", b"scope"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "fingerprint", b"fingerprint", "kind", b"kind", "name", b"name", "ref", b"ref", "revision", b"revision", "scope", b"scope"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ChangeEvent: _TypeAlias = ChangeEvent  # noqa: Y015
+
+@_typing.final
+class ListRegistrationsRequest(_message.Message):
+    """Asks for the registrations."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILTER_FIELD_NUMBER: _builtins.int
+    INCLUDE_VALUES_FIELD_NUMBER: _builtins.int
+    include_values: _builtins.bool
+    """Also send each static value (RegistrationInfo.value)."""
+    @_builtins.property
+    def filter(self) -> Global___ChangeFilter:
+        """Only the registrations this filter keeps; unset: all of them."""
+
+    def __init__(
+        self,
+        *,
+        filter: Global___ChangeFilter | None = ...,
+        include_values: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter", "include_values", b"include_values"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRegistrationsRequest: _TypeAlias = ListRegistrationsRequest  # noqa: Y015
+
+@_typing.final
+class ListRegistrationsResponse(_message.Message):
+    """One batch of a listing."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    REGISTRATIONS_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    """The revision the listing was taken at (the same in every batch)."""
+    incarnation: _builtins.str
+    """The sidecar process's incarnation."""
+    @_builtins.property
+    def registrations(self) -> _containers.RepeatedCompositeFieldContainer[Global___RegistrationInfo]:
+        """Registrations, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+        incarnation: _builtins.str = ...,
+        registrations: _abc.Iterable[Global___RegistrationInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "registrations", b"registrations", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRegistrationsResponse: _TypeAlias = ListRegistrationsResponse  # noqa: Y015
+
+@_typing.final
+class RegistrationInfo(_message.Message):
+    """One registration as a listing shows it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REF_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    SCOPE_FIELD_NUMBER: _builtins.int
+    ORDER_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
+    DYNAMIC_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    OWNER_LABEL_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    FINGERPRINT_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    ref: _builtins.str
+    """Its public reference, as in ChangeEvent.ref."""
+    kind: Global___ChangeKind.ValueType
+    """What it is."""
+    name: _builtins.str
+    """A section's, context's or variable's name, a scope handle's key, a tool
+    provider's or listener's label; empty for a suppressor.
+    """
+    scope: _builtins.str
+    """The scope whose layer holds it; empty for the global layer."""
+    order: _builtins.float
+    """A section's or context's order."""
+    complete: _builtins.bool
+    """A complete section."""
+    dynamic: _builtins.bool
+    """Its value comes from a dynamic provider (or it is a listener)."""
+    owner: _builtins.str
+    """The client_name of the owning session; "dsh-system-prompt" for the built-ins."""
+    owner_label: _builtins.str
+    """A short label telling apart sessions of the same client name (derived
+    from the session, never its id); "built-in" for the built-ins.
+    """
+    size_bytes: _builtins.int
+    """The static value's size in UTF-8 bytes: the text, the variable's value,
+    or the tools' names, descriptions and parameters; 0 when it has none.
+    """
+    fingerprint: _builtins.str
+    """16 hex digits of SHA-256 of the static value; equal values, equal
+    fingerprints; empty when it has no static value.
+    """
+    @_builtins.property
+    def value(self) -> Global___RegisteredValue:
+        """The static value, when include_values asked for it."""
+
+    def __init__(
+        self,
+        *,
+        ref: _builtins.str = ...,
+        kind: Global___ChangeKind.ValueType = ...,
+        name: _builtins.str = ...,
+        scope: _builtins.str = ...,
+        order: _builtins.float | None = ...,
+        complete: _builtins.bool = ...,
+        dynamic: _builtins.bool = ...,
+        owner: _builtins.str = ...,
+        owner_label: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+        fingerprint: _builtins.str = ...,
+        value: Global___RegisteredValue | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_order", b"_order", "order", b"order", "value", b"value"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_order", b"_order", "complete", b"complete", "dynamic", b"dynamic", "fingerprint", b"fingerprint", "kind", b"kind", "name", b"name", "order", b"order", "owner", b"owner", "owner_label", b"owner_label", "ref", b"ref", "scope", b"scope", "size_bytes", b"size_bytes", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__order: _TypeAlias = _typing.Literal["order"]  # noqa: Y015
+    _WhichOneofArgType__order: _TypeAlias = _typing.Literal["_order", b"_order"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__order) -> _WhichOneofReturnType__order | None: ...
+
+Global___RegistrationInfo: _TypeAlias = RegistrationInfo  # noqa: Y015
+
+@_typing.final
+class RegisteredValue(_message.Message):
+    """A registration's static value."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEXT_FIELD_NUMBER: _builtins.int
+    NO_VALUE_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    text: _builtins.str
+    """A section's or context's text, a variable's value."""
+    @_builtins.property
+    def no_value(self) -> Global___NoValue:
+        """A variable's "no value"."""
+
+    @_builtins.property
+    def tools(self) -> Global___ToolProviderResult:
+        """A tool provider's result."""
+
+    def __init__(
+        self,
+        *,
+        text: _builtins.str = ...,
+        no_value: Global___NoValue | None = ...,
+        tools: Global___ToolProviderResult | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["no_value", b"no_value", "text", b"text", "tools", b"tools", "value", b"value"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["no_value", b"no_value", "text", b"text", "tools", b"tools", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_value: _TypeAlias = _typing.Literal["text", "no_value", "tools"]  # noqa: Y015
+    _WhichOneofArgType_value: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_value) -> _WhichOneofReturnType_value | None: ...
+
+Global___RegisteredValue: _TypeAlias = RegisteredValue  # noqa: Y015
+
+@_typing.final
+class WatchPromptRequest(_message.Message):
+    """Watches the prompt of one scope."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    RENDER_FIELD_NUMBER: _builtins.int
+    PREFIX_LAYOUT_FIELD_NUMBER: _builtins.int
+    scope: _builtins.str
+    """The scope assembled for; empty for the global layer alone."""
+    render: _builtins.bool
+    """Also render each prompt (RenderedPrompt, or report.render_error)."""
+    prefix_layout: Global___PrefixLayout.ValueType
+    """The order the report lays the prefix out in; unspecified: the sidecar's."""
+    def __init__(
+        self,
+        *,
+        scope: _builtins.str = ...,
+        render: _builtins.bool = ...,
+        prefix_layout: Global___PrefixLayout.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prefix_layout", b"prefix_layout", "render", b"render", "scope", b"scope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchPromptRequest: _TypeAlias = WatchPromptRequest  # noqa: Y015
+
+@_typing.final
+class WatchPromptResponse(_message.Message):
+    """The prompt of the watched scope, now."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    ASSEMBLY_FIELD_NUMBER: _builtins.int
+    RENDERED_FIELD_NUMBER: _builtins.int
+    REPORT_FIELD_NUMBER: _builtins.int
+    CHANGES_FIELD_NUMBER: _builtins.int
+    CHANGES_OMITTED_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    """The registry's revision the prompt was assembled at."""
+    incarnation: _builtins.str
+    """The sidecar process's incarnation."""
+    changes_omitted: _builtins.int
+    """Changes not listed (a burst past the bound, or dropped for a slow reader)."""
+    error: _builtins.str
+    """Why the static parts do not assemble (e.g. two complete sections), or empty."""
+    @_builtins.property
+    def assembly(self) -> Global___PromptAssembly:
+        """The static parts assembled; a dynamic part holds a placeholder such as
+        `<dynamic section "cwd">`, a dynamic tool provider one placeholder tool.
+        Empty when the static parts do not assemble (see error).
+        """
+
+    @_builtins.property
+    def rendered(self) -> Global___RenderedPrompt:
+        """When asked for and the prompt renders."""
+
+    @_builtins.property
+    def report(self) -> Global___AssemblyReport:
+        """Sizes, sources and the prefix's stability against the previous message
+        of this stream (has_previous is false on the first).
+        """
+
+    @_builtins.property
+    def changes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChangeEvent]:
+        """The changes since the previous message, oldest first (none on the
+        first); at most a bounded number, the rest counted in changes_omitted.
+        """
+
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+        incarnation: _builtins.str = ...,
+        assembly: Global___PromptAssembly | None = ...,
+        rendered: Global___RenderedPrompt | None = ...,
+        report: Global___AssemblyReport | None = ...,
+        changes: _abc.Iterable[Global___ChangeEvent] | None = ...,
+        changes_omitted: _builtins.int = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "rendered", b"rendered", "report", b"report"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "changes", b"changes", "changes_omitted", b"changes_omitted", "error", b"error", "incarnation", b"incarnation", "rendered", b"rendered", "report", b"report", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchPromptResponse: _TypeAlias = WatchPromptResponse  # noqa: Y015
 
 @_typing.final
 class ListenRequest(_message.Message):

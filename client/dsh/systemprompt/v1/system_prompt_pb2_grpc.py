@@ -90,6 +90,16 @@ class SystemPromptServiceStub:
                 request_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.WatchChangesRequest.SerializeToString,
                 response_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.WatchChangesResponse.FromString,
                 _registered_method=True)
+        self.ListRegistrations = channel.unary_stream(
+                '/dsh.systemprompt.v1.SystemPromptService/ListRegistrations',
+                request_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ListRegistrationsRequest.SerializeToString,
+                response_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ListRegistrationsResponse.FromString,
+                _registered_method=True)
+        self.WatchPrompt = channel.unary_stream(
+                '/dsh.systemprompt.v1.SystemPromptService/WatchPrompt',
+                request_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.WatchPromptRequest.SerializeToString,
+                response_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.WatchPromptResponse.FromString,
+                _registered_method=True)
         self.Listen = channel.stream_stream(
                 '/dsh.systemprompt.v1.SystemPromptService/Listen',
                 request_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ListenRequest.SerializeToString,
@@ -192,8 +202,32 @@ class SystemPromptServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchChanges(self, request, context):
-        """Streams one event per registration and disposal. The first response
-        confirms the subscription and carries the current revision.
+        """Streams one event per registration, update and disposal. The first
+        response confirms the subscription and carries the current revision and
+        the sidecar's incarnation. With after_revision, the changes after it are
+        replayed first from a bounded history (or the subscriber is told to
+        resync); a filter keeps only some scopes and kinds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRegistrations(self, request, context):
+        """Lists the registrations at the current revision, filtered like a watch:
+        the state a subscriber resyncs from. Streams batches of registrations, each
+        message with the same revision and incarnation; the stream ends after the
+        last batch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchPrompt(self, request, context):
+        """Streams the prompt of one scope as its static parts assemble it: once at
+        the start, then after every burst of changes that affects the scope, each
+        time with the changes and the prompt-cache verdict against the previous
+        one. Dynamic parts are shown as placeholders, never evaluated; listeners
+        are not run.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -282,6 +316,16 @@ def add_SystemPromptServiceServicer_to_server(servicer, server):
                     servicer.WatchChanges,
                     request_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.WatchChangesRequest.FromString,
                     response_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.WatchChangesResponse.SerializeToString,
+            ),
+            'ListRegistrations': grpc.unary_stream_rpc_method_handler(
+                    servicer.ListRegistrations,
+                    request_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ListRegistrationsRequest.FromString,
+                    response_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ListRegistrationsResponse.SerializeToString,
+            ),
+            'WatchPrompt': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchPrompt,
+                    request_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.WatchPromptRequest.FromString,
+                    response_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.WatchPromptResponse.SerializeToString,
             ),
             'Listen': grpc.stream_stream_rpc_method_handler(
                     servicer.Listen,
@@ -597,6 +641,60 @@ class SystemPromptService:
             '/dsh.systemprompt.v1.SystemPromptService/WatchChanges',
             dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.WatchChangesRequest.SerializeToString,
             dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.WatchChangesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRegistrations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dsh.systemprompt.v1.SystemPromptService/ListRegistrations',
+            dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ListRegistrationsRequest.SerializeToString,
+            dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.ListRegistrationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchPrompt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dsh.systemprompt.v1.SystemPromptService/WatchPrompt',
+            dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.WatchPromptRequest.SerializeToString,
+            dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.WatchPromptResponse.FromString,
             options,
             channel_credentials,
             insecure,

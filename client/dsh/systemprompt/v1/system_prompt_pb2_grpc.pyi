@@ -79,8 +79,24 @@ class SystemPromptServiceStub:
     Assemble: _grpc.UnaryUnaryMultiCallable[_system_prompt_pb2.AssembleRequest, _system_prompt_pb2.AssembleResponse]
     """Assembles the prompt for one caller, optionally rendering it on the sidecar."""
     WatchChanges: _grpc.UnaryStreamMultiCallable[_system_prompt_pb2.WatchChangesRequest, _system_prompt_pb2.WatchChangesResponse]
-    """Streams one event per registration and disposal. The first response
-    confirms the subscription and carries the current revision.
+    """Streams one event per registration, update and disposal. The first
+    response confirms the subscription and carries the current revision and
+    the sidecar's incarnation. With after_revision, the changes after it are
+    replayed first from a bounded history (or the subscriber is told to
+    resync); a filter keeps only some scopes and kinds.
+    """
+    ListRegistrations: _grpc.UnaryStreamMultiCallable[_system_prompt_pb2.ListRegistrationsRequest, _system_prompt_pb2.ListRegistrationsResponse]
+    """Lists the registrations at the current revision, filtered like a watch:
+    the state a subscriber resyncs from. Streams batches of registrations, each
+    message with the same revision and incarnation; the stream ends after the
+    last batch.
+    """
+    WatchPrompt: _grpc.UnaryStreamMultiCallable[_system_prompt_pb2.WatchPromptRequest, _system_prompt_pb2.WatchPromptResponse]
+    """Streams the prompt of one scope as its static parts assemble it: once at
+    the start, then after every burst of changes that affects the scope, each
+    time with the changes and the prompt-cache verdict against the previous
+    one. Dynamic parts are shown as placeholders, never evaluated; listeners
+    are not run.
     """
     Listen: _grpc.StreamStreamMultiCallable[_system_prompt_pb2.ListenRequest, _system_prompt_pb2.ListenResponse]
     """Installs a waterfall listener for as long as the stream stays open. The
@@ -136,8 +152,24 @@ class SystemPromptServiceAsyncStub(SystemPromptServiceStub):
     Assemble: _aio.UnaryUnaryMultiCallable[_system_prompt_pb2.AssembleRequest, _system_prompt_pb2.AssembleResponse]  # type: ignore[assignment]
     """Assembles the prompt for one caller, optionally rendering it on the sidecar."""
     WatchChanges: _aio.UnaryStreamMultiCallable[_system_prompt_pb2.WatchChangesRequest, _system_prompt_pb2.WatchChangesResponse]  # type: ignore[assignment]
-    """Streams one event per registration and disposal. The first response
-    confirms the subscription and carries the current revision.
+    """Streams one event per registration, update and disposal. The first
+    response confirms the subscription and carries the current revision and
+    the sidecar's incarnation. With after_revision, the changes after it are
+    replayed first from a bounded history (or the subscriber is told to
+    resync); a filter keeps only some scopes and kinds.
+    """
+    ListRegistrations: _aio.UnaryStreamMultiCallable[_system_prompt_pb2.ListRegistrationsRequest, _system_prompt_pb2.ListRegistrationsResponse]  # type: ignore[assignment]
+    """Lists the registrations at the current revision, filtered like a watch:
+    the state a subscriber resyncs from. Streams batches of registrations, each
+    message with the same revision and incarnation; the stream ends after the
+    last batch.
+    """
+    WatchPrompt: _aio.UnaryStreamMultiCallable[_system_prompt_pb2.WatchPromptRequest, _system_prompt_pb2.WatchPromptResponse]  # type: ignore[assignment]
+    """Streams the prompt of one scope as its static parts assemble it: once at
+    the start, then after every burst of changes that affects the scope, each
+    time with the changes and the prompt-cache verdict against the previous
+    one. Dynamic parts are shown as placeholders, never evaluated; listeners
+    are not run.
     """
     Listen: _aio.StreamStreamMultiCallable[_system_prompt_pb2.ListenRequest, _system_prompt_pb2.ListenResponse]  # type: ignore[assignment]
     """Installs a waterfall listener for as long as the stream stays open. The
@@ -256,8 +288,36 @@ class SystemPromptServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _system_prompt_pb2.WatchChangesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_system_prompt_pb2.WatchChangesResponse], _abc.AsyncIterator[_system_prompt_pb2.WatchChangesResponse]]:
-        """Streams one event per registration and disposal. The first response
-        confirms the subscription and carries the current revision.
+        """Streams one event per registration, update and disposal. The first
+        response confirms the subscription and carries the current revision and
+        the sidecar's incarnation. With after_revision, the changes after it are
+        replayed first from a bounded history (or the subscriber is told to
+        resync); a filter keeps only some scopes and kinds.
+        """
+
+    @_abc_1.abstractmethod
+    def ListRegistrations(
+        self,
+        request: _system_prompt_pb2.ListRegistrationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_system_prompt_pb2.ListRegistrationsResponse], _abc.AsyncIterator[_system_prompt_pb2.ListRegistrationsResponse]]:
+        """Lists the registrations at the current revision, filtered like a watch:
+        the state a subscriber resyncs from. Streams batches of registrations, each
+        message with the same revision and incarnation; the stream ends after the
+        last batch.
+        """
+
+    @_abc_1.abstractmethod
+    def WatchPrompt(
+        self,
+        request: _system_prompt_pb2.WatchPromptRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_system_prompt_pb2.WatchPromptResponse], _abc.AsyncIterator[_system_prompt_pb2.WatchPromptResponse]]:
+        """Streams the prompt of one scope as its static parts assemble it: once at
+        the start, then after every burst of changes that affects the scope, each
+        time with the changes and the prompt-cache verdict against the previous
+        one. Dynamic parts are shown as placeholders, never evaluated; listeners
+        are not run.
         """
 
     @_abc_1.abstractmethod

@@ -1,0 +1,94 @@
+"""Filters of watches and listings, and what the registry shows of each registration."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .model import Kind, Tool, ToolSet
+
+# Kinds whose value a listing can show (the others hold no value of their own).
+VALUED = frozenset({Kind.SECTION, Kind.CONTEXT, Kind.VARIABLE, Kind.TOOLS})
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """Which registrations a watch or listing keeps: by layer and by kind.
+
+    `scope` None keeps every layer; a scope keeps its own layer, and with
+    `ancestors` also its ancestors' layers and the global one. Empty `kinds`
+    keeps every kind.
+    """
+
+    scope: str | None = None
+    ancestors: bool = False
+    kinds: frozenset[Kind] = frozenset()
+
+    def matcher(self, chain: Callable[[str], list[str]]) -> Callable[[Kind, str | None], bool]:
+        """A test of (kind, layer) against this filter; `chain` gives a scope's ancestry
+        now (parents may be bound later, so it is asked at each test)."""
+        kinds, scope, ancestors = self.kinds, self.scope, self.ancestors
+
+        def keeps(kind: Kind, layer: str | None) -> bool:
+            if kinds and kind not in kinds:
+                return False
+            if scope is None or layer == scope:
+                return True
+            return ancestors and (layer is None or layer in chain(scope))
+
+        return keeps
+
+
+def public_ref(registration_id: str) -> str:
+    """A registration's name in events and listings: derived from its id, never the id,
+    which with the session id is what disposes it."""
+    return _digest(b"ref:" + registration_id.encode())
+
+
+def owner_label(owner: str) -> str:
+    """A short label telling apart sessions of one client name, derived from the session."""
+    return _digest(b"owner:" + owner.encode())[:8]
+
+
+def value_fingerprint(kind: Kind, value: object) -> str:
+    """16 hex digits of SHA-256 of a static value; "" for a dynamic one or none at all."""
+    encoded = _encoded(value) if kind in VALUED else None
+    return "" if encoded is None else _digest(encoded)
+
+
+def value_size(value: object) -> int:
+    """A static value's size in UTF-8 bytes (tools: names, descriptions, parameters)."""
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, ToolSet):
+        return sum(_tool_size(tool) for tool in value.schemas)
+    return 0
+
+
+def _tool_size(tool: Tool) -> int:
+    return (
+        len(tool.name.encode())
+        + len(tool.description.encode())
+        + len(tool.parameters_json.encode())
+    )
+
+
+def _encoded(value: object) -> bytes | None:
+    # A tag byte keeps a text, "no value" and tools apart; \0 separates fields.
+    if isinstance(value, str):
+        return b"t" + value.encode()
+    if isinstance(value, ToolSet):
+        fields = [b"j"]
+        for tool in value.schemas:
+            fields += [tool.name.encode(), tool.description.encode(), tool.parameters_json.encode()]
+        if value.known_names is not None:
+            fields += [b"k", *(name.encode() for name in value.known_names)]
+        return b"\0".join(fields)
+    if value is None:
+        return b"n"
+    return None  # a Dynamic: its value is the provider's, at each assembly
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]

@@ -1,0 +1,164 @@
+"""Live prompts per scope: the static prompt at each burst of changes, with the cache verdict."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import dsh_system_prompt as dsp
+from dsh_system_prompt_server.app import Sidecar
+from helpers import SidecarFactory
+from processes import sidecar_command
+
+
+async def next_prompt(prompts: dsp.PromptStream, timeout: float = 10) -> dsp.PromptChange:
+    return await asyncio.wait_for(anext(prompts), timeout)
+
+
+async def test_dynamic_parts_are_placeholders_and_never_evaluated(client: dsp.Client) -> None:
+    calls: list[str] = []
+
+    def cwd(context: dsp.AssembleContext) -> str:
+        calls.append("cwd")
+        return "/work"
+
+    agent = await client.scope("agent-1")
+    await agent.section("cwd", 20, cwd)
+    await agent.variable("who", lambda context: "alice")
+    await agent.section("greeting", 10, "Hello {{who}}.")
+    prompts = await client.watch_prompt("agent-1", render=True)
+    first = await next_prompt(prompts)
+    assert first.prompt is not None
+    assert 'Hello <dynamic variable "who">.' in first.prompt
+    assert '<dynamic section "cwd">' in first.prompt
+    assert first.changes == [] and calls == []
+    assert first.report is not None and not first.report.stability.has_previous
+
+
+async def test_an_update_sends_the_new_prompt_with_the_change_and_the_cache_verdict(
+    client: dsp.Client,
+) -> None:
+    agent = await client.scope("agent-1")
+    await client.section("rules", 10, "Be precise.")
+    memory = await agent.section("memory", 50, "Memory: nothing yet.")
+    await agent.section("task", 60, "Task: write tests.")
+    prompts = await client.watch_prompt("agent-1", render=True)
+    await next_prompt(prompts)
+    revision = await memory.update("Memory: the user likes tea.")
+    change = await next_prompt(prompts)
+    assert [(e.revision, e.action, e.name) for e in change.changes] == [
+        (revision, "updated", "memory")
+    ]
+    assert change.prompt is not None and "the user likes tea" in change.prompt
+    assert change.report is not None
+    stability = change.report.stability
+    assert (stability.has_previous, stability.first_changed) == (True, 'section "memory"')
+    assert 0 < stability.stable_bytes < stability.prefix.bytes
+
+
+async def test_a_burst_of_changes_is_coalesced_into_few_prompts(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar: Sidecar = await make_sidecar(prompt_coalesce_s=0.3)
+    async with dsp.connect(sidecar.address) as client:
+        memory = await client.section("memory", 1, "v0")
+        prompts = await client.watch_prompt()
+        await next_prompt(prompts)
+        for index in range(1, 51):
+            await memory.update(f"v{index}")
+        received: list[dsp.PromptChange] = []
+        while not received or received[-1].revision < sidecar.registry.revision:
+            received.append(await next_prompt(prompts))
+    assert len(received) < 10
+    assert sum(len(c.changes) + c.changes_omitted for c in received) == 50
+    assert received[-1].assembly is not None
+    assert received[-1].assembly.sections[-1].text == "v50"
+
+
+async def test_changes_outside_the_scopes_chain_send_nothing(client: dsp.Client) -> None:
+    team = await client.scope("team")
+    await client.scope("agent-1", parent="team")
+    other = await client.scope("agent-2")
+    prompts = await client.watch_prompt("agent-1")
+    await next_prompt(prompts)
+    await other.section("elsewhere", 1, "x")
+    await team.section("inherited", 1, "y")
+    change = await next_prompt(prompts)
+    assert [e.name for e in change.changes] == ["inherited"]
+    assert change.assembly is not None
+    assert "elsewhere" not in [s.name for s in change.assembly.sections]
+
+
+async def test_a_prompt_watcher_that_never_reads_slows_no_registration(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar: Sidecar = await make_sidecar(
+        watch_buffer=8, prompt_coalesce_s=0, provider_timeout_s=60
+    )
+    async with dsp.connect(sidecar.address) as client:
+        memory = await client.section("memory", 1, "x" * 60_000)  # big prompts fill the windows
+        stuck = await client.watch_prompt(render=True)  # never read until the end
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for index in range(300):
+            await memory.update(f"{index}" + "x" * 60_000)
+        assert loop.time() - started < 30
+        last = sidecar.registry.revision
+        seen: list[dsp.PromptChange] = []
+        while not seen or seen[-1].revision < last:
+            seen.append(await next_prompt(stuck))
+    assert seen[-1].assembly is not None
+    assert seen[-1].assembly.sections[-1].text.startswith("299")
+    assert any(change.changes_omitted for change in seen)
+
+
+async def test_the_cli_watch_prompt_shows_the_change_and_the_cache_verdict(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    agent = await client.scope("agent-1")
+    memory = await agent.section("memory", 50, "Memory: nothing yet.")
+    process = await asyncio.create_subprocess_exec(
+        sidecar_command(), "watch", "--address", sidecar.address, "--scope", "agent-1",
+        "--prompt", "--json", stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        first = json.loads(await asyncio.wait_for(process.stdout.readline(), 15))
+        assert "Memory: nothing yet." in first["prompt"]
+        await memory.update("Memory: the user likes tea.")
+        change = json.loads(await asyncio.wait_for(process.stdout.readline(), 15))
+    finally:
+        process.terminate()
+        await process.wait()
+    assert [(c["action"], c["name"]) for c in change["changes"]] == [("updated", "memory")]
+    assert "the user likes tea" in change["prompt"]
+    assert change["cache"]["first_changed"] == 'section "memory"'
+    assert 'section "memory"' in change["cache"]["reason"]
+
+
+async def test_the_cli_watch_prompt_prints_the_verdict_for_people(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    agent = await client.scope("agent-1")
+    memory = await agent.section("memory", 50, "Memory: nothing yet.")
+    process = await asyncio.create_subprocess_exec(
+        sidecar_command(), "watch", "--address", sidecar.address, "--scope", "agent-1",
+        "--prompt", stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    lines: list[str] = []
+    try:
+        assert process.stdout is not None
+
+        async def read_until(text: str) -> None:
+            while not any(text in line for line in lines):
+                lines.append((await process.stdout.readline()).decode())  # type: ignore[union-attr]
+
+        await asyncio.wait_for(read_until("first report"), 15)
+        await memory.update("Memory: the user likes tea.")
+        await asyncio.wait_for(read_until("cache broken by"), 15)
+    finally:
+        process.terminate()
+        await process.wait()
+    shown = "".join(lines)
+    assert "changed: r" in shown and "updated section memory (scope agent-1)" in shown
+    assert 'cache broken by section "memory"' in shown
