@@ -169,7 +169,8 @@ async def test_watches_per_connection_are_bounded(make_sidecar: SidecarFactory) 
     sidecar: Sidecar = await make_sidecar(limits={"max_watchers_per_peer": 2})
     async with dsp.connect(sidecar.address) as client:
         one = await client.watch_changes()
-        await client.watch_prompt("agent-1")
+        prompts = await client.watch_prompt("agent-1")
+        await asyncio.wait_for(anext(prompts), 10)  # admitted once it answers
         try:
             await client.watch_changes()
         except dsp.SystemPromptError as error:
