@@ -47,3 +47,35 @@ async def test_unsubscribed_subscribers_receive_nothing_more() -> None:
     publish(feed, 5)
     assert feed.subscriber_count() == 0
     assert feed.revision == 5
+
+
+async def test_an_unsubscribed_subscriber_holds_no_event_in_the_log() -> None:
+    feed = ChangeFeed(history=4)
+    subscription = feed.subscribe(capacity=1024)
+    subscription.close()
+    publish(feed, 10)
+    assert not feed.covers(0) and feed.covers(6)
+
+
+async def test_a_subscriber_resuming_within_the_history_reads_on_from_its_revision() -> None:
+    feed = ChangeFeed(history=8)
+    publish(feed, 6)
+    subscription = feed.subscribe(capacity=16, after=3)
+    assert not subscription.resync
+    assert [(await subscription.next()).revision for _ in range(3)] == [4, 5, 6]  # type: ignore[union-attr]
+
+
+async def test_a_subscriber_resuming_before_the_history_is_told_to_resync() -> None:
+    feed = ChangeFeed(history=2)
+    publish(feed, 6)
+    subscription = feed.subscribe(capacity=16, after=1)
+    assert subscription.resync and subscription.poll() is None
+
+
+async def test_a_filter_runs_when_the_subscriber_reads() -> None:
+    feed = ChangeFeed()
+    subscription = feed.subscribe(capacity=16, accepts=lambda event: event.name.endswith("1"))
+    publish(feed, 3)
+    item = await subscription.next()
+    assert isinstance(item, ChangeEvent) and item.name == "s1"
+    assert subscription.poll() is None

@@ -96,6 +96,8 @@ async def test_a_watcher_behind_the_history_resyncs_to_the_view_of_a_fresh_one(
         changes = await watcher.watch_changes()
         last, incarnation = changes.last_revision, changes.incarnation
         await changes.close()
+        watchers = sidecar.registry.changes.subscriber_count
+        await eventually(lambda: watchers() == 0, "the closed watch ends")
         await churn(owner, "missed-", 4)  # 10 changes: more than the history holds
         resumed = await watcher.watch_changes(after_revision=last, incarnation=incarnation)
         view: View = {}

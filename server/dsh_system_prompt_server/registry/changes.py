@@ -188,8 +188,9 @@ class ChangeFeed:
         return self._first - 1 <= after <= self.revision
 
     def unsubscribe(self, subscription: Subscription) -> None:
-        if self._subscribers.pop(subscription, None) is None:
+        if subscription not in self._subscribers:  # the dict's values are all None
             return
+        del self._subscribers[subscription]
         self._leave(subscription)
 
     def subscriber_count(self) -> int:
