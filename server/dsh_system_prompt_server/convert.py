@@ -36,9 +36,8 @@ from .registry import (
     ToolSet,
     owner_label,
     public_ref,
-    value_size,
 )
-from .registry.limits import Limits
+from .registry.limits import Limits, value_bytes
 from .registry.model import ContextEntry, SectionEntry
 from .registry.model import Entry as Registration
 from .status import bad_request
@@ -489,7 +488,7 @@ def registration_to_proto(
         dynamic=isinstance(entry.value, Dynamic) or entry.kind is Kind.LISTENER,
         owner=BUILTIN_OWNER if builtin else owner,
         owner_label="built-in" if builtin else owner_label(entry.owner),
-        size_bytes=value_size(entry.value),
+        size_bytes=value_bytes(entry.value),
         fingerprint=entry.fingerprint,
     )
     if isinstance(entry, SectionEntry | ContextEntry):

@@ -5,7 +5,7 @@ Nothing here knows about gRPC; the service translates to and from it.
 
 from .changes import ChangeFeed, Missed, Subscription
 from .errors import Failure, RegistryError, ServiceError, Status
-from .filters import Filter, owner_label, public_ref, value_size
+from .filters import Filter, owner_label, public_ref
 from .limits import Limits
 from .model import (
     SIDECAR_OWNER,
@@ -70,5 +70,4 @@ __all__ = [
     "owner_label",
     "public_ref",
     "validate_tool_order",
-    "value_size",
 ]

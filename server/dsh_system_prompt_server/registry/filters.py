@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .model import Kind, Tool, ToolSet
+from .model import Kind, ToolSet
 
 # Kinds whose value a listing can show (the others hold no value of their own).
 VALUED = frozenset({Kind.SECTION, Kind.CONTEXT, Kind.VARIABLE, Kind.TOOLS})
@@ -55,23 +55,6 @@ def value_fingerprint(kind: Kind, value: object) -> str:
     """16 hex digits of SHA-256 of a static value; "" for a dynamic one or none at all."""
     encoded = _encoded(value) if kind in VALUED else None
     return "" if encoded is None else _digest(encoded)
-
-
-def value_size(value: object) -> int:
-    """A static value's size in UTF-8 bytes (tools: names, descriptions, parameters)."""
-    if isinstance(value, str):
-        return len(value.encode())
-    if isinstance(value, ToolSet):
-        return sum(_tool_size(tool) for tool in value.schemas)
-    return 0
-
-
-def _tool_size(tool: Tool) -> int:
-    return (
-        len(tool.name.encode())
-        + len(tool.description.encode())
-        + len(tool.parameters_json.encode())
-    )
 
 
 def _encoded(value: object) -> bytes | None:
