@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -16,6 +18,7 @@ from .status import abort
 
 # The platform's probes cannot send a token; health says nothing about the registry.
 EXEMPT_SERVICES = ("/grpc.health.v1.Health/",)
+_FIRST_MESSAGE_WAIT_S = 1.0
 _MESSAGE = "missing or invalid bearer token (send 'authorization: Bearer <token>')"
 
 
@@ -62,6 +65,11 @@ def _refusing(handler: Any) -> Any:
     """A handler of the same shape as `handler` that ends the call UNAUTHENTICATED."""
 
     async def refuse(request: Any, context: Any) -> None:
+        if handler.request_streaming:
+            # Refusing before the client's first message lands can reach the client as
+            # INTERNAL instead of this status (grpc/grpc#36066): wait for it, briefly.
+            with contextlib.suppress(TimeoutError, grpc.RpcError):
+                await asyncio.wait_for(context.read(), _FIRST_MESSAGE_WAIT_S)
         await abort(context, ServiceError(Status.UNAUTHENTICATED, Reason.UNAUTHENTICATED, _MESSAGE))
 
     options = {
