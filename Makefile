@@ -56,7 +56,13 @@ buf: $(STAMP)
 	    && echo "no breaking change against the previous commit"; \
 	else echo "no previous commit to check for breaking changes"; fi
 
-check: check-proto check-ts-proto check-docs buf lint typecheck ts-typecheck validate-deploy
+## Fail when the docs name a file, flag, config key or metric that does not exist, or
+## operations.md / architecture.md leave one out (scripts/check_docs.py).
+.PHONY: docs-check
+docs-check: $(STAMP)
+	$(BIN)/python scripts/check_docs.py
+
+check: check-proto check-ts-proto check-docs docs-check buf lint typecheck ts-typecheck validate-deploy
 
 .PHONY: validate-deploy
 ## Lint the Dockerfile (hadolint) and validate deploy/kubernetes/ (kubernetes-validate).

@@ -29,11 +29,11 @@ _log = logger("cli")
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     return int(args.run(args))
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dsh-system-prompt", description="The dsh-system-prompt registry as a gRPC sidecar."
     )

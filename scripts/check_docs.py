@@ -1,0 +1,227 @@
+"""Fail when the docs name what does not exist, or leave out what does.
+
+Reads the sources of truth, not hand lists: the CLI's argparse parser, the config
+dataclass (through the reload module's flattening of it), the metrics registry and
+the files in the repository. Checked in README.md, docs/*.md and
+deploy/kubernetes/README.md:
+
+- every file path in backticks exists (a bare `name.py` somewhere in the tree);
+- every `--flag` of a `dsh-system-prompt` command line, or alone in backticks, is a flag
+  of the CLI;
+- every key of a config table and of a ```toml block is a config key;
+- every `dsp_...` metric name is one the sidecar exports;
+and the other way round: docs/operations.md names every `serve` flag, config key and
+metric, and docs/architecture.md every module.
+
+Usage: python scripts/check_docs.py   (exit 1 with one line per problem)
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from dsh_system_prompt_server.cli import build_parser
+from dsh_system_prompt_server.config import SidecarConfig
+from dsh_system_prompt_server.metrics import Metrics
+from dsh_system_prompt_server.reload import config_keys
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+        ROOT / "deploy" / "kubernetes" / "README.md"]  # fmt: skip
+GENERATED = {"docs/contract.md", "docs/benchmarks.md"}  # made from the proto and the bench
+OPERATIONS = ROOT / "docs" / "operations.md"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+EXTENSIONS = (".py", ".md", ".toml", ".yaml", ".yml", ".proto", ".sh", ".js", ".mjs", ".ts",
+              ".json", ".txt")  # fmt: skip
+# Made by a command or outside the repository: not in the tree, rightly.
+NOT_IN_TREE = (".venv/", "gen/", "node_modules/", "/", "~", ".", "dist/", "build/",
+               "sidecar.toml", "assembly.json")  # fmt: skip
+# Files of other projects the docs cite (DeepSeek's model repository, googleapis).
+EXTERNAL = {"tokenizer_config.json", "encoding/encoding_dsv32.py", "google/rpc/status.proto"}
+CODE = re.compile(r"`([^`\n]+)`")
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+METRIC = re.compile(r"\bdsp_[a-z_]*\*?")
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_-]*")
+ADD_ARGUMENT = re.compile(r"add_argument\(\s*\"(--[a-z][a-z0-9-]*)\"")
+
+
+def main() -> int:
+    problems = list(check())
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        print(f"check_docs: {len(problems)} problem(s)", file=sys.stderr)
+        return 1
+    print("docs name only what exists, and operations/architecture name all of it")
+    return 0
+
+
+def check() -> Iterator[str]:
+    tracked = tracked_files()
+    _, serve_flags = cli_flags()
+    metrics = metric_names()
+    for doc in DOCS:
+        where = doc.relative_to(ROOT).as_posix()
+        if where not in GENERATED:
+            yield from check_text(where, doc.read_text(encoding="utf-8"), tracked)
+    operations = OPERATIONS.read_text(encoding="utf-8")
+    yield from missing("docs/operations.md", "serve flag", serve_flags, operations)
+    tabled = set(documented_keys(operations))
+    for key in sorted(config_keys(SidecarConfig())):
+        if key.removeprefix("limits.") not in tabled:
+            yield f"docs/operations.md: no config table row for the key `{key}`"
+    yield from missing("docs/operations.md", "metric", metrics, operations, r"(_total)?")
+    architecture = ARCHITECTURE.read_text(encoding="utf-8")
+    yield from missing("docs/architecture.md", "module", modules(tracked), architecture)
+
+
+def check_text(where: str, text: str, tracked: set[str]) -> Iterator[str]:
+    """What one document names that does not exist."""
+    flags, _ = cli_flags()
+    keys = config_key_names()
+    metrics = metric_names()
+    for span, fenced in spans(text):
+        yield from (f"{where}: no such file `{p}`" for p in paths(span) if p not in tracked
+                    and p not in EXTERNAL and not bare_exists(p, tracked))  # fmt: skip
+        yield from (f"{where}: no such CLI flag `{f}`" for f in span_flags(span, fenced)
+                    if f not in flags)  # fmt: skip
+    for key in documented_keys(text):
+        if key not in keys:
+            yield f"{where}: no such config key `{key}`"
+    for name in METRIC.findall(text):
+        if not metric_exists(name, metrics):
+            yield f"{where}: no such metric `{name}`"
+
+
+def missing(
+    doc: str, what: str, names: Iterable[str], text: str, suffix: str = ""
+) -> Iterator[str]:
+    for name in sorted(names):
+        if not re.search(rf"(?<![\w-]){re.escape(name)}{suffix}(?![\w-])", text):
+            yield f"{doc}: does not mention the {what} `{name}`"
+
+
+# -- what the docs say -------------------------------------------------------------------
+
+
+def spans(text: str) -> Iterator[tuple[str, bool]]:
+    """Inline code, and each line of fenced code (toml blocks are read for keys instead),
+    with whether it was fenced."""
+    for match in FENCE.finditer(text):
+        if match.group(1) != "toml":
+            lines = match.group(2).splitlines()
+            yield from ((line.strip(), True) for line in lines if line.strip())
+    outside = FENCE.sub("", text)
+    yield from ((span, False) for span in CODE.findall(outside))
+
+
+def paths(span: str) -> Iterator[str]:
+    for word in span.split():
+        word = word.strip("'\",;:()[]")
+        if any(mark in word for mark in "<>*{}$=") or "..." in word or "://" in word:
+            continue
+        if word.startswith(NOT_IN_TREE) or word.startswith("-"):
+            continue
+        if (re.fullmatch(r"[\w./-]*\w\.\w+", word) and word.endswith(EXTENSIONS)) or (
+            word.endswith("/") and "/" in word[:-1]
+        ):
+            yield word.rstrip("/")
+
+
+def span_flags(span: str, fenced: bool) -> list[str]:
+    """Flags of a `dsh-system-prompt ...` line, or of inline code that starts with one."""
+    words = span.split()
+    if not words:
+        return []
+    command = words[0].rsplit("/", 1)[-1]
+    if command == "dsh-system-prompt" or (words[0].startswith("--") and not fenced):
+        return FLAG.findall(span.split("#")[0])
+    return []
+
+
+def documented_keys(text: str) -> Iterator[str]:
+    """First-column keys of config tables (a table whose header starts `| key |`) and the
+    keys of ```toml blocks."""
+    for table in re.finditer(r"^\| key \|.*?\n((?:\|.*\n)+)", text, re.M):
+        for row in table.group(1).splitlines()[1:]:
+            first = row.split("|")[1]
+            for key in CODE.findall(first):
+                if not key.startswith("["):  # a `[limits]` table heading
+                    yield key
+    for match in FENCE.finditer(text):
+        if match.group(1) == "toml":
+            for line in match.group(2).splitlines():
+                found = re.match(r"\s*([a-z_]+)\s*=", line)
+                if found:
+                    yield found.group(1)
+
+
+# -- the sources of truth ----------------------------------------------------------------
+
+
+def tracked_files() -> set[str]:
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout.split("\n")  # fmt: skip
+    files = {line for line in listed if line}
+    folders = {str(Path(f).parent.as_posix()) for f in files}
+    parents = {p.as_posix() for f in files for p in Path(f).parents}
+    return files | folders | parents
+
+
+def bare_exists(path: str, tracked: set[str]) -> bool:
+    """A name without a folder (`service.py`, `registry/`) is somewhere in the tree."""
+    return any(f == path or f.endswith("/" + path) for f in tracked)
+
+
+def cli_flags() -> tuple[set[str], set[str]]:
+    """Every flag of every command (the CLI's and the bench scripts'), and those of `serve`."""
+    root = build_parser()
+    flags = {f for action in root._actions for f in action.option_strings}
+    for script in (ROOT / "bench").glob("*.py"):
+        flags |= set(ADD_ARGUMENT.findall(script.read_text(encoding="utf-8")))
+    serve: set[str] = set()
+    for action in root._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                options = {f for a in sub._actions for f in a.option_strings}
+                flags |= options
+                if name == "serve":
+                    serve = {f for f in options if f.startswith("--") and f != "--help"}
+    return flags, serve
+
+
+def config_key_names() -> set[str]:
+    """The config file's keys, `limits.x` also as plain `x` (the `[limits]` table's rows)."""
+    keys = set(config_keys(SidecarConfig()))
+    return keys | {key.removeprefix("limits.") for key in keys}
+
+
+def metric_names() -> set[str]:
+    return {family.name for family in Metrics().registry.collect()}
+
+
+def metric_exists(name: str, metrics: set[str]) -> bool:
+    if name.endswith("*"):
+        return any(metric.startswith(name[:-1]) for metric in metrics)
+    base = re.sub(r"_(total|bucket|count|sum|created)$", "", name)
+    return name in metrics or base in metrics
+
+
+def modules(tracked: set[str]) -> set[str]:
+    """Every module of the three packages, by file name (package markers left out)."""
+    folders = ("core/dsh_system_prompt_core/", "client/dsh_system_prompt/",
+               "server/dsh_system_prompt_server/")  # fmt: skip
+    return {
+        Path(f).name for f in tracked
+        if f.startswith(folders) and f.endswith(".py")
+        and Path(f).name not in ("__init__.py", "__main__.py")
+    }  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""The docs stay true: the docs check catches what does not exist, and the README's first
+example runs as printed, beside examples/python/agent.py on one sidecar."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from dsh_system_prompt_server.app import Sidecar
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import check_docs  # noqa: E402
+
+TRACKED = check_docs.tracked_files()
+
+
+def problems(text: str) -> list[str]:
+    return list(check_docs.check_text("doc.md", text, TRACKED))
+
+
+def test_the_docs_name_only_what_exists() -> None:
+    assert list(check_docs.check()) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("see `server/dsh_system_prompt_server/gone.py`", "no such file"),
+        ("run `dsh-system-prompt serve --no-such-flag`", "no such CLI flag"),
+        ("| key | default |\n|---|---|\n| `no_such_key` | 1 |\n", "no such config key"),
+        ("```toml\nno_such_key = 1\n```\n", "no such config key"),
+        ("scrape `dsp_no_such_metric`", "no such metric"),
+    ],
+)  # fmt: skip
+def test_the_docs_check_reports_what_does_not_exist(text: str, problem: str) -> None:
+    assert [line.split(": ")[1].split(" `")[0] for line in problems(text)] == [problem]
+
+
+def test_the_docs_check_takes_real_names_from_their_sources() -> None:
+    text = (
+        "`server/dsh_system_prompt_server/cli.py`, `service.py`, `--tokenizer`,"
+        " `dsp_cache_breaks_total`, `dsp_cache_*`\n"
+        "| key | default |\n|---|---|\n| `tool_order` | |\n| `max_listeners` | |\n"
+    )
+    assert problems(text) == []
+
+
+def readme_example() -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = re.search(r"<!-- readme-example -->\n```python\n(.*?)```", text, re.S)
+    assert found is not None, "README.md has no <!-- readme-example --> block"
+    return found.group(1)
+
+
+async def test_the_readme_example_runs_beside_the_example_agent(sidecar: Sidecar) -> None:
+    env = {**os.environ, "DSP_ADDRESS": sidecar.address}
+    agent = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "examples" / "python" / "agent.py"), sidecar.address,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    try:
+        assert agent.stdout is not None
+        line = await asyncio.wait_for(agent.stdout.readline(), 30)
+        assert line == b"registered; Ctrl-C to leave\n"
+        example = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", readme_example(),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(example.communicate(), 30)
+    finally:
+        agent.kill()
+        await agent.wait()
+    assert (example.returncode, err.decode()) == (0, "")
+    assert "Review Python; change nothing." in out.decode()
+    assert "Working directory: /work." in out.decode()
