@@ -21,8 +21,9 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 
 from ._convert import change_from_proto
+from ._opening import confirmed
 from ._snapshots import list_registrations
-from .errors import NoAnswer, SystemPromptError, error_from_rpc, protocol_error, stream_ended
+from .errors import SystemPromptError, error_from_rpc, protocol_error
 from .types import ChangeEvent, ChangesMissed, ChangesResynced
 
 _FIRST_BACKOFF_S = 0.05
@@ -139,19 +140,9 @@ class ChangeStream:
 
     async def _subscribe(self) -> None:
         call: WatchCall = self._stub.WatchChanges(self._request)
-        try:
-            async with asyncio.timeout(self._timeout):
-                first = await call.read()
-        except TimeoutError:
-            call.cancel()  # a silent sidecar keeps no stream of ours
-            raise NoAnswer("watching changes", self._timeout) from None
-        except grpc.RpcError as error:
-            raise error_from_rpc(error) from None
-        if not isinstance(first, pb.WatchChangesResponse):  # grpc.aio.EOF
-            raise stream_ended("it closed the change stream", await call.code())
-        if first.WhichOneof("kind") != "subscribed":
-            call.cancel()
-            raise protocol_error("the change stream did not start with WatchSubscribed")
+        first = await confirmed(
+            call, None, pb.WatchChangesResponse, "subscribed", "watching changes", self._timeout
+        )
         self._call = call
         subscribed = first.subscribed
         restarted = bool(self.incarnation) and subscribed.incarnation != self.incarnation

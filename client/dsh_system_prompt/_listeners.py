@@ -14,8 +14,9 @@ from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_core import FEATURE_TOOL_SLOTS, Reason
 
 from ._convert import assembly_from_proto, assembly_to_proto, context_from_proto
+from ._opening import confirmed
 from ._tracing import span
-from .errors import NoAnswer, SystemPromptError, error_from_rpc, protocol_error, stream_ended
+from .errors import SystemPromptError, protocol_error
 from .types import AssembleContext, PromptAssembly, ToolSchema
 
 Next = Callable[..., Awaitable[PromptAssembly]]
@@ -78,20 +79,13 @@ class ListenerStream:
         self._name = start.name
         call: _ListenCall = self._stub.Listen()
         self._call = call
-        try:
-            async with asyncio.timeout(timeout):
-                await call.write(pb.ListenRequest(start=start))
-                first = await call.read()
-        except TimeoutError:
-            call.cancel()  # a silent sidecar keeps no stream of ours
-            raise NoAnswer("installing a listener", timeout) from None
-        except grpc.RpcError as error:
-            raise error_from_rpc(error) from None
-        if not isinstance(first, pb.ListenResponse):
-            raise stream_ended("it closed the listener stream", await call.code())
-        if first.WhichOneof("kind") != "registered" or not first.registered.registration_id:
+        sent = call.write(pb.ListenRequest(start=start))
+        first = await confirmed(
+            call, sent, pb.ListenResponse, "registered", "installing a listener", timeout
+        )
+        if not first.registered.registration_id:
             call.cancel()
-            raise protocol_error("the listener stream did not start with ListenerRegistered")
+            raise protocol_error("installing a listener: the sidecar sent no registration id")
         # Only what both sides support: a sidecar that confirms no feature gets none.
         self.tool_slots = FEATURE_TOOL_SLOTS in start.features and (
             FEATURE_TOOL_SLOTS in first.registered.features

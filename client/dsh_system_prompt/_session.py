@@ -20,8 +20,9 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_core import package_version
 
+from ._opening import confirmed
 from ._providers import Providers
-from .errors import NoAnswer, error_from_rpc, protocol_error, stream_ended
+from .errors import protocol_error
 
 _log = logging.getLogger("dsh_system_prompt")
 _END_WAIT_S = 5.0  # how long ending waits for the sidecar to close its side
@@ -68,21 +69,14 @@ class Session:
         """Open a session, confirmed within `timeout`; `on_lost` hears when it ends
         without `end()`."""
         call: _SessionCall = stub.OpenSession()
-        try:
-            async with asyncio.timeout(timeout):
-                start = pb.SessionStart(client_name=client_name, client_version=CLIENT_VERSION)
-                await call.write(pb.OpenSessionRequest(start=start))
-                first = await call.read()
-        except TimeoutError:
-            call.cancel()  # a silent sidecar keeps no stream of ours
-            raise NoAnswer("opening the session", timeout) from None
-        except grpc.RpcError as error:
-            raise error_from_rpc(error) from None
-        if not isinstance(first, pb.OpenSessionResponse):
-            raise stream_ended("it ended the session stream before opening it", await call.code())
-        if first.WhichOneof("kind") != "opened" or not first.opened.session_id:
+        start = pb.SessionStart(client_name=client_name, client_version=CLIENT_VERSION)
+        sent = call.write(pb.OpenSessionRequest(start=start))
+        first = await confirmed(
+            call, sent, pb.OpenSessionResponse, "opened", "opening the session", timeout
+        )
+        if not first.opened.session_id:
             call.cancel()
-            raise protocol_error("the session stream did not start with SessionOpened")
+            raise protocol_error("opening the session: the sidecar sent no session id")
         session = cls(call, first.opened.session_id, providers)
         session.sidecar_version = first.opened.sidecar_version  # for diagnostics only
         _log.debug("session %s opened on %s", session.id, session.sidecar_version or "a sidecar")
