@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import sys
 import time
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     results = report.results(machine, measured, time.perf_counter() - started)
     print()
     print(report.table(measured))
+    if os.environ.get("BENCH_DETAILS"):
+        print(json.dumps([{f.key: f.details} for f in measured], indent=1))
     if (args.only or args.quick) and not args.write:
         return 0
     report.write_json(results)

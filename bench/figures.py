@@ -13,6 +13,7 @@ import contextlib
 import gc
 import os
 import time
+import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,10 @@ import grpc
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
+from dsh_system_prompt_server.app import start_sidecar
+from dsh_system_prompt_server.config import parse_config
 from dsh_system_prompt_server.registry import AssembleContext, Registry, RegistrySettings
+from dsh_system_prompt_server.response_cache import ResponseCache
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from . import node, procs, workload
@@ -33,6 +37,7 @@ from .stats import Operation, Samples, interleaved, ratio
 BUILTIN_SECTIONS = {"harness:identity", dsp.PERSONA_SECTION}
 # Each "client" of the throughput figure gets its own connection: channels in one
 # process otherwise share one subchannel (one TCP connection) per target.
+ASSEMBLE_METHOD = "/dsh.systemprompt.v1.SystemPromptService/Assemble"
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 
 
@@ -109,6 +114,15 @@ class Probe:
             return await self._stub.Assemble(request)
 
         return call
+
+    async def raw_assemble(self, scope: str = "") -> bytes:
+        """Assemble `scope` rendered; the response's encoding as it came."""
+        request = pb.AssembleRequest(context=pb.AssembleContext(scope=scope), render=True)
+        call = self.channel.unary_unary(
+            ASSEMBLE_METHOD, request_serializer=pb.AssembleRequest.SerializeToString
+        )
+        encoded: bytes = await call(request)
+        return encoded
 
     async def empty(self) -> object:
         """The empty unary RPC: grpc.health.v1.Health/Check."""
@@ -838,6 +852,82 @@ async def _cycles(address: str, count: int, workers: int) -> None:
     await asyncio.gather(*(worker() for _ in range(workers)))
 
 
+MESSAGE_COPIES = 300
+
+
+async def memo_memory(h: Harness) -> list[Figure]:
+    """What the static memo holds per assembled scope, against the size of the response
+    it answers: measured as the memory freed when the memo is dropped (tracemalloc),
+    in a sidecar served by the bench process itself so its heap can be traced."""
+    scopes = 50
+    sidecar = await start_sidecar(parse_config({}), "127.0.0.1:0")
+    owner = await dsp.connect(sidecar.address, client_name="bench-memo")
+    probe = Probe.open(sidecar.address)
+    try:
+        await workload.load_client(owner, h.load)
+        for index in range(scopes):
+            await owner.scope(f"memo-{index:03d}")
+        collect_garbage()
+        tracemalloc.start()
+        encoded = [len(await probe.raw_assemble(f"memo-{index:03d}")) for index in range(scopes)]
+        held = _freed_by(lambda: setattr(sidecar.service, "responses", ResponseCache()))
+        tracemalloc.stop()
+        as_messages = _held_as_messages(await probe.raw_assemble("memo-000"), MESSAGE_COPIES)
+    finally:
+        await probe.close()
+        await owner.close()
+        await sidecar.server.stop(grace=None)
+    per_scope, size = held / scopes, sum(encoded) / scopes
+    value = ratio(per_scope, size)
+    return [
+        Figure(
+            key="memo_memory",
+            name="static memo per assembled scope / its encoded response",
+            value=round(value, 3),
+            unit=X,
+            **at_most(value, 1.01, "≤ {:g} (the bytes, their header and key)"),
+            details={
+                "memo_bytes_per_scope": round(per_scope),
+                "encoded_bytes_per_scope": round(size),
+                "as_message_objects_bytes_per_scope": round(as_messages / MESSAGE_COPIES),
+                "scopes": scopes,
+                "method": "a sidecar in the bench process holding the realistic load; each of "
+                f"{scopes} scopes assembled once (rendered); the memo's memory is what "
+                "tracemalloc sees freed when the service's response cache is dropped; beside "
+                "it, the RSS growth per parsed AssembleResponse object (what the memo held "
+                f"before it held bytes), over {MESSAGE_COPIES} copies",
+            },
+        )
+    ]
+
+
+def _freed_by(drop: Callable[[], None]) -> int:
+    """Traced bytes freed by `drop()` (and the collection after it)."""
+    collect_garbage()
+    before = tracemalloc.get_traced_memory()[0]
+    drop()
+    collect_garbage()
+    return before - tracemalloc.get_traced_memory()[0]
+
+
+def _held_as_messages(encoded: bytes, count: int) -> int:
+    """Resident bytes added by `count` parsed copies of one AssembleResponse (protobuf's
+    arenas are outside tracemalloc's sight, so this is the process's RSS growth)."""
+    collect_garbage()
+    before = _rss_bytes()
+    held = [pb.AssembleResponse.FromString(encoded) for _ in range(count)]
+    for message in held:
+        message.assembly.sections[0].name  # noqa: B018 - touch it, as a reader would
+    size = _rss_bytes() - before
+    del held
+    return size
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 FigureFn = Callable[[Harness], Awaitable[list[Figure]]]
 
 ALL: dict[str, FigureFn] = {
@@ -854,6 +944,7 @@ ALL: dict[str, FigureFn] = {
     "change_fan_out": change_fan_out,
     "idle_watchers": idle_watchers,
     "session_memory": session_memory,
+    "memo_memory": memo_memory,
 }
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import grpc
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
@@ -17,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from .addresses import UNIX_PREFIX, bind_failure, check_listen, claim_unix_socket
 from .auth import BearerTokenInterceptor, read_token
 from .config import ConfigError, SidecarConfig
+from .handlers import add_service
 from .logs import logger
 from .metrics import Metrics
 from .registry import Registry
@@ -70,7 +70,7 @@ async def start_sidecar(
     server = grpc.aio.server(interceptors=interceptors, options=server_options(config))
     metrics = Metrics(key_labels=config.metrics_key_labels)
     service = SystemPromptService(Registry(config.registry), config, metrics, tracing)
-    pb_grpc.add_SystemPromptServiceServicer_to_server(service, server)
+    add_service(service, server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if reflection_enabled(config, listen):

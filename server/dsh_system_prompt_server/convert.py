@@ -50,13 +50,44 @@ def assembly_to_proto(assembly: Assembly) -> pb.PromptAssembly:
     once; the message is then parsed from their concatenation (a message's
     encoding is the concatenation of its fields' encodings).
     """
+    return pb.PromptAssembly.FromString(assembly_encoding(assembly))
+
+
+def assembly_encoding(assembly: Assembly) -> bytes:
+    """The assembly's PromptAssembly encoding, joined from its parts' cached encodings."""
     encoded = [
         *map(_section_field, assembly.sections),
         *map(_context_field, assembly.contexts),
         *map(_tool_field, assembly.tools),
         *map(_variable_field, assembly.variables.items()),
     ]
-    return pb.PromptAssembly.FromString(b"".join(encoded))
+    return b"".join(encoded)
+
+
+_RESPONSE = pb.AssembleResponse.DESCRIPTOR.fields_by_name
+_RESPONSE_ASSEMBLY, _RESPONSE_RENDERED, _RESPONSE_REPORT = (
+    _RESPONSE[name].number for name in ("assembly", "rendered", "report")
+)
+_RESPONSE_REVISION_KEY = _RESPONSE["revision"].number << 3  # a varint field
+
+
+def assemble_response(
+    assembly: Assembly,
+    revision: int,
+    rendered: pb.RenderedPrompt | None = None,
+    report: pb.AssemblyReport | None = None,
+) -> bytes:
+    """An AssembleResponse's encoding, written directly: no message is built for the
+    assembly, and gRPC sends the bytes as they are (handlers.passthrough)."""
+    payload = assembly_encoding(assembly)
+    out = [_varint(_RESPONSE_ASSEMBLY << 3 | 2), _varint(len(payload)), payload]
+    if rendered is not None:
+        out.append(_field(_RESPONSE_RENDERED, rendered))
+    if revision:
+        out += [_varint(_RESPONSE_REVISION_KEY), _varint(revision)]
+    if report is not None:
+        out.append(_field(_RESPONSE_REPORT, report))
+    return b"".join(out)
 
 
 _SECTIONS, _CONTEXTS, _TOOLS, _VARIABLES = (

@@ -1,10 +1,8 @@
-"""Encoded Assemble responses of static plans, kept by the service, bounded."""
+"""Encoded Assemble responses of static plans, kept by the service as bytes, bounded."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-
-from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
 # (scope, revision, render): a static plan answers the same until the revision moves.
 Key = tuple[str | None, int, bool]
@@ -19,15 +17,15 @@ class ResponseCache:
 
     def __init__(self, size: int = 2048) -> None:
         self._size = size
-        self._responses: OrderedDict[Key, pb.AssembleResponse] = OrderedDict()
+        self._responses: OrderedDict[Key, bytes] = OrderedDict()
 
-    def get(self, key: Key) -> pb.AssembleResponse | None:
+    def get(self, key: Key) -> bytes | None:
         response = self._responses.get(key)
         if response is not None:
             self._responses.move_to_end(key)
         return response
 
-    def put(self, key: Key, response: pb.AssembleResponse) -> None:
+    def put(self, key: Key, response: bytes) -> None:
         self._responses[key] = response
         self._responses.move_to_end(key)
         if len(self._responses) > self._size:

@@ -16,7 +16,7 @@ from .cache_history import HistoryKey, ReportHistory
 from .cache_report import build_report
 from .config import SidecarConfig
 from .convert import (
-    assembly_to_proto,
+    assemble_response,
     context_from_proto,
     entry_to_proto,
     history_key_from_proto,
@@ -205,7 +205,8 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
 
     # -- assembly ---------------------------------------------------------------------
 
-    async def Assemble(self, request: pb.AssembleRequest, context: Context) -> pb.AssembleResponse:
+    # Answers the response's encoding: handlers.passthrough sends it as is.
+    async def Assemble(self, request: pb.AssembleRequest, context: Context) -> bytes:  # type: ignore[override]
         try:
             with self.gate.call(), self.metrics.assemble_seconds.time():
                 return await self._assemble(request, context)
@@ -214,36 +215,30 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
                 self.metrics.assembly_failures.labels(error.reason).inc()
             await abort(context, error)
 
-    async def _assemble(self, request: pb.AssembleRequest, context: Context) -> pb.AssembleResponse:
+    async def _assemble(self, request: pb.AssembleRequest, context: Context) -> bytes:
         assemble_context = context_from_proto(request.context)
         plan = self.registry.plan(assemble_context.scope)
         key = (plan.scope, plan.revision, request.render)  # not the caller's key: not kept
         cached = None if request.report else self.responses.get(key)
         if cached is not None:
-            return cached  # a static plan's response, built once
+            return cached  # a static plan's response, encoded once
         remaining = context.time_remaining()
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
         assembly = await self.registry.run(plan, assemble_context, deadline, track=request.report)
-        response = pb.AssembleResponse(assembly=assembly_to_proto(assembly), revision=plan.revision)
-        if request.report:  # before rendering: a report names a failing part, never fails
-            response.report.CopyFrom(self._report(request, plan, assembly))
-        try:
-            if request.render:
-                response.rendered.prompt = render_prompt(assembly)
-                response.rendered.context_snapshot = render_context_snapshot(assembly)
-        except RenderFailure as error:
-            failure = RegistryError(Status.FAILED_PRECONDITION, Reason.RENDER_FAILED, str(error))
-            raise failure from None
-        self._check_sendable(response)
+        # before rendering: a report names a failing part, never fails
+        report = self._report(request, plan, assembly) if request.report else None
+        rendered = _rendered(assembly) if request.render else None
+        response = assemble_response(assembly, plan.revision, rendered, report)
+        self._check_sendable(len(response), report is not None)
         if plan.is_static and not request.report:
             self.responses.put(key, response)
         return response
 
-    def _check_sendable(self, response: pb.AssembleResponse) -> None:
+    def _check_sendable(self, size: int, with_report: bool) -> None:
         """Fail with a reason here rather than let gRPC refuse to send it without one."""
-        size, limit = response.ByteSize(), self._max_message_bytes
+        limit = self._max_message_bytes
         if size > limit:
-            what = "assembly, with its report," if response.HasField("report") else "assembly"
+            what = "assembly, with its report," if with_report else "assembly"
             raise ServiceError(
                 Status.RESOURCE_EXHAUSTED,
                 Reason.RESPONSE_TOO_LARGE,
@@ -437,6 +432,17 @@ def watch_settings(config: SidecarConfig) -> WatchSettings:
         coalesce_s=config.prompt_coalesce_s,
         layout=config.prefix_layout,
     )
+
+
+def _rendered(assembly: Assembly) -> pb.RenderedPrompt:
+    """The rendered prompt and snapshot; RENDER_FAILED when a section cannot be."""
+    try:
+        return pb.RenderedPrompt(
+            prompt=render_prompt(assembly), context_snapshot=render_context_snapshot(assembly)
+        )
+    except RenderFailure as error:
+        failure = RegistryError(Status.FAILED_PRECONDITION, Reason.RENDER_FAILED, str(error))
+        raise failure from None
 
 
 def _handle(scope_id: str) -> str | None:
