@@ -10,6 +10,7 @@ from dsh_system_prompt_core import PERSONA_ORDER, PERSONA_SECTION, TOOL_ORDER_RE
 
 from . import _quiet  # noqa: F401  (before anything here imports grpc)
 from ._cache_history import CacheHistory, CacheHistoryEntry
+from ._callback_cache import Cache
 from ._changes import ChangeStream
 from ._channel import DEFAULT_ADDRESS, TLS, default_address, open_channel
 from ._listeners import Listener, Next
@@ -18,6 +19,7 @@ from .client import (
     Client,
     Disposer,
     Handle,
+    ListenerHandle,
     Scope,
     TextProvider,
     TextSource,
@@ -61,6 +63,7 @@ __all__ = [
     "AssembledContext",
     "AssembledSection",
     "AssemblyReport",
+    "Cache",
     "CacheHistory",
     "CacheHistoryEntry",
     "ChangeEvent",
@@ -71,6 +74,7 @@ __all__ = [
     "Disposer",
     "Handle",
     "Listener",
+    "ListenerHandle",
     "Next",
     "PartReport",
     "PrefixLayout",

@@ -23,7 +23,7 @@ from dsh_system_prompt_core import Reason
 from google.protobuf.message import Message
 
 from ._providers import Providers
-from ._replay import Journal, Registration, answer_error, send
+from ._replay import Journal, ListenerRegistration, Registration, answer_error, send
 from ._session import Session
 from ._tracing import outgoing
 from ._updates import Update
@@ -246,6 +246,18 @@ class Connection:
         if record in self.journal:  # not disposed meanwhile
             update.apply()
         return reply.revision
+
+    async def invalidate(self, record: Registration) -> None:
+        """Drop the sidecar's cached answers of `record`'s provider or listener. Done
+        once the sidecar confirms; nothing to do while disconnected (the registration
+        is made again on reconnect, which drops every cached answer)."""
+        if self.closed or not self.connected.is_set() or record not in self.journal:
+            return
+        if isinstance(record, ListenerRegistration):
+            if record.stream is not None:
+                await record.stream.invalidate(self.call_timeout)
+        elif record.provider_key is not None and self._session is not None:
+            await self._session.invalidate([record.provider_key], self.call_timeout)
 
     async def _forget(self, record: Registration) -> None:
         self.journal.forget(record)

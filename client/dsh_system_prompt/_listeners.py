@@ -11,8 +11,9 @@ import grpc
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
-from dsh_system_prompt_core import FEATURE_TOOL_SLOTS, Reason
+from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, FEATURE_TOOL_SLOTS, Reason
 
+from ._callback_cache import Invalidations
 from ._convert import assembly_from_proto, assembly_to_proto, context_from_proto
 from ._opening import confirmed
 from ._tracing import span
@@ -73,6 +74,8 @@ class ListenerStream:
         self._running: dict[int, asyncio.Task[None]] = {}
         self._next_results: dict[int, asyncio.Future[pb.ListenerNextResult]] = {}
         self.tool_slots = False  # whether the sidecar confirmed `tool-slots`
+        self.callback_cache = False  # whether it confirmed `callback-cache`
+        self._invalidations = Invalidations()
 
     async def start(self, start: pb.ListenStart, timeout: float) -> str:
         """Install the listener, confirmed within `timeout`; returns its registration id."""
@@ -90,8 +93,21 @@ class ListenerStream:
         self.tool_slots = FEATURE_TOOL_SLOTS in start.features and (
             FEATURE_TOOL_SLOTS in first.registered.features
         )
+        self.callback_cache = FEATURE_CALLBACK_CACHE in first.registered.features
         self._reader = asyncio.create_task(self._read(call))
         return str(first.registered.registration_id)
+
+    async def invalidate(self, timeout: float) -> None:
+        """Drop the sidecar's cached results of this listener; done once it confirms
+        (within `timeout`). A sidecar without the feature caches nothing to drop."""
+        reading = self._reader is not None and not self._reader.done()
+        if self.callback_cache and reading and not self._closing:
+            await self._invalidations.invalidate(self._write_invalidate, timeout)
+
+    async def _write_invalidate(self, invalidate: pb.CacheInvalidate) -> None:
+        assert self._call is not None
+        async with self._write_lock:
+            await self._call.write(pb.ListenRequest(invalidate=invalidate))
 
     async def close(self) -> None:
         self._closing = True
@@ -117,12 +133,15 @@ class ListenerStream:
                     task = self._running.get(message.cancel.invocation_id)
                     if task is not None:
                         task.cancel()
+                elif kind == "invalidated":
+                    self._invalidations.confirmed(message.invalidated.invalidate_id)
                 # A next_result nobody waits for, a second `registered` and a kind this
                 # client does not know (a newer sidecar's) are ignored.
         except grpc.RpcError:
             pass
         finally:
             self._cancel_invocations()  # their replies have nowhere to go now
+            self._invalidations.release()
             if not self._closing:
                 self._on_lost()  # the sidecar dropped the listener: the session is re-made
 

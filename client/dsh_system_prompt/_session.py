@@ -18,8 +18,9 @@ import grpc
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
-from dsh_system_prompt_core import package_version
+from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, package_version
 
+from ._callback_cache import Invalidations
 from ._opening import confirmed
 from ._providers import Providers
 from .errors import protocol_error
@@ -55,7 +56,9 @@ class Session:
         self._reader: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
         self._answering: dict[int, asyncio.Task[None]] = {}
+        self._invalidations = Invalidations()
         self.sidecar_version = ""
+        self.callback_cache = False  # whether the sidecar confirmed `callback-cache`
 
     @classmethod
     async def open(
@@ -69,7 +72,11 @@ class Session:
         """Open a session, confirmed within `timeout`; `on_lost` hears when it ends
         without `end()`."""
         call: _SessionCall = stub.OpenSession()
-        start = pb.SessionStart(client_name=client_name, client_version=CLIENT_VERSION)
+        start = pb.SessionStart(
+            client_name=client_name,
+            client_version=CLIENT_VERSION,
+            features=[FEATURE_CALLBACK_CACHE],
+        )
         sent = call.write(pb.OpenSessionRequest(start=start))
         first = await confirmed(
             call, sent, pb.OpenSessionResponse, "opened", "opening the session", timeout
@@ -79,6 +86,7 @@ class Session:
             raise protocol_error("opening the session: the sidecar sent no session id")
         session = cls(call, first.opened.session_id, providers)
         session.sidecar_version = first.opened.sidecar_version  # for diagnostics only
+        session.callback_cache = FEATURE_CALLBACK_CACHE in first.opened.features
         _log.debug("session %s opened on %s", session.id, session.sidecar_version or "a sidecar")
         session._reader = asyncio.create_task(session._read(on_lost))
         return session
@@ -102,6 +110,16 @@ class Session:
             self._reader.cancel()
         self._call.cancel()  # a sidecar that never closed its side keeps no stream of ours
 
+    async def invalidate(self, provider_keys: list[str], timeout: float) -> None:
+        """Drop the sidecar's cached answers of these providers; done once it confirms
+        (within `timeout`). A sidecar without the feature caches nothing to drop."""
+        if self.callback_cache and not self.ended and not self._ending:
+            await self._invalidations.invalidate(self._write, timeout, provider_keys)
+
+    async def _write(self, invalidate: pb.CacheInvalidate) -> None:
+        async with self._write_lock:
+            await self._call.write(pb.OpenSessionRequest(invalidate=invalidate))
+
     async def _read(self, on_lost: Callable[[Session], None]) -> None:
         try:
             while isinstance(message := await self._call.read(), pb.OpenSessionResponse):
@@ -112,12 +130,15 @@ class Session:
                     task = self._answering.get(message.cancel.call_id)
                     if task is not None:
                         task.cancel()
+                elif kind == "invalidated":
+                    self._invalidations.confirmed(message.invalidated.invalidate_id)
                 # A second `opened`, and a kind this client does not know (a newer
                 # sidecar's), are ignored: the first `opened` named the session.
         except grpc.RpcError:
             pass
         finally:
             self._cancel_answers()  # nobody reads their answers any more
+            self._invalidations.release()
             if not self._ending:
                 on_lost(self)
 

@@ -10,7 +10,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from dsh_system_prompt_core import FEATURE_TOOL_SLOTS
+from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, FEATURE_TOOL_SLOTS
 
 from ._cache_history import (
     CacheHistory,
@@ -19,6 +19,7 @@ from ._cache_history import (
     history_from_proto,
     usage_from,
 )
+from ._callback_cache import Cache
 from ._changes import ChangeStream
 from ._channel import TLS, default_address, open_channel
 from ._connection import CALL_TIMEOUT_S, Connection, not_ready, open_when_ready
@@ -108,6 +109,26 @@ class Handle(Disposer):
             self._record, update_for(self._record.request, value), timeout
         )
 
+    async def invalidate(self) -> None:
+        """Drop the sidecar's cached answers of this registration's provider (one made
+        with `cache=`): assemblies that start once this returns ask it again. Nothing
+        to do for a static value or a provider asked every time."""
+        await self._connection.invalidate(self._record)
+
+
+class ListenerHandle(Disposer):
+    """A listener's handle: `await off()` removes it, and `await off.invalidate()` drops
+    the sidecar's cached results of a listener installed with `cache=`."""
+
+    def __init__(self, connection: Connection, record: ListenerRegistration) -> None:
+        super().__init__(lambda: connection.dispose(record))
+        self._connection = connection
+        self._record = record
+
+    async def invalidate(self) -> None:
+        """Assemblies that start once this returns invoke the listener again."""
+        await self._connection.invalidate(self._record)
+
 
 class _Registrar:
     """The registration methods shared by the client (global layer) and scope handles."""
@@ -118,18 +139,30 @@ class _Registrar:
         self._scope = scope
 
     async def section(
-        self, name: str, order: float, text: TextSource, *, complete: bool = False
+        self,
+        name: str,
+        order: float,
+        text: TextSource,
+        *,
+        complete: bool = False,
+        cache: Cache | None = None,
     ) -> Handle:
-        """Contribute a prompt section; `text` is a string or a provider of one."""
+        """Contribute a prompt section; `text` is a string or a provider of one (with
+        `cache`, a provider whose answer the sidecar may reuse: see `Cache`)."""
         request = pb.RegisterSectionRequest(name=name, order=_order(order), complete=complete)
-        source = _with_text(request, self._source(text, "text", f'section provider "{name}"'))
+        labelled = f'section provider "{name}"'
+        source = _with_text(request, self._source(text, "text", labelled, cache))
         record = Contribution(request=request, rpc=self._stub.RegisterSection)
         return await self._register_value(record, source)
 
-    async def context(self, name: str, order: float, text: TextSource) -> Handle:
-        """Contribute an ordered runtime context; `text` is a string or a provider."""
+    async def context(
+        self, name: str, order: float, text: TextSource, *, cache: Cache | None = None
+    ) -> Handle:
+        """Contribute an ordered runtime context; `text` is a string or a provider
+        (`cache` as for `section`)."""
         request = pb.RegisterContextRequest(name=name, order=_order(order))
-        source = _with_text(request, self._source(text, "text", f'context provider "{name}"'))
+        labelled = f'context provider "{name}"'
+        source = _with_text(request, self._source(text, "text", labelled, cache))
         record = Contribution(request=request, rpc=self._stub.RegisterContext)
         return await self._register_value(record, source)
 
@@ -139,28 +172,36 @@ class _Registrar:
         rpc = self._stub.SuppressRuntimeContext
         return await self._register(Contribution(request=request, rpc=rpc))
 
-    async def tools(self, provider: ToolsSource, *, name: str | None = None) -> Handle:
+    async def tools(
+        self, provider: ToolsSource, *, name: str | None = None, cache: Cache | None = None
+    ) -> Handle:
         """Contribute tool schemas: a list, a ToolProviderResult, or a provider of one.
 
-        `name` labels a provider in errors, reports and traces (default: its function name).
+        `name` labels a provider in errors, reports and traces (default: its function name);
+        `cache` as for `section`.
         """
         request = pb.RegisterToolsRequest()
         source = None
         if callable(provider):
             request.name = name or label(getattr(provider, "__qualname__", ""))
-            key = self._connection.providers.add(provider, f'tools provider "{request.name}"')
-            source = pb.Dynamic(provider_key=key)
+            source = self._dynamic(provider, f'tools provider "{request.name}"', cache)
             request.dynamic.CopyFrom(source)
         else:
+            _no_cache(cache)
             request.result.CopyFrom(tools_to_proto(provider))
         record = Contribution(request=request, rpc=self._stub.RegisterTools)
         return await self._register_value(record, source)
 
-    async def variable(self, name: str, value: VariableSource) -> Handle:
-        """Contribute {{name}}: a value, None (no value), or a provider of either."""
+    async def variable(
+        self, name: str, value: VariableSource, *, cache: Cache | None = None
+    ) -> Handle:
+        """Contribute {{name}}: a value, None (no value), or a provider of either
+        (`cache` as for `section`)."""
         request = pb.RegisterVariableRequest(name=name)
         labelled = f'variable provider "{name}"'
-        source = None if value is None else self._source(value, "value", labelled)
+        if value is None:
+            _no_cache(cache)
+        source = None if value is None else self._source(value, "value", labelled, cache)
         if source is None:
             request.no_value.SetInParent()
         elif isinstance(source, str):
@@ -177,28 +218,45 @@ class _Registrar:
         global_: bool = False,
         *,
         name: str | None = None,
-    ) -> Disposer:
+        cache: Cache | None = None,
+    ) -> ListenerHandle:
         """Install a waterfall listener: `async def listener(assembly, context, next)`.
 
         `name` labels it in errors, reports and traces (default: its function name).
+        With `cache`, the sidecar may reuse its result for the same input assembly
+        instead of invoking it (see `Cache`; `await handle.invalidate()` drops it).
         """
         start = pb.ListenStart(
-            prepend=prepend, name=name or listener_name(listener), features=[FEATURE_TOOL_SLOTS]
+            prepend=prepend,
+            name=name or listener_name(listener),
+            features=[FEATURE_TOOL_SLOTS, FEATURE_CALLBACK_CACHE],
         )
+        if cache is not None:
+            start.cache.CopyFrom(cache.to_proto())
         setattr(start, "global", global_)  # a Python keyword as a field name
         record = ListenerRegistration(
             start=start, listener=listener, stub=self._stub, on_lost=self._connection.restart
         )
-        return await self._register(record)
+        await self._make(record, None)
+        return ListenerHandle(self._connection, record)
 
-    def _source(self, value: object, field: str, labelled: str) -> str | pb.Dynamic:
+    def _source(
+        self, value: object, field: str, labelled: str, cache: Cache | None = None
+    ) -> str | pb.Dynamic:
         """A text or value as sent: the string itself, or its provider's key here
         (`labelled` names the provider in traces: `section provider "cwd"`)."""
         if callable(value):
-            return pb.Dynamic(provider_key=self._connection.providers.add(value, labelled))
+            return self._dynamic(value, labelled, cache)
+        _no_cache(cache)
         if not isinstance(value, str):
             raise invalid_value(f"{field} must be a str or a callable, not {type(value).__name__}")
         return value
+
+    def _dynamic(self, provider: Any, labelled: str, cache: Cache | None) -> pb.Dynamic:
+        dynamic = pb.Dynamic(provider_key=self._connection.providers.add(provider, labelled))
+        if cache is not None:
+            dynamic.cache.CopyFrom(cache.to_proto())
+        return dynamic
 
     async def _register(
         self, record: Registration, source: str | pb.Dynamic | None = None
@@ -544,6 +602,12 @@ def _assembly(reply: pb.AssembleResponse) -> PromptAssembly:
     if reply.HasField("report"):
         assembly.report = report_from_proto(reply.report)
     return assembly
+
+
+def _no_cache(cache: Cache | None) -> None:
+    """`cache=` is for providers: a static value is never asked for anyway."""
+    if cache is not None:
+        raise invalid_value("cache= applies to a provider (a callable), not to a static value")
 
 
 def _order(order: float) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from .registry import (
     Action,
     AssembleContext,
     Assembly,
+    CachePolicy,
     ChangeEvent,
     Dynamic,
     Failure,
@@ -374,7 +376,20 @@ def update_value_from_proto(request: pb.UpdateRequest) -> str | None | ToolSet:
 def dynamic_from_proto(dynamic: pb.Dynamic, host: ProviderHost) -> Dynamic:
     if not dynamic.provider_key:
         raise bad_request(Reason.MISSING_VALUE, "a dynamic provider needs a provider_key")
-    return Dynamic(host, dynamic.provider_key)
+    return Dynamic(host, dynamic.provider_key, cache_from_proto(dynamic.cache))
+
+
+_CACHE_DEPENDENCIES = {pb.CACHE_DEPENDENCY_REVISION: False, pb.CACHE_DEPENDENCY_CONTEXT: True}
+
+
+def cache_from_proto(policy: pb.CachePolicy) -> CachePolicy | None:
+    """A callback's cache policy; None (asked every time) without a dependency this
+    sidecar knows. A time to live that is not a positive number is no limit."""
+    by_context = _CACHE_DEPENDENCIES.get(policy.depends_on)
+    if by_context is None:
+        return None
+    ttl = policy.ttl_s if math.isfinite(policy.ttl_s) and policy.ttl_s > 0 else None
+    return CachePolicy(by_context=by_context, ttl_s=ttl)
 
 
 def _static(source: str | None, text: str) -> str:

@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from dsh_system_prompt_core import FEATURE_TOOL_SLOTS, Reason
+from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, FEATURE_TOOL_SLOTS, Reason
 
 from .convert import (
     assembly_from_proto,
     assembly_to_proto,
     assembly_to_slotted_proto,
+    cache_from_proto,
     context_to_proto,
 )
 from .gate import Gate
@@ -39,7 +40,7 @@ from .tracing import Tracing, hop
 _log = logger("listeners")
 
 # What this sidecar can do on a listener stream, when the client says it can too.
-LISTENER_FEATURES = frozenset({FEATURE_TOOL_SLOTS})
+LISTENER_FEATURES = frozenset({FEATURE_TOOL_SLOTS, FEATURE_CALLBACK_CACHE})
 
 
 ListenStream = Stream[pb.ListenResponse]
@@ -87,7 +88,15 @@ class Listeners:
                 prepend=start.prepend,
                 global_=getattr(start, "global"),  # a Python keyword: no attribute syntax
                 name=start.name,
+                cache=cache_from_proto(start.cache),
             )
+
+        def invalidate(request: pb.CacheInvalidate) -> None:
+            self._registry.invalidate_listener(owner, entry.id)
+            done = pb.CacheInvalidated(invalidate_id=request.invalidate_id)
+            outbox.send(pb.ListenResponse(invalidated=done))
+
+        listener.on_invalidate = invalidate
         writer = asyncio.create_task(outbox.run())
         reader = asyncio.create_task(_route(stream, listener))
         ended = asyncio.create_task(listener.ended.wait())
@@ -132,6 +141,7 @@ class ListenerStream:
         self._invocation_ids = itertools.count(1)
         self.ended = asyncio.Event()
         self.messages_sent = 0  # invocations, next results and cancels, for round-trip counts
+        self.on_invalidate: Callable[[pb.CacheInvalidate], None] = lambda _: None
 
     async def invoke(
         self, assembly: Assembly, context: AssembleContext, next_: NextFn, timeout: float | None
@@ -189,6 +199,9 @@ class ListenerStream:
         """Route a message from the client to the invocation it belongs to."""
         kind = request.WhichOneof("kind")
         if kind is None or kind == "start":
+            return
+        if kind == "invalidate":
+            self.on_invalidate(request.invalidate)
             return
         invocation_id: int = getattr(request, kind).invocation_id
         inbox = self._inboxes.get(invocation_id)

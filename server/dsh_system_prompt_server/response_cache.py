@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
 
-# (scope, revision, render): a static plan answers the same until the revision moves.
-Key = tuple[str | None, int, bool]
+# (scope, revision, render, ...): a static plan answers the same until the revision moves.
+Key = Hashable
 
 
 class ResponseCache:

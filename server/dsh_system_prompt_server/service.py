@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Hashable
 from typing import Any, Protocol, TypeVar
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
@@ -34,6 +34,7 @@ from .logs import logger
 from .metrics import ASSEMBLY_FAILURE_REASONS, Metrics
 from .outbox import OutboxLimits
 from .registry import (
+    AssembleContext,
     Assembly,
     Entry,
     Failure,
@@ -44,6 +45,7 @@ from .registry import (
     Subscription,
 )
 from .registry.assembly import Plan
+from .registry.callback_cache import context_key
 from .response_cache import ResponseCache
 from .sessions import Session, Sessions
 from .status import abort
@@ -218,10 +220,10 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def _assemble(self, request: pb.AssembleRequest, context: Context) -> bytes:
         assemble_context = context_from_proto(request.context)
         plan = self.registry.plan(assemble_context.scope)
-        key = (plan.scope, plan.revision, request.render)  # not the caller's key: not kept
-        cached = None if request.report else self.responses.get(key)
+        key = None if request.report else self._response_key(plan, assemble_context, request)
+        cached = None if key is None else self.responses.get(key)
         if cached is not None:
-            return cached  # a static plan's response, encoded once
+            return cached  # a static (or all-cached) plan's response, encoded once
         remaining = context.time_remaining()
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
         assembly = await self.registry.run(plan, assemble_context, deadline, track=request.report)
@@ -230,9 +232,26 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         rendered = _rendered(assembly) if request.render else None
         response = assemble_response(assembly, plan.revision, rendered, report)
         self._check_sendable(len(response), report is not None)
-        if plan.is_static and not request.report:
+        if key is not None:
             self.responses.put(key, response)
         return response
+
+    def _response_key(
+        self, plan: Plan, context: AssembleContext, request: pb.AssembleRequest
+    ) -> Hashable | None:
+        """What a response is kept under: a static plan's by its revision (not by the
+        caller's scope key: that is not kept); a plan whose every callback may be cached
+        also by the cache's generation (and the context, if an answer depends on it);
+        None when the response cannot be reused (a callback asked every time, or one
+        whose answers expire: those are reused, but the assembly is rebuilt)."""
+        if plan.is_static:
+            return (plan.scope, plan.revision, request.render)
+        policy = plan.policy
+        if policy is None or policy.ttl_s is not None:
+            return None
+        by_context = context_key(context) if policy.by_context else None
+        generation = self.registry.callbacks.generation
+        return (plan.scope, plan.revision, request.render, generation, by_context)
 
     def _check_sendable(self, size: int, with_report: bool) -> None:
         """Fail with a reason here rather than let gRPC refuse to send it without one."""

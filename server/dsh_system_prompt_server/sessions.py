@@ -9,7 +9,7 @@ from typing import Protocol, TypeVar
 
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from dsh_system_prompt_core import Reason, package_version
+from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, Reason, package_version
 
 from .convert import provide_request, provided_from_proto
 from .gate import Gate
@@ -32,6 +32,8 @@ from .tracing import Tracing, hop
 
 Out = TypeVar("Out", contravariant=True)
 SIDECAR_VERSION = f"dsh-system-prompt/{package_version()}"
+# What this sidecar can do on a session stream, when the client says it can too.
+SESSION_FEATURES = frozenset({FEATURE_CALLBACK_CACHE})
 _log = logger("sessions")
 
 
@@ -172,12 +174,13 @@ class Sessions:
         with gate.call():
             session = self.open(client_name, outbox, stream.peer())
         writer = asyncio.create_task(outbox.run())
-        reader = asyncio.create_task(_route(stream, session))
+        reader = asyncio.create_task(_route(stream, session, self._registry))
         try:
             opened = pb.SessionOpened(
                 session_id=session.id,
                 revision=self._registry.revision,
                 sidecar_version=SIDECAR_VERSION,
+                features=[name for name in first.start.features if name in SESSION_FEATURES],
             )
             outbox.send(pb.OpenSessionResponse(opened=opened))
             done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
@@ -225,10 +228,17 @@ class Sessions:
         return len(self._open)
 
 
-async def _route(stream: SessionStream, session: Session) -> None:
+async def _route(stream: SessionStream, session: Session, registry: Registry) -> None:
     while (request := await stream.read()) is not grpc.aio.EOF:
-        if isinstance(request, pb.OpenSessionRequest) and request.HasField("provided"):
+        if not isinstance(request, pb.OpenSessionRequest):
+            continue
+        kind = request.WhichOneof("kind")
+        if kind == "provided":
             session.deliver(request.provided)
+        elif kind == "invalidate":
+            registry.invalidate_providers(session.id, set(request.invalidate.provider_keys))
+            done = pb.CacheInvalidated(invalidate_id=request.invalidate.invalidate_id)
+            session.outbox.send(pb.OpenSessionResponse(invalidated=done))
 
 
 def _describe(calls: Sequence[ProviderCall]) -> str:

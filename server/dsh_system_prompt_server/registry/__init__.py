@@ -3,6 +3,7 @@
 Nothing here knows about gRPC; the service translates to and from it.
 """
 
+from .callback_cache import CallbackCache
 from .changes import ChangeFeed, Missed, Subscription
 from .errors import Failure, RegistryError, ServiceError, Status
 from .filters import Filter, owner_label, public_ref
@@ -12,6 +13,7 @@ from .model import (
     Action,
     AssembleContext,
     Assembly,
+    CachePolicy,
     ChangeEvent,
     Dynamic,
     Entry,
@@ -38,6 +40,8 @@ __all__ = [
     "Action",
     "AssembleContext",
     "Assembly",
+    "CachePolicy",
+    "CallbackCache",
     "ChangeEvent",
     "ChangeFeed",
     "Dynamic",

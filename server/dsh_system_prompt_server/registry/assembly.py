@@ -10,11 +10,13 @@ from typing import Any
 from dsh_system_prompt_core import TOOL_ORDER_REST, Reason
 
 from . import errors
+from .callback_cache import MISSING, CallbackCache, combined
 from .invariants import validate
 from .limits import Limits
 from .model import (
     AssembleContext,
     Assembly,
+    CachePolicy,
     ContextEntry,
     Dynamic,
     Entry,
@@ -55,6 +57,12 @@ class Plan:
     listeners: list[ListenerEntry]
     dynamic: list[tuple[Entry[Any], Dynamic]] = field(init=False)
     is_static: bool = field(init=False)
+    # The listeners after the last one that cannot be cached: their result is kept
+    # for their input, under `tail_policy`.
+    cacheable_tail: list[ListenerEntry] = field(init=False)
+    tail_policy: CachePolicy | None = field(init=False)
+    # Every callback declared a policy; this is them together (None otherwise).
+    policy: CachePolicy | None = field(init=False)
     result: Assembly | None = None
 
     def __post_init__(self) -> None:
@@ -63,6 +71,14 @@ class Plan:
             (entry, entry.value) for entry in entries if isinstance(entry.value, Dynamic)
         ]
         self.is_static = not self.listeners and not self.dynamic
+        uncached = [i for i, entry in enumerate(self.listeners) if entry.cache is None]
+        self.cacheable_tail = self.listeners[uncached[-1] + 1 if uncached else 0 :]
+        tail = [entry.cache for entry in self.cacheable_tail if entry.cache is not None]
+        self.tail_policy = combined(tail) if tail else None
+        providers = [value.cache for _, value in self.dynamic]
+        policies = [policy for policy in providers if policy is not None] + tail
+        cacheable = not uncached and None not in providers
+        self.policy = combined(policies) if cacheable and policies else None
 
     @property
     def scope(self) -> str | None:
@@ -84,15 +100,18 @@ async def run(
     limits: Limits,
     timeout: Timeout,
     track: bool = False,
+    callbacks: CallbackCache | None = None,
 ) -> Assembly:
     """Evaluate, order, run the waterfall, enforce and validate (a fresh assembly).
 
-    With `track`, the assembly's `origins` say where each part came from.
+    With `track`, the assembly's `origins` say where each part came from (and no
+    cached callback answer is used: each is asked). With `callbacks`, the answers
+    of callbacks that declared a cache policy are reused from there and kept there.
     """
     if track:
         return await _run(plan, context, tool_order, limits, timeout, {})
     if plan.result is None:
-        result = await _run(plan, context, tool_order, limits, timeout)
+        result = await _run(plan, context, tool_order, limits, timeout, None, callbacks)
         if not plan.is_static:
             return result
         plan.result = result
@@ -114,9 +133,11 @@ async def _run(
     limits: Limits,
     timeout: Timeout,
     origins: Origins | None = None,
+    callbacks: CallbackCache | None = None,
 ) -> Assembly:
     complete = plan.complete_section()
-    values = await _evaluate(plan, context, timeout)
+    cached = None if callbacks is None else _Cached(callbacks, plan, context)
+    values = await _evaluate(plan, context, timeout, cached)
     _check_provided(values, limits)
     sections = [Part(e.name, _text(e, values)) for e in plan.sections]
     tools = _collect_tools(plan.tools, values, tool_order)
@@ -131,7 +152,7 @@ async def _run(
         origins.update(_registered_origins(plan, values))
         trace = Trace(tuple(plan.chain))
         trace.record("", assembly)
-    result = await _waterfall(plan.listeners, assembly, context, timeout, origins, trace)
+    result = await _waterfall(plan.listeners, assembly, context, timeout, origins, trace, cached)
     if complete is not None:
         result.sections = [Part(complete.name, _text(complete, values))]
         if origins is not None:
@@ -159,21 +180,79 @@ def _registered_origins(plan: Plan, values: Mapping[Entry[Any], ProvidedValue]) 
     return origins
 
 
-def _dynamic_calls(plan: Plan) -> dict[ProviderHost, list[tuple[Entry[Any], ProviderCall]]]:
+def _dynamic_calls(
+    plan: Plan, answered: Mapping[Entry[Any], ProvidedValue]
+) -> dict[ProviderHost, list[tuple[Entry[Any], ProviderCall]]]:
     calls: dict[ProviderHost, list[tuple[Entry[Any], ProviderCall]]] = {}
     for entry, value in plan.dynamic:
-        if not entry.disposed:
+        if not entry.disposed and entry not in answered:
             calls.setdefault(value.host, []).append((entry, entry.provider_call(value.key)))
     return calls
 
 
+@dataclass(slots=True)
+class _Cached:
+    """The callback cache as one assembly uses it: at its plan's revision, and
+    keeping only what no invalidation overtook while the assembly ran."""
+
+    callbacks: CallbackCache
+    plan: Plan
+    context: AssembleContext
+    generation: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.generation = self.callbacks.generation
+
+    def answers(self, values: dict[Entry[Any], ProvidedValue]) -> None:
+        """Fill `values` with the kept answers of cacheable providers."""
+        for entry, value in self.plan.dynamic:
+            if value.cache is not None:
+                answer = self.callbacks.answer(
+                    entry.id, value.cache, self.context, self.plan.revision
+                )
+                if answer is not MISSING:
+                    values[entry] = answer  # type: ignore[assignment]
+
+    def keep_answer(self, entry: Entry[Any], answer: ProvidedValue) -> None:
+        policy = entry.value.cache
+        if policy is not None:
+            self.callbacks.keep_answer(
+                entry.id, policy, self.context, self.plan.revision, self.generation, answer
+            )
+
+    def tail_key(self) -> tuple[tuple[str, ...], CachePolicy] | None:
+        policy = self.plan.tail_policy
+        if policy is None:
+            return None
+        return tuple(entry.id for entry in self.plan.cacheable_tail), policy
+
+    def result(self, given: Assembly) -> Assembly | None:
+        key = self.tail_key()
+        if key is None:
+            return None
+        ids, policy = key
+        return self.callbacks.result(ids, policy, self.context, self.plan.revision, given)
+
+    def keep_result(self, given: Assembly, result: Assembly) -> None:
+        key = self.tail_key()
+        if key is not None:
+            ids, policy = key
+            self.callbacks.keep_result(
+                ids, policy, self.context, self.plan.revision, self.generation, given, result
+            )
+
+
 async def _evaluate(
-    plan: Plan, context: AssembleContext, timeout: Timeout
+    plan: Plan, context: AssembleContext, timeout: Timeout, cached: _Cached | None = None
 ) -> dict[Entry[Any], ProvidedValue]:
-    """Ask each host once, all hosts at the same time; the first failure wins."""
-    by_host = _dynamic_calls(plan)
+    """Ask each host once, all hosts at the same time; the first failure wins.
+    Providers whose answer is cached are not asked."""
+    values: dict[Entry[Any], ProvidedValue] = {}
+    if cached is not None:
+        cached.answers(values)
+    by_host = _dynamic_calls(plan, values)
     if not by_host:
-        return {}
+        return values
     tasks = {
         asyncio.ensure_future(host.provide([c for _, c in pairs], context, timeout())): pairs
         for host, pairs in by_host.items()
@@ -185,11 +264,12 @@ async def _evaluate(
     finally:
         for task in tasks:
             task.cancel()
-    values: dict[Entry[Any], ProvidedValue] = {}
     for task, pairs in tasks.items():
         answers: Mapping[str, ProvidedValue] = task.result()
         for entry, call in pairs:
             values[entry] = answers[call.key]
+            if cached is not None:
+                cached.keep_answer(entry, answers[call.key])
     return values
 
 
@@ -251,8 +331,13 @@ async def _waterfall(
     timeout: Timeout,
     origins: Origins | None,
     trace: Trace | None = None,
+    cached: _Cached | None = None,
 ) -> Assembly:
+    tail = len(listeners) - len(cached.plan.cacheable_tail) if cached is not None else -1
+
     async def step(index: int, current: Assembly) -> Assembly:
+        if index == tail and tail < len(listeners) and cached is not None:
+            return await cached_tail(index, current, cached)
         while index < len(listeners) and listeners[index].disposed:
             index += 1  # disposed while the assembly ran: skipped
         if index == len(listeners):
@@ -276,6 +361,18 @@ async def _waterfall(
             record_changes(origins, from_next[0] if from_next else current, result, listener.name)
         if trace is not None:
             trace.record(listener.name, result)
+        return result
+
+    async def cached_tail(index: int, given: Assembly, cached: _Cached) -> Assembly:
+        """The cacheable tail of the waterfall: its kept result for this input, or
+        run it (as from the tail's first listener on) and keep what it returns."""
+        kept = cached.result(given)
+        if kept is not None:
+            return kept
+        nonlocal tail
+        tail = -1  # run the tail itself, once
+        result = await step(index, given)
+        cached.keep_result(given, result)
         return result
 
     return await step(0, assembly)

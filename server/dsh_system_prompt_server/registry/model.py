@@ -151,11 +151,22 @@ class ListenerHost(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class CachePolicy:
+    """What a callback's answer depends on besides the revision: the assemble context
+    too (`by_context`), and for how long it may be reused (`ttl_s`, None: no limit)."""
+
+    by_context: bool = False
+    ttl_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Dynamic:
-    """A value that the owning host provides at each assembly."""
+    """A value that the owning host provides at each assembly (or, with `cache`, at
+    the first that needs it and again only once the answer may have changed)."""
 
     host: ProviderHost
     key: str
+    cache: CachePolicy | None = None
 
 
 V = TypeVar("V")
@@ -203,6 +214,7 @@ ToolsEntry = Entry[ToolSet | Dynamic]
 class ListenerEntry(Entry[ListenerHost]):
     global_: bool
     position: int
+    cache: CachePolicy | None = None  # None: invoked at every assembly
 
 
 @dataclass(eq=False, kw_only=True)

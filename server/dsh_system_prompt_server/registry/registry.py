@@ -7,7 +7,7 @@ import functools
 import math
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, TypeVar
 
@@ -25,6 +25,7 @@ from dsh_system_prompt_core import (
 )
 
 from . import assembly, errors
+from .callback_cache import CallbackCache
 from .changes import ChangeFeed
 from .filters import Filter, public_ref, value_fingerprint
 from .layers import Layer, Remover, ScopeTree
@@ -34,6 +35,7 @@ from .model import (
     Action,
     AssembleContext,
     Assembly,
+    CachePolicy,
     ContextEntry,
     Dynamic,
     Entry,
@@ -104,6 +106,7 @@ class Registry:
         self._listeners_by_scope: dict[str, dict[str, ListenerEntry]] = {}
         self._listener_count = 0
         self._plans: OrderedDict[str | None, assembly.Plan] = OrderedDict()
+        self.callbacks = CallbackCache()  # answers of callbacks that may be cached
         self.limits = self.settings.limits
         self._builtins: dict[str, SectionEntry] = {}
         if self.settings.include_harness_identity:
@@ -247,8 +250,10 @@ class Registry:
         prepend: bool = False,
         global_: bool = False,
         name: str = "",
+        cache: CachePolicy | None = None,
     ) -> ListenerEntry:
-        """Install a waterfall listener; `prepend` runs it before earlier ones."""
+        """Install a waterfall listener; `prepend` runs it before earlier ones; with
+        `cache`, its result is reused for the same input while the policy allows."""
         scope_handle = self._handle(owner, handle)
         self.limits.check_name("listener", name)
         self._check_quota(owner)
@@ -263,6 +268,7 @@ class Registry:
             value=host,
             global_=global_,
             position=-self._listener_count if prepend else self._listener_count,
+            cache=cache,
         )
         if entry.scope is None or global_:
             self._listeners_everywhere[entry.id] = entry
@@ -401,8 +407,9 @@ class Registry:
 
         With `track`, the result's `origins` say where each part came from.
         """
+        timeout = self._timeout(deadline)
         return await assembly.run(
-            plan, context, self.settings.tool_order, self.limits, self._timeout(deadline), track
+            plan, context, self.settings.tool_order, self.limits, timeout, track, self.callbacks
         )
 
     def plan(self, scope: str | None) -> assembly.Plan:
@@ -460,6 +467,22 @@ class Registry:
             return max(0.0, min(limit, left - min(0.1, left * 0.1)))
 
         return remaining
+
+    # -- cached callback answers -------------------------------------------------------
+
+    def invalidate_providers(self, owner: str, provider_keys: Collection[str]) -> None:
+        """Drop the cached answers of `owner`'s providers with these keys (all, if none)."""
+        self.callbacks.invalidate(
+            entry.id
+            for entry in self._by_owner.get(owner, {}).values()
+            if isinstance(entry.value, Dynamic)
+            and (not provider_keys or entry.value.key in provider_keys)
+        )
+
+    def invalidate_listener(self, owner: str, registration_id: str) -> None:
+        """Drop the cached results that `owner`'s listener had a part in."""
+        if registration_id in self._by_owner.get(owner, {}):
+            self.callbacks.invalidate([registration_id])
 
     # -- inspection -------------------------------------------------------------------
 

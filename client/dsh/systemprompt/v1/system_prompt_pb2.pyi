@@ -31,6 +31,30 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _CacheDependency:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CacheDependencyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CacheDependency.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CACHE_DEPENDENCY_UNSPECIFIED: _CacheDependency.ValueType  # 0
+    """Not cacheable: asked every time (a CachePolicy with this is ignored)."""
+    CACHE_DEPENDENCY_REVISION: _CacheDependency.ValueType  # 1
+    """Nothing else: one answer for every assemble context."""
+    CACHE_DEPENDENCY_CONTEXT: _CacheDependency.ValueType  # 2
+    """The assemble context too (its scope and fields_json): one answer per context."""
+
+class CacheDependency(_CacheDependency, metaclass=_CacheDependencyEnumTypeWrapper):
+    """What a cacheable answer depends on besides the registry's revision."""
+
+CACHE_DEPENDENCY_UNSPECIFIED: CacheDependency.ValueType  # 0
+"""Not cacheable: asked every time (a CachePolicy with this is ignored)."""
+CACHE_DEPENDENCY_REVISION: CacheDependency.ValueType  # 1
+"""Nothing else: one answer for every assemble context."""
+CACHE_DEPENDENCY_CONTEXT: CacheDependency.ValueType  # 2
+"""The assemble context too (its scope and fields_json): one answer per context."""
+Global___CacheDependency: _TypeAlias = CacheDependency  # noqa: Y015
+
 class _ProviderKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -461,6 +485,7 @@ class Dynamic(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PROVIDER_KEY_FIELD_NUMBER: _builtins.int
+    CACHE_FIELD_NUMBER: _builtins.int
     provider_key: _builtins.str
     """A key chosen by the client, that the sidecar quotes back in
     ProvideRequest so the client finds its provider. Chosen by the client so
@@ -468,18 +493,111 @@ class Dynamic(_message.Message):
     the session's live registrations: a key in use is ALREADY_EXISTS
     (DUPLICATE_PROVIDER_KEY); once its registration is disposed it may be reused.
     """
+    @_builtins.property
+    def cache(self) -> Global___CachePolicy:
+        """What the provider's answer depends on, so that the sidecar may reuse it
+        instead of asking. Absent: asked at every assembly that needs it.
+        See docs/protocol.md, "Cacheable callbacks".
+        """
+
     def __init__(
         self,
         *,
         provider_key: _builtins.str = ...,
+        cache: Global___CachePolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["provider_key", b"provider_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "provider_key", b"provider_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Dynamic: _TypeAlias = Dynamic  # noqa: Y015
+
+@_typing.final
+class CachePolicy(_message.Message):
+    """A callback's declaration of what its answer depends on. The sidecar reuses
+    an answer only while the registry's revision is the one it was given at (so
+    any registration, disposal, update, listener added or removed, or session
+    end drops it), and never across a restart; the callback's owner may drop its
+    cached answers at any time (CacheInvalidate).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEPENDS_ON_FIELD_NUMBER: _builtins.int
+    TTL_S_FIELD_NUMBER: _builtins.int
+    depends_on: Global___CacheDependency.ValueType
+    """What the answer depends on besides the revision."""
+    ttl_s: _builtins.float
+    """Seconds an answer may be reused, counted from when it was given; 0: for
+    as long as its revision lasts.
+    """
+    def __init__(
+        self,
+        *,
+        depends_on: Global___CacheDependency.ValueType = ...,
+        ttl_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["depends_on", b"depends_on", "ttl_s", b"ttl_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CachePolicy: _TypeAlias = CachePolicy  # noqa: Y015
+
+@_typing.final
+class CacheInvalidate(_message.Message):
+    """The client drops the sidecar's cached answers of some of its callbacks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INVALIDATE_ID_FIELD_NUMBER: _builtins.int
+    PROVIDER_KEYS_FIELD_NUMBER: _builtins.int
+    invalidate_id: _builtins.int
+    """Chosen by the client; quoted back in CacheInvalidated."""
+    @_builtins.property
+    def provider_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """On a session stream: the provider_keys whose answers to drop; empty, every
+        provider of the session. On a listener stream: ignored (the listener's).
+        """
+
+    def __init__(
+        self,
+        *,
+        invalidate_id: _builtins.int = ...,
+        provider_keys: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["invalidate_id", b"invalidate_id", "provider_keys", b"provider_keys"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CacheInvalidate: _TypeAlias = CacheInvalidate  # noqa: Y015
+
+@_typing.final
+class CacheInvalidated(_message.Message):
+    """The answers are dropped: assemblies that start from now on ask again."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INVALIDATE_ID_FIELD_NUMBER: _builtins.int
+    invalidate_id: _builtins.int
+    """The invalidate_id of the CacheInvalidate done."""
+    def __init__(
+        self,
+        *,
+        invalidate_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["invalidate_id", b"invalidate_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CacheInvalidated: _TypeAlias = CacheInvalidated  # noqa: Y015
 
 @_typing.final
 class NoValue(_message.Message):
@@ -752,6 +870,7 @@ class OpenSessionRequest(_message.Message):
 
     START_FIELD_NUMBER: _builtins.int
     PROVIDED_FIELD_NUMBER: _builtins.int
+    INVALIDATE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def start(self) -> Global___SessionStart:
         """The first message of every session."""
@@ -760,17 +879,22 @@ class OpenSessionRequest(_message.Message):
     def provided(self) -> Global___ProvideResponse:
         """The answer to one ProvideRequest."""
 
+    @_builtins.property
+    def invalidate(self) -> Global___CacheInvalidate:
+        """Drop cached answers of this session's providers (feature "callback-cache")."""
+
     def __init__(
         self,
         *,
         start: Global___SessionStart | None = ...,
         provided: Global___ProvideResponse | None = ...,
+        invalidate: Global___CacheInvalidate | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "provided", b"provided", "start", b"start"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["invalidate", b"invalidate", "kind", b"kind", "provided", b"provided", "start", b"start"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "provided", b"provided", "start", b"start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["invalidate", b"invalidate", "kind", b"kind", "provided", b"provided", "start", b"start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["start", "provided"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["start", "provided", "invalidate"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -793,9 +917,9 @@ class SessionStart(_message.Message):
     """
     @_builtins.property
     def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Session features the client implements. None is defined yet: the field
-        is here so that later features need no new message. Unknown names are
-        ignored. See docs/protocol.md, "Versions and features".
+        """Session features the client implements; unknown names are ignored.
+        "callback-cache": the client sends CacheInvalidate and reads
+        CacheInvalidated. See docs/protocol.md, "Versions and features".
         """
 
     def __init__(
@@ -822,6 +946,7 @@ class OpenSessionResponse(_message.Message):
     OPENED_FIELD_NUMBER: _builtins.int
     PROVIDE_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    INVALIDATED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def opened(self) -> Global___SessionOpened:
         """Confirms the session; always the first response."""
@@ -834,18 +959,23 @@ class OpenSessionResponse(_message.Message):
     def cancel(self) -> Global___ProvideCancel:
         """The assembly behind a ProvideRequest no longer needs its answer."""
 
+    @_builtins.property
+    def invalidated(self) -> Global___CacheInvalidated:
+        """A CacheInvalidate is done."""
+
     def __init__(
         self,
         *,
         opened: Global___SessionOpened | None = ...,
         provide: Global___ProvideRequest | None = ...,
         cancel: Global___ProvideCancel | None = ...,
+        invalidated: Global___CacheInvalidated | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "kind", b"kind", "opened", b"opened", "provide", b"provide"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "invalidated", b"invalidated", "kind", b"kind", "opened", b"opened", "provide", b"provide"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "kind", b"kind", "opened", b"opened", "provide", b"provide"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "invalidated", b"invalidated", "kind", b"kind", "opened", b"opened", "provide", b"provide"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["opened", "provide", "cancel"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["opened", "provide", "cancel", "invalidated"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -2868,6 +2998,7 @@ class ListenRequest(_message.Message):
     NEXT_FIELD_NUMBER: _builtins.int
     RESULT_FIELD_NUMBER: _builtins.int
     FAILURE_FIELD_NUMBER: _builtins.int
+    INVALIDATE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def start(self) -> Global___ListenStart:
         """The first message: installs the listener."""
@@ -2884,6 +3015,10 @@ class ListenRequest(_message.Message):
     def failure(self) -> Global___ListenerFailure:
         """The listener raised."""
 
+    @_builtins.property
+    def invalidate(self) -> Global___CacheInvalidate:
+        """Drop the listener's cached results (feature "callback-cache")."""
+
     def __init__(
         self,
         *,
@@ -2891,12 +3026,13 @@ class ListenRequest(_message.Message):
         next: Global___ListenerNext | None = ...,
         result: Global___ListenerResult | None = ...,
         failure: Global___ListenerFailure | None = ...,
+        invalidate: Global___CacheInvalidate | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "kind", b"kind", "next", b"next", "result", b"result", "start", b"start"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "invalidate", b"invalidate", "kind", b"kind", "next", b"next", "result", b"result", "start", b"start"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "kind", b"kind", "next", b"next", "result", b"result", "start", b"start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure", b"failure", "invalidate", b"invalidate", "kind", b"kind", "next", b"next", "result", b"result", "start", b"start"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["start", "next", "result", "failure"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["start", "next", "result", "failure", "invalidate"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -2914,6 +3050,7 @@ class ListenStart(_message.Message):
     GLOBAL_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     FEATURES_FIELD_NUMBER: _builtins.int
+    CACHE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The owning session."""
     scope_id: _builtins.str
@@ -2930,6 +3067,15 @@ class ListenStart(_message.Message):
         "tool-slots": the client decodes ListenerNextResult.tool_slots, so the
         sidecar may send unchanged tools as slot numbers. Without it the sidecar
         sends every tool in full. See docs/protocol.md, "Tool slots".
+        "callback-cache": the client sends CacheInvalidate and reads
+        CacheInvalidated.
+        """
+
+    @_builtins.property
+    def cache(self) -> Global___CachePolicy:
+        """What the listener's result depends on besides its input assembly, so that
+        the sidecar may reuse it instead of invoking the listener. Absent: invoked
+        at every assembly. See docs/protocol.md, "Cacheable callbacks".
         """
 
     def __init__(
@@ -2940,10 +3086,11 @@ class ListenStart(_message.Message):
         prepend: _builtins.bool = ...,
         name: _builtins.str = ...,
         features: _abc.Iterable[_builtins.str] | None = ...,
+        cache: Global___CachePolicy | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["features", b"features", "global", b"global", "name", b"name", "prepend", b"prepend", "scope_id", b"scope_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "features", b"features", "global", b"global", "name", b"name", "prepend", b"prepend", "scope_id", b"scope_id", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -3073,6 +3220,7 @@ class ListenResponse(_message.Message):
     INVOCATION_FIELD_NUMBER: _builtins.int
     NEXT_RESULT_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    INVALIDATED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def registered(self) -> Global___ListenerRegistered:
         """Confirms the listener; always the first response."""
@@ -3089,6 +3237,10 @@ class ListenResponse(_message.Message):
     def cancel(self) -> Global___ListenerCancel:
         """The invocation is abandoned (the assembly failed or was cancelled)."""
 
+    @_builtins.property
+    def invalidated(self) -> Global___CacheInvalidated:
+        """A CacheInvalidate is done."""
+
     def __init__(
         self,
         *,
@@ -3096,12 +3248,13 @@ class ListenResponse(_message.Message):
         invocation: Global___ListenerInvocation | None = ...,
         next_result: Global___ListenerNextResult | None = ...,
         cancel: Global___ListenerCancel | None = ...,
+        invalidated: Global___CacheInvalidated | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "invocation", b"invocation", "kind", b"kind", "next_result", b"next_result", "registered", b"registered"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "invalidated", b"invalidated", "invocation", b"invocation", "kind", b"kind", "next_result", b"next_result", "registered", b"registered"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "invocation", b"invocation", "kind", b"kind", "next_result", b"next_result", "registered", b"registered"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "invalidated", b"invalidated", "invocation", b"invocation", "kind", b"kind", "next_result", b"next_result", "registered", b"registered"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["registered", "invocation", "next_result", "cancel"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["registered", "invocation", "next_result", "cancel", "invalidated"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 

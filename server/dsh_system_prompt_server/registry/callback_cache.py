@@ -1,0 +1,166 @@
+"""Answers of callbacks that declared they can be cached (docs/protocol.md, "Cacheable
+callbacks"): a provider's value, or the result of a waterfall's cacheable tail.
+
+Everything kept is for one revision: the first use at another revision drops it
+all, so any registration, disposal, update, listener added or removed, or session
+end (which disposes) makes it unreachable. A callback's owner may drop its own
+answers at any time (`invalidate`); `generation` then moves, so answers being
+computed while it happened are not kept, and callers may key their own caches by it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+
+from .model import AssembleContext, Assembly, CachePolicy, ProvidedValue
+
+MAX_KEPT = 1024  # answers and waterfall results together; the oldest used go first
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    owners: tuple[str, ...]  # the registration ids whose invalidation drops it
+    value: object
+    expires: float  # clock time; inf without a time to live
+    given: Assembly | None = None  # a waterfall's input the result is for
+
+
+class _Missing:
+    pass
+
+
+MISSING = _Missing()
+
+
+def context_key(context: AssembleContext) -> Hashable:
+    """What an answer that depends on the assemble context is kept under."""
+    return (context.scope, context.fields_json)
+
+
+class CallbackCache:
+    """Cached callback answers of the current revision, bounded in number."""
+
+    def __init__(
+        self, max_kept: int = MAX_KEPT, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._max_kept = max_kept
+        self._clock = clock
+        self._kept: OrderedDict[Hashable, _Kept] = OrderedDict()
+        self._revision = -1
+        self.generation = 0  # moves at every invalidation
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def answer(
+        self, entry_id: str, policy: CachePolicy, context: AssembleContext, revision: int
+    ) -> ProvidedValue | _Missing:
+        """A provider's kept answer for `context` at `revision`, or MISSING."""
+        kept = self._get(("answer", entry_id, _keyed(policy, context)), revision)
+        return MISSING if kept is None else kept.value  # type: ignore[return-value]
+
+    def keep_answer(
+        self,
+        entry_id: str,
+        policy: CachePolicy,
+        context: AssembleContext,
+        revision: int,
+        generation: int,
+        value: ProvidedValue,
+    ) -> None:
+        """Keep a provider's answer, unless an invalidation came since `generation`."""
+        key = ("answer", entry_id, _keyed(policy, context))
+        self._put(key, revision, generation, _Kept((entry_id,), value, self._expiry(policy)))
+
+    def result(
+        self,
+        listener_ids: tuple[str, ...],
+        policy: CachePolicy,
+        context: AssembleContext,
+        revision: int,
+        given: Assembly,
+    ) -> Assembly | None:
+        """The kept result of the listeners `listener_ids` (a waterfall's tail) for the
+        input `given`, or None; a copy, the caller may change it."""
+        kept = self._get(("waterfall", listener_ids, _keyed(policy, context)), revision)
+        if kept is None or kept.given != given:
+            return None
+        assert isinstance(kept.value, Assembly)
+        return _copy(kept.value)
+
+    def keep_result(
+        self,
+        listener_ids: tuple[str, ...],
+        policy: CachePolicy,
+        context: AssembleContext,
+        revision: int,
+        generation: int,
+        given: Assembly,
+        result: Assembly,
+    ) -> None:
+        key = ("waterfall", listener_ids, _keyed(policy, context))
+        kept = _Kept(listener_ids, _copy(result), self._expiry(policy), _copy(given))
+        self._put(key, revision, generation, kept)
+
+    def invalidate(self, registration_ids: Iterable[str]) -> None:
+        """Drop every answer of these registrations (and results that include them)."""
+        self.generation += 1
+        ids = set(registration_ids)
+        for key in [k for k, kept in self._kept.items() if ids.intersection(kept.owners)]:
+            del self._kept[key]
+
+    def _get(self, key: Hashable, revision: int) -> _Kept | None:
+        if revision > self._revision:
+            self._start(revision)
+        if revision != self._revision:
+            return None
+        kept = self._kept.get(key)
+        if kept is None:
+            return None
+        if kept.expires <= self._clock():
+            del self._kept[key]
+            return None
+        self._kept.move_to_end(key)
+        return kept
+
+    def _put(self, key: Hashable, revision: int, generation: int, kept: _Kept) -> None:
+        if generation != self.generation or revision < self._revision:
+            return  # invalidated while it was computed, or already out of date
+        if revision != self._revision:
+            self._start(revision)
+        self._kept[key] = kept
+        self._kept.move_to_end(key)
+        if len(self._kept) > self._max_kept:
+            self._kept.popitem(last=False)
+
+    def _start(self, revision: int) -> None:
+        """A new revision: nothing kept for an older one can be used again."""
+        self._kept.clear()
+        self._revision = revision
+
+    def _expiry(self, policy: CachePolicy) -> float:
+        return float("inf") if policy.ttl_s is None else self._clock() + policy.ttl_s
+
+
+def combined(policies: Sequence[CachePolicy]) -> CachePolicy:
+    """The policy of a result several callbacks made: the context if any depends on it,
+    the shortest time to live."""
+    ttls = [policy.ttl_s for policy in policies if policy.ttl_s is not None]
+    return CachePolicy(
+        by_context=any(policy.by_context for policy in policies),
+        ttl_s=min(ttls) if ttls else None,
+    )
+
+
+def _keyed(policy: CachePolicy, context: AssembleContext) -> Hashable:
+    return context_key(context) if policy.by_context else None
+
+
+def _copy(assembly: Assembly) -> Assembly:
+    return Assembly(
+        list(assembly.sections), list(assembly.contexts), list(assembly.tools),
+        dict(assembly.variables),
+    )  # fmt: skip
