@@ -25,6 +25,7 @@ export {
   type ToolsSource,
   type VariableSource,
 } from "./client.js";
+export { systemPrompt, type OriginalAssembleContext, type SystemPromptService } from "./ctx.js";
 export { Code, Reason, RenderError, SystemPromptError } from "./errors.js";
 export type { Listener, NextFn } from "./listeners.js";
 export { CONTEXT_SNAPSHOT_HEADER, renderContextSnapshot, renderPrompt } from "./render.js";
