@@ -1,19 +1,28 @@
 /** connect(), the client, scope handles and disposers. */
 
 import { create, type DescMessage, type MessageShape } from "@bufbuild/protobuf";
-import type { Interceptor, ServiceError } from "@grpc/grpc-js";
+import type { Interceptor } from "@grpc/grpc-js";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
+import { entryFromProto, historyFromProto, usageFrom } from "./cacheHistory.js";
 import { ChangeStream } from "./changes.js";
-import { Connection, type Provider, type Registration } from "./connection.js";
-import { assemblyFromProto, contextToProto, reportFromProto, toolsToProto } from "./convert.js";
-import { errorFromGrpc, invalid } from "./errors.js";
+import { answerError, CALL_TIMEOUT_MS, Connection, notReady, type Registration } from "./connection.js";
+import { assemblyFromProto, contextToProto, layoutToProto, reportFromProto, toolsToProto } from "./convert.js";
+import { invalid, NoAnswer } from "./errors.js";
 import { FEATURE_TOOL_SLOTS, label, ListenerStream, type Listener } from "./listeners.js";
+import { PromptStream } from "./prompts.js";
+import type { Provider } from "./providers.js";
 import { openChannel, Rpc, type Method, type TlsOptions } from "./rpc.js";
+import { changeFilter, listRegistrations, type FilterOptions } from "./snapshots.js";
+import { updateFor, type UpdatableRequest } from "./updates.js";
 import type {
   AssembleContext,
+  CacheHistory,
+  CacheHistoryEntry,
   JsonObject,
+  PrefixLayout,
   PromptAssembly,
   RenderedPrompt,
+  Snapshot,
   ToolProviderResult,
   ToolSchemaLike,
 } from "./types.js";
@@ -68,6 +77,10 @@ export interface AssembleOptions {
   fields?: JsonObject | undefined;
   /** Also report provenance, sizes and prefix stability (`assembly.report`). */
   report?: boolean | undefined;
+  /** For a report: the history key to compare with and count under (default: the scope). */
+  reportKey?: string | undefined;
+  /** For a report: the order the model server caches in (default: the sidecar's). */
+  prefixLayout?: PrefixLayout | undefined;
   /**
    * While the connection is down, wait up to this long for the reconnect instead
    * of failing fast with UNAVAILABLE; also the call's deadline.
@@ -75,6 +88,14 @@ export interface AssembleOptions {
   timeoutMs?: number | undefined;
   /** Cancels the assembly (and its in-flight provider and listener calls). */
   signal?: AbortSignal | undefined;
+}
+
+/** What a change stream watches, and where it resumes from. */
+export interface WatchOptions extends FilterOptions {
+  /** Replay the changes after this revision first (the last one seen). */
+  afterRevision?: number | undefined;
+  /** The incarnation `afterRevision` belongs to; default: the current one. */
+  incarnation?: string | undefined;
 }
 
 /** Options of {@link connect}. */
@@ -85,9 +106,19 @@ export interface ConnectOptions {
   tls?: TlsOptions | boolean | undefined;
   /**
    * Wait for the sidecar to come up instead of failing at once when it cannot be
-   * reached: `true` waits without limit, a number waits up to that many milliseconds.
+   * reached: `true` waits up to `timeoutMs` (30 s without one), a number waits up
+   * to that many milliseconds; then connecting fails UNAVAILABLE.
    */
   waitForReady?: boolean | number | undefined;
+  /** Bounds connecting, waiting or not. */
+  timeoutMs?: number | undefined;
+  /**
+   * Bounds what the sidecar answers at once (opening a session, a listener or a
+   * change stream, a registration, a disposal); default 10 s. Past it the call
+   * fails UNAVAILABLE (SIDECAR_UNAVAILABLE) and, for a registration or disposal,
+   * the client opens a new session and replays.
+   */
+  callTimeoutMs?: number | undefined;
   /** A name for the sidecar's logs; default `node-<pid>`. */
   clientName?: string | undefined;
   /** grpc-js interceptors for every call and stream. */
@@ -101,6 +132,26 @@ export interface Disposer {
   readonly disposed: boolean;
 }
 
+/**
+ * A static registration's handle: `await off()` disposes it, like any disposer, and
+ * `await off.update(value)` replaces its value in place.
+ *
+ * Only the value changes (a section's or context's text, a variable's value or
+ * undefined, a tool list or ToolProviderResult); its name, order and owner stay.
+ * Other clients' assemblies see the old value or the new one, never neither, and
+ * watchers get one `updated` event. After a reconnect the latest value is what is
+ * registered again.
+ */
+export interface Handle extends Disposer {
+  /**
+   * Replace the value; resolves to the registry's revision after the update.
+   * Rejects like a registration would for a bad value; NOT_UPDATABLE for a
+   * registration made with a provider; while the connection is down, fails fast
+   * with UNAVAILABLE or waits up to `timeoutMs` for the reconnect.
+   */
+  update(value: unknown, options?: { timeoutMs?: number | undefined }): Promise<number>;
+}
+
 function disposer(dispose: () => Promise<void>): Disposer {
   let done = false;
   const off = async (): Promise<void> => {
@@ -110,6 +161,15 @@ function disposer(dispose: () => Promise<void>): Disposer {
   };
   Object.defineProperty(off, "disposed", { get: () => done });
   return off as Disposer;
+}
+
+function handle(connection: Connection, registration: Registration, request: UpdatableRequest): Handle {
+  const off = disposer(() => connection.dispose(registration)) as Disposer & Partial<Handle>;
+  off.update = async (value, options) => {
+    const update = updateFor(request, value);
+    return connection.update(registration, update.request, update.apply, options?.timeoutMs);
+  };
+  return off as Handle;
 }
 
 /** The registration methods shared by the client (global layer) and scope handles. */
@@ -123,15 +183,15 @@ class Registrar {
   }
 
   /** Contribute a prompt section; `text` is a string or a provider of one. */
-  section(name: string, order: number, text: TextSource, options?: { complete?: boolean }): Promise<Disposer>;
+  section(name: string, order: number, text: TextSource, options?: { complete?: boolean }): Promise<Handle>;
   /** Contribute a prompt section, in the original API's object form. */
-  section(section: PromptSection): Promise<Disposer>;
+  section(section: PromptSection): Promise<Handle>;
   section(
     first: string | PromptSection,
     order?: number,
     text?: TextSource,
     options?: { complete?: boolean },
-  ): Promise<Disposer> {
+  ): Promise<Handle> {
     const section = typeof first === "string" ? { name: first, order, text, ...options } : first;
     return this.#guard(() => {
       const request = create(pb.RegisterSectionRequestSchema, {
@@ -142,15 +202,15 @@ class Registrar {
       const key = this.#text(section.text, (source) => {
         request.textSource = source;
       });
-      return this.#register(pb.SystemPromptService.method.registerSection, request, key);
+      return this.#registerValue(pb.SystemPromptService.method.registerSection, request, key);
     });
   }
 
   /** Contribute an ordered runtime context; `text` is a string or a provider of one. */
-  context(name: string, order: number, text: TextSource): Promise<Disposer>;
+  context(name: string, order: number, text: TextSource): Promise<Handle>;
   /** Contribute a runtime context, in the original API's object form. */
-  context(context: PromptContext): Promise<Disposer>;
-  context(first: string | PromptContext, order?: number, text?: TextSource): Promise<Disposer> {
+  context(context: PromptContext): Promise<Handle>;
+  context(first: string | PromptContext, order?: number, text?: TextSource): Promise<Handle> {
     const context = typeof first === "string" ? { name: first, order, text } : first;
     return this.#guard(() => {
       const request = create(pb.RegisterContextRequestSchema, {
@@ -160,39 +220,40 @@ class Registrar {
       const key = this.#text(context.text, (source) => {
         request.textSource = source;
       });
-      return this.#register(pb.SystemPromptService.method.registerContext, request, key);
+      return this.#registerValue(pb.SystemPromptService.method.registerContext, request, key);
     });
   }
 
   /** Suppress runtime context here until the returned disposer runs. */
-  suppressRuntimeContext(): Promise<Disposer> {
+  async suppressRuntimeContext(): Promise<Disposer> {
     const request = create(pb.SuppressRuntimeContextRequestSchema);
-    return this.#register(pb.SystemPromptService.method.suppressRuntimeContext, request);
+    const registration = await this.#register(pb.SystemPromptService.method.suppressRuntimeContext, request);
+    return disposer(() => this.connection.dispose(registration));
   }
 
   /** Contribute tool schemas: a list, a ToolProviderResult, or a provider of either. */
-  tools(provider: ToolsSource): Promise<Disposer> {
+  tools(provider: ToolsSource): Promise<Handle> {
     return this.#guard(() => {
       const request = create(pb.RegisterToolsRequestSchema);
       let key: string | undefined;
       if (typeof provider === "function") {
-        key = this.connection.addProvider(provider as Provider);
+        key = this.connection.providers.add(provider as Provider);
         request.source = { case: "dynamic", value: create(pb.DynamicSchema, { providerKey: key }) };
         request.name = label(provider.name);
       } else {
         request.source = { case: "result", value: toolsToProto(provider) };
       }
-      return this.#register(pb.SystemPromptService.method.registerTools, request, key);
+      return this.#registerValue(pb.SystemPromptService.method.registerTools, request, key);
     });
   }
 
   /** Contribute {{name}}: a value, undefined (no value), or a provider of either. */
-  variable(name: string, value: VariableSource): Promise<Disposer> {
+  variable(name: string, value: VariableSource): Promise<Handle> {
     return this.#guard(() => {
       const request = create(pb.RegisterVariableRequestSchema, { name });
       let key: string | undefined;
       if (typeof value === "function") {
-        key = this.connection.addProvider(value as Provider);
+        key = this.connection.providers.add(value as Provider);
         request.valueSource = { case: "dynamic", value: create(pb.DynamicSchema, { providerKey: key }) };
       } else if (value === undefined || value === null) {
         request.valueSource = { case: "noValue", value: create(pb.NoValueSchema) };
@@ -201,7 +262,7 @@ class Registrar {
       } else {
         throw invalid(`value must be a string, undefined or a function, not ${typeof value}`);
       }
-      return this.#register(pb.SystemPromptService.method.registerVariable, request, key);
+      return this.#registerValue(pb.SystemPromptService.method.registerVariable, request, key);
     });
   }
 
@@ -219,18 +280,18 @@ class Registrar {
     const registration: Registration = {
       registrationId: "",
       scope: this.#scope,
-      make: async (rpc, sessionId, scopeId) => {
+      make: async (rpc, sessionId, scopeId, timeoutMs) => {
         start.sessionId = sessionId;
         start.scopeId = scopeId;
-        const stream = new ListenerStream(rpc, listener);
-        return { id: await stream.start(start), stream };
+        const stream = new ListenerStream(rpc, listener, () => this.connection.restart());
+        return { id: await stream.start(start, timeoutMs), stream };
       },
     };
     await this.connection.register(registration);
     return disposer(() => this.connection.dispose(registration));
   }
 
-  async #guard(register: () => Promise<Disposer>): Promise<Disposer> {
+  async #guard(register: () => Promise<Handle>): Promise<Handle> {
     return register(); // an argument error surfaces as a rejected promise, like every other
   }
 
@@ -239,7 +300,7 @@ class Registrar {
     set: (source: { case: "text"; value: string } | { case: "dynamic"; value: pb.Dynamic }) => void,
   ): string | undefined {
     if (typeof text === "function") {
-      const key = this.connection.addProvider(text as Provider);
+      const key = this.connection.providers.add(text as Provider);
       set({ case: "dynamic", value: create(pb.DynamicSchema, { providerKey: key }) });
       return key;
     }
@@ -248,28 +309,36 @@ class Registrar {
     return undefined;
   }
 
+  async #registerValue<I extends DescMessage, O extends DescMessage>(
+    method: Method<I, O>,
+    request: MessageShape<I> & UpdatableRequest,
+    providerKey?: string,
+  ): Promise<Handle> {
+    return handle(this.connection, await this.#register(method, request, providerKey), request);
+  }
+
   async #register<I extends DescMessage, O extends DescMessage>(
     method: Method<I, O>,
     request: MessageShape<I> & { sessionId: string; scopeId: string },
     providerKey?: string,
-  ): Promise<Disposer> {
+  ): Promise<Registration> {
     const registration: Registration = {
       registrationId: "",
       scope: this.#scope,
       providerKey,
-      make: async (rpc, sessionId, scopeId) => {
+      make: async (rpc, sessionId, scopeId, timeoutMs) => {
         request.sessionId = sessionId;
         request.scopeId = scopeId;
         try {
-          const reply = (await rpc.unary(method, request)) as unknown as { registrationId: string };
-          return { id: reply.registrationId };
+          const reply = await rpc.unary(method, request, new Date(Date.now() + timeoutMs));
+          return { id: (reply as unknown as { registrationId: string }).registrationId };
         } catch (error) {
-          throw errorFromGrpc(error as ServiceError);
+          throw answerError(error, method.name, timeoutMs);
         }
       },
     };
     await this.connection.register(registration);
-    return disposer(() => this.connection.dispose(registration));
+    return registration;
   }
 }
 
@@ -317,12 +386,13 @@ export class Client extends Registrar {
     const request = create(pb.OpenScopeRequestSchema, { key, parentKey: parent ?? "" });
     const registration: Registration = {
       registrationId: "",
-      make: async (rpc, sessionId) => {
+      make: async (rpc, sessionId, _scopeId, timeoutMs) => {
         request.sessionId = sessionId;
         try {
-          return { id: (await rpc.unary(pb.SystemPromptService.method.openScope, request)).scopeId };
+          const deadline = new Date(Date.now() + timeoutMs);
+          return { id: (await rpc.unary(pb.SystemPromptService.method.openScope, request, deadline)).scopeId };
         } catch (error) {
-          throw errorFromGrpc(error as ServiceError);
+          throw answerError(error, "OpenScope", timeoutMs);
         }
       },
     };
@@ -351,14 +421,90 @@ export class Client extends Registrar {
     };
   }
 
-  /** Subscribe to change events; subscribed when the promise resolves. */
-  async watchChanges(): Promise<ChangeStream> {
+  /**
+   * Subscribe to change events; subscribed when the promise resolves.
+   *
+   * `scope` keeps that scope's layer only (with `ancestors`, also its ancestors' and
+   * the global layer); `kinds` keeps those kinds. With `afterRevision` (and the
+   * `incarnation` it belongs to), the changes after it are replayed first, or a
+   * ChangesResynced says they cannot be. The stream resumes by itself after a
+   * restart or a dropped connection.
+   */
+  async watchChanges(options: WatchOptions = {}): Promise<ChangeStream> {
     await this.connection.ready();
-    const call = this.connection.rpc.serverStream(
-      pb.SystemPromptService.method.watchChanges,
-      create(pb.WatchChangesRequestSchema),
+    const request = create(pb.WatchChangesRequestSchema, {
+      filter: changeFilter(options),
+      incarnation: options.incarnation ?? "",
+    });
+    if (options.afterRevision !== undefined) request.afterRevision = BigInt(options.afterRevision);
+    const streams = this.connection.streams;
+    const stream = await ChangeStream.open(this.connection.rpc, request, this.connection.callTimeoutMs, (closed) =>
+      streams.delete(closed),
     );
-    return ChangeStream.open(call);
+    if (this.connection.closed) stream.close();
+    else streams.add(stream);
+    return stream;
+  }
+
+  /** The registrations now (filtered like `watchChanges`), with their values if asked. */
+  async snapshot(options: FilterOptions & { values?: boolean | undefined } = {}): Promise<Snapshot> {
+    await this.connection.ready();
+    const request = create(pb.ListRegistrationsRequestSchema, {
+      filter: changeFilter(options),
+      includeValues: options.values ?? false,
+    });
+    return listRegistrations(this.connection.rpc, request, this.connection.callTimeoutMs);
+  }
+
+  /**
+   * Watch the prompt of `scope` as its static parts make it, change by change. Each
+   * PromptChange says what changed and whether it breaks the model server's prompt
+   * cache (`report.stability`); dynamic parts are placeholders, never evaluated.
+   */
+  async watchPrompt(
+    options: { scope?: string | undefined; render?: boolean | undefined; prefixLayout?: PrefixLayout | undefined } = {},
+  ): Promise<PromptStream> {
+    await this.connection.ready();
+    const request = create(pb.WatchPromptRequestSchema, {
+      scope: options.scope ?? "",
+      render: options.render ?? false,
+      prefixLayout: layoutToProto(options.prefixLayout),
+    });
+    const streams = this.connection.streams;
+    const call = this.connection.rpc.serverStream(pb.SystemPromptService.method.watchPrompt, request);
+    const stream = new PromptStream(call, (closed) => streams.delete(closed));
+    streams.add(stream);
+    return stream;
+  }
+
+  /** The prompt-cache history of `reportKey`, or of `scope` when no key is named. */
+  async cacheHistory(options: { scope?: string | undefined; reportKey?: string | undefined } = {}): Promise<CacheHistory> {
+    const request = create(pb.GetCacheHistoryRequestSchema, {
+      scope: options.scope ?? "",
+      reportKey: options.reportKey ?? "",
+    });
+    const reply = await this.connection.call(pb.SystemPromptService.method.getCacheHistory, request);
+    return historyFromProto(reply.history);
+  }
+
+  /**
+   * Tell the sidecar what the model server said about the last reported request.
+   * `usage` is the response's usage object (DeepSeek, Anthropic or OpenAI); the
+   * returned entry holds the predicted stable prefix and what was observed.
+   */
+  async reportUsage(
+    usage: unknown,
+    options: { scope?: string | undefined; reportKey?: string | undefined } = {},
+  ): Promise<CacheHistoryEntry> {
+    const read = usageFrom(usage);
+    const request = create(pb.ReportUsageRequestSchema, {
+      scope: options.scope ?? "",
+      reportKey: options.reportKey ?? "",
+      cachedTokens: BigInt(read.cachedTokens),
+    });
+    if (read.promptTokens !== undefined) request.promptTokens = BigInt(read.promptTokens);
+    const reply = await this.connection.call(pb.SystemPromptService.method.reportUsage, request);
+    return entryFromProto(reply.entry);
   }
 
   /** End the session; the sidecar disposes everything it registered. Idempotent. */
@@ -371,6 +517,8 @@ export class Client extends Registrar {
       context: contextToProto(options.scope, options.fields),
       render,
       report: options.report ?? false,
+      reportKey: options.reportKey ?? "",
+      prefixLayout: layoutToProto(options.prefixLayout),
     });
     return this.connection.call(
       pb.SystemPromptService.method.assemble,
@@ -381,21 +529,41 @@ export class Client extends Registrar {
   }
 }
 
+/** Where connect() goes without an address: `$DSP_ADDRESS`, else this. */
+export const DEFAULT_ADDRESS = "127.0.0.1:50051";
+/** waitForReady without a timeout still gives up, and says so. */
+const READY_TIMEOUT_MS = 30_000;
+
+/** `$DSP_ADDRESS` when set, else 127.0.0.1:50051. */
+export function defaultAddress(): string {
+  return process.env["DSP_ADDRESS"] || DEFAULT_ADDRESS;
+}
+
 /**
- * Open a session with the sidecar at `address` (HOST:PORT or unix:PATH).
+ * Open a session with the sidecar at `address` (HOST:PORT or unix:PATH; default
+ * `$DSP_ADDRESS`, else 127.0.0.1:50051).
  *
  * `token` is sent as `authorization: Bearer <token>` on every call; `tls`
  * switches to TLS (mutual TLS when it carries a client certificate). Rejects
  * with UNAVAILABLE when the sidecar cannot be reached, unless `waitForReady`.
  */
-export async function connect(address: string, options: ConnectOptions = {}): Promise<Client> {
-  const rpc = new Rpc(openChannel(address, options), options.token);
-  const connection = new Connection(rpc, options.clientName ?? `node-${process.pid}`);
-  const wait = options.waitForReady;
+export async function connect(address?: string, options: ConnectOptions = {}): Promise<Client> {
+  const target = address || defaultAddress();
+  const rpc = new Rpc(openChannel(target, options), options.token);
+  const callTimeoutMs = options.callTimeoutMs ?? CALL_TIMEOUT_MS;
+  const connection = new Connection(rpc, options.clientName ?? `node-${process.pid}`, callTimeoutMs);
+  const { waitForReady: wait, timeoutMs } = options;
   try {
-    await connection.open(wait === true ? Infinity : wait === false ? undefined : wait);
+    if (wait === true || typeof wait === "number") {
+      await connection.openWhenReady(target, wait === true ? (timeoutMs ?? READY_TIMEOUT_MS) : wait);
+    } else {
+      await connection.open(Math.min(callTimeoutMs, timeoutMs ?? Infinity));
+    }
   } catch (error) {
     rpc.close();
+    if (error instanceof NoAnswer && timeoutMs !== undefined && timeoutMs < callTimeoutMs) {
+      throw notReady(target, timeoutMs);
+    }
     throw error;
   }
   return new Client(connection);

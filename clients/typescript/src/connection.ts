@@ -1,31 +1,28 @@
 /**
- * The connection: channel, current session, dynamic providers, and replay after a restart.
+ * The connection: one channel, one session at a time, and reconnecting when a session is lost.
  *
- * Every registration is kept as a `Registration` (what makes it). When the
- * session ends without the client closing it (the sidecar restarted, the network
- * dropped), the connection opens a new session with backoff and makes every
- * registration again in the original order, so assemblies after the restart
- * equal those before it. Disposers point at registrations, so they keep working
- * across restarts.
+ * Every registration is kept as a `Registration` (what makes it), in the order it
+ * was made. When the session ends without the client closing it (the sidecar
+ * restarted, the network dropped, a listener stream or a call went unanswered),
+ * the connection opens a new session with backoff and makes every registration
+ * again in that order, so assemblies after the restart equal those before it.
+ * Disposers point at registrations, so they keep working across restarts.
  */
 
-import { setTimeout as sleep } from "node:timers/promises";
 import { create, type DescMessage, type MessageShape } from "@bufbuild/protobuf";
-import type { ClientDuplexStream, StatusObject } from "@grpc/grpc-js";
+import type { StatusObject } from "@grpc/grpc-js";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
-import { contextFromProto, toolsToProto } from "./convert.js";
-import { Code, Reason, SystemPromptError, errorFromGrpc } from "./errors.js";
-import { Deferred, describe, ListenerStream } from "./listeners.js";
+import { Deferred, pause, within } from "./async.js";
+import { Code, NoAnswer, Reason, SystemPromptError, errorFromGrpc } from "./errors.js";
+import type { ListenerStream } from "./listeners.js";
+import { Providers } from "./providers.js";
 import type { Method, Rpc } from "./rpc.js";
-import type { AssembleContext } from "./types.js";
-
-/** A dynamic provider, evaluated in this process at every assembly that needs it. */
-export type Provider = (context: AssembleContext) => unknown;
+import { Session } from "./session.js";
 
 /** One registration this client owns, and how to make it (again) for a session. */
 export interface Registration {
-  /** Makes the registration for `sessionId` (in `scopeId`'s layer); resolves to its id. */
-  make(rpc: Rpc, sessionId: string, scopeId: string): Promise<{ id: string; stream?: ListenerStream }>;
+  /** Makes the registration on `sessionId` (in `scopeId`'s layer) within `timeoutMs`; resolves to its id. */
+  make(rpc: Rpc, sessionId: string, scopeId: string, timeoutMs: number): Promise<{ id: string; stream?: ListenerStream }>;
   /** The scope handle it was made through. */
   scope?: Registration | undefined;
   providerKey?: string | undefined;
@@ -33,52 +30,71 @@ export interface Registration {
   stream?: ListenerStream | undefined;
 }
 
-type SessionStream = ClientDuplexStream<pb.OpenSessionRequest, pb.OpenSessionResponse>;
+/** What the connection closes with it: open change and prompt streams. */
+export interface Closable {
+  close(): void;
+}
 
+/** For what the sidecar answers at once: session, listener and watch opens, registrations, disposals. */
+export const CALL_TIMEOUT_MS = 10_000;
+const FIRST_BACKOFF_MS = 50;
 const MAX_BACKOFF_MS = 2_000;
-/** Sent in SessionStart, for the sidecar's logs only. */
-const CLIENT_VERSION = "dsh-system-prompt-typescript/0.1.0";
-const CLOSE_GRACE_MS = 5_000;
+const READY_POLL_MS = 1_000; // the channel's own reconnect backoff is at most 2 s (see rpc.ts)
 
-/** Owns the channel and the session stream; answers provider requests. */
+/** Owns the channel, the current session, the registrations and the providers. */
 export class Connection {
   readonly rpc: Rpc;
   readonly clientName: string;
-  sessionId = "";
+  readonly callTimeoutMs: number;
+  readonly providers = new Providers();
   closed = false;
   connected = false;
   /** Registrations in the order they were made (a Set keeps insertion order). */
   readonly registrations = new Set<Registration>();
-  readonly #providers = new Map<string, Provider>();
-  #keys = 0;
-  #stream: SessionStream | undefined;
-  #ended: Promise<void> = Promise.resolve();
-  #reconnecting = false;
+  /** Change and prompt streams, closed with the client. */
+  readonly streams = new Set<Closable>();
+  #session: Session | undefined;
+  #reconnecting: Promise<void> | undefined;
   #up = new Deferred<void>();
   readonly #closing = new AbortController();
-  readonly #answering = new Map<bigint, AbortController>();
 
-  constructor(rpc: Rpc, clientName: string) {
+  constructor(rpc: Rpc, clientName: string, callTimeoutMs: number = CALL_TIMEOUT_MS) {
     this.rpc = rpc;
     this.clientName = clientName;
+    this.callTimeoutMs = callTimeoutMs;
   }
 
-  // -- session lifecycle ------------------------------------------------------------
+  /** The current session's id; the lost one's until a new one is open. */
+  get sessionId(): string {
+    return this.#session?.id ?? "";
+  }
 
-  /** Open the first session; with `waitMs`, wait up to that long for the sidecar. */
-  async open(waitMs?: number): Promise<void> {
-    const deadline = waitMs === undefined ? undefined : Date.now() + waitMs;
-    for (;;) {
-      try {
-        await this.#openSession();
-        break;
-      } catch (error) {
-        const unavailable = error instanceof SystemPromptError && error.code === Code.UNAVAILABLE;
-        if (deadline === undefined || !unavailable || Date.now() >= deadline) throw error;
-        await this.rpc.waitForReady(new Date(deadline)).catch(() => undefined);
-      }
-    }
+  // -- life cycle -------------------------------------------------------------------
+
+  /** Open the first session, confirmed within `timeoutMs` (default: the call timeout). */
+  async open(timeoutMs: number = this.callTimeoutMs): Promise<void> {
+    await this.#startSession(timeoutMs);
     this.#setConnected();
+  }
+
+  /** Open the first session once the sidecar at `address` serves, within `timeoutMs`. */
+  async openWhenReady(address: string, timeoutMs: number): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const left = deadline - Date.now();
+      try {
+        await this.open(Math.max(1, Math.min(this.callTimeoutMs, left)));
+        return;
+      } catch (error) {
+        if (!(error instanceof SystemPromptError && error.code === Code.UNAVAILABLE)) throw error;
+      }
+      if (Date.now() >= deadline) throw notReady(address, timeoutMs);
+      // Wake on the channel's next connection, or poll: a READY channel to a
+      // draining sidecar still refuses sessions.
+      const poll = Math.min(READY_POLL_MS, Math.max(1, deadline - Date.now()));
+      await this.rpc.waitForReady(new Date(Date.now() + poll)).catch(() => undefined);
+      await pause(FIRST_BACKOFF_MS);
+    }
   }
 
   /** End the session: the sidecar disposes everything it registered. */
@@ -87,57 +103,28 @@ export class Connection {
     this.closed = true;
     this.connected = false;
     this.#closing.abort();
+    for (const stream of [...this.streams]) stream.close();
+    await this.#reconnecting?.catch(() => undefined);
     for (const registration of this.registrations) registration.stream?.close();
-    for (const controller of this.#answering.values()) controller.abort();
-    if (this.#stream !== undefined) {
-      this.#stream.end(); // half-close: the clean end of a session
-      await Promise.race([this.#ended, sleep(CLOSE_GRACE_MS, undefined, { ref: false })]);
-    }
+    await this.#session?.end();
     this.rpc.close();
   }
 
-  #openSession(): Promise<void> {
-    const stream: SessionStream = this.rpc.bidi(pb.SystemPromptService.method.openSession);
-    const ended = new Deferred<void>();
-    return new Promise((resolve, reject) => {
-      let opened = false;
-      stream.on("data", (message: pb.OpenSessionResponse) => {
-        const kind = message.kind;
-        if (kind.case === "opened" && !opened) {
-          opened = true;
-          this.#stream = stream;
-          this.#ended = ended.promise;
-          this.sessionId = kind.value.sessionId;
-          resolve();
-        } else if (kind.case === "provide") {
-          void this.#answer(stream, kind.value);
-        } else if (kind.case === "cancel") {
-          this.#answering.get(kind.value.callId)?.abort();
-        }
-      });
-      stream.on("error", () => undefined); // the status below says it all
-      stream.on("status", (status: StatusObject) => {
-        ended.resolve();
-        if (!opened) {
-          reject(
-            status.code === Code.OK
-              ? new SystemPromptError(
-                  "sidecar unavailable: it ended the session stream before opening it",
-                  Code.UNAVAILABLE,
-                  Reason.SIDECAR_UNAVAILABLE,
-                )
-              : errorFromGrpc(status),
-          );
-        } else if (stream === this.#stream) {
-          this.#sessionLost();
-        }
-      });
-      stream.write(
-        create(pb.OpenSessionRequestSchema, {
-          kind: { case: "start", value: { clientName: this.clientName, clientVersion: CLIENT_VERSION } },
-        }),
-      );
-    });
+  async #startSession(timeoutMs: number = this.callTimeoutMs): Promise<void> {
+    const session = await Session.open(
+      this.rpc,
+      this.clientName,
+      this.providers,
+      (lost) => this.#lost(lost),
+      timeoutMs,
+    );
+    this.#session = session;
+    try {
+      for (const disposed of await this.#replay(session.id)) await this.#disposeOn(session.id, disposed);
+    } catch (error) {
+      await session.end(); // leave nothing half-replayed on the sidecar
+      throw error;
+    }
   }
 
   #setConnected(): void {
@@ -145,47 +132,66 @@ export class Connection {
     this.#up.resolve();
   }
 
-  #sessionLost(): void {
-    if (this.closed || this.#reconnecting) return;
+  #lost(session: Session): void {
+    if (session === this.#session) this.#startOver(undefined);
+  }
+
+  /**
+   * The sidecar and this client may disagree on what is registered (a call went
+   * unanswered, a listener stream was dropped): end the session, open a new one
+   * and replay, so that this client's registrations are the truth again.
+   */
+  restart(): void {
+    this.#startOver(this.#session);
+  }
+
+  #startOver(ending: Session | undefined): void {
+    if (this.closed || this.#reconnecting !== undefined) return;
     this.connected = false;
     this.#up = new Deferred<void>();
-    this.#reconnecting = true;
-    void this.#reconnect().finally(() => {
-      this.#reconnecting = false;
+    this.#reconnecting = this.#reconnect(ending).finally(() => {
+      this.#reconnecting = undefined;
     });
   }
 
-  async #reconnect(): Promise<void> {
-    let delay = 50;
+  async #reconnect(ending: Session | undefined): Promise<void> {
+    await ending?.end(); // the sidecar disposes all of it, whatever it kept
+    let delay = FIRST_BACKOFF_MS;
     while (!this.closed) {
-      try {
-        await sleep(delay, undefined, { signal: this.#closing.signal });
-      } catch {
-        return; // closed meanwhile
-      }
+      if ((await pause(delay, this.#closing.signal)) === "aborted") return;
       delay = Math.min(delay * 2, MAX_BACKOFF_MS);
       try {
-        await this.#openSession();
-        const stream = this.#stream;
-        await this.#replay();
-        if (stream !== this.#stream || this.closed) continue;
-      } catch (error) {
-        if (error instanceof SystemPromptError) continue; // still down: try again
-        throw error;
+        await this.#startSession();
+      } catch {
+        continue; // still down, or the replay failed (its session is ended): try again
       }
+      if (this.closed) {
+        await this.#session?.end();
+        return;
+      }
+      if (this.#session?.ended) continue; // the session ended during its replay: its registrations went with it
       this.#setConnected();
       return;
     }
   }
 
-  async #replay(): Promise<void> {
+  /**
+   * Make every registration again on the new session, in the original order. Returns
+   * those made here and disposed while the replay went on: the sidecar still holds
+   * them, and the caller disposes them there (the disposer wins).
+   */
+  async #replay(sessionId: string): Promise<Registration[]> {
     for (const registration of this.registrations) {
-      registration.stream?.close();
+      registration.stream?.close(); // a lost session's listener streams went with it
       registration.stream = undefined;
     }
+    const made: Registration[] = [];
     for (const registration of [...this.registrations]) {
-      if (this.registrations.has(registration)) await this.#make(registration); // not disposed meanwhile
+      if (!this.registrations.has(registration)) continue; // disposed meanwhile
+      await this.#make(registration, sessionId);
+      made.push(registration);
     }
+    return made.filter((registration) => !this.registrations.has(registration));
   }
 
   // -- calls ------------------------------------------------------------------------
@@ -211,7 +217,7 @@ export class Connection {
     this.checkOpen();
     if (this.connected) return;
     if (timeoutMs !== undefined) {
-      await Promise.race([this.#up.promise, sleep(timeoutMs, undefined, { ref: false })]);
+      await within(this.#up.promise, timeoutMs);
       this.checkOpen();
       if (this.connected) return;
     }
@@ -232,13 +238,16 @@ export class Connection {
     }
   }
 
+  // -- registrations ----------------------------------------------------------------
+
   /** Make a registration and keep it for replay; nothing is kept if it fails. */
   async register(registration: Registration): Promise<void> {
     try {
       await this.ready();
-      await this.#make(registration);
+      await this.#make(registration, this.sessionId);
     } catch (error) {
-      if (registration.providerKey !== undefined) this.#providers.delete(registration.providerKey);
+      this.providers.remove(registration.providerKey);
+      if (error instanceof NoAnswer) this.restart(); // it may be registered there: a new session drops it
       throw error;
     }
     this.registrations.add(registration);
@@ -253,89 +262,69 @@ export class Connection {
     if (this.closed || !this.connected || !registration.registrationId) {
       return; // the sidecar has nothing of it now; nothing to replay later either
     }
-    const request = create(pb.DisposeRequestSchema, {
-      sessionId: this.sessionId,
-      registrationId: registration.registrationId,
-    });
+    await this.#disposeOn(this.sessionId, registration);
+  }
+
+  /**
+   * Replace `registration`'s value on the sidecar with `request`, then in what a
+   * replay makes (`apply`); resolves to the registry's revision after it.
+   */
+  async update(
+    registration: Registration,
+    request: pb.UpdateRequest,
+    apply: () => void,
+    timeoutMs?: number,
+  ): Promise<number> {
+    await this.ready(timeoutMs);
+    request.sessionId = this.sessionId; // after the wait: the current session
+    request.registrationId = registration.registrationId;
+    const reply = await this.call(pb.SystemPromptService.method.update, request);
+    if (this.registrations.has(registration)) apply(); // not disposed meanwhile
+    return Number(reply.revision);
+  }
+
+  async #disposeOn(sessionId: string, registration: Registration): Promise<void> {
+    const request = create(pb.DisposeRequestSchema, { sessionId, registrationId: registration.registrationId });
     try {
-      await this.call(pb.SystemPromptService.method.dispose, request);
-    } catch (error) {
-      // NOT_FOUND: gone already; a dispose is idempotent.
-      if (!(error instanceof SystemPromptError && error.code === Code.NOT_FOUND)) throw error;
+      const deadline = new Date(Date.now() + this.callTimeoutMs);
+      await this.rpc.unary(pb.SystemPromptService.method.dispose, request, deadline);
+    } catch (rpcError) {
+      const error = answerError(rpcError, "Dispose", this.callTimeoutMs);
+      if (error instanceof NoAnswer) this.restart(); // it may still be registered there: a new session drops it
+      if (error.code !== Code.NOT_FOUND) throw error; // NOT_FOUND: gone already
     }
   }
 
   #forget(registration: Registration): void {
     this.registrations.delete(registration);
-    if (registration.providerKey !== undefined) this.#providers.delete(registration.providerKey);
+    this.providers.remove(registration.providerKey);
     registration.stream?.close();
     registration.stream = undefined;
   }
 
-  async #make(registration: Registration): Promise<void> {
+  async #make(registration: Registration, sessionId: string): Promise<void> {
     const scopeId = registration.scope?.registrationId ?? "";
-    const made = await registration.make(this.rpc, this.sessionId, scopeId);
+    const made = await registration.make(this.rpc, sessionId, scopeId, this.callTimeoutMs);
     registration.registrationId = made.id;
     registration.stream = made.stream;
   }
-
-  // -- dynamic providers ------------------------------------------------------------
-
-  /** Keep `provider` here; the returned key is what the sidecar asks for. */
-  addProvider(provider: Provider): string {
-    this.#keys += 1;
-    const key = `p${this.#keys}`;
-    this.#providers.set(key, provider);
-    return key;
-  }
-
-  async #answer(stream: SessionStream, request: pb.ProvideRequest): Promise<void> {
-    const controller = new AbortController();
-    this.#answering.set(request.callId, controller);
-    const context = contextFromProto(request.context, controller.signal);
-    let values: pb.ProvidedValue[];
-    try {
-      values = await Promise.all(request.calls.map((call) => this.#value(call, context)));
-    } finally {
-      this.#answering.delete(request.callId);
-    }
-    if (controller.signal.aborted) return; // the sidecar gave up on this request
-    try {
-      stream.write(
-        create(pb.OpenSessionRequestSchema, {
-          kind: { case: "provided", value: { callId: request.callId, values } },
-        }),
-      );
-    } catch {
-      // the session is over: that assembly has failed already
-    }
-  }
-
-  async #value(call: pb.ProvideCall, context: AssembleContext): Promise<pb.ProvidedValue> {
-    try {
-      const provider = this.#providers.get(call.providerKey);
-      if (provider === undefined) throw new ReferenceError("the provider was disposed in this client");
-      const value: pb.ProvidedValue["value"] = fill(call.kind, await provider(context));
-      return create(pb.ProvidedValueSchema, { providerKey: call.providerKey, value });
-    } catch (error) {
-      // The provider's failure fails the assembly, not this client.
-      return create(pb.ProvidedValueSchema, {
-        providerKey: call.providerKey,
-        value: { case: "error", value: { message: describe(error) } },
-      });
-    }
-  }
 }
 
-function fill(kind: pb.ProviderKind, value: unknown): pb.ProvidedValue["value"] {
-  if (kind === pb.ProviderKind.TOOLS) {
-    return { case: "tools", value: toolsToProto(value as Parameters<typeof toolsToProto>[0]) };
+/** The error for a call the sidecar answers at once: our own deadline is NoAnswer. */
+export function answerError(error: unknown, what: string, timeoutMs: number): SystemPromptError {
+  if (error instanceof SystemPromptError) return error;
+  const failure = errorFromGrpc(error as StatusObject);
+  if (failure.code === Code.DEADLINE_EXCEEDED && failure.reason === Reason.UNKNOWN) {
+    return new NoAnswer(what, timeoutMs);
   }
-  if (kind === pb.ProviderKind.VARIABLE) {
-    if (value === undefined || value === null) return { case: "noValue", value: create(pb.NoValueSchema) };
-    if (typeof value === "string") return { case: "variableValue", value };
-    throw new TypeError(`a variable provider must return a string or undefined, not ${String(value)}`);
-  }
-  if (typeof value === "string") return { case: "text", value };
-  throw new TypeError(`a text provider must return a string, not ${String(value)}`);
+  return failure;
+}
+
+/** Connecting to `address` took longer than `timeoutMs`. */
+export function notReady(address: string, timeoutMs: number): SystemPromptError {
+  return new SystemPromptError(
+    `sidecar unavailable: no session with ${address} within ${timeoutMs / 1000}s`,
+    Code.UNAVAILABLE,
+    Reason.SIDECAR_UNAVAILABLE,
+  );
 }

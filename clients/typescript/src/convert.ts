@@ -7,9 +7,11 @@ import {
   ToolSchema,
   type AssembleContext,
   type AssemblyReport,
+  type ChangeAction,
   type ChangeEvent,
   type ChangeKind,
   type JsonObject,
+  type PrefixLayout,
   type PromptAssembly,
   type Size,
   type Source,
@@ -17,7 +19,7 @@ import {
   type ToolSchemaLike,
 } from "./types.js";
 
-const CHANGE_KINDS: Record<number, ChangeKind> = {
+export const CHANGE_KINDS: Record<number, ChangeKind> = {
   [pb.ChangeKind.SECTION]: "section",
   [pb.ChangeKind.CONTEXT]: "context",
   [pb.ChangeKind.TOOLS]: "tools",
@@ -25,6 +27,16 @@ const CHANGE_KINDS: Record<number, ChangeKind> = {
   [pb.ChangeKind.SUPPRESSOR]: "suppressor",
   [pb.ChangeKind.LISTENER]: "listener",
   [pb.ChangeKind.SCOPE]: "scope",
+  [pb.ChangeKind.CONFIG]: "config",
+};
+const CHANGE_ACTIONS: Record<number, ChangeAction> = {
+  [pb.ChangeAction.REGISTERED]: "registered",
+  [pb.ChangeAction.UNREGISTERED]: "unregistered",
+  [pb.ChangeAction.UPDATED]: "updated",
+};
+const LAYOUTS: Record<number, PrefixLayout> = {
+  [pb.PrefixLayout.TOOLS_FIRST]: "tools-first",
+  [pb.PrefixLayout.SYSTEM_FIRST]: "system-first",
 };
 const SOURCE_KINDS: Record<number, Source["kind"]> = {
   [pb.SourceKind.BUILTIN]: "builtin",
@@ -80,6 +92,12 @@ export function toolsToProto(result: ToolProviderResult | ToolSchemaLike[]): pb.
   return message;
 }
 
+export function toolsetFromProto(message: pb.ToolProviderResult): ToolProviderResult {
+  const result: ToolProviderResult = { schemas: message.schemas.map(toolFromProto) };
+  if (message.knownNames !== undefined) result.knownNames = [...message.knownNames.names];
+  return result;
+}
+
 export function toolFromProto(message: pb.ToolSchema): ToolSchema {
   return ToolSchema.fromJson(message.name, message.description, message.parametersJson);
 }
@@ -127,10 +145,12 @@ export function changeFromProto(message: pb.ChangeEvent): ChangeEvent {
   return {
     type: "change",
     revision: Number(message.revision),
-    kind: CHANGE_KINDS[message.kind] ?? "section",
-    action: message.action === pb.ChangeAction.UNREGISTERED ? "unregistered" : "registered",
+    kind: CHANGE_KINDS[message.kind] ?? "unknown",
+    action: CHANGE_ACTIONS[message.action] ?? "unknown",
     name: message.name,
     scope: message.scope || undefined,
+    ref: message.ref,
+    fingerprint: message.fingerprint,
   };
 }
 
@@ -141,7 +161,7 @@ export function reportFromProto(message: pb.AssemblyReport): AssemblyReport {
   return {
     tokenizer: message.tokenizer,
     parts: message.parts.map((part) => ({
-      kind: PART_KINDS[part.kind] ?? "section",
+      kind: PART_KINDS[part.kind] ?? "unknown",
       name: part.name,
       source: source(part.source),
       bytes: Number(part.bytes),
@@ -149,24 +169,31 @@ export function reportFromProto(message: pb.AssemblyReport): AssemblyReport {
       fingerprint: part.fingerprint,
       stable: part.stable,
     })),
-    tools: size(message.tools),
-    prompt: size(message.prompt),
-    contextSnapshot: size(message.contextSnapshot),
+    tools: sizeFromProto(message.tools),
+    prompt: sizeFromProto(message.prompt),
+    contextSnapshot: sizeFromProto(message.contextSnapshot),
     stability: {
       hasPrevious: stability?.hasPrevious ?? false,
       stableBytes: Number(stability?.stableBytes ?? 0),
       stableTokens: optionalNumber(stability?.stableTokens),
-      prefix: size(stability?.prefix),
+      prefix: sizeFromProto(stability?.prefix),
       firstChanged: stability?.firstChanged ?? "",
       reason: stability?.reason ?? "",
+      recomputed: sizeFromProto(stability?.recomputed),
+      messagesRecomputed: stability?.messagesRecomputed ?? false,
+      diff: stability?.diff ?? "",
+      previousEvicted: stability?.previousEvicted ?? false,
     },
     variables,
+    renderError: message.renderError,
+    prefixLayout: layoutFromProto(message.prefixLayout),
+    historyKey: message.historyKey,
   };
 }
 
 function source(message: pb.Source | undefined): Source {
   return {
-    kind: SOURCE_KINDS[message?.kind ?? 0] ?? "global",
+    kind: SOURCE_KINDS[message?.kind ?? 0] ?? "unknown",
     scope: message?.scope || undefined,
     ancestorDepth: message?.ancestorDepth ?? 0,
     listener: message?.listener ?? "",
@@ -174,7 +201,18 @@ function source(message: pb.Source | undefined): Source {
   };
 }
 
-function size(message: pb.Size | undefined): Size {
+export function layoutFromProto(layout: pb.PrefixLayout): PrefixLayout {
+  return LAYOUTS[layout] ?? "system-first";
+}
+
+/** The wire layout; undefined is the sidecar's configured one. */
+export function layoutToProto(layout: PrefixLayout | undefined): pb.PrefixLayout {
+  if (layout === undefined) return pb.PrefixLayout.UNSPECIFIED;
+  for (const [wire, name] of Object.entries(LAYOUTS)) if (name === layout) return Number(wire);
+  throw invalid(`prefixLayout must be one of ${Object.values(LAYOUTS).join(", ")}, not ${String(layout)}`);
+}
+
+export function sizeFromProto(message: pb.Size | undefined): Size {
   return { bytes: Number(message?.bytes ?? 0), tokens: optionalNumber(message?.tokens) };
 }
 

@@ -54,6 +54,33 @@ export function invalid(message: string): SystemPromptError {
   return new SystemPromptError(message, Code.INVALID_ARGUMENT, Reason.INVALID_VALUE);
 }
 
+/** The sidecar sent what this protocol does not allow (a buggy or hostile sidecar). */
+export function protocolError(message: string): SystemPromptError {
+  return new SystemPromptError(`protocol error: ${message}`, Code.INTERNAL, Reason.PROTOCOL_ERROR);
+}
+
+/**
+ * A stream the sidecar ended before confirming it (it is going away, or refused it):
+ * its own error, or UNAVAILABLE when it ended with OK, which says nothing.
+ */
+export function streamEnded(message: string, status: Partial<ServiceError>): SystemPromptError {
+  if (status.code === undefined || status.code === Code.OK) {
+    return new SystemPromptError(`sidecar unavailable: ${message}`, Code.UNAVAILABLE, Reason.SIDECAR_UNAVAILABLE);
+  }
+  return errorFromGrpc(status);
+}
+
+/** The sidecar took a call and did not answer it in time: treat it as unreachable. */
+export class NoAnswer extends SystemPromptError {
+  constructor(what: string, timeoutMs: number) {
+    super(
+      `sidecar unavailable: no answer to ${what} within ${timeoutMs / 1000}s`,
+      Code.UNAVAILABLE,
+      Reason.SIDECAR_UNAVAILABLE,
+    );
+  }
+}
+
 /** The SystemPromptError for a failed call, with the ErrorInfo reason if sent. */
 export function errorFromGrpc(error: Partial<ServiceError>): SystemPromptError {
   const code = error.code ?? Code.UNKNOWN;

@@ -10,14 +10,19 @@
  * ```
  */
 
-export { ChangeStream } from "./changes.js";
+export { usageFrom, type Usage } from "./cacheHistory.js";
+export { ChangeStream, type ChangeItem } from "./changes.js";
 export {
   Client,
   connect,
+  DEFAULT_ADDRESS,
+  defaultAddress,
   Scope,
   type AssembleOptions,
   type ConnectOptions,
   type Disposer,
+  type Handle,
+  type WatchOptions,
   type ListenerOptions,
   type PromptContext,
   type PromptSection,
@@ -28,6 +33,8 @@ export {
 export { systemPrompt, type OriginalAssembleContext, type SystemPromptService } from "./ctx.js";
 export { Code, Reason, RenderError, SystemPromptError } from "./errors.js";
 export type { Listener, NextFn } from "./listeners.js";
+export { PromptStream } from "./prompts.js";
 export { CONTEXT_SNAPSHOT_HEADER, renderContextSnapshot, renderPrompt } from "./render.js";
 export type { Pem, TlsOptions } from "./rpc.js";
+export type { FilterOptions } from "./snapshots.js";
 export * from "./types.js";

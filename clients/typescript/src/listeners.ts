@@ -3,8 +3,10 @@
 import { create } from "@bufbuild/protobuf";
 import type { ClientDuplexStream, StatusObject } from "@grpc/grpc-js";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
+import { Deferred } from "./async.js";
 import { assemblyFromProto, assemblyToProto, contextFromProto } from "./convert.js";
-import { Code, Reason, SystemPromptError, errorFromGrpc } from "./errors.js";
+import { Code, NoAnswer, Reason, SystemPromptError, protocolError, streamEnded } from "./errors.js";
+import { describe } from "./providers.js";
 import type { Rpc } from "./rpc.js";
 import { ToolSchema, type AssembleContext, type PromptAssembly, type ToolSchemaLike } from "./types.js";
 
@@ -52,51 +54,85 @@ interface Waiting {
 export class ListenerStream {
   readonly #rpc: Rpc;
   readonly #listener: Listener;
+  readonly #onLost: () => void;
   #call: ListenStream | undefined;
+  #closing = false;
+  /** Whether the sidecar confirmed `tool-slots`: only then do replies carry slots. */
+  #slots = false;
   readonly #running = new Map<bigint, AbortController>();
   readonly #nextResults = new Map<bigint, Waiting>();
 
-  constructor(rpc: Rpc, listener: Listener) {
+  /** `onLost` hears when the sidecar ends the stream while this client keeps the listener. */
+  constructor(rpc: Rpc, listener: Listener, onLost: () => void = () => undefined) {
     this.#rpc = rpc;
     this.#listener = listener;
+    this.#onLost = onLost;
   }
 
-  /** Install the listener; resolves to its registration id. */
-  start(start: pb.ListenStart): Promise<string> {
+  /** Install the listener, confirmed within `timeoutMs`; resolves to its registration id. */
+  start(start: pb.ListenStart, timeoutMs: number): Promise<string> {
     const call = this.#rpc.bidi(pb.SystemPromptService.method.listen);
     this.#call = call;
     return new Promise((resolve, reject) => {
       let registered = false;
+      let settled = false;
+      const settle = (): boolean => {
+        const first = !settled;
+        settled = true;
+        clearTimeout(timer);
+        return first;
+      };
+      const timer = setTimeout(() => {
+        if (!settle()) return;
+        call.cancel(); // a silent sidecar keeps no stream of ours
+        reject(new NoAnswer("installing a listener", timeoutMs));
+      }, timeoutMs);
       call.on("data", (message: pb.ListenResponse) => {
-        const kind = message.kind;
-        if (kind.case === "registered" && !registered) {
-          registered = true;
-          resolve(kind.value.registrationId);
-        } else if (kind.case === "invocation") {
-          void this.#invoke(kind.value);
-        } else if (kind.case === "nextResult") {
-          this.#nextResults.get(kind.value.invocationId)?.resolve(kind.value);
-        } else if (kind.case === "cancel") {
-          this.#abandon(kind.value.invocationId);
+        if (registered) {
+          this.#receive(message);
+          return;
         }
+        if (!settle()) return;
+        const kind = message.kind;
+        if (kind.case !== "registered" || !kind.value.registrationId) {
+          call.cancel();
+          reject(protocolError("the listener stream did not start with ListenerRegistered"));
+          return;
+        }
+        registered = true;
+        // Only what both sides support: a sidecar that confirms no feature gets none.
+        this.#slots = start.features.includes(FEATURE_TOOL_SLOTS) && kind.value.features.includes(FEATURE_TOOL_SLOTS);
+        resolve(kind.value.registrationId);
       });
       call.on("error", () => undefined); // the status below says it all
       call.on("status", (status: StatusObject) => {
-        for (const id of [...this.#running.keys()]) this.#abandon(id);
+        for (const id of [...this.#running.keys()]) this.#abandon(id); // their replies have nowhere to go
         if (!registered) {
-          reject(
-            status.code === Code.OK
-              ? new SystemPromptError("the sidecar closed the listener stream", Code.UNAVAILABLE, Reason.SIDECAR_UNAVAILABLE)
-              : errorFromGrpc(status),
-          );
+          if (settle()) reject(streamEnded("it closed the listener stream", status));
+        } else if (!this.#closing) {
+          this.#onLost(); // the sidecar dropped the listener: the session is made again
         }
       });
       call.write(create(pb.ListenRequestSchema, { kind: { case: "start", value: start } }));
     });
   }
 
+  #receive(message: pb.ListenResponse): void {
+    const kind = message.kind;
+    if (kind.case === "invocation") {
+      if (!this.#running.has(kind.value.invocationId)) void this.#invoke(kind.value); // else: a repeat, running
+    } else if (kind.case === "nextResult") {
+      this.#nextResults.get(kind.value.invocationId)?.resolve(kind.value);
+    } else if (kind.case === "cancel") {
+      this.#abandon(kind.value.invocationId);
+    }
+    // A next_result nobody waits for, a second `registered` and a kind this client
+    // does not know (a newer sidecar's) are ignored.
+  }
+
   /** End the stream: the sidecar removes the listener. */
   close(): void {
+    this.#closing = true;
     for (const id of [...this.#running.keys()]) this.#abandon(id);
     this.#call?.cancel();
   }
@@ -113,7 +149,7 @@ export class ListenerStream {
     const id = invocation.invocationId;
     const controller = new AbortController();
     this.#running.set(id, controller);
-    const sent = new SentTools(invocation.assembly?.tools ?? []);
+    const sent = new SentTools(invocation.assembly?.tools ?? [], this.#slots);
     const assembly = assemblyFromProto(invocation.assembly, sent.tools);
     const context = contextFromProto(invocation.context, controller.signal);
     let reply: pb.ListenRequest;
@@ -273,42 +309,56 @@ function isResolvingFunction(value: unknown): boolean {
 }
 
 /**
- * The tools an invocation came with. Replies name the unchanged ones by their
- * slot instead of sending their schemas back; the sidecar does the same.
+ * The tools an invocation came with. With `tool-slots` in effect, replies name
+ * the unchanged ones by their slot instead of sending their schemas back.
  */
 export class SentTools {
   readonly tools: ToolSchema[];
   readonly #originals: [string, string, string][];
   readonly #index = new Map<ToolSchemaLike, number>();
+  readonly #slots: boolean;
 
-  constructor(messages: readonly pb.ToolSchema[]) {
+  constructor(messages: readonly pb.ToolSchema[], slots: boolean) {
     this.#originals = messages.map((m) => [m.name, m.description, m.parametersJson]);
     this.tools = this.#originals.map(([name, description, json]) => ToolSchema.fromJson(name, description, json));
     this.tools.forEach((tool, slot) => this.#index.set(tool, slot));
+    this.#slots = slots;
   }
 
-  /** The assembly with untouched invocation tools as slots, the others in full. */
+  /** The assembly with untouched invocation tools as slots (when in effect), the others in full. */
   encode(assembly: PromptAssembly): [pb.PromptAssembly, number[]] {
     if (assembly === null || typeof assembly !== "object" || !Array.isArray(assembly.tools)) {
       throw new TypeError(`a listener must return a PromptAssembly, not ${String(assembly)}`);
     }
+    if (!this.#slots) return [assemblyToProto(assembly), []];
     const slots = assembly.tools.map((tool) => this.#slot(tool));
     const fresh = assembly.tools.filter((_, i) => slots[i] === -1);
     return [assemblyToProto({ ...assembly, tools: fresh }), slots];
   }
 
-  /** An assembly the sidecar sent with slots into this invocation's tools. */
+  /**
+   * An assembly the sidecar sent, with slots into this invocation's tools or not
+   * (a sidecar may send slots unasked: an older one always did).
+   */
   decode(message: pb.PromptAssembly | undefined, slots: readonly number[]): PromptAssembly {
     const assembly = assemblyFromProto(message);
     if (slots.length) {
+      this.#check(slots, assembly.tools.length);
       const fresh = assembly.tools[Symbol.iterator]();
-      assembly.tools = slots.map((slot) => {
-        const tool = slot >= 0 ? this.#tool(slot) : fresh.next().value;
-        if (tool === undefined) throw new Error(`the sidecar sent a bad tool slot ${slot}`);
-        return tool;
-      });
+      assembly.tools = slots.map((slot) => (slot >= 0 ? this.#tool(slot) : fresh.next().value) as ToolSchemaLike);
     }
     return assembly;
+  }
+
+  #check(slots: readonly number[], sent: number): void {
+    const bad = slots.find((slot) => !(slot >= -1 && slot < this.tools.length));
+    if (bad !== undefined) {
+      throw protocolError(`next() came back with tool slot ${bad}, but the invocation had ${this.tools.length} tools`);
+    }
+    const wanted = slots.filter((slot) => slot === -1).length;
+    if (wanted !== sent) {
+      throw protocolError(`next() came back with ${wanted} new tool slots but ${sent} new tools`);
+    }
   }
 
   #slot(tool: ToolSchemaLike): number {
@@ -316,11 +366,11 @@ export class SentTools {
     return slot >= 0 && this.#untouched(slot) ? slot : -1;
   }
 
-  #tool(slot: number): ToolSchema | undefined {
-    const original = this.#originals[slot];
-    if (original === undefined) return undefined;
+  #tool(slot: number): ToolSchema {
+    const [original, tool] = [this.#originals[slot], this.tools[slot]];
+    if (original === undefined || tool === undefined) throw protocolError(`no tool slot ${slot}`);
     // The listener may have changed its copy in place since: then rebuild the original.
-    return this.#untouched(slot) ? this.tools[slot] : ToolSchema.fromJson(...original);
+    return this.#untouched(slot) ? tool : ToolSchema.fromJson(...original);
   }
 
   #untouched(slot: number): boolean {
@@ -330,23 +380,4 @@ export class SentTools {
     const [name, description, json] = original;
     return tool.parametersJson() === json && tool.name === name && tool.description === description;
   }
-}
-
-/** A promise with its resolve and reject at hand. */
-export class Deferred<T> {
-  readonly promise: Promise<T>;
-  resolve!: (value: T) => void;
-  reject!: (error: Error) => void;
-
-  constructor() {
-    this.promise = new Promise<T>((resolve, reject) => {
-      this.resolve = resolve;
-      this.reject = reject;
-    });
-  }
-}
-
-/** What a failing provider or listener said, as `Name: message`. */
-export function describe(error: unknown): string {
-  return error instanceof Error ? `${error.name}: ${error.message}` : `Error: ${String(error)}`;
 }

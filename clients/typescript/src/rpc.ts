@@ -130,6 +130,7 @@ export class Rpc {
   serverStream<I extends DescMessage, O extends DescMessage>(
     method: Method<I, O>,
     request: MessageShape<I>,
+    deadline?: Date,
   ): grpc.ClientReadableStream<MessageShape<O>> {
     return this.#client.makeServerStreamRequest(
       path(method),
@@ -137,6 +138,7 @@ export class Rpc {
       deserializer(method.output),
       request,
       this.metadata(),
+      deadline === undefined ? {} : { deadline },
     );
   }
 

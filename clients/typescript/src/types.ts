@@ -106,9 +106,9 @@ export interface AssembleContext {
   signal: AbortSignal;
 }
 
-/** Where an assembled part came from. */
+/** Where an assembled part came from ("unknown": a newer sidecar's kind). */
 export interface Source {
-  kind: "builtin" | "global" | "scope" | "listener";
+  kind: "builtin" | "global" | "scope" | "listener" | "unknown";
   /** For "scope": the layer's scope key. */
   scope?: string | undefined;
   /** For "scope": 0 is the assembly's own scope, 1 its parent, and so on. */
@@ -127,7 +127,8 @@ export interface Size {
 
 /** One rendered part, in model order: its origin, size, fingerprint and stability. */
 export interface PartReport {
-  kind: "tool" | "section" | "context";
+  /** "unknown": a newer sidecar's kind of part. */
+  kind: "tool" | "section" | "context" | "unknown";
   name: string;
   source: Source;
   bytes: number;
@@ -136,7 +137,10 @@ export interface PartReport {
   stable: boolean;
 }
 
-/** How much of the prefix (tools, then system prompt) is unchanged since last time. */
+/** The order a model server caches a request's prefix in (see docs/prompt-cache.md). */
+export type PrefixLayout = "tools-first" | "system-first";
+
+/** How much of the prefix (in the report's layout) is unchanged since the previous report. */
 export interface PrefixStability {
   hasPrevious: boolean;
   stableBytes: number;
@@ -146,6 +150,14 @@ export interface PrefixStability {
   firstChanged: string;
   /** E.g. `section "cwd" text changed (variable {{cwd}} changed)`. */
   reason: string;
+  /** What the first change makes the model server recompute of the prefix. */
+  recomputed: Size;
+  /** Every message after the system prompt is recomputed too. */
+  messagesRecomputed: boolean;
+  /** A short -/+ diff of the first changed part. */
+  diff: string;
+  /** An earlier report existed but was evicted. */
+  previousEvicted: boolean;
 }
 
 /** Provenance, sizes and prefix stability of one assembly (`assemble({report: true})`). */
@@ -158,6 +170,11 @@ export interface AssemblyReport {
   contextSnapshot: Size;
   stability: PrefixStability;
   variables: Record<string, Source>;
+  /** Why the assembly does not render, naming the part; "" when it does. */
+  renderError: string;
+  prefixLayout: PrefixLayout;
+  /** The history key compared with: `scope "agent-1"`, `key "conv-7"`. */
+  historyKey: string;
 }
 
 /** What the model is told: sections, contexts, tools and resolved variables. */
@@ -178,7 +195,7 @@ export interface RenderedPrompt {
   assembly: PromptAssembly;
 }
 
-/** What a change event is about. */
+/** What a change event (or a listing's entry) is about; "unknown": a newer sidecar's kind. */
 export type ChangeKind =
   | "section"
   | "context"
@@ -186,19 +203,28 @@ export type ChangeKind =
   | "variable"
   | "suppressor"
   | "listener"
-  | "scope";
+  | "scope"
+  | "config"
+  | "unknown";
 
-/** One registration or disposal seen on the change stream. */
+/** Registered, unregistered, updated in place; "unknown": a newer sidecar's action. */
+export type ChangeAction = "registered" | "unregistered" | "updated" | "unknown";
+
+/** One registration, update or disposal seen on the change stream. */
 export interface ChangeEvent {
   type: "change";
   /** Grows by one with every change. */
   revision: number;
   kind: ChangeKind;
-  action: "registered" | "unregistered";
+  action: ChangeAction;
   /** The section's, context's or variable's name, a scope's key, a provider's label. */
   name: string;
   /** The scope whose layer changed; undefined for the global layer. */
   scope?: string | undefined;
+  /** The registration's public reference, as in {@link RegistrationInfo.ref}. */
+  ref: string;
+  /** Its value's fingerprint after the change; "" when gone or not static. */
+  fingerprint: string;
 }
 
 /**
@@ -210,4 +236,102 @@ export interface ChangesMissed {
   firstRevision: number;
   count: number;
   resyncRevision: number;
+}
+
+/**
+ * The change stream could not be resumed event by event: rebuild your view from
+ * `snapshot`. `reason` is "restarted" (a new sidecar incarnation: revisions began
+ * again) or "behind" (the sidecar's history no longer holds the changes since the
+ * last one delivered). The events after `snapshot.revision` follow.
+ */
+export interface ChangesResynced {
+  type: "resynced";
+  reason: "restarted" | "behind";
+  snapshot: Snapshot;
+}
+
+/** One registration as a listing shows it (`client.snapshot()`). */
+export interface RegistrationInfo {
+  /** The same as {@link ChangeEvent.ref} of its events. */
+  ref: string;
+  kind: ChangeKind;
+  name: string;
+  scope?: string | undefined;
+  order?: number | undefined;
+  complete: boolean;
+  dynamic: boolean;
+  /** The owning session's client name. */
+  owner: string;
+  /** Tells sessions of one client name apart. */
+  ownerLabel: string;
+  sizeBytes: number;
+  /** Equal for equal static values; "" for a dynamic one. */
+  fingerprint: string;
+  /** The listing asked for values and this one has a static value. */
+  hasValue: boolean;
+  /** The static value, when listed: a text, undefined ("no value") or a ToolProviderResult. */
+  value?: string | ToolProviderResult | undefined;
+}
+
+/** The registrations at `revision` of the sidecar incarnation `incarnation`. */
+export interface Snapshot {
+  revision: number;
+  incarnation: string;
+  registrations: RegistrationInfo[];
+}
+
+/**
+ * One message of `client.watchPrompt()`: the scope's prompt from its static parts.
+ * Dynamic parts hold placeholders (`<dynamic section "cwd">`); listeners are not run.
+ * `report.stability` is the prompt-cache verdict against the previous message.
+ */
+export interface PromptChange {
+  revision: number;
+  incarnation: string;
+  /** Undefined when the static parts do not assemble (see `error`). */
+  assembly?: PromptAssembly | undefined;
+  /** The rendered prompt, when asked for and it renders. */
+  prompt?: string | undefined;
+  contextSnapshot?: string | undefined;
+  report?: AssemblyReport | undefined;
+  /** The changes since the previous message, oldest first. */
+  changes: ChangeEvent[];
+  changesOmitted: number;
+  /** Why the static parts do not assemble, or "". */
+  error: string;
+}
+
+/** One reported assembly in a history key's prompt-cache history. */
+export interface CacheHistoryEntry {
+  /** 1 for the key's first report. */
+  sequence: number;
+  revision: number;
+  prefixLayout: PrefixLayout;
+  hasPrevious: boolean;
+  firstChanged: string;
+  reason: string;
+  prefix: Size;
+  stableBytes: number;
+  /** Predicted cached tokens, with a tokenizer. */
+  stableTokens?: number | undefined;
+  recomputed: Size;
+  /** What the model server said (`reportUsage`). */
+  observedCachedTokens?: number | undefined;
+  observedPromptTokens?: number | undefined;
+}
+
+/** How often the prefix broke for one history key, which parts broke it, and the cost. */
+export interface CacheHistory {
+  /** `scope "agent-1"` or `key "conv-7"`. */
+  key: string;
+  reports: number;
+  breaks: number;
+  /** [part, breaks], most first. */
+  breakers: [string, number][];
+  /** In total. */
+  recomputed: Size;
+  /** Oldest first. */
+  recent: CacheHistoryEntry[];
+  /** Its earlier history was evicted to make room for other keys. */
+  evicted: boolean;
 }

@@ -1,0 +1,159 @@
+/**
+ * The session stream's life cycle: open it, read it until it ends, end it.
+ *
+ * A session is one `OpenSession` stream; everything registered on it lives as
+ * long as the stream does. While open, the sidecar asks on it for provider values
+ * (answered by `Providers`). When it ends without this client ending it, the
+ * connection is told, and reconnects and replays.
+ */
+
+import { create } from "@bufbuild/protobuf";
+import type { ClientDuplexStream, StatusObject } from "@grpc/grpc-js";
+import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
+import { Deferred, within } from "./async.js";
+import { NoAnswer, protocolError, streamEnded } from "./errors.js";
+import type { Providers } from "./providers.js";
+import type { Rpc } from "./rpc.js";
+
+type SessionStream = ClientDuplexStream<pb.OpenSessionRequest, pb.OpenSessionResponse>;
+
+/** Sent in SessionStart, for the sidecar's logs only. */
+export const CLIENT_VERSION = "dsh-system-prompt-typescript/0.1.0";
+const END_WAIT_MS = 5_000; // how long ending waits for the sidecar to close its side
+
+/** One open session stream: its id, and the provider answers running on it. */
+export class Session {
+  readonly id: string;
+  /** The sidecar's version as it said at open (diagnostics only). */
+  readonly sidecarVersion: string;
+  readonly #stream: SessionStream;
+  readonly #providers: Providers;
+  readonly #finished: Promise<void>;
+  readonly #answering = new Map<bigint, AbortController>();
+  #ending = false;
+  #ended = false;
+
+  private constructor(stream: SessionStream, opened: pb.SessionOpened, providers: Providers, finished: Promise<void>) {
+    this.#stream = stream;
+    this.id = opened.sessionId;
+    this.sidecarVersion = opened.sidecarVersion;
+    this.#providers = providers;
+    this.#finished = finished;
+  }
+
+  /** Open a session, confirmed within `timeoutMs`; `onLost` hears when it ends without `end()`. */
+  static open(
+    rpc: Rpc,
+    clientName: string,
+    providers: Providers,
+    onLost: (session: Session) => void,
+    timeoutMs: number,
+  ): Promise<Session> {
+    const stream: SessionStream = rpc.bidi(pb.SystemPromptService.method.openSession);
+    const finished = new Deferred<void>();
+    return new Promise((resolve, reject) => {
+      let session: Session | undefined;
+      let settled = false;
+      const settle = (): boolean => {
+        const first = !settled;
+        settled = true;
+        clearTimeout(timer);
+        return first;
+      };
+      const timer = setTimeout(() => {
+        if (!settle()) return;
+        stream.cancel(); // a silent sidecar keeps no stream of ours
+        reject(new NoAnswer("opening the session", timeoutMs));
+      }, timeoutMs);
+      stream.on("data", (message: pb.OpenSessionResponse) => {
+        if (session !== undefined) {
+          session.#receive(message);
+          return;
+        }
+        if (!settle()) return;
+        if (message.kind.case !== "opened" || !message.kind.value.sessionId) {
+          stream.cancel();
+          reject(protocolError("the session stream did not start with SessionOpened"));
+          return;
+        }
+        session = new Session(stream, message.kind.value, providers, finished.promise);
+        resolve(session);
+      });
+      stream.on("error", () => undefined); // the status below says it all
+      stream.on("status", (status: StatusObject) => {
+        finished.resolve();
+        if (session === undefined) {
+          if (settle()) reject(streamEnded("it ended the session stream before opening it", status));
+          return;
+        }
+        session.#lost(onLost);
+      });
+      stream.write(
+        create(pb.OpenSessionRequestSchema, {
+          kind: { case: "start", value: { clientName, clientVersion: CLIENT_VERSION } },
+        }),
+      );
+    });
+  }
+
+  /** The stream is over, whoever ended it. */
+  get ended(): boolean {
+    return this.#ended;
+  }
+
+  /** End the stream (a half-close, its clean end): the sidecar disposes everything registered on it. */
+  async end(): Promise<void> {
+    if (this.#ending) return;
+    this.#ending = true;
+    this.#cancelAnswers();
+    try {
+      this.#stream.end();
+    } catch {
+      // over already
+    }
+    await within(this.#finished, END_WAIT_MS);
+    this.#stream.cancel(); // a sidecar that never closed its side keeps no stream of ours
+  }
+
+  #receive(message: pb.OpenSessionResponse): void {
+    const kind = message.kind;
+    if (kind.case === "provide") {
+      if (!this.#answering.has(kind.value.callId)) void this.#answer(kind.value); // else: a repeat, being answered
+    } else if (kind.case === "cancel") {
+      this.#answering.get(kind.value.callId)?.abort();
+    }
+    // A second `opened`, and a kind this client does not know (a newer sidecar's),
+    // are ignored: the first `opened` named the session.
+  }
+
+  #lost(onLost: (session: Session) => void): void {
+    this.#ended = true;
+    this.#cancelAnswers(); // nobody reads their answers any more
+    if (!this.#ending) onLost(this);
+  }
+
+  async #answer(request: pb.ProvideRequest): Promise<void> {
+    const controller = new AbortController();
+    this.#answering.set(request.callId, controller);
+    let values: pb.ProvidedValue[];
+    try {
+      values = await this.#providers.answer(request, controller.signal);
+    } finally {
+      this.#answering.delete(request.callId);
+    }
+    if (controller.signal.aborted) return; // the sidecar gave up on this request
+    try {
+      this.#stream.write(
+        create(pb.OpenSessionRequestSchema, {
+          kind: { case: "provided", value: { callId: request.callId, values } },
+        }),
+      );
+    } catch {
+      // the session is over: that assembly has failed already
+    }
+  }
+
+  #cancelAnswers(): void {
+    for (const controller of this.#answering.values()) controller.abort();
+  }
+}
