@@ -43,3 +43,38 @@ export async function within<T>(promise: Promise<T>, ms: number | undefined): Pr
     clearTimeout(timer);
   }
 }
+
+/**
+ * A stream's confirmation (its first answer): settled once, by the answer, a failure,
+ * or `onTimeout` after `timeoutMs`, whose timer goes with it.
+ */
+export class Confirmation<T> {
+  readonly promise: Promise<T>;
+  readonly #deferred = new Deferred<T>();
+  readonly #timer: NodeJS.Timeout;
+  #settled = false;
+
+  constructor(timeoutMs: number, onTimeout: () => Error) {
+    this.promise = this.#deferred.promise;
+    this.#timer = setTimeout(() => this.fail(onTimeout()), timeoutMs);
+  }
+
+  get settled(): boolean {
+    return this.#settled;
+  }
+
+  confirm(value: T): void {
+    if (this.#settle()) this.#deferred.resolve(value);
+  }
+
+  fail(error: Error): void {
+    if (this.#settle()) this.#deferred.reject(error);
+  }
+
+  #settle(): boolean {
+    const first = !this.#settled;
+    this.#settled = true;
+    clearTimeout(this.#timer);
+    return first;
+  }
+}

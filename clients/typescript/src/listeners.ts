@@ -3,7 +3,7 @@
 import { create } from "@bufbuild/protobuf";
 import type { ClientDuplexStream, StatusObject } from "@grpc/grpc-js";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
-import { Deferred } from "./async.js";
+import { Confirmation, Deferred } from "./async.js";
 import { assemblyFromProto, assemblyToProto, contextFromProto } from "./convert.js";
 import { Code, NoAnswer, Reason, SystemPromptError, protocolError, streamEnded } from "./errors.js";
 import { describe } from "./providers.js";
@@ -73,48 +73,35 @@ export class ListenerStream {
   start(start: pb.ListenStart, timeoutMs: number): Promise<string> {
     const call = this.#rpc.bidi(pb.SystemPromptService.method.listen);
     this.#call = call;
-    return new Promise((resolve, reject) => {
-      let registered = false;
-      let settled = false;
-      const settle = (): boolean => {
-        const first = !settled;
-        settled = true;
-        clearTimeout(timer);
-        return first;
-      };
-      const timer = setTimeout(() => {
-        if (!settle()) return;
-        call.cancel(); // a silent sidecar keeps no stream of ours
-        reject(new NoAnswer("installing a listener", timeoutMs));
-      }, timeoutMs);
-      call.on("data", (message: pb.ListenResponse) => {
-        if (registered) {
-          this.#receive(message);
-          return;
-        }
-        if (!settle()) return;
-        const kind = message.kind;
-        if (kind.case !== "registered" || !kind.value.registrationId) {
-          call.cancel();
-          reject(protocolError("the listener stream did not start with ListenerRegistered"));
-          return;
-        }
+    const confirmation = new Confirmation<string>(timeoutMs, () => {
+      call.cancel(); // a silent sidecar keeps no stream of ours
+      return new NoAnswer("installing a listener", timeoutMs);
+    });
+    let registered = false;
+    call.on("data", (message: pb.ListenResponse) => {
+      const kind = message.kind;
+      if (registered) {
+        this.#receive(message);
+      } else if (confirmation.settled) {
+        return;
+      } else if (kind.case !== "registered" || !kind.value.registrationId) {
+        call.cancel();
+        confirmation.fail(protocolError("the listener stream did not start with ListenerRegistered"));
+      } else {
         registered = true;
         // Only what both sides support: a sidecar that confirms no feature gets none.
         this.#slots = start.features.includes(FEATURE_TOOL_SLOTS) && kind.value.features.includes(FEATURE_TOOL_SLOTS);
-        resolve(kind.value.registrationId);
-      });
-      call.on("error", () => undefined); // the status below says it all
-      call.on("status", (status: StatusObject) => {
-        for (const id of [...this.#running.keys()]) this.#abandon(id); // their replies have nowhere to go
-        if (!registered) {
-          if (settle()) reject(streamEnded("it closed the listener stream", status));
-        } else if (!this.#closing) {
-          this.#onLost(); // the sidecar dropped the listener: the session is made again
-        }
-      });
-      call.write(create(pb.ListenRequestSchema, { kind: { case: "start", value: start } }));
+        confirmation.confirm(kind.value.registrationId);
+      }
     });
+    call.on("error", () => undefined); // the status below says it all
+    call.on("status", (status: StatusObject) => {
+      for (const id of [...this.#running.keys()]) this.#abandon(id); // their replies have nowhere to go
+      if (!registered) confirmation.fail(streamEnded("it closed the listener stream", status));
+      else if (!this.#closing) this.#onLost(); // the sidecar dropped the listener: the session is made again
+    });
+    call.write(create(pb.ListenRequestSchema, { kind: { case: "start", value: start } }));
+    return confirmation.promise;
   }
 
   #receive(message: pb.ListenResponse): void {

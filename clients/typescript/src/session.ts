@@ -10,7 +10,7 @@
 import { create } from "@bufbuild/protobuf";
 import type { ClientDuplexStream, StatusObject } from "@grpc/grpc-js";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
-import { Deferred, within } from "./async.js";
+import { Confirmation, Deferred, within } from "./async.js";
 import { NoAnswer, protocolError, streamEnded } from "./errors.js";
 import type { Providers } from "./providers.js";
 import type { Rpc } from "./rpc.js";
@@ -51,49 +51,36 @@ export class Session {
   ): Promise<Session> {
     const stream: SessionStream = rpc.bidi(pb.SystemPromptService.method.openSession);
     const finished = new Deferred<void>();
-    return new Promise((resolve, reject) => {
-      let session: Session | undefined;
-      let settled = false;
-      const settle = (): boolean => {
-        const first = !settled;
-        settled = true;
-        clearTimeout(timer);
-        return first;
-      };
-      const timer = setTimeout(() => {
-        if (!settle()) return;
-        stream.cancel(); // a silent sidecar keeps no stream of ours
-        reject(new NoAnswer("opening the session", timeoutMs));
-      }, timeoutMs);
-      stream.on("data", (message: pb.OpenSessionResponse) => {
-        if (session !== undefined) {
-          session.#receive(message);
-          return;
-        }
-        if (!settle()) return;
-        if (message.kind.case !== "opened" || !message.kind.value.sessionId) {
-          stream.cancel();
-          reject(protocolError("the session stream did not start with SessionOpened"));
-          return;
-        }
-        session = new Session(stream, message.kind.value, providers, finished.promise);
-        resolve(session);
-      });
-      stream.on("error", () => undefined); // the status below says it all
-      stream.on("status", (status: StatusObject) => {
-        finished.resolve();
-        if (session === undefined) {
-          if (settle()) reject(streamEnded("it ended the session stream before opening it", status));
-          return;
-        }
-        session.#lost(onLost);
-      });
-      stream.write(
-        create(pb.OpenSessionRequestSchema, {
-          kind: { case: "start", value: { clientName, clientVersion: CLIENT_VERSION } },
-        }),
-      );
+    const confirmation = new Confirmation<Session>(timeoutMs, () => {
+      stream.cancel(); // a silent sidecar keeps no stream of ours
+      return new NoAnswer("opening the session", timeoutMs);
     });
+    let session: Session | undefined;
+    stream.on("data", (message: pb.OpenSessionResponse) => {
+      if (session !== undefined) {
+        session.#receive(message);
+      } else if (confirmation.settled) {
+        return;
+      } else if (message.kind.case !== "opened" || !message.kind.value.sessionId) {
+        stream.cancel();
+        confirmation.fail(protocolError("the session stream did not start with SessionOpened"));
+      } else {
+        session = new Session(stream, message.kind.value, providers, finished.promise);
+        confirmation.confirm(session);
+      }
+    });
+    stream.on("error", () => undefined); // the status below says it all
+    stream.on("status", (status: StatusObject) => {
+      finished.resolve();
+      if (session === undefined) confirmation.fail(streamEnded("it ended the session stream before opening it", status));
+      else session.#lost(onLost);
+    });
+    stream.write(
+      create(pb.OpenSessionRequestSchema, {
+        kind: { case: "start", value: { clientName, clientVersion: CLIENT_VERSION } },
+      }),
+    );
+    return confirmation.promise;
   }
 
   /** The stream is over, whoever ended it. */
