@@ -79,3 +79,29 @@ async def test_a_filter_runs_when_the_subscriber_reads() -> None:
     item = await subscription.next()
     assert isinstance(item, ChangeEvent) and item.name == "s1"
     assert subscription.poll() is None
+
+
+async def test_taking_the_pending_events_at_once_gives_what_reading_one_by_one_gives() -> None:
+    feeds = [ChangeFeed(), ChangeFeed()]
+    one_by_one, at_once = (
+        feed.subscribe(capacity=5, accepts=lambda event: not event.name.endswith("3"))
+        for feed in feeds
+    )
+    for feed in feeds:
+        publish(feed, 9)
+    polled = []
+    while (item := one_by_one.poll()) is not None:
+        polled.append(item)
+    taken = at_once.take(100)
+    assert taken == polled
+    assert [i.name for i in taken if isinstance(i, ChangeEvent)] == ["s0", "s1", "s2", "s4"]
+    assert taken[-1] == Missed(first_revision=6, count=4, resync_revision=9)
+
+
+async def test_taking_stops_at_the_limit_and_the_rest_stays_pending() -> None:
+    feed = ChangeFeed()
+    subscription = feed.subscribe(capacity=16)
+    publish(feed, 5)
+    first, rest = subscription.take(2), subscription.take(100)
+    assert [i.revision for i in first if isinstance(i, ChangeEvent)] == [1, 2]
+    assert [i.revision for i in rest if isinstance(i, ChangeEvent)] == [3, 4, 5]

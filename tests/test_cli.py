@@ -235,6 +235,8 @@ def _bad_files(folder: Path) -> dict[str, Path]:
         ("change_history", "change_history = 1000001"),
         ("prompt_coalesce_s", "prompt_coalesce_s = -1"),
         ("prompt_coalesce_s", 'prompt_coalesce_s = "fast"'),
+        ("watch_coalesce_s", "watch_coalesce_s = 1.5"),
+        ("watch_coalesce_s", "watch_coalesce_s = -0.1"),
         ("limits.max_watchers_per_peer", "[limits]\nmax_watchers_per_peer = 0"),
         ("report_history", "report_history = 9223372036854775807"),
         ("limits.max_message_bytes", "[limits]\nmax_message_bytes = 9223372036854775807"),

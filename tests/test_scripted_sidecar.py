@@ -509,6 +509,24 @@ async def test_events_after_a_changes_missed_resume_past_its_resync_revision(
     assert seen[1] == dsp.ChangesMissed(12, 3, 14)
 
 
+async def test_a_change_batch_is_yielded_event_by_event_then_its_gap(
+    scripted: ScriptedSidecar,
+) -> None:
+    events = [change(revision).event for revision in (11, 12, 13)]
+    gap = missed(14, 2, 15).missed
+    async with connect(scripted) as client:
+        changes = await client.watch_changes()
+        batch = pb.ChangeBatch(events=events, missed=gap)
+        scripted.script.watchers[0].outbox.put(pb.WatchChangesResponse(batch=batch))
+        scripted.script.watchers[0].outbox.put(change(16))
+        seen = [await asyncio.wait_for(anext(changes), 5) for _ in range(5)]
+        await changes.close()
+    assert list(scripted.script.watch_requests[0].features) == ["change-batches"]
+    assert [getattr(item, "revision", None) for item in seen] == [11, 12, 13, None, 16]
+    assert seen[3] == dsp.ChangesMissed(14, 2, 15)
+    assert changes.last_revision == 16
+
+
 @pytest.mark.parametrize(
     "wrong",
     [

@@ -13,6 +13,7 @@ within an incarnation: a sidecar that breaks that raises SystemPromptError
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Protocol
 
 import grpc
@@ -33,6 +34,8 @@ _RESUMABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.Statu
               grpc.StatusCode.DEADLINE_EXCEEDED}  # fmt: skip
 
 ChangeItem = ChangeEvent | ChangesMissed | ChangesResynced
+# The watch features this client implements: a ChangeBatch holds several events.
+WATCH_FEATURES = ["change-batches"]
 
 
 class WatchCall(Protocol):
@@ -65,6 +68,7 @@ class ChangeStream:
         self._timeout = timeout  # for each subscription's confirmation
         self._call: WatchCall | None = None
         self._pending: list[ChangesResynced] = []
+        self._batched: deque[pb.WatchChangesResponse] = deque()  # a batch's events, one by one
         self._skip_until = 0  # events up to this revision are in a resync's snapshot
         self._closed = False
         self.revision = 0  # the revision when the subscription started
@@ -83,7 +87,7 @@ class ChangeStream:
         while True:
             if self._pending:
                 return self._pending.pop(0)
-            message = await self._read()
+            message = self._batched.popleft() if self._batched else await self._read()
             if message is None:
                 await self._resume()
                 continue
@@ -93,9 +97,17 @@ class ChangeStream:
                     return self._event(message.event)
             elif kind == "missed":
                 return self._missed(message.missed)
+            elif kind == "batch":
+                self._unbatch(message.batch)
             elif kind == "subscribed":
                 raise self._broken("a second WatchSubscribed on the change stream")
             # a kind this client does not know (a newer sidecar's) is skipped
+
+    def _unbatch(self, batch: pb.ChangeBatch) -> None:
+        """Queue a batch's events (then its gap) as if each had come in a message of its own."""
+        self._batched.extend(pb.WatchChangesResponse(event=event) for event in batch.events)
+        if batch.HasField("missed"):
+            self._batched.append(pb.WatchChangesResponse(missed=batch.missed))
 
     async def close(self) -> None:
         """Stop watching."""

@@ -20,7 +20,7 @@ from ._cache_history import (
     usage_from,
 )
 from ._callback_cache import Cache
-from ._changes import ChangeStream
+from ._changes import WATCH_FEATURES, ChangeStream
 from ._channel import TLS, default_address, open_channel
 from ._connection import CALL_TIMEOUT_S, Connection, not_ready, open_when_ready
 from ._convert import (
@@ -409,7 +409,9 @@ class Client(_Registrar):
         """
         await self._connection.ready()
         request = pb.WatchChangesRequest(
-            filter=change_filter(scope, ancestors, kinds), incarnation=incarnation or ""
+            filter=change_filter(scope, ancestors, kinds),
+            incarnation=incarnation or "",
+            features=WATCH_FEATURES,
         )
         if after_revision is not None:
             request.after_revision = after_revision

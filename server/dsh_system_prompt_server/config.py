@@ -23,6 +23,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_COUNT = 2**31 - 1  # gRPC takes sizes as C ints; no count needs more
 MAX_HISTORY = 1_000_000  # change events kept for resuming watchers, at most
 MAX_SECONDS = 86_400.0  # a day: anything longer is a typo, and overflows timers
+MAX_WATCH_COALESCE_S = 1.0  # every batching watcher's events wait this long at most
 
 
 class ConfigError(Exception):
@@ -62,6 +63,7 @@ class SidecarConfig:
     dead_peer_timeout_s: float = 20.0
     watch_buffer: int = 1024
     prompt_coalesce_s: float = 0.1  # a prompt watcher's wait for a burst of changes to end
+    watch_coalesce_s: float = 0.005  # a batching change watcher's wait for a burst to end
     reflection: bool | None = None  # None: on when listening on loopback or a unix socket
     log_level: str = "info"
     log_format: LogFormat = "text"
@@ -84,6 +86,7 @@ _TOP_KEYS = {
     "watch_buffer",
     "change_history",
     "prompt_coalesce_s",
+    "watch_coalesce_s",
     "reflection",
     "log_level",
     "log_format",
@@ -146,6 +149,7 @@ def parse_config(raw: dict[str, Any]) -> SidecarConfig:
         dead_peer_timeout_s=_seconds(raw, "dead_peer_timeout_s", 20.0),
         watch_buffer=_count(raw, "watch_buffer", 1024),
         prompt_coalesce_s=_seconds(raw, "prompt_coalesce_s", 0.1, allow_zero=True),
+        watch_coalesce_s=_watch_coalesce(raw),
         reflection=reflection,
         log_level=log_level,
         log_format="json" if log_format == "json" else "text",
@@ -171,6 +175,16 @@ def _history(raw: dict[str, Any]) -> int:
     if value > MAX_HISTORY:  # each kept event costs memory for as long as it is kept
         raise ConfigError(
             f"config key 'change_history' must be from 1 to {MAX_HISTORY}, not {value}"
+        )
+    return value
+
+
+def _watch_coalesce(raw: dict[str, Any]) -> float:
+    value = _seconds(raw, "watch_coalesce_s", 0.005, allow_zero=True)
+    if value > MAX_WATCH_COALESCE_S:  # a delay on every change event of every watcher
+        raise ConfigError(
+            f"config key 'watch_coalesce_s' must be from 0 to {MAX_WATCH_COALESCE_S:g}"
+            f" seconds, not {value!r}"
         )
     return value
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
@@ -489,23 +489,47 @@ _CHANGE_ACTIONS = {
 
 def change_to_proto(item: ChangeEvent | Missed) -> pb.WatchChangesResponse:
     if isinstance(item, Missed):
-        return pb.WatchChangesResponse(
-            missed=pb.ChangesMissed(
-                first_missed_revision=item.first_revision,
-                count=item.count,
-                resync_revision=item.resync_revision,
-            )
-        )
-    return pb.WatchChangesResponse(
-        event=pb.ChangeEvent(
-            revision=item.revision,
-            kind=_CHANGE_KINDS[item.kind],
-            action=_CHANGE_ACTIONS[item.action],
-            name=item.name,
-            scope=item.scope or "",
-            ref=item.ref,
-            fingerprint=item.fingerprint,
-        )
+        return pb.WatchChangesResponse(missed=_missed_to_proto(item))
+    return pb.WatchChangesResponse(event=_event_to_proto(item))
+
+
+def batch_to_proto(
+    items: Sequence[ChangeEvent | Missed], encoded: Callable[[ChangeEvent], bytes]
+) -> pb.WatchChangesResponse:
+    """Consecutive events in one message; a gap, if any, is the last item.
+
+    Every watcher sends the same events: `encoded` gives each one's `batch_entry`,
+    made once, and the batch is parsed from them joined, not built field by field.
+    """
+    entries = [encoded(item) for item in items if not isinstance(item, Missed)]
+    batch = pb.ChangeBatch.FromString(b"".join(entries))
+    if items and isinstance(items[-1], Missed):
+        batch.missed.CopyFrom(_missed_to_proto(items[-1]))
+    return pb.WatchChangesResponse(batch=batch)
+
+
+def batch_entry(event: ChangeEvent) -> bytes:
+    """`event` encoded as one entry of ChangeBatch.events (joined entries parse as a batch)."""
+    return pb.ChangeBatch(events=[_event_to_proto(event)]).SerializeToString()
+
+
+def _missed_to_proto(item: Missed) -> pb.ChangesMissed:
+    return pb.ChangesMissed(
+        first_missed_revision=item.first_revision,
+        count=item.count,
+        resync_revision=item.resync_revision,
+    )
+
+
+def _event_to_proto(item: ChangeEvent) -> pb.ChangeEvent:
+    return pb.ChangeEvent(
+        revision=item.revision,
+        kind=_CHANGE_KINDS[item.kind],
+        action=_CHANGE_ACTIONS[item.action],
+        name=item.name,
+        scope=item.scope or "",
+        ref=item.ref,
+        fingerprint=item.fingerprint,
     )
 
 

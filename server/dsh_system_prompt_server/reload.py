@@ -30,6 +30,7 @@ LIVE_KEYS = frozenset(
         *(f"limits.{f.name}" for f in fields(Limits)),
         "limits.max_sessions", "limits.max_sessions_per_peer", "limits.max_watchers",
         "limits.max_watchers_per_peer", "change_history", "prompt_coalesce_s",
+        "watch_coalesce_s",
     }
 )  # fmt: skip
 POLL_S = 1.0  # how often the config file is compared with what was loaded
@@ -75,7 +76,7 @@ def apply(sidecar: Sidecar, new: SidecarConfig, loaded: SidecarConfig) -> Reload
             max_watchers_per_peer=limits.max_watchers_per_peer,
         ),
         shutdown_grace_s=new.shutdown_grace_s, watch_buffer=new.watch_buffer,
-        prompt_coalesce_s=new.prompt_coalesce_s,
+        prompt_coalesce_s=new.prompt_coalesce_s, watch_coalesce_s=new.watch_coalesce_s,
         log_level=new.log_level, prefix_layout=new.prefix_layout,
     )  # fmt: skip
     sidecar.config = live

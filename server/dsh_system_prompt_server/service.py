@@ -334,7 +334,8 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         subscription = await self._unary(
             context, lambda: self._open_watch(peer, lambda: self.watches.subscribe(request))
         )
-        await self._serve_watch(context, peer, subscription, self.watches.changes(subscription))
+        changes = self.watches.changes(subscription, request.features)
+        await self._serve_watch(context, peer, subscription, changes)
 
     async def ListRegistrations(
         self, request: pb.ListRegistrationsRequest, context: Context
@@ -449,6 +450,7 @@ def watch_settings(config: SidecarConfig) -> WatchSettings:
         max_watchers=config.server_limits.max_watchers,
         max_per_peer=config.server_limits.max_watchers_per_peer,
         coalesce_s=config.prompt_coalesce_s,
+        change_coalesce_s=config.watch_coalesce_s,
         layout=config.prefix_layout,
     )
 

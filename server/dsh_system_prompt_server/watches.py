@@ -10,22 +10,39 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
 from .cache_report import Layout
-from .convert import change_to_proto, filter_from_proto, layout_from_proto, registration_to_proto
+from .convert import (
+    batch_entry,
+    batch_to_proto,
+    change_to_proto,
+    filter_from_proto,
+    layout_from_proto,
+    registration_to_proto,
+)
 from .peers import PeerCounts
 from .prompt_watch import PromptWatch
 from .registry import Filter, Registry, Subscription
+from .registry.changes import Missed
 from .registry.limits import quota_exceeded
+from .registry.model import ChangeEvent
 from .tokens import Tokenizer
+from .turns import Turns
 
 _BATCH_COUNT = 256  # registrations per listing message
 _BATCH_BYTES = 1024 * 1024  # values per listing message, roughly (one value may be more)
+CHANGE_BATCHES = "change-batches"  # the watch feature: pending events go in one ChangeBatch
+FEATURES = frozenset({CHANGE_BATCHES})  # the watch features this sidecar implements
+_ENCODED_EVENTS = 4096  # recent events kept encoded for the watchers still to send them
+MAX_BATCH_EVENTS = 512  # events per ChangeBatch (each event is bounded by the name limits)
+
+
+Change = ChangeEvent | Missed  # what a change subscription reads
 
 
 @dataclass(frozen=True)
@@ -36,6 +53,7 @@ class WatchSettings:
     max_watchers: int
     max_per_peer: int
     coalesce_s: float  # how long a prompt watch waits for a burst of changes to end
+    change_coalesce_s: float  # how long a batching change watch gathers a burst of changes
     layout: Layout  # the default prefix layout of prompt reports
 
 
@@ -54,6 +72,8 @@ class Watches:
         self._settings = settings
         self._owner_name = owner_name
         self._tokenizer = tokenizer
+        self.turns = Turns()  # a few watch writes at once: callers never queue behind many
+        self._entries: dict[int, bytes] = {}  # revision -> its event encoded, the latest ones
         self._per_peer = PeerCounts(
             settings.max_per_peer, "watches", "limits.max_watchers_per_peer"
         )
@@ -79,19 +99,48 @@ class Watches:
         )
 
     async def changes(
-        self, subscription: Subscription
+        self, subscription: Subscription, features: Iterable[str]
     ) -> AsyncGenerator[pb.WatchChangesResponse, None]:
-        """The stream of one subscription: confirmation, replayed events, then live ones."""
+        """The stream of one subscription: confirmation, replayed events, then live ones.
+
+        With `change-batches` in effect, every event pending for the watcher
+        goes in one message, gathered for `watch_coalesce_s` after the first:
+        a burst of changes costs each watcher one write, not one per change.
+        """
+        in_effect = sorted(FEATURES.intersection(features))
         subscribed = pb.WatchSubscribed(
             revision=subscription.revision,
             incarnation=self.incarnation,
             resync=subscription.resync,
+            features=in_effect,
         )
         yield pb.WatchChangesResponse(subscribed=subscribed, incarnation=self.incarnation)
+        batches = CHANGE_BATCHES in in_effect
         while True:
-            response = change_to_proto(await subscription.next())
-            response.incarnation = self.incarnation
-            yield response
+            first = await subscription.next()
+            if batches and not isinstance(first, Missed) and self._settings.change_coalesce_s:
+                await asyncio.sleep(self._settings.change_coalesce_s)  # gather the burst
+            turn = await self.turns.take()
+            try:
+                # What is pending at the turn goes in this message: a long wait, a big batch.
+                items = _burst(subscription, first) if batches else [first]
+                if batches:
+                    response = batch_to_proto(items, self._encoded)
+                else:
+                    response = change_to_proto(first)
+                response.incarnation = self.incarnation
+                yield response  # the consumer writes it before it asks for the next
+            finally:
+                turn.done()
+
+    def _encoded(self, event: ChangeEvent) -> bytes:
+        """`event` as a ChangeBatch entry, encoded once for every watcher that sends it."""
+        entry = self._entries.get(event.revision)
+        if entry is None:
+            entry = self._entries[event.revision] = batch_entry(event)
+            if len(self._entries) > _ENCODED_EVENTS:
+                del self._entries[next(iter(self._entries))]  # the oldest revision
+        return entry
 
     # -- listings ---------------------------------------------------------------------
 
@@ -142,7 +191,11 @@ class Watches:
             await asyncio.sleep(self._settings.coalesce_s)
             while (item := subscription.poll()) is not None:
                 burst.append(item)
-            yield await watch.prompt(burst)
+            turn = await self.turns.take()
+            try:
+                yield await watch.prompt(burst)
+            finally:
+                turn.done()
 
     # -- bounds -----------------------------------------------------------------------
 
@@ -156,3 +209,10 @@ class Watches:
     def release(self, peer: str) -> None:
         """One watch of `peer` ended."""
         self._per_peer.release(peer)
+
+
+def _burst(subscription: Subscription, first: Change) -> list[Change]:
+    """`first` and the events pending after it, up to a gap or the batch bound."""
+    if isinstance(first, Missed):
+        return [first]
+    return [first, *subscription.take(MAX_BATCH_EVENTS - 1)]

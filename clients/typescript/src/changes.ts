@@ -39,6 +39,9 @@ function resumable(error: ServiceError): boolean {
   return RESUMABLE.has(error.code) || (error.code === Code.INTERNAL && /^Received RST_STREAM/.test(error.details));
 }
 
+/** The watch features this client implements: a ChangeBatch holds several events. */
+export const WATCH_FEATURES = ["change-batches"];
+
 /**
  * `for await (const item of changes)`: a ChangeEvent per change; ChangesMissed when
  * this watcher fell behind its buffer; ChangesResynced after a restart or a break
@@ -62,6 +65,8 @@ export class ChangeStream implements AsyncIterableIterator<ChangeItem>, Closable
   #call: WatchCall | undefined;
   #messages: AsyncIterator<pb.WatchChangesResponse> | undefined;
   readonly #pending: ChangesResynced[] = [];
+  /** The rest of a ChangeBatch, as messages of their own, read before the stream's next. */
+  readonly #batched: pb.WatchChangesResponse[] = [];
   #skipUntil = 0; // events up to this revision are in a resync's snapshot
   #closed = false;
 
@@ -103,7 +108,7 @@ export class ChangeStream implements AsyncIterableIterator<ChangeItem>, Closable
     for (;;) {
       const pending = this.#pending.shift();
       if (pending !== undefined) return { done: false, value: pending };
-      const message = await this.#read();
+      const message = this.#batched.shift() ?? (await this.#read());
       if (message === DONE) return { done: true, value: undefined };
       if (message === undefined) {
         if ((await this.#resume()) === DONE) return { done: true, value: undefined };
@@ -114,10 +119,22 @@ export class ChangeStream implements AsyncIterableIterator<ChangeItem>, Closable
         if (Number(kind.value.revision) > this.#skipUntil) return { done: false, value: this.#event(kind.value) };
       } else if (kind.case === "missed") {
         return { done: false, value: this.#missed(kind.value) };
+      } else if (kind.case === "batch") {
+        this.#unbatch(kind.value);
       } else if (kind.case === "subscribed") {
         throw this.#broken("a second WatchSubscribed on the change stream");
       }
       // a kind this client does not know (a newer sidecar's) is skipped
+    }
+  }
+
+  /** Queue a batch's events (then its gap) as if each had come in a message of its own. */
+  #unbatch(batch: pb.ChangeBatch): void {
+    for (const event of batch.events) {
+      this.#batched.push(create(pb.WatchChangesResponseSchema, { kind: { case: "event", value: event } }));
+    }
+    if (batch.missed !== undefined) {
+      this.#batched.push(create(pb.WatchChangesResponseSchema, { kind: { case: "missed", value: batch.missed } }));
     }
   }
 

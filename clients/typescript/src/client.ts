@@ -4,7 +4,7 @@ import { create, type DescMessage, type MessageShape } from "@bufbuild/protobuf"
 import type { Interceptor } from "@grpc/grpc-js";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import { entryFromProto, historyFromProto, usageFrom } from "./cacheHistory.js";
-import { ChangeStream } from "./changes.js";
+import { ChangeStream, WATCH_FEATURES } from "./changes.js";
 import { answerError, CALL_TIMEOUT_MS, Connection, notReady, type Registration } from "./connection.js";
 import { assemblyFromProto, contextToProto, layoutToProto, reportFromProto, toolsToProto } from "./convert.js";
 import { invalid, NoAnswer } from "./errors.js";
@@ -435,6 +435,7 @@ export class Client extends Registrar {
     const request = create(pb.WatchChangesRequestSchema, {
       filter: changeFilter(options),
       incarnation: options.incarnation ?? "",
+      features: WATCH_FEATURES,
     });
     if (options.afterRevision !== undefined) request.afterRevision = BigInt(options.afterRevision);
     const streams = this.connection.streams;

@@ -69,3 +69,15 @@ test("breaking out of the iteration ends the subscription", async () => {
   await take(changes, 1);
   assert.deepEqual(await changes.next(), { done: true, value: undefined });
 });
+
+test("a burst of changes the sidecar sends in one batch is yielded event by event", async () => {
+  const watcher = await harness.connect();
+  const client = await harness.connect();
+  const changes = await watcher.watchChanges();
+  const names = Array.from({ length: 20 }, (_, i) => `burst-${i}`);
+  await Promise.all(names.map((name, i) => client.section(name, i, "Burst.")));
+  const events = await take(changes, names.length);
+  assert.deepEqual(events.map((e) => e.name).sort(), [...names].sort());
+  const revisions = events.map((e) => e.revision);
+  assert.ok(revisions.every((revision, i) => i === 0 || revision === (revisions[i - 1] ?? 0) + 1));
+});

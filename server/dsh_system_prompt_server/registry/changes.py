@@ -85,6 +85,29 @@ class Subscription:
             if self._accepts is None or self._accepts(item):
                 return item
 
+    def take(self, limit: int) -> list[ChangeEvent | Missed]:
+        """What `poll()` would return one by one now, up to `limit` events read, ending at a gap."""
+        if self._detached is not None:
+            taken: list[ChangeEvent | Missed] = []
+            while len(taken) < limit and (item := self.poll()) is not None:
+                taken.append(item)
+                if isinstance(item, Missed):
+                    break
+            return taken
+        self._judge()
+        feed, start = self._feed, self.cursor
+        end = min(feed.revision + 1 if self._gap_from is None else self._gap_from, start + limit)
+        events = feed.events(start, end) if end > start else []
+        if events:
+            feed.move(self, end)
+        accepts = self._accepts
+        items: list[ChangeEvent | Missed] = (
+            list(events) if accepts is None else [event for event in events if accepts(event)]
+        )
+        if self._gap_from == self.cursor and len(events) < limit:
+            items.append(self._report_gap())
+        return items
+
     def _take(self) -> ChangeEvent | Missed | None:
         feed = self._feed
         if self._detached is not None:

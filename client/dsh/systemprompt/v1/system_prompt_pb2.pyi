@@ -2518,6 +2518,7 @@ class WatchChangesRequest(_message.Message):
     AFTER_REVISION_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     FILTER_FIELD_NUMBER: _builtins.int
+    FEATURES_FIELD_NUMBER: _builtins.int
     after_revision: _builtins.int
     """Resume: first replay every change after this revision (the last one you
     saw), from the sidecar's bounded history. When the history no longer
@@ -2532,16 +2533,24 @@ class WatchChangesRequest(_message.Message):
     def filter(self) -> Global___ChangeFilter:
         """Only the changes this filter keeps; unset: every change."""
 
+    @_builtins.property
+    def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Watch features the client implements; unknown names are ignored. With
+        "change-batches" the sidecar may send every event pending for this
+        watcher in one ChangeBatch. See docs/protocol.md, "Versions and features".
+        """
+
     def __init__(
         self,
         *,
         after_revision: _builtins.int | None = ...,
         incarnation: _builtins.str = ...,
         filter: Global___ChangeFilter | None = ...,
+        features: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_after_revision", b"_after_revision", "after_revision", b"after_revision", "filter", b"filter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_revision", b"_after_revision", "after_revision", b"after_revision", "filter", b"filter", "incarnation", b"incarnation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_revision", b"_after_revision", "after_revision", b"after_revision", "features", b"features", "filter", b"filter", "incarnation", b"incarnation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__after_revision: _TypeAlias = _typing.Literal["after_revision"]  # noqa: Y015
     _WhichOneofArgType__after_revision: _TypeAlias = _typing.Literal["_after_revision", b"_after_revision"]  # noqa: Y015
@@ -2558,6 +2567,7 @@ class WatchChangesResponse(_message.Message):
     SUBSCRIBED_FIELD_NUMBER: _builtins.int
     EVENT_FIELD_NUMBER: _builtins.int
     MISSED_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     incarnation: _builtins.str
     """The sidecar process's incarnation: a random id per start, the same on
@@ -2575,19 +2585,26 @@ class WatchChangesResponse(_message.Message):
     def missed(self) -> Global___ChangesMissed:
         """This subscriber fell behind and events were dropped."""
 
+    @_builtins.property
+    def batch(self) -> Global___ChangeBatch:
+        """Several events in one message (only when WatchSubscribed.features
+        lists "change-batches"): exactly as many event messages would say.
+        """
+
     def __init__(
         self,
         *,
         subscribed: Global___WatchSubscribed | None = ...,
         event: Global___ChangeEvent | None = ...,
         missed: Global___ChangesMissed | None = ...,
+        batch: Global___ChangeBatch | None = ...,
         incarnation: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "kind", b"kind", "missed", b"missed", "subscribed", b"subscribed"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "event", b"event", "kind", b"kind", "missed", b"missed", "subscribed", b"subscribed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "incarnation", b"incarnation", "kind", b"kind", "missed", b"missed", "subscribed", b"subscribed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "event", b"event", "incarnation", b"incarnation", "kind", b"kind", "missed", b"missed", "subscribed", b"subscribed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["subscribed", "event", "missed"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["subscribed", "event", "missed", "batch"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -2602,6 +2619,7 @@ class WatchSubscribed(_message.Message):
     REVISION_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     RESYNC_FIELD_NUMBER: _builtins.int
+    FEATURES_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
     """The registry's revision at subscription. Replayed events (after_revision)
     have revisions up to this one; live events follow it.
@@ -2614,20 +2632,59 @@ class WatchSubscribed(_message.Message):
     replayed. Re-read the state with ListRegistrations; the changes after
     `revision` follow.
     """
+    @_builtins.property
+    def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The watch features in effect: those of WatchChangesRequest.features
+        that the sidecar supports.
+        """
+
     def __init__(
         self,
         *,
         revision: _builtins.int = ...,
         incarnation: _builtins.str = ...,
         resync: _builtins.bool = ...,
+        features: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "resync", b"resync", "revision", b"revision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["features", b"features", "incarnation", b"incarnation", "resync", b"resync", "revision", b"revision"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchSubscribed: _TypeAlias = WatchSubscribed  # noqa: Y015
+
+@_typing.final
+class ChangeBatch(_message.Message):
+    """Consecutive events of the change stream, oldest first, in one message."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    MISSED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChangeEvent]:
+        """The events, in revision order."""
+
+    @_builtins.property
+    def missed(self) -> Global___ChangesMissed:
+        """Set when events were dropped right after `events` (this subscriber fell
+        behind); the next message carries the events after the gap.
+        """
+
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[Global___ChangeEvent] | None = ...,
+        missed: Global___ChangesMissed | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["missed", b"missed"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "missed", b"missed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChangeBatch: _TypeAlias = ChangeBatch  # noqa: Y015
 
 @_typing.final
 class ChangesMissed(_message.Message):
