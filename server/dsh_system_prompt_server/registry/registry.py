@@ -495,10 +495,6 @@ class Registry:
     def scope_keys(self) -> list[str]:
         return self._scopes.keys()
 
-    def knows_scope(self, key: str | None) -> bool:
-        """Whether `key` is the global layer (None) or a scope some handle opened."""
-        return key is None or self._scopes.knows(key)
-
     def keeps(self, wanted: Filter) -> Callable[[Kind, str | None], bool]:
         """A test of (kind, layer) against `wanted`, on the scope tree as it is when asked."""
         return wanted.matcher(self._scopes.chain)
