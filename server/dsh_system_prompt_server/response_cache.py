@@ -1,16 +1,16 @@
-"""Encoded Assemble responses of static plans, kept by the service as bytes, bounded."""
+"""Encoded Assemble responses of static and all-cacheable plans, kept as bytes, bounded."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
 
-# (scope, revision, render, ...): a static plan answers the same until the revision moves.
+# (scope, revision, render, ...): the service's `_response_key`, which says when one is reusable.
 Key = Hashable
 
 
 class ResponseCache:
-    """The last `size` responses built for static plans, least recently used dropped first.
+    """The last `size` reusable responses, least recently used dropped first.
 
     Keys carry the revision, so a change makes older entries unreachable; they
     age out as new ones come in.
