@@ -92,10 +92,11 @@ class Watches:
         after = request.after_revision if request.HasField("after_revision") else None
         if after is not None and request.incarnation not in ("", self.incarnation):
             after = -1  # another incarnation's revision: nothing of it can be replayed
+        every = wanted == Filter()  # no filter: no test per event, on every watcher's every event
         return self._registry.changes.subscribe(
             self._settings.buffer,
             after=after,
-            accepts=lambda event: keeps(event.kind, event.scope),
+            accepts=None if every else lambda event: keeps(event.kind, event.scope),
         )
 
     async def changes(
