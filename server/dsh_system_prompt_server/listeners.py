@@ -238,16 +238,8 @@ class ListenerStream:
         if kind == "result":
             return self._decode(reply.result.assembly, reply.result.tool_slots, sent)
         if kind == "failure":
-            raise ServiceError(
-                Status.ABORTED,
-                Reason.LISTENER_FAILED,
-                f'listener "{self.name}" failed: {reply.failure.message}',
-            )
-        raise ServiceError(
-            Status.ABORTED,
-            Reason.LISTENER_FAILED,
-            f'listener "{self.name}" failed: it called next() more than once',
-        )
+            raise self._failed(reply.failure.message)
+        raise self._failed("it called next() more than once")
 
     def _decode(
         self, message: pb.PromptAssembly, slots: Sequence[int], sent: Sequence[Tool]
@@ -255,11 +247,7 @@ class ListenerStream:
         try:
             return assembly_from_proto(message, slots, sent)
         except Failure as error:  # the listener broke the protocol, like a provider would
-            raise ServiceError(
-                Status.ABORTED,
-                Reason.LISTENER_FAILED,
-                f'listener "{self.name}" failed: {error.message}',
-            ) from None
+            raise self._failed(error.message) from None
 
     def _send(self, message: pb.ListenResponse) -> None:
         """Queue `message` on the stream (its outbox writes it; this never waits)."""
@@ -272,6 +260,11 @@ class ListenerStream:
             return
         with contextlib.suppress(ServiceError):  # the stream may be going away
             self._send(pb.ListenResponse(cancel=pb.ListenerCancel(invocation_id=invocation_id)))
+
+    def _failed(self, why: str) -> ServiceError:
+        return ServiceError(
+            Status.ABORTED, Reason.LISTENER_FAILED, f'listener "{self.name}" failed: {why}'
+        )
 
     def _unavailable(self) -> ServiceError:
         return ServiceError(
