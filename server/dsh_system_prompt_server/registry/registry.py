@@ -125,7 +125,8 @@ class Registry:
         old, self.settings = self.settings, settings
         self.limits = settings.limits
         self.changes.history = settings.change_history
-        changed = [key for key, value in _flat(settings).items() if _flat(old)[key] != value]
+        before = _flat(old)
+        changed = [key for key, value in _flat(settings).items() if before[key] != value]
         if "include_harness_identity" in changed:
             if settings.include_harness_identity:
                 self._add_builtin(
@@ -134,10 +135,7 @@ class Registry:
             else:
                 self._remove(self._builtins.pop(HARNESS_IDENTITY_SECTION))
         if "persona" in changed:  # in place, as update() does: no gap for assemblies
-            persona = self._builtins[PERSONA_SECTION]
-            persona.value = settings.persona
-            persona.fingerprint = value_fingerprint(persona.kind, persona.value)
-            self._publish(persona, Action.UPDATED)
+            self._replace_value(self._builtins[PERSONA_SECTION], settings.persona)
         for key in changed:
             if key not in ("persona", "include_harness_identity"):
                 self.changes.publish(Kind.CONFIG, Action.REGISTERED, key, None)
@@ -329,10 +327,14 @@ class Registry:
         growth = value_bytes(value) - value_bytes(entry.value)
         self.limits.check_total(self._total_bytes, max(0, growth))
         self._total_bytes += growth
+        self._replace_value(entry, value)
+        return entry
+
+    def _replace_value(self, entry: Entry[Any], value: StaticValue) -> None:
+        """Put `value` in the entry's place (its fingerprint with it) and say so."""
         entry.value = value
         entry.fingerprint = value_fingerprint(entry.kind, value)
         self._publish(entry, Action.UPDATED)
-        return entry
 
     def _check_update(self, entry: Entry[Any], value: StaticValue) -> None:
         """The checks registration makes of a value of the entry's kind."""
