@@ -15,7 +15,7 @@ import hashlib
 import json
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dsh_system_prompt_core import (
     CONTEXT_SNAPSHOT_HEADER,
@@ -199,16 +199,9 @@ def _lay_out(
                 pieces.append(separator)
                 length += len(separator)
             pieces.append(text)
-            placed.append(_placed(part, length, length + len(text)))
+            placed.append(replace(part, start=length, end=length + len(text)))
             length += len(text)
     return "".join(pieces), placed
-
-
-def _placed(part: PartPrint, start: int, end: int) -> PartPrint:
-    return PartPrint(
-        part.kind, part.name, part.origin, part.bytes, part.tokens, part.fingerprint,
-        part.raw, part.parameters, part.variables, start, end,
-    )  # fmt: skip
 
 
 def _tool_print(
