@@ -101,7 +101,9 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         self.reports = ReportHistory(depth=config.report_history, max_keys=config.report_keys)
         self.prefix_layout = config.prefix_layout
         self._max_message_bytes = config.server_limits.max_message_bytes
-        self.watches = Watches(registry, watch_settings(config), self._owner_name, self.tokenizer)
+        self.watches = Watches(
+            registry, watch_settings(config), self.sessions.client_name, self.tokenizer
+        )
         metrics.track(
             sessions=lambda: len(self.sessions),
             registrations=lambda: len(registry.registrations()),
@@ -406,9 +408,6 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         await self._stream(context, self.listeners.serve)
 
     # -- helpers ----------------------------------------------------------------------
-
-    def _owner_name(self, owner: str) -> str:
-        return self.sessions.client_name(owner)
 
     async def _register(
         self,
