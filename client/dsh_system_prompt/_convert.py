@@ -93,13 +93,32 @@ def tool_from_proto(message: pb.ToolSchema) -> ToolSchema:
 def assembly_from_proto(
     message: pb.PromptAssembly, tools: list[ToolSchema] | None = None
 ) -> PromptAssembly:
-    """The assembly in `message`; `tools` when the caller already decoded them."""
-    return PromptAssembly(
-        sections=[AssembledSection(s.name, s.text) for s in message.sections],
-        contexts=[AssembledContext(c.name, c.text) for c in message.contexts],
-        tools=[tool_from_proto(t) for t in message.tools] if tools is None else list(tools),
-        variables={v.name: v.value if v.HasField("value") else None for v in message.variables},
-    )
+    """The assembly in `message`, converted as it is read; `tools` when the caller
+    already decoded them."""
+    return PromptAssembly._received(_ReceivedAssembly(message, tools))
+
+
+class _ReceivedAssembly:
+    """A received PromptAssembly message, converted field by field on demand."""
+
+    __slots__ = ("_message", "_tools")
+
+    def __init__(self, message: pb.PromptAssembly, tools: list[ToolSchema] | None) -> None:
+        self._message = message
+        self._tools = tools
+
+    def convert(self, name: str) -> Any:
+        message = self._message
+        if name == "sections":
+            return [AssembledSection(s.name, s.text) for s in message.sections]
+        if name == "contexts":
+            return [AssembledContext(c.name, c.text) for c in message.contexts]
+        if name == "tools":
+            if self._tools is not None:
+                return list(self._tools)
+            return [tool_from_proto(t) for t in message.tools]
+        assert name == "variables", name
+        return {v.name: v.value if v.HasField("value") else None for v in message.variables}
 
 
 def assembly_to_proto(assembly: PromptAssembly) -> pb.PromptAssembly:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 # "unknown": a value this client does not know, sent by a newer sidecar.
 ChangeKind = Literal[
@@ -183,7 +183,8 @@ class PromptAssembly:
     """What the model is told: sections, contexts, tools and resolved variables.
 
     `report` is set when the assembly was asked for with `report=True`; it is
-    not part of the assembly's value (equality ignores it).
+    not part of the assembly's value (equality ignores it). One received from the
+    sidecar converts each part from the message when that part is first read.
     """
 
     sections: list[AssembledSection] = field(default_factory=list)
@@ -191,6 +192,42 @@ class PromptAssembly:
     tools: list[ToolSchema] = field(default_factory=list)
     variables: dict[str, str | None] = field(default_factory=dict)
     report: AssemblyReport | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def _received(cls, parts: ReceivedParts) -> PromptAssembly:
+        """An assembly whose parts are converted from `parts` as each is first read.
+
+        Reading, assigning, comparing or rendering it behaves exactly like a
+        built one: a field read for the first time is converted and kept as an
+        ordinary attribute, so later reads cost nothing.
+        """
+        assembly = cls.__new__(cls)
+        assembly.__dict__[_RECEIVED] = parts
+        return assembly
+
+    if not TYPE_CHECKING:  # mypy keeps checking attribute names as declared above
+
+        def __getattr__(self, name: str) -> Any:
+            # Reached only for a part not converted yet (a received assembly's).
+            parts = self.__dict__.get(_RECEIVED)
+            if parts is None or name not in _PARTS:
+                raise AttributeError(f"'PromptAssembly' object has no attribute {name!r}")
+            value = parts.convert(name)
+            self.__dict__[name] = value
+            if all(part in self.__dict__ for part in _PARTS):
+                del self.__dict__[_RECEIVED]  # all converted: the message is not needed
+            return value
+
+
+class ReceivedParts(Protocol):
+    """An assembly's parts as received, converted one field at a time."""
+
+    def convert(self, name: str) -> Any:
+        """The value of field `name` ("sections", "contexts", "tools" or "variables")."""
+
+
+_PARTS = ("sections", "contexts", "tools", "variables")
+_RECEIVED = "_received_parts"
 
 
 @dataclass(frozen=True)
