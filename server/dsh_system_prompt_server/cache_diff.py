@@ -21,8 +21,8 @@ def bounded_diff(old: str, new: str, json_: bool = False) -> str:
     if json_:
         old, new = _pretty(old), _pretty(new)
     before, after = old.splitlines(), new.splitlines()
-    head = _common_lines(before, after)
-    tail = _common_lines(before[head:][::-1], after[head:][::-1])
+    head = common_prefix(before, after)
+    tail = common_prefix(before[head:][::-1], after[head:][::-1])
     start = max(0, head - 1)
     before = before[start : len(before) - max(0, tail - 1)][:_MAX_COMPARED]
     after = after[start : len(after) - max(0, tail - 1)][:_MAX_COMPARED]
@@ -44,15 +44,6 @@ def _pretty(text: str) -> str:
         return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
     except ValueError:
         return text
-
-
-def _common_lines(a: list[str], b: list[str]) -> int:
-    count = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        count += 1
-    return count
 
 
 def _first_difference(before: list[str], after: list[str]) -> int:
