@@ -251,9 +251,8 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         policy = plan.policy
         if policy is None or policy.ttl_s is not None:
             return None
-        by_context = context_key(context) if policy.by_context else None
         generation = self.registry.callbacks.generation
-        return (plan.scope, plan.revision, request.render, generation, by_context)
+        return (plan.scope, plan.revision, request.render, generation, context_key(policy, context))
 
     def _check_sendable(self, size: int, with_report: bool) -> None:
         """Fail with a reason here rather than let gRPC refuse to send it without one."""

@@ -35,9 +35,10 @@ class _Missing:
 MISSING = _Missing()
 
 
-def context_key(context: AssembleContext) -> Hashable:
-    """What an answer that depends on the assemble context is kept under."""
-    return (context.scope, context.fields_json)
+def context_key(policy: CachePolicy, context: AssembleContext) -> Hashable:
+    """The part of the assemble context an answer under `policy` is kept by (None:
+    it does not depend on the context)."""
+    return (context.scope, context.fields_json) if policy.by_context else None
 
 
 class CallbackCache:
@@ -59,7 +60,7 @@ class CallbackCache:
         self, entry_id: str, policy: CachePolicy, context: AssembleContext, revision: int
     ) -> ProvidedValue | _Missing:
         """A provider's kept answer for `context` at `revision`, or MISSING."""
-        kept = self._get(("answer", entry_id, _keyed(policy, context)), revision)
+        kept = self._get(("answer", entry_id, context_key(policy, context)), revision)
         return MISSING if kept is None else kept.value  # type: ignore[return-value]
 
     def keep_answer(
@@ -72,7 +73,7 @@ class CallbackCache:
         value: ProvidedValue,
     ) -> None:
         """Keep a provider's answer, unless an invalidation came since `generation`."""
-        key = ("answer", entry_id, _keyed(policy, context))
+        key = ("answer", entry_id, context_key(policy, context))
         self._put(key, revision, generation, _Kept((entry_id,), value, self._expiry(policy)))
 
     def result(
@@ -85,7 +86,7 @@ class CallbackCache:
     ) -> Assembly | None:
         """The kept result of the listeners `listener_ids` (a waterfall's tail) for the
         input `given`, or None; a copy, the caller may change it."""
-        kept = self._get(("waterfall", listener_ids, _keyed(policy, context)), revision)
+        kept = self._get(("waterfall", listener_ids, context_key(policy, context)), revision)
         if kept is None or kept.given != given:
             return None
         assert isinstance(kept.value, Assembly)
@@ -101,7 +102,7 @@ class CallbackCache:
         given: Assembly,
         result: Assembly,
     ) -> None:
-        key = ("waterfall", listener_ids, _keyed(policy, context))
+        key = ("waterfall", listener_ids, context_key(policy, context))
         kept = _Kept(listener_ids, _copy(result), self._expiry(policy), _copy(given))
         self._put(key, revision, generation, kept)
 
@@ -153,10 +154,6 @@ def combined(policies: Sequence[CachePolicy]) -> CachePolicy:
         by_context=any(policy.by_context for policy in policies),
         ttl_s=min(ttls) if ttls else None,
     )
-
-
-def _keyed(policy: CachePolicy, context: AssembleContext) -> Hashable:
-    return context_key(context) if policy.by_context else None
 
 
 def _copy(assembly: Assembly) -> Assembly:
