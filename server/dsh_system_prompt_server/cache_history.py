@@ -10,6 +10,7 @@ recently reported keys go first, and the sidecar remembers (up to
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -53,10 +54,22 @@ class Entry:
     recomputed: Size
     observed_cached_tokens: int | None = None
     observed_prompt_tokens: int | None = None
+    at: float = field(default_factory=time.time)  # when it was reported (Unix seconds)
 
     @property
     def broke(self) -> bool:
         return self.has_previous and bool(self.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Break:
+    """The latest report of a key that broke its prefix, with the diff of the part."""
+
+    sequence: int
+    at: float
+    first_changed: str
+    reason: str
+    diff: str
 
 
 @dataclass
@@ -70,6 +83,7 @@ class KeyHistory:
     breakers: dict[str, int] = field(default_factory=dict)  # first_changed -> breaks
     recomputed_bytes: int = 0
     recomputed_tokens: int | None = None
+    last_break: Break | None = None
 
     def top_breakers(self) -> list[tuple[str, int]]:
         return sorted(self.breakers.items(), key=lambda item: (-item[1], item[0]))
@@ -96,6 +110,11 @@ class ReportHistory:
         self._keys: OrderedDict[HistoryKey, KeyHistory] = OrderedDict()
         self._evicted: OrderedDict[HistoryKey, None] = OrderedDict()
         self._bytes = 0
+        self.version = 0  # grows at every report and usage: watchers see something new
+
+    def history_keys(self) -> list[HistoryKey]:
+        """The keys kept, the most recently reported last."""
+        return list(self._keys)
 
     def previous(self, key: HistoryKey) -> tuple[Previous | None, bool]:
         """What the key's next report compares with, and whether its history was evicted."""
@@ -126,6 +145,12 @@ class ReportHistory:
         entry = _entry(kept.reports + 1, revision, report)
         dropped = _count(kept, entry)
         kept.recent.append(entry)
+        if entry.broke:
+            stability = report.stability
+            kept.last_break = Break(
+                entry.sequence, entry.at, entry.first_changed, entry.reason, stability.diff
+            )
+        self.version += 1
         return Remembered(entry, self._make_room(key), dropped)
 
     def observe(self, key: HistoryKey, cached: int, prompt: int | None) -> Entry | None:
@@ -136,6 +161,7 @@ class ReportHistory:
         entry = replace(kept.recent[-1], observed_cached_tokens=cached,
                         observed_prompt_tokens=prompt)  # fmt: skip
         kept.recent[-1] = entry
+        self.version += 1
         return entry
 
     def _make_room(self, keep: HistoryKey) -> list[tuple[HistoryKey, list[str]]]:

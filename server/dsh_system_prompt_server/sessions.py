@@ -227,6 +227,10 @@ class Sessions:
     def __len__(self) -> int:
         return len(self._open)
 
+    def all(self) -> list[Session]:
+        """The open sessions, oldest first."""
+        return list(self._open.values())
+
 
 async def _route(stream: SessionStream, session: Session, registry: Registry) -> None:
     while (request := await stream.read()) is not grpc.aio.EOF:

@@ -506,6 +506,10 @@ class Registry:
         keeps = self.keeps(wanted)
         return [entry for entry in self._entries.values() if keeps(entry.kind, entry.scope)]
 
+    def scope_chain(self, scope: str | None) -> list[str]:
+        """The scope, its parent, ... farthest ancestor last; empty for the global scope."""
+        return self._scopes.chain(scope)
+
     # -- helpers ----------------------------------------------------------------------
 
     def _handle(self, owner: str, handle: str | None) -> ScopeHandle | None:
