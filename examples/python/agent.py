@@ -4,8 +4,10 @@
 
 Run it while `make serve` runs; in another terminal try
 `.venv/bin/dsh-system-prompt assemble --scope agent-1 --field cwd=/work`,
-`... assemble --report`, and `... watch`. Ctrl-C ends it: its session closes
-and everything it registered disappears from the sidecar.
+`... assemble --report`, and `... watch`. Each line typed into it replaces
+agent-1's memory section (with `make serve ADMIN=127.0.0.1:8080`, watch
+http://127.0.0.1:8080/prompt?scope=agent-1 change). Ctrl-C ends it: its session
+closes and everything it registered disappears from the sidecar.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import asyncio
 import contextlib
 import datetime
 import sys
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 
 import dsh_system_prompt as dsp
 
@@ -42,6 +44,7 @@ async def main(address: str | None) -> None:
 
         agent = await client.scope("agent-1")
         await agent.section("deployment:persona", 0, "You are agent 1, a careful reviewer.")
+        memory = await agent.section("memory", 50, "Remember: nothing yet.")
 
         async def sign(
             assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: dsp.Next
@@ -50,10 +53,25 @@ async def main(address: str | None) -> None:
             return next_()  # un-awaited: the rest of the chain's result, one round trip less
 
         await agent.on_assemble(sign, name="sign")
-        print("registered; Ctrl-C to leave", flush=True)
         rendered = await client.render(scope="agent-1", fields={"cwd": "/work"})
         print(rendered.prompt, "\n", rendered.context_snapshot, sep="\n", flush=True)
+        print("registered; type a line to change agent-1's memory, Ctrl-C to leave", flush=True)
+        async for line in typed_lines():
+            await memory.update(f"Remember: {line}")  # in place: one change event
         await asyncio.Event().wait()
+
+
+async def typed_lines() -> AsyncIterator[str]:
+    """Lines from stdin as they are typed; none when stdin is a file or closed."""
+    reader = asyncio.StreamReader()
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    except (ValueError, OSError):
+        return
+    while line := await reader.readline():
+        if line.strip():
+            yield line.decode(errors="replace").strip()
 
 
 if __name__ == "__main__":
