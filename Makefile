@@ -5,8 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LISTEN ?= 127.0.0.1:50051
 CONFIG ?=
+ADMIN ?=
 
-.PHONY: serve test lint typecheck proto check-proto docs check-docs buf check bench soak soak-hostile clean
+.PHONY: serve test screenshots lint typecheck proto check-proto docs check-docs buf check bench soak soak-hostile clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,10 +17,11 @@ $(STAMP): pyproject.toml
 
 ## Start the sidecar with the defaults (no config file needed).
 serve: $(STAMP)
-	$(BIN)/dsh-system-prompt serve --listen $(LISTEN) $(if $(CONFIG),--config $(CONFIG))
+	$(BIN)/dsh-system-prompt serve --listen $(LISTEN) $(if $(CONFIG),--config $(CONFIG)) \
+	  $(if $(ADMIN),--admin-listen $(ADMIN))
 
 ## Run the whole test suite.
-test: $(STAMP) node-deps independent-client-deps codegen-tools ts-test
+test: $(STAMP) node-deps independent-client-deps codegen-tools browser ts-test
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 ## Regenerate the protobuf stubs from proto/ (Python, and the TypeScript client's).
@@ -147,3 +149,17 @@ ts-build: ts-deps
 ## Run the TypeScript client's tests against real sidecars from .venv.
 ts-test: $(STAMP) ts-build
 	cd $(TS_CLIENT) && npm test
+
+## Debian's Chromium, which the admin page's browser tests drive through Playwright
+## (tests/test_admin.py launches /usr/bin/chromium; `playwright install` is never needed).
+.PHONY: browser
+browser:
+	@if [ -x /usr/bin/chromium ]; then exit 0; fi; \
+	sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	$$sudo apt-get install -y -q --no-install-recommends chromium >/dev/null \
+	  || { $$sudo apt-get update -q >/dev/null && \
+	       $$sudo apt-get install -y -q --no-install-recommends chromium >/dev/null; }
+
+## Refresh the admin page's screenshots in docs/admin/ (the browser tests take them).
+screenshots: $(STAMP) browser
+	DSP_ADMIN_SCREENSHOTS=1 $(BIN)/python -m pytest -q tests/test_admin.py

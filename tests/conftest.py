@@ -36,6 +36,7 @@ async def make_sidecar() -> AsyncIterator[SidecarFactory]:
     yield make
     for sidecar in started:
         await sidecar.server.stop(grace=None)
+        await sidecar.close_admin()
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from .addresses import UNIX_PREFIX, bind_failure, check_listen, claim_unix_socket
+from .admin import AdminServer, start_admin
 from .auth import BearerTokenInterceptor, read_token
 from .config import ConfigError, SidecarConfig
 from .handlers import add_service
@@ -39,6 +40,7 @@ class Sidecar:
     address: str
     config: SidecarConfig
     tracing: Tracing | None = None
+    admin: AdminServer | None = None
 
     @property
     def registry(self) -> Registry:
@@ -55,7 +57,14 @@ class Sidecar:
         await self.server.stop(grace=None)
         if self.tracing is not None:
             self.tracing.shutdown()  # export what is buffered before the process ends
+        await self.close_admin()
         _log.info("stopped")
+
+    async def close_admin(self) -> None:
+        """Stop the admin page, if it serves."""
+        if self.admin is not None:
+            await self.admin.close()
+            self.admin = None
 
 
 async def start_sidecar(
@@ -79,13 +88,14 @@ async def start_sidecar(
     port = _bind(server, listen, server_credentials(config))
     if config.metrics_listen:
         _serve_metrics(metrics, config.metrics_listen)
+    address = bound_address(listen, port)
+    admin = await _serve_admin(service, config, address) if config.admin_listen else None
     await server.start()
     for name in ("", SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    address = bound_address(listen, port)
     _log.info("serving on %s (tls=%s, auth=%s, tracing=%s)", address,
               bool(config.security.tls_cert_file), auth, tracing is not None)  # fmt: skip
-    return Sidecar(server, service, health, metrics, address, config, tracing)
+    return Sidecar(server, service, health, metrics, address, config, tracing, admin)
 
 
 def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None) -> int:
@@ -107,6 +117,18 @@ def _serve_metrics(metrics: Metrics, listen: str) -> None:
     except OSError as error:
         why = "address in use" if error.errno == errno.EADDRINUSE else error.strerror or error
         raise ConfigError(f"config key 'metrics_listen': cannot serve on {listen}: {why}") from None
+
+
+async def _serve_admin(
+    service: SystemPromptService, config: SidecarConfig, address: str
+) -> AdminServer:
+    try:
+        return await start_admin(service, config, address)
+    except OSError as error:
+        why = "address in use" if error.errno == errno.EADDRINUSE else error.strerror or error
+        raise ConfigError(
+            f"config key 'admin_listen': cannot serve on {config.admin_listen}: {why}"
+        ) from None
 
 
 def server_options(config: SidecarConfig) -> list[tuple[str, int]]:

@@ -66,6 +66,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--metrics-listen", help="serve Prometheus /metrics on HOST:PORT")
     serve.add_argument(
+        "--admin-listen",
+        metavar="HOST:PORT",
+        help="serve the read-only admin page on HOST:PORT (loopback only unless allowed)",
+    )
+    serve.add_argument(
+        "--admin-allow-remote",
+        action="store_true",
+        default=None,
+        help="let --admin-listen take a non-loopback address (needs --auth-token-file)",
+    )
+    serve.add_argument(
         "--tokenizer", choices=sorted(TOKENIZERS), help="count tokens in reports with this"
     )
     serve.add_argument("--log-level", choices=LOG_LEVELS)
@@ -173,6 +184,8 @@ def _load(args: argparse.Namespace) -> SidecarConfig:
         tls_key_file=args.tls_key_file,
         tls_client_ca_file=args.tls_client_ca_file,
         metrics_listen=args.metrics_listen,
+        admin_listen=args.admin_listen,
+        admin_allow_remote=args.admin_allow_remote,
         tokenizer=args.tokenizer,
         log_level=args.log_level,
         log_format=args.log_format,
@@ -201,6 +214,8 @@ async def _run(config: SidecarConfig, args: argparse.Namespace) -> None:
         if args.config_poll > 0:
             watching = asyncio.create_task(reloader.watch(args.config_poll))
     print(f"dsh-system-prompt listening on {sidecar.address}", flush=True)
+    if sidecar.admin is not None:
+        print(f"dsh-system-prompt admin page on {sidecar.admin.url}", flush=True)
     await stop.wait()
     if watching is not None:
         watching.cancel()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import ssl
 import tomllib
@@ -73,6 +74,8 @@ class SidecarConfig:
     report_history: int = 8  # recent reported assemblies kept per history key
     report_keys: int = 1024  # history keys kept (scopes or caller-named keys)
     prefix_layout: Layout = DEFAULT_LAYOUT  # the model server's prefix order, for reports
+    admin_listen: str | None = None  # HOST:PORT of the read-only admin page; None: off
+    admin_allow_remote: bool = False  # else admin_listen must be a loopback address
 
 
 _TOP_KEYS = {
@@ -96,6 +99,8 @@ _TOP_KEYS = {
     "report_history",
     "report_keys",
     "prefix_layout",
+    "admin_listen",
+    "admin_allow_remote",
     "limits",
     *(f.name for f in fields(Security)),
 }
@@ -159,6 +164,8 @@ def parse_config(raw: dict[str, Any]) -> SidecarConfig:
         report_history=_count(raw, "report_history", 8),
         report_keys=_count(raw, "report_keys", 1024),
         prefix_layout=_layout(raw),
+        admin_listen=_typed(raw, "admin_listen", str, "") or None,
+        admin_allow_remote=_typed(raw, "admin_allow_remote", bool, False),
     ))  # fmt: skip
 
 
@@ -196,8 +203,40 @@ def _checked(config: SidecarConfig) -> SidecarConfig:
             host_and_port(config.metrics_listen)
         except AddressError as error:
             raise ConfigError(f"config key 'metrics_listen': {error}") from None
+    if config.admin_listen is not None:
+        _check_admin(config)
     _check_security(config.security)
     return config
+
+
+def _check_admin(config: SidecarConfig) -> None:
+    """The admin page shows every prompt: loopback only, unless allowed and behind a token."""
+    assert config.admin_listen is not None
+    try:
+        host, _ = host_and_port(config.admin_listen)
+    except AddressError as error:
+        raise ConfigError(f"config key 'admin_listen': {error}") from None
+    if not config.admin_allow_remote and not is_loopback(host):
+        raise ConfigError(
+            f"config key 'admin_listen': {host} is not a loopback address; the admin page"
+            " shows every prompt, so serving it elsewhere needs 'admin_allow_remote = true'"
+            " (and 'auth_token_file')"
+        )
+    if config.admin_allow_remote and not config.security.auth_token_file:
+        raise ConfigError(
+            "config key 'admin_allow_remote' needs 'auth_token_file': a page reachable from"
+            " other hosts must ask for the token"
+        )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an IP address, without brackets) is this host only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _check_security(security: Security) -> None:

@@ -1,0 +1,558 @@
+"""What the admin page shows, read from the running sidecar: plain values, no HTML.
+
+Nothing here changes the registry. Session and registration ids are
+capabilities (whoever knows one can register or dispose as its session), so
+the page names a session by a short hash of its id, never the id itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dsh_system_prompt_core import RenderFailure, interpolate
+
+from ..cache_history import Break, HistoryKey, KeyHistory
+from ..cache_history import Entry as Reported
+from ..cache_report import PartPrint, Previous, Size, Stability, build_report
+from ..registry import SIDECAR_OWNER, Dynamic, Entry, Kind, Origin, OriginKind, RegistryError
+from ..registry.model import ContextEntry, ListenerEntry, SectionEntry
+from ..registry.model import ToolSet as Tools
+from ..service import SystemPromptService
+from .live_prompt import static_assembly
+
+GLOBAL_LABEL = "(global)"
+
+
+def tag(identifier: str) -> str:
+    """A short, stable name for a session that does not reveal its id."""
+    return hashlib.sha256(identifier.encode()).hexdigest()[:8]
+
+
+def origin_class(origin: Origin) -> str:
+    """The colour a part gets: builtin, global, scope, ancestor or listener."""
+    if origin.kind is OriginKind.SCOPE and origin.depth > 0:
+        return "ancestor"
+    return origin.kind.value
+
+
+def size_text(size: Size) -> str:
+    tokens = "" if size.tokens is None else f", {size.tokens:,} tokens"
+    return f"{size.bytes:,} bytes{tokens}"
+
+
+# -- scopes ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Registration:
+    kind: str
+    name: str
+    order: str
+    mode: str  # "static", "dynamic", or "" for kinds without a value
+    owner: str
+    size: str
+
+
+@dataclass
+class ScopeNode:
+    key: str | None
+    label: str
+    handles: list[str]  # the owners of its open handles
+    registrations: list[Registration]
+    children: list[ScopeNode] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ScopesView:
+    revision: int
+    roots: list[ScopeNode]  # the global scope first, then scopes without a parent
+    scope_count: int
+    registration_count: int
+
+
+def scopes_view(service: SystemPromptService) -> ScopesView:
+    """The scope tree, each scope with the registrations made in it."""
+    registry = service.registry
+    owners = owner_names(service)
+    entries = registry.registrations()
+    by_scope: dict[str | None, list[Registration]] = {}
+    handles: dict[str, list[str]] = {}
+    for entry in entries:
+        if entry.kind is Kind.SCOPE:
+            handles.setdefault(entry.name, []).append(owners.get(entry.owner, "?"))
+            continue
+        by_scope.setdefault(entry.scope, []).append(_registration(entry, owners))
+    keys = {*registry.scope_keys(), *(key for key in by_scope if key is not None)}
+    nodes = {key: ScopeNode(key, key, handles.get(key, []), by_scope.get(key, [])) for key in keys}
+    roots: list[ScopeNode] = [ScopeNode(None, GLOBAL_LABEL, [], by_scope.get(None, []))]
+    for key in sorted(keys):
+        chain = registry.scope_chain(key)
+        parent = chain[1] if len(chain) > 1 else None
+        if parent is not None and parent in nodes:
+            nodes[parent].children.append(nodes[key])
+        else:
+            roots.append(nodes[key])
+    return ScopesView(registry.revision, roots, len(keys), len(entries))
+
+
+def owner_names(service: SystemPromptService) -> dict[str, str]:
+    """Session id -> how the page names it: client name and tag."""
+    names = {SIDECAR_OWNER: "sidecar (built-in)"}
+    for session in service.sessions.all():
+        names[session.id] = f"{session.client_name or 'unnamed'} #{tag(session.id)}"
+    return names
+
+
+def _registration(entry: Entry[Any], owners: dict[str, str]) -> Registration:
+    order = ""
+    if isinstance(entry, SectionEntry | ContextEntry):
+        order = f"{entry.order:g}"
+        if isinstance(entry, SectionEntry) and entry.complete:
+            order += " (complete)"
+    name = entry.name
+    if isinstance(entry, ListenerEntry) and entry.global_:
+        name = f"{name} (everywhere)" if name else "(everywhere)"
+    return Registration(
+        kind=entry.kind.value,
+        name=name,
+        order=order,
+        mode=_mode(entry),
+        owner=owners.get(entry.owner, "?"),
+        size=_value_size(entry.value),
+    )
+
+
+def _mode(entry: Entry[Any]) -> str:
+    if entry.kind in (Kind.LISTENER, Kind.SUPPRESSOR, Kind.SCOPE):
+        return ""
+    return "dynamic" if isinstance(entry.value, Dynamic) else "static"
+
+
+def _value_size(value: object) -> str:
+    if isinstance(value, str):
+        return f"{len(value.encode()):,} bytes"
+    if isinstance(value, Tools):
+        total = sum(
+            len(t.name.encode()) + len(t.description.encode()) + len(t.parameters_json.encode())
+            for t in value.schemas
+        )
+        count = len(value.schemas)
+        return f"{count} tool{'s' if count != 1 else ''}, {total:,} bytes"
+    if isinstance(value, Dynamic):
+        return "at each assembly"
+    return ""
+
+
+# -- the prompt of a scope ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PromptPart:
+    kind: str  # section, tool or context
+    name: str
+    origin: str  # the colour: builtin, global, scope, ancestor, listener
+    source: str  # where it came from, in words
+    text: str  # as the model reads it (a tool: its JSON)
+    size: str
+    dynamic: bool
+    change: str  # since the previous prompt this page saw: "", "new", "changed", "recomputed"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the last change did to the prompt-cache prefix."""
+
+    broke: bool
+    first_changed: str
+    reason: str
+    stable: str
+    recomputed: str
+    diff: str
+
+
+@dataclass(frozen=True)
+class PromptView:
+    scope: str | None
+    label: str
+    chain: list[str]
+    opened: bool  # a handle is open on the scope (else it assembles as the global scope)
+    revision: int
+    layout: str
+    tokenizer: str
+    listeners: list[str]  # run by a real assembly, never by the page
+    parts: list[PromptPart] = field(default_factory=list)  # the prefix in layout order, then
+    # the runtime context
+    totals: list[tuple[str, str]] = field(default_factory=list)
+    verdict: Verdict | None = None  # None for the first prompt this page saw
+    error: str = ""
+
+
+class PromptWatcher:
+    """The prompt of one scope as it changes, each compared with the one before."""
+
+    def __init__(self, service: SystemPromptService, scope: str | None) -> None:
+        self._service = service
+        self._scope = scope
+        self._previous: Previous | None = None
+        self._view: PromptView | None = None
+
+    def version(self) -> int:
+        return self._service.registry.revision
+
+    async def view(self) -> PromptView:
+        """The prompt now; the same view again while nothing changed."""
+        if self._view is not None and self._view.revision == self.version():
+            return self._view
+        self._view = await self._build()
+        return self._view
+
+    async def _build(self) -> PromptView:
+        service, scope = self._service, self._scope
+        registry = service.registry
+        view = PromptView(
+            scope=scope, label=scope if scope is not None else GLOBAL_LABEL,
+            chain=registry.scope_chain(scope),
+            opened=scope is None or scope in registry.scope_keys(),
+            revision=registry.revision, layout=service.prefix_layout.value,
+            tokenizer=service.tokenizer.name if service.tokenizer else "",
+            listeners=[_listener_name(e) for e in registry.plan(scope).listeners],
+        )  # fmt: skip
+        try:
+            static = await static_assembly(registry, scope)
+        except RegistryError as error:
+            return replace(view, error=error.message)
+        assembly = static.assembly
+        report, current = build_report(
+            assembly, service.tokenizer, service.prefix_layout, self._previous
+        )
+        verdict = None if self._previous is None else _verdict(report.stability)
+        before = _fingerprints(self._previous)
+        self._previous = current
+        parts = [
+            _prompt_part(part, current, assembly.variables, static.placeholders)
+            for part, _ in report.parts
+        ]
+        if before is not None:
+            stable = {part.key for part, kept in report.parts if kept}
+            parts = [
+                replace(shown, change=_change(part, stable, before))
+                for shown, (part, _) in zip(parts, report.parts, strict=True)
+            ]
+        totals = [
+            ("system prompt", size_text(report.prompt)),
+            ("tools", size_text(report.tools)),
+            ("runtime context", size_text(report.context_snapshot)),
+            ("prefix (tools and system prompt)", size_text(report.stability.prefix)),
+        ]
+        return replace(
+            view, revision=static.revision, parts=parts, totals=totals, verdict=verdict,
+            error=report.render_error,
+        )  # fmt: skip
+
+
+def _listener_name(entry: ListenerEntry) -> str:
+    where = "everywhere" if entry.scope is None or entry.global_ else f'scope "{entry.scope}"'
+    return f'listener "{entry.name}" ({where})' if entry.name else f"listener ({where})"
+
+
+def _fingerprints(previous: Previous | None) -> dict[tuple[str, str], str] | None:
+    """Each part's fingerprint in the previous prompt (None before the first)."""
+    if previous is None:
+        return None
+    prints = {part.key: part.fingerprint for part in previous.parts}
+    prints.update({("context", name): print_ for name, print_ in previous.contexts.items()})
+    return prints
+
+
+def _change(
+    part: PartPrint, stable: set[tuple[str, str]], before: dict[tuple[str, str], str]
+) -> str:
+    """What happened to a part since the previous prompt; "recomputed": the same text,
+    after the first change of the prefix, so the model server computes it again."""
+    if part.key not in before:
+        return "new"
+    if before[part.key] != part.fingerprint:
+        return "changed"
+    return "" if part.key in stable or part.kind == "context" else "recomputed"
+
+
+def _prompt_part(
+    part: PartPrint,
+    laid_out: Previous,
+    variables: dict[str, str | None],
+    placeholders: frozenset[tuple[str, str]],
+) -> PromptPart:
+    if part.kind == "context":
+        try:
+            text = interpolate(part.raw, variables, f'context "{part.name}"')
+        except RenderFailure:
+            text = part.raw
+    else:
+        text = laid_out.text[part.start : part.end]
+    return PromptPart(
+        kind=part.kind,
+        name=part.name,
+        origin=origin_class(part.origin),
+        source=part.origin.describe(),
+        text=text,
+        size=size_text(Size(part.bytes, part.tokens)),
+        dynamic=part.key in placeholders,
+        change="",
+    )
+
+
+def _verdict(stability: Stability) -> Verdict:
+    return Verdict(
+        broke=bool(stability.reason),
+        first_changed=stability.first_changed,
+        reason=stability.reason,
+        stable=size_text(Size(stability.stable_bytes, stability.stable_tokens)),
+        recomputed=size_text(stability.recomputed),
+        diff=stability.diff,
+    )
+
+
+# -- the cache history of a scope or report key ---------------------------------------
+
+CHART_WIDTH = 640
+CHART_HEIGHT = 140
+CHART_PAD = 24
+
+
+@dataclass(frozen=True)
+class Bar:
+    x: float
+    y: float
+    width: float
+    height: float
+    state: str  # "first", "stable" or "break"
+    title: str
+
+
+@dataclass(frozen=True)
+class Report:
+    sequence: int
+    at: str
+    revision: int
+    state: str
+    verdict: str
+    stable: str
+    recomputed: str
+    observed: str
+
+
+@dataclass(frozen=True)
+class CacheView:
+    label: str
+    found: bool
+    evicted: bool
+    reports: int
+    breaks: int
+    breakers: list[tuple[str, int]]
+    recomputed: str
+    recent: list[Report]
+    bars: list[Bar]
+    chart: tuple[int, int]
+    first_at: str
+    last_at: str
+    last_break: Break | None
+    last_break_at: str
+    version: int
+
+
+def cache_key(scope: str | None, key: str | None) -> HistoryKey:
+    """The history the page shows: a report key's, else a scope's (the global one)."""
+    if key:
+        return HistoryKey("key", key)
+    return HistoryKey("scope", scope or None)
+
+
+def cache_view(service: SystemPromptService, key: HistoryKey) -> CacheView:
+    """The key's prefix-stability history: counts, recent reports, the last break."""
+    reports = service.reports
+    kept, evicted = reports.get(key)
+    history = kept or KeyHistory(None, deque())
+    recent = list(history.recent)
+    last = history.last_break
+    recomputed = Size(history.recomputed_bytes, history.recomputed_tokens)
+    return CacheView(
+        label=key.describe(),
+        found=kept is not None,
+        evicted=evicted,
+        reports=history.reports,
+        breaks=history.breaks,
+        breakers=history.top_breakers(),
+        recomputed=size_text(recomputed),
+        recent=[_report_row(entry) for entry in reversed(recent)],
+        bars=_bars(recent),
+        chart=(CHART_WIDTH, CHART_HEIGHT),
+        first_at=_clock(recent[0].at) if recent else "",
+        last_at=_clock(recent[-1].at) if recent else "",
+        last_break=last,
+        last_break_at=_clock(last.at) if last else "",
+        version=reports.version,
+    )
+
+
+def _state(entry: Reported) -> str:
+    if not entry.has_previous:
+        return "first"
+    return "break" if entry.broke else "stable"
+
+
+def _stable_share(entry: Reported) -> float:
+    if not entry.has_previous or not entry.prefix.bytes:
+        return 1.0
+    return entry.stable_bytes / entry.prefix.bytes
+
+
+def _report_row(entry: Reported) -> Report:
+    state = _state(entry)
+    verdict = {
+        "first": "first report: nothing to compare",
+        "stable": "prefix unchanged",
+        "break": f"broke at {entry.first_changed}: {entry.reason}",
+    }[state]
+    observed = ""
+    if entry.observed_cached_tokens is not None:
+        observed = f"{entry.observed_cached_tokens:,} tokens cached"
+    return Report(
+        sequence=entry.sequence,
+        at=_clock(entry.at),
+        revision=entry.revision,
+        state=state,
+        verdict=verdict,
+        stable=f"{_stable_share(entry):.0%}",
+        recomputed=size_text(entry.recomputed),
+        observed=observed,
+    )
+
+
+def _bars(recent: list[Reported]) -> list[Bar]:
+    """One bar per recent report, oldest left; its height is the share of the prefix kept."""
+    if not recent:
+        return []
+    inner_w, inner_h = CHART_WIDTH - 2 * CHART_PAD, CHART_HEIGHT - 2 * CHART_PAD
+    slot = inner_w / len(recent)
+    bars = []
+    for index, entry in enumerate(recent):
+        share = _stable_share(entry)
+        height = max(2.0, inner_h * share)
+        state = _state(entry)
+        title = f"#{entry.sequence} at {_clock(entry.at)}: " + _report_row(entry).verdict
+        if state == "break":
+            title += f" ({size_text(entry.recomputed)} recomputed)"
+        bars.append(
+            Bar(
+                x=round(CHART_PAD + index * slot + slot * 0.15, 1),
+                y=round(CHART_PAD + inner_h - height, 1),
+                width=round(slot * 0.7, 1),
+                height=round(height, 1),
+                state=state,
+                title=title,
+            )
+        )
+    return bars
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at))
+
+
+# -- sessions and health --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    name: str
+    peer: str
+    registrations: str  # counts by kind
+    listeners: list[str]
+    providers: list[str]
+    provide_requests: int
+
+
+@dataclass(frozen=True)
+class SessionsView:
+    health: list[tuple[str, str]]
+    failures: list[tuple[str, int]]
+    sessions: list[SessionRow]
+
+
+def sessions_view(service: SystemPromptService, address: str, started: float) -> SessionsView:
+    """Connected clients with what they registered, and the figures an operator checks first."""
+    registry = service.registry
+    rows = []
+    for session in service.sessions.all():
+        entries = registry.registrations(session.id)
+        counts = Counter(entry.kind.value for entry in entries)
+        rows.append(
+            SessionRow(
+                name=f"{session.client_name or 'unnamed'} #{tag(session.id)}",
+                peer=session.peer,
+                registrations=", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+                or "none",
+                listeners=[_listener_name(e) for e in entries if isinstance(e, ListenerEntry)],
+                providers=[_provider(e) for e in entries if isinstance(e.value, Dynamic)],
+                provide_requests=session.provide_requests,
+            )
+        )
+    count, total = _assemblies(service)
+    mean = f"{total / count * 1000:.2f} ms" if count else "none yet"
+    history = service.reports
+    kept = [history.get(key)[0] for key in history.history_keys()]
+    breaks = sum(k.breaks for k in kept if k is not None)
+    reports = sum(k.reports for k in kept if k is not None)
+    health = [
+        ("status", "NOT_SERVING (draining)" if service.gate.draining else "SERVING"),
+        ("address", address),
+        ("uptime", _duration(time.time() - started)),
+        ("revision", str(registry.revision)),
+        ("sessions", str(len(service.sessions))),
+        ("registrations", str(len(registry.registrations()))),
+        ("scopes", str(len(registry.scope_keys()))),
+        ("change watchers (live pages included)", str(registry.changes.subscriber_count())),
+        ("assemblies", f"{count:,}"),
+        ("mean assembly time", mean),
+        ("cache reports (kept keys)", f"{reports:,}, {breaks:,} broke the prefix"),
+        ("tokenizer", service.tokenizer.name if service.tokenizer else "none (bytes only)"),
+        ("prefix layout", service.prefix_layout.value),
+    ]
+    return SessionsView(health, _failures(service), rows)
+
+
+def _provider(entry: Entry[Any]) -> str:
+    where = f'scope "{entry.scope}"' if entry.scope is not None else "global"
+    name = f' "{entry.name}"' if entry.name else ""
+    return f"{entry.kind.value}{name} ({where})"
+
+
+def _assemblies(service: SystemPromptService) -> tuple[int, float]:
+    """How many Assemble calls were timed, and their total seconds."""
+    count, total = 0, 0.0
+    for metric in service.metrics.assemble_seconds.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_count"):
+                count = int(sample.value)
+            elif sample.name.endswith("_sum"):
+                total = sample.value
+    return count, total
+
+
+def _failures(service: SystemPromptService) -> list[tuple[str, int]]:
+    failures = []
+    for metric in service.metrics.assembly_failures.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total") and sample.value:
+                failures.append((sample.labels["reason"], int(sample.value)))
+    return sorted(failures)
+
+
+def _duration(seconds: float) -> str:
+    minutes, second = divmod(int(seconds), 60)
+    hours, minute = divmod(minutes, 60)
+    return f"{hours}h {minute:02d}m {second:02d}s" if hours else f"{minute}m {second:02d}s"
