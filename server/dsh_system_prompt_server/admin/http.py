@@ -30,6 +30,7 @@ from ..addresses import host_and_port
 from ..auth import read_token
 from ..config import SidecarConfig, is_loopback
 from ..logs import logger
+from ..registry import Subscription
 from ..service import SystemPromptService
 from . import views
 
@@ -38,6 +39,7 @@ MAX_STREAMS = 16  # live views open at once; more is 503 (each holds a change su
 TICK_S = 0.5  # how often a live view looks for news besides registry changes
 KEEPALIVE_S = 15.0  # a comment line on a quiet stream, so a closed page is noticed
 SUBSCRIPTION_BUFFER = 64  # events; a gap only means "render again"
+WRITE_S = 10.0  # a live view whose page takes no data for this long is ended
 READ_ONLY = ("GET", "HEAD")
 VIEWS = ("scopes", "prompt", "cache", "sessions")
 _HERE = Path(__file__).parent
@@ -244,38 +246,43 @@ class Pages:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         self._streams += 1
         subscription = self._service.registry.changes.subscribe(SUBSCRIPTION_BUFFER)
+        changed = asyncio.Event()
+        follower = asyncio.create_task(_follow(subscription, changed))
         try:
             await response.prepare(request)
-            await self._stream(request, live, response, subscription)
-        except ConnectionError:
-            pass  # the page went away
+            await self._stream(request, live, response, changed)
+        except (ConnectionError, TimeoutError):
+            pass  # the page went away, or stopped reading
         finally:
+            follower.cancel()
             subscription.close()
             self._streams -= 1
         return response
 
     async def _stream(
-        self, request: web.Request, live: Live, response: web.StreamResponse, subscription: Any
+        self, request: web.Request, live: Live, response: web.StreamResponse, changed: asyncio.Event
     ) -> None:
+        """Send the view whenever it changed, until the page or the sidecar goes away."""
         sent: Hashable = object()
         last_html = ""
         quiet_since = time.monotonic()
         while not self._closing.is_set():
             if request.transport is None or request.transport.is_closing():
-                return  # the page went away
+                return
+            changed.clear()
             version = live.version()
             if version != sent:
                 sent = version
                 html = await live.render()
                 if html != last_html:
                     last_html = html
-                    await response.write(_event(html))
+                    await _send(response, _event(html))
                     quiet_since = time.monotonic()
             if time.monotonic() - quiet_since > KEEPALIVE_S:
-                await response.write(b": keepalive\n\n")
+                await _send(response, b": keepalive\n\n")
                 quiet_since = time.monotonic()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(subscription.next(), TICK_S)
+                await asyncio.wait_for(changed.wait(), TICK_S)
 
     def _live(self, view: str, query: Any) -> Live:
         service = self._service
@@ -343,6 +350,18 @@ def _bounded(service: SystemPromptService, value: str | None) -> str | None:
     if value is not None and len(value.encode()) > limit:
         raise web.HTTPBadRequest(text=f"a scope or report key is at most {limit} bytes\n")
     return value
+
+
+async def _follow(subscription: Subscription, changed: asyncio.Event) -> None:
+    """Set `changed` at every change event (a gap counts too: the view renders anew)."""
+    while True:
+        await subscription.next()
+        changed.set()
+
+
+async def _send(response: web.StreamResponse, data: bytes) -> None:
+    async with asyncio.timeout(WRITE_S):  # a page that stops reading costs one slot, briefly
+        await response.write(data)
 
 
 def _event(html: str) -> bytes:
