@@ -2,12 +2,12 @@
 
 Nothing here changes the registry. Session and registration ids are
 capabilities (whoever knows one can register or dispose as its session), so
-the page names a session by a short hash of its id, never the id itself.
+the page names a session by its client name and owner label (as `ls` does),
+never by its id.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
@@ -19,17 +19,14 @@ from ..cache_history import Break, HistoryKey, KeyHistory
 from ..cache_history import Entry as Reported
 from ..cache_report import PartPrint, Previous, Size, Stability, build_report
 from ..registry import SIDECAR_OWNER, Dynamic, Entry, Kind, Origin, OriginKind, RegistryError
+from ..registry.filters import owner_label
+from ..registry.limits import value_bytes
 from ..registry.model import ContextEntry, ListenerEntry, SectionEntry
 from ..registry.model import ToolSet as Tools
 from ..service import SystemPromptService
 from .live_prompt import static_assembly
 
 GLOBAL_LABEL = "(global)"
-
-
-def tag(identifier: str) -> str:
-    """A short, stable name for a session that does not reveal its id."""
-    return hashlib.sha256(identifier.encode()).hexdigest()[:8]
 
 
 def origin_class(origin: Origin) -> str:
@@ -103,7 +100,7 @@ def owner_names(service: SystemPromptService) -> dict[str, str]:
     """Session id -> how the page names it: client name and tag."""
     names = {SIDECAR_OWNER: "sidecar (built-in)"}
     for session in service.sessions.all():
-        names[session.id] = f"{session.client_name or 'unnamed'} #{tag(session.id)}"
+        names[session.id] = f"{session.client_name or 'unnamed'} #{owner_label(session.id)}"
     return names
 
 
@@ -134,14 +131,10 @@ def _mode(entry: Entry[Any]) -> str:
 
 def _value_size(value: object) -> str:
     if isinstance(value, str):
-        return f"{len(value.encode()):,} bytes"
+        return f"{value_bytes(value):,} bytes"
     if isinstance(value, Tools):
-        total = sum(
-            len(t.name.encode()) + len(t.description.encode()) + len(t.parameters_json.encode())
-            for t in value.schemas
-        )
         count = len(value.schemas)
-        return f"{count} tool{'s' if count != 1 else ''}, {total:,} bytes"
+        return f"{count} tool{'s' if count != 1 else ''}, {value_bytes(value):,} bytes"
     if isinstance(value, Dynamic):
         return "at each assembly"
     return ""
@@ -492,7 +485,7 @@ def sessions_view(service: SystemPromptService, address: str, started: float) ->
         counts = Counter(entry.kind.value for entry in entries)
         rows.append(
             SessionRow(
-                name=f"{session.client_name or 'unnamed'} #{tag(session.id)}",
+                name=f"{session.client_name or 'unnamed'} #{owner_label(session.id)}",
                 peer=session.peer,
                 registrations=", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
                 or "none",
