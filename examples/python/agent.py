@@ -53,9 +53,10 @@ async def main(address: str | None) -> None:
             return next_()  # un-awaited: the rest of the chain's result, one round trip less
 
         await agent.on_assemble(sign, name="sign")
+        print("registered; Ctrl-C to leave", flush=True)
         rendered = await client.render(scope="agent-1", fields={"cwd": "/work"})
         print(rendered.prompt, "\n", rendered.context_snapshot, sep="\n", flush=True)
-        print("registered; type a line to change agent-1's memory, Ctrl-C to leave", flush=True)
+        print("type a line to replace agent-1's memory section", flush=True)
         async for line in typed_lines():
             await memory.update(f"Remember: {line}")  # in place: one change event
         await asyncio.Event().wait()
