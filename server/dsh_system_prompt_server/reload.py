@@ -19,6 +19,7 @@ from .app import Sidecar
 from .config import ConfigError, ServerLimits, SidecarConfig
 from .logs import LOGGER_NAME, logger
 from .registry import Limits
+from .registry.registry import settings_keys
 
 _log = logger("reload")
 
@@ -50,8 +51,7 @@ def config_keys(config: SidecarConfig) -> dict[str, object]:
     for item in fields(config):
         value = getattr(config, item.name)
         if item.name == "registry":
-            flat |= {f.name: getattr(value, f.name) for f in fields(value) if f.name != "limits"}
-            flat |= {f"limits.{f.name}": getattr(value.limits, f.name) for f in fields(Limits)}
+            flat |= settings_keys(value)
         elif item.name == "server_limits":
             flat |= {f"limits.{f.name}": getattr(value, f.name) for f in fields(ServerLimits)}
         elif item.name == "security":

@@ -125,8 +125,8 @@ class Registry:
         old, self.settings = self.settings, settings
         self.limits = settings.limits
         self.changes.history = settings.change_history
-        before = _flat(old)
-        changed = [key for key, value in _flat(settings).items() if before[key] != value]
+        before = settings_keys(old)
+        changed = [key for key, value in settings_keys(settings).items() if before[key] != value]
         if "include_harness_identity" in changed:
             if settings.include_harness_identity:
                 self._add_builtin(
@@ -654,8 +654,8 @@ def _sorted(merged: dict[str, Ordered]) -> list[Ordered]:
     return sorted(merged.values(), key=lambda entry: entry.order)
 
 
-def _flat(settings: RegistrySettings) -> dict[str, object]:
-    """The settings by config key (`limits.max_tools` for a limit)."""
+def settings_keys(settings: RegistrySettings) -> dict[str, object]:
+    """The settings by config key (`limits.max_tools` for a limit), as reload compares them."""
     flat: dict[str, object] = {
         f.name: getattr(settings, f.name) for f in fields(settings) if f.name != "limits"
     }
