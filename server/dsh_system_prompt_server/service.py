@@ -106,7 +106,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         )
         metrics.track(
             sessions=lambda: len(self.sessions),
-            registrations=lambda: len(registry.registrations()),
+            registrations=registry.registration_count,
             watchers=registry.changes.subscriber_count,
         )
 

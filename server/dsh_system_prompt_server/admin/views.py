@@ -506,7 +506,7 @@ def sessions_view(service: SystemPromptService, address: str, started: float) ->
         ("uptime", _duration(time.time() - started)),
         ("revision", str(registry.revision)),
         ("sessions", str(len(service.sessions))),
-        ("registrations", str(len(registry.registrations()))),
+        ("registrations", str(registry.registration_count())),
         ("scopes", str(len(registry.scope_keys()))),
         ("change watchers (live pages included)", str(registry.changes.subscriber_count())),
         ("assemblies", f"{count:,}"),

@@ -494,6 +494,10 @@ class Registry:
             return list(self._entries.values())
         return list(self._by_owner.get(owner, {}).values())
 
+    def registration_count(self) -> int:
+        """How many registrations are live, without listing them (for metrics scrapes)."""
+        return len(self._entries)
+
     def scope_keys(self) -> list[str]:
         return self._scopes.keys()
 
