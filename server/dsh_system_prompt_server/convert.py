@@ -71,6 +71,7 @@ _RESPONSE_ASSEMBLY, _RESPONSE_RENDERED, _RESPONSE_REPORT = (
     _RESPONSE[name].number for name in ("assembly", "rendered", "report")
 )
 _RESPONSE_REVISION_KEY = _RESPONSE["revision"].number << 3  # a varint field
+_RESPONSE_CACHEABLE_KEY = _RESPONSE["cacheable"].number << 3  # a varint (bool) field
 
 
 def assemble_response(
@@ -78,6 +79,7 @@ def assemble_response(
     revision: int,
     rendered: pb.RenderedPrompt | None = None,
     report: pb.AssemblyReport | None = None,
+    cacheable: bool = False,
 ) -> bytes:
     """An AssembleResponse's encoding, written directly: no message is built for the
     assembly, and gRPC sends the bytes as they are (handlers.passthrough)."""
@@ -89,6 +91,8 @@ def assemble_response(
         out += [_varint(_RESPONSE_REVISION_KEY), _varint(revision)]
     if report is not None:
         out.append(_field(_RESPONSE_REPORT, report))
+    if cacheable:
+        out += [_varint(_RESPONSE_CACHEABLE_KEY), _varint(1)]
     return b"".join(out)
 
 

@@ -232,7 +232,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         # before rendering: a report names a failing part, never fails
         report = self._report(request, plan, assembly) if request.report else None
         rendered = _rendered(assembly) if request.render else None
-        response = assemble_response(assembly, plan.revision, rendered, report)
+        response = assemble_response(assembly, plan.revision, rendered, report, plan.is_static)
         self._check_sendable(len(response), report is not None)
         if key is not None:
             self.responses.put(key, response)

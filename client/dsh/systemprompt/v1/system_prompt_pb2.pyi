@@ -1842,8 +1842,14 @@ class AssembleResponse(_message.Message):
     RENDERED_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
     REPORT_FIELD_NUMBER: _builtins.int
+    CACHEABLE_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
     """The registry's revision the assembly was taken at."""
+    cacheable: _builtins.bool
+    """True when the plan is all-static (no provider, no listener): the same request
+    answers the same assembly until `revision` changes, so a client may keep it and
+    reuse it until the change stream reports a later revision.
+    """
     @_builtins.property
     def assembly(self) -> Global___PromptAssembly:
         """The assembly, after listeners and enforcement."""
@@ -1863,10 +1869,11 @@ class AssembleResponse(_message.Message):
         rendered: Global___RenderedPrompt | None = ...,
         revision: _builtins.int = ...,
         report: Global___AssemblyReport | None = ...,
+        cacheable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "rendered", b"rendered", "report", b"report"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "rendered", b"rendered", "report", b"report", "revision", b"revision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "cacheable", b"cacheable", "rendered", b"rendered", "report", b"report", "revision", b"revision"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
