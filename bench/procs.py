@@ -85,7 +85,10 @@ async def start_watchers(address: str, count: int) -> ServerProcess:
 
 
 # cli.py has no `if __name__ == "__main__"`; call its main() the way the script does.
-_CLI = "import sys; from dsh_system_prompt_server.cli import main; sys.exit(main(sys.argv[1:]))"
+_CLI = (
+    "import sys; from dsh_system_prompt_server.sidecar.cli import main; "
+    "sys.exit(main(sys.argv[1:]))"
+)
 
 
 async def _start(argv: Sequence[str], ready: str, label: str) -> ServerProcess:

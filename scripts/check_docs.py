@@ -25,10 +25,10 @@ import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from dsh_system_prompt_server.cli import build_parser
-from dsh_system_prompt_server.config import SidecarConfig
-from dsh_system_prompt_server.metrics import Metrics
-from dsh_system_prompt_server.reload import config_keys
+from dsh_system_prompt_server.sidecar.cli import build_parser
+from dsh_system_prompt_server.sidecar.config import SidecarConfig
+from dsh_system_prompt_server.sidecar.reload import config_keys
+from dsh_system_prompt_server.telemetry.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),

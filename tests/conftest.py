@@ -17,8 +17,8 @@ import dsh_system_prompt as dsp
 import grpc
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
-from dsh_system_prompt_server.app import Sidecar, start_sidecar
-from dsh_system_prompt_server.config import parse_config
+from dsh_system_prompt_server.sidecar.app import Sidecar, start_sidecar
+from dsh_system_prompt_server.sidecar.config import parse_config
 from helpers import ClientFactory, SidecarFactory
 from scripted import LoopWatch, Script, ScriptedSidecar, left_behind
 

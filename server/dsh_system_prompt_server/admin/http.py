@@ -26,12 +26,12 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from yarl import URL
 
-from ..addresses import host_and_port
-from ..auth import read_token
-from ..config import SidecarConfig, is_loopback
-from ..logs import logger
 from ..registry import Subscription
-from ..service import SystemPromptService
+from ..rpc.auth import read_token
+from ..rpc.service import SystemPromptService
+from ..sidecar.addresses import host_and_port
+from ..sidecar.config import SidecarConfig, is_loopback
+from ..telemetry.logs import logger
 from . import views
 
 COOKIE = "dsp_admin"

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..prompt_watch import placeholder, static_view
 from ..registry import AssembleContext, Assembly, Kind, Registry, ToolSet
 from ..registry.assembly import Plan
+from ..rpc.streams.prompt_watch import placeholder, static_view
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,15 @@ from typing import Any
 
 from dsh_system_prompt_core import RenderFailure, interpolate
 
-from ..cache_history import Break, HistoryKey, KeyHistory
-from ..cache_history import Entry as Reported
-from ..cache_report import PartPrint, Previous, Size, Stability, build_report
 from ..registry import SIDECAR_OWNER, Dynamic, Entry, Kind, Origin, OriginKind, RegistryError
 from ..registry.filters import owner_label
 from ..registry.limits import value_bytes
 from ..registry.model import ContextEntry, ListenerEntry, SectionEntry
 from ..registry.model import ToolSet as Tools
-from ..service import SystemPromptService
+from ..reports.history import Break, HistoryKey, KeyHistory
+from ..reports.history import Entry as Reported
+from ..reports.report import PartPrint, Previous, Size, Stability, build_report
+from ..rpc.service import SystemPromptService
 from .live_prompt import static_assembly
 
 GLOBAL_LABEL = "(global)"

@@ -25,9 +25,9 @@ from dsh_system_prompt_core import (
     references,
 )
 
-from .cache_blame import explain
-from .cache_diff import bounded_diff, common_prefix
-from .registry import Assembly, Origin, OriginKind, Tool, Trace
+from ..registry import Assembly, Origin, OriginKind, Tool, Trace
+from .blame import explain
+from .diff import bounded_diff, common_prefix
 from .tokens import Tokenizer
 
 TOOL_SEPARATOR = "\n"  # between two tools' JSON in the tool block

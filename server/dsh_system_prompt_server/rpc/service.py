@@ -12,9 +12,26 @@ from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_core import Reason, RenderFailure, render_context_snapshot, render_prompt
 from google.protobuf.message import Message
 
-from .cache_history import HistoryKey, ReportHistory
-from .cache_report import build_report
-from .config import SidecarConfig
+from ..registry import (
+    AssembleContext,
+    Assembly,
+    Entry,
+    Failure,
+    Registry,
+    RegistryError,
+    ServiceError,
+    Status,
+    Subscription,
+)
+from ..registry.assembly import Plan
+from ..registry.callback_cache import context_key
+from ..reports.history import HistoryKey, ReportHistory
+from ..reports.report import build_report
+from ..reports.tokens import load_tokenizer
+from ..sidecar.config import SidecarConfig
+from ..telemetry.logs import logger
+from ..telemetry.metrics import ASSEMBLY_FAILURE_REASONS, Metrics
+from ..telemetry.tracing import Tracing
 from .convert import (
     assemble_response,
     context_from_proto,
@@ -29,29 +46,12 @@ from .convert import (
     variable_from_proto,
 )
 from .gate import Gate
-from .listeners import Listeners
-from .logs import logger
-from .metrics import ASSEMBLY_FAILURE_REASONS, Metrics
-from .outbox import OutboxLimits
-from .registry import (
-    AssembleContext,
-    Assembly,
-    Entry,
-    Failure,
-    Registry,
-    RegistryError,
-    ServiceError,
-    Status,
-    Subscription,
-)
-from .registry.assembly import Plan
-from .registry.callback_cache import context_key
 from .response_cache import ResponseCache
-from .sessions import Session, Sessions
 from .status import abort
-from .tokens import load_tokenizer
-from .tracing import Tracing
-from .watches import Watches, WatchSettings
+from .streams.listeners import Listeners
+from .streams.outbox import OutboxLimits
+from .streams.sessions import Session, Sessions
+from .streams.watches import Watches, WatchSettings
 
 Reply = TypeVar("Reply")
 _log = logger("service")

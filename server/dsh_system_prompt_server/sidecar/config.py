@@ -13,10 +13,10 @@ from typing import Any, Literal, TypeVar
 
 from dsh_system_prompt_core import PERSONA_SECTION, RenderFailure, check_template
 
+from ..registry import Limits, RegistryError, RegistrySettings, validate_tool_order
+from ..reports.report import DEFAULT_LAYOUT, Layout
+from ..reports.tokens import TOKENIZERS
 from .addresses import AddressError, host_and_port
-from .cache_report import DEFAULT_LAYOUT, Layout
-from .registry import Limits, RegistryError, RegistrySettings, validate_tool_order
-from .tokens import TOKENIZERS
 
 T = TypeVar("T")
 LogFormat = Literal["text", "json"]

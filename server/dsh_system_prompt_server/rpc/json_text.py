@@ -11,7 +11,7 @@ from typing import Any
 
 from dsh_system_prompt_core import Reason
 
-from .registry import ServiceError
+from ..registry import ServiceError
 from .status import bad_request
 
 MAX_JSON_DEPTH = 64

@@ -11,7 +11,7 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from .registry import Failure, ServiceError, Status
+from ..registry import Failure, ServiceError, Status
 
 ERROR_DOMAIN = "dsh.systemprompt.v1"
 REASON_TRAILER = "dsh-error-reason"

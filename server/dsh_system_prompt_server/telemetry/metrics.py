@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dsh_system_prompt_core import Reason
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from .addresses import host_and_port
+from ..sidecar.addresses import host_and_port
 
 ASSEMBLY_FAILURE_REASONS = (
     Reason.PROVIDER_FAILED,

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .registry import Origin, OriginKind, Trace
+from ..registry import Origin, OriginKind, Trace
 
 if TYPE_CHECKING:
-    from .cache_report import PartPrint, Previous
+    from .report import PartPrint, Previous
 
 Key = tuple[str, str]
 

@@ -11,18 +11,7 @@ import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, FEATURE_TOOL_SLOTS, Reason
 
-from .convert import (
-    assembly_from_proto,
-    assembly_to_proto,
-    assembly_to_slotted_proto,
-    cache_from_proto,
-    context_to_proto,
-)
-from .gate import Gate
-from .logs import logger
-from .metrics import Metrics
-from .outbox import Outbox, OutboxLimits
-from .registry import (
+from ...registry import (
     AssembleContext,
     Assembly,
     Failure,
@@ -33,9 +22,20 @@ from .registry import (
     Status,
     Tool,
 )
+from ...telemetry.logs import logger
+from ...telemetry.metrics import Metrics
+from ...telemetry.tracing import Tracing, hop
+from ..convert import (
+    assembly_from_proto,
+    assembly_to_proto,
+    assembly_to_slotted_proto,
+    cache_from_proto,
+    context_to_proto,
+)
+from ..gate import Gate
+from ..status import bad_request
+from .outbox import Outbox, OutboxLimits
 from .sessions import Sessions, Stream
-from .status import bad_request
-from .tracing import Tracing, hop
 
 _log = logger("listeners")
 

@@ -11,15 +11,15 @@ from typing import Any
 
 from dsh_system_prompt_core import package_version
 
+from ..reports.report import Layout
+from ..reports.tokens import TOKENIZERS
+from ..telemetry.logs import configure_logging, logger
+from ..telemetry.tracing import tracing_from_env
 from .addresses import AddressError, check_listen
 from .app import start_sidecar
-from .cache_report import Layout
 from .commands import add_connection_options, run
 from .config import LOG_LEVELS, ConfigError, SidecarConfig, load_config, with_overrides
-from .logs import configure_logging, logger
 from .reload import POLL_S, Reloader
-from .tokens import TOKENIZERS
-from .tracing import tracing_from_env
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 EXIT_CONFIG = 2

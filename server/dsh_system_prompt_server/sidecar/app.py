@@ -13,16 +13,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from ..admin import AdminServer, start_admin
+from ..registry import Registry
+from ..rpc.auth import BearerTokenInterceptor, read_token
+from ..rpc.handlers import add_service
+from ..rpc.service import SystemPromptService
+from ..telemetry.logs import logger
+from ..telemetry.metrics import Metrics
+from ..telemetry.tracing import Tracing
 from .addresses import UNIX_PREFIX, bind_failure, check_listen, claim_unix_socket
-from .admin import AdminServer, start_admin
-from .auth import BearerTokenInterceptor, read_token
 from .config import ConfigError, SidecarConfig
-from .handlers import add_service
-from .logs import logger
-from .metrics import Metrics
-from .registry import Registry
-from .service import SystemPromptService
-from .tracing import Tracing
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SystemPromptService"].full_name
 HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .registry.limits import quota_exceeded
+from ...registry.limits import quota_exceeded
 
 # gRPC names a TCP peer by address and port (one per connection); every peer of a unix
 # socket is just "unix:", so the socket file's permissions are the boundary there.

@@ -13,7 +13,7 @@ import grpc
 import grpc.aio
 from dsh_system_prompt_core import Reason
 
-from .registry import ServiceError, Status
+from ..registry import ServiceError, Status
 from .status import abort
 
 # The platform's probes cannot send a token; health says nothing about the registry.

@@ -11,10 +11,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
 from google.protobuf.message import Message
 
-from .cache_history import Entry, HistoryKey, KeyHistory
-from .cache_report import Layout, Report, Size
-from .json_text import load_json
-from .registry import (
+from ..registry import (
     SIDECAR_OWNER,
     Action,
     AssembleContext,
@@ -39,9 +36,12 @@ from .registry import (
     owner_label,
     public_ref,
 )
-from .registry.limits import Limits, value_bytes
-from .registry.model import ContextEntry, SectionEntry
-from .registry.model import Entry as Registration
+from ..registry.limits import Limits, value_bytes
+from ..registry.model import ContextEntry, SectionEntry
+from ..registry.model import Entry as Registration
+from ..reports.history import Entry, HistoryKey, KeyHistory
+from ..reports.report import Layout, Report, Size
+from .json_text import load_json
 from .status import bad_request
 
 

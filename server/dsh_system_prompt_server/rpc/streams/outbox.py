@@ -17,7 +17,7 @@ from typing import Generic, Protocol, TypeVar
 
 from dsh_system_prompt_core import Reason
 
-from .registry import ServiceError, Status
+from ...registry import ServiceError, Status
 
 
 class _Message(Protocol):

@@ -16,8 +16,13 @@ from typing import Any
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
-from .cache_report import Layout
-from .convert import (
+from ...registry import Filter, Registry, Subscription
+from ...registry.changes import Missed
+from ...registry.limits import quota_exceeded
+from ...registry.model import ChangeEvent
+from ...reports.report import Layout
+from ...reports.tokens import Tokenizer
+from ..convert import (
     batch_entry,
     batch_to_proto,
     change_to_proto,
@@ -27,11 +32,6 @@ from .convert import (
 )
 from .peers import PeerCounts
 from .prompt_watch import PromptWatch
-from .registry import Filter, Registry, Subscription
-from .registry.changes import Missed
-from .registry.limits import quota_exceeded
-from .registry.model import ChangeEvent
-from .tokens import Tokenizer
 from .turns import Turns
 
 _BATCH_COUNT = 256  # registrations per listing message

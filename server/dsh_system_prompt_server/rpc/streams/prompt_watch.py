@@ -15,10 +15,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import TOOL_ORDER_REST, RenderFailure, render_context_snapshot
 from dsh_system_prompt_core import render_prompt as render_text
 
-from .cache_history import HistoryKey
-from .cache_report import Layout, Previous, build_report
-from .convert import assembly_to_proto, change_to_proto, report_to_proto
-from .registry import (
+from ...registry import (
     AssembleContext,
     ChangeEvent,
     Dynamic,
@@ -30,8 +27,11 @@ from .registry import (
     Tool,
     ToolSet,
 )
-from .registry.assembly import Plan
-from .tokens import Tokenizer
+from ...registry.assembly import Plan
+from ...reports.history import HistoryKey
+from ...reports.report import Layout, Previous, build_report
+from ...reports.tokens import Tokenizer
+from ..convert import assembly_to_proto, change_to_proto, report_to_proto
 
 MAX_CHANGES_LISTED = 64  # per message; the rest of a burst is counted, not listed
 PLACEHOLDER_TOOL_DESCRIPTION = "provided at each assembly; a watcher does not evaluate it"

@@ -15,7 +15,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from .cache_report import Layout, Previous, Report, Size
+from .report import Layout, Previous, Report, Size
 
 MAX_BREAKERS = 16  # parts counted per key; the least counted goes to make room
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024

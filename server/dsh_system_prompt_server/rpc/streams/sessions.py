@@ -11,13 +11,7 @@ import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, Reason, package_version
 
-from .convert import provide_request, provided_from_proto
-from .gate import Gate
-from .logs import logger
-from .metrics import Metrics
-from .outbox import Outbox, OutboxLimits
-from .peers import PeerCounts
-from .registry import (
+from ...registry import (
     AssembleContext,
     ProvidedValue,
     ProviderCall,
@@ -26,9 +20,15 @@ from .registry import (
     Status,
     new_id,
 )
-from .registry.limits import quota_exceeded
-from .status import bad_request, unknown_session
-from .tracing import Tracing, hop
+from ...registry.limits import quota_exceeded
+from ...telemetry.logs import logger
+from ...telemetry.metrics import Metrics
+from ...telemetry.tracing import Tracing, hop
+from ..convert import provide_request, provided_from_proto
+from ..gate import Gate
+from ..status import bad_request, unknown_session
+from .outbox import Outbox, OutboxLimits
+from .peers import PeerCounts
 
 Out = TypeVar("Out", contravariant=True)
 SIDECAR_VERSION = f"dsh-system-prompt/{package_version()}"

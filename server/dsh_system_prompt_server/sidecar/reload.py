@@ -15,11 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from ..registry import Limits
+from ..registry.registry import settings_keys
+from ..telemetry.logs import LOGGER_NAME, logger
 from .app import Sidecar
 from .config import ConfigError, ServerLimits, SidecarConfig
-from .logs import LOGGER_NAME, logger
-from .registry import Limits
-from .registry.registry import settings_keys
 
 _log = logger("reload")
 

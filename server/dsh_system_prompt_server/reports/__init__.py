@@ -1,0 +1,7 @@
+"""Prompt-cache awareness in plain Python: what a prompt's stable prefix is and who broke it.
+
+Belongs here: the report of one assembly (provenance, sizes, prefix stability), the blame of
+a break, the bounded diff of the first changed part, the history per key and the tokenizers.
+Nothing here knows about gRPC. It may import `registry/` only; `rpc/`, `admin/` and
+`sidecar/` import it.
+"""

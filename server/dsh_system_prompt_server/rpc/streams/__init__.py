@@ -1,0 +1,8 @@
+"""The long-lived streams and their brokers: sessions, listeners, watches, live prompts.
+
+Belongs here: a stream's life cycle (open, first-message check, outbox, reader and writer,
+ending, stalls), the hosts the registry calls through a stream (a session's providers, a
+listener), change and prompt watches, and what bounds a peer (outbox, turns, quotas). It
+may import `rpc`'s translation modules and everything below `rpc/`; only `rpc.service` and
+`admin/` import it.
+"""
