@@ -23,10 +23,9 @@ import grpc
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
-from dsh_system_prompt_server.registry import AssembleContext, Registry, RegistrySettings
+from dsh_system_prompt_server import Registry, RegistrySettings, parse_config, start_sidecar
+from dsh_system_prompt_server.registry import AssembleContext
 from dsh_system_prompt_server.rpc.response_cache import ResponseCache
-from dsh_system_prompt_server.sidecar.app import start_sidecar
-from dsh_system_prompt_server.sidecar.config import parse_config
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from . import node, procs, workload

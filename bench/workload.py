@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import dsh_system_prompt as dsp
-from dsh_system_prompt_server.registry import Registry, Tool, ToolSet
+from dsh_system_prompt_server import Registry
+from dsh_system_prompt_server.registry import Tool, ToolSet
 
 SECTIONS = 30
 CONTEXTS = 10

@@ -25,8 +25,8 @@ import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from dsh_system_prompt_server import SidecarConfig
 from dsh_system_prompt_server.sidecar.cli import build_parser
-from dsh_system_prompt_server.sidecar.config import SidecarConfig
 from dsh_system_prompt_server.sidecar.reload import config_keys
 from dsh_system_prompt_server.telemetry.metrics import Metrics
 

@@ -17,8 +17,7 @@ import dsh_system_prompt as dsp
 import grpc
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
-from dsh_system_prompt_server.sidecar.app import Sidecar, start_sidecar
-from dsh_system_prompt_server.sidecar.config import parse_config
+from dsh_system_prompt_server import Sidecar, parse_config, start_sidecar
 from helpers import ClientFactory, SidecarFactory
 from scripted import LoopWatch, Script, ScriptedSidecar, left_behind
 

@@ -11,7 +11,7 @@ import grpc
 import grpc.aio
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
-from dsh_system_prompt_server.sidecar.app import Sidecar
+from dsh_system_prompt_server import Sidecar
 
 SidecarFactory = Callable[..., Awaitable[Sidecar]]
 ClientFactory = Callable[..., Awaitable[dsp.Client]]

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import dsh_system_prompt as dsp
 import pytest
-from dsh_system_prompt_server.sidecar.app import Sidecar
-from dsh_system_prompt_server.sidecar.config import ConfigError, parse_config
+from dsh_system_prompt_server import ConfigError, Sidecar, parse_config
 from helpers import SidecarFactory, eventually, tool
 from playwright.async_api import Browser, Page, async_playwright, expect
 

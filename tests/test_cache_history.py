@@ -9,7 +9,7 @@ import urllib.request
 import dsh_system_prompt as dsp
 import grpc
 import pytest
-from dsh_system_prompt_server.sidecar.app import Sidecar
+from dsh_system_prompt_server import Sidecar
 from helpers import SidecarFactory, rejection
 from processes import free_port, sidecar_command
 

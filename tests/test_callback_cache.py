@@ -9,7 +9,7 @@ from typing import Any
 
 import dsh_system_prompt as dsp
 import pytest
-from dsh_system_prompt_server.sidecar.app import Sidecar
+from dsh_system_prompt_server import Sidecar
 from helpers import ClientFactory, SidecarFactory, eventually, rejection, section_names
 
 

@@ -6,7 +6,7 @@ import asyncio
 
 import grpc
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from dsh_system_prompt_server.sidecar.app import Sidecar
+from dsh_system_prompt_server import Sidecar
 from helpers import SidecarFactory, eventually, raw_channel, raw_stub
 
 BATCHES = "change-batches"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import dsh_system_prompt as dsp
-from dsh_system_prompt_server.sidecar.app import Sidecar
+from dsh_system_prompt_server import Sidecar
 from helpers import ClientFactory, SidecarFactory, eventually, next_events, tool
 
 

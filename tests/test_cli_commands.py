@@ -9,7 +9,7 @@ from pathlib import Path
 
 import dsh_system_prompt as dsp
 from dsh_system_prompt_core import package_version
-from dsh_system_prompt_server.sidecar.app import Sidecar
+from dsh_system_prompt_server import Sidecar
 from helpers import IDENTITY, eventually, tool
 from processes import free_port, sidecar_command
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import yaml
-from dsh_system_prompt_server.sidecar.config import parse_config
+from dsh_system_prompt_server import parse_config
 from processes import free_port, sidecar_command
 
 ROOT = Path(__file__).resolve().parents[1]

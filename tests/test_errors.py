@@ -12,7 +12,7 @@ import grpc.aio
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
-from dsh_system_prompt_server.sidecar.app import Sidecar
+from dsh_system_prompt_server import Sidecar
 from google.rpc import error_details_pb2, status_pb2
 from helpers import ClientFactory, rejection, section_names, tool
 

@@ -11,7 +11,7 @@ import time
 import dsh_system_prompt as dsp
 import grpc
 import pytest
-from dsh_system_prompt_server.sidecar.app import Sidecar
+from dsh_system_prompt_server import Sidecar
 from helpers import SidecarFactory, rejection, section_names, tool, tool_names
 from processes import free_port
 

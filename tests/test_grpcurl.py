@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dsh_system_prompt_server.sidecar.app import Sidecar
+from dsh_system_prompt_server import Sidecar
 from helpers import BUILTIN_SECTIONS, IDENTITY, SidecarFactory
 
 ROOT = Path(__file__).resolve().parent.parent

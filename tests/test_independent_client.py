@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from dsh_system_prompt_server.sidecar.app import Sidecar
+from dsh_system_prompt_server import Sidecar
 from helpers import IDENTITY
 
 CLIENT = Path(__file__).parent / "independent_client" / "client.mjs"

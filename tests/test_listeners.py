@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 import dsh_system_prompt as dsp
 import grpc
 import pytest
+from dsh_system_prompt_server import Sidecar
 from dsh_system_prompt_server.rpc.streams.listeners import ListenerStream
-from dsh_system_prompt_server.sidecar.app import Sidecar
 from helpers import ClientFactory, SidecarFactory, section_names, tool, tool_names
 
 Next = Callable[..., Awaitable[dsp.PromptAssembly]]

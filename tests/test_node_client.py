@@ -14,7 +14,7 @@ from pathlib import Path
 
 import dsh_system_prompt as dsp
 import pytest
-from dsh_system_prompt_server.sidecar.app import Sidecar
+from dsh_system_prompt_server import Sidecar
 from helpers import BUILTIN_SECTIONS, IDENTITY, section_names
 from processes import free_port
 

@@ -6,7 +6,7 @@ import asyncio
 import json
 
 import dsh_system_prompt as dsp
-from dsh_system_prompt_server.sidecar.app import Sidecar
+from dsh_system_prompt_server import Sidecar
 from helpers import SidecarFactory
 from processes import sidecar_command
 

@@ -13,7 +13,7 @@ import grpc.aio
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
-from dsh_system_prompt_server.sidecar.app import Sidecar
+from dsh_system_prompt_server import Sidecar
 from helpers import raw_channel, raw_stub, tool_names
 
 TOOLS = [dsp.ToolSchema(name, f"the {name} tool", {"type": "object"}) for name in ("a", "b")]

@@ -7,7 +7,7 @@ import asyncio
 import dsh_system_prompt as dsp
 import grpc
 import pytest
-from dsh_system_prompt_server.sidecar.app import Sidecar
+from dsh_system_prompt_server import Sidecar
 from helpers import ClientFactory, SidecarFactory, section_names, tool, tool_names
 
 

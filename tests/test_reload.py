@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 
 import dsh_system_prompt as dsp
-from dsh_system_prompt_server.registry import Registry, RegistrySettings
+from dsh_system_prompt_server import Registry, RegistrySettings
 from helpers import eventually, section_names, tool, tool_names
 from processes import serve
 

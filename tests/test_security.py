@@ -13,7 +13,7 @@ import grpc.aio
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
-from dsh_system_prompt_server.sidecar.app import Sidecar
+from dsh_system_prompt_server import Sidecar
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import SidecarFactory, raw_channel, raw_stub, section_names
 from processes import serve, sidecar_command

@@ -12,7 +12,7 @@ import grpc
 import grpc.aio
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from dsh_system_prompt_server.sidecar.app import Sidecar
+from dsh_system_prompt_server import Sidecar
 from helpers import (
     BUILTIN_SECTIONS,
     ClientFactory,

@@ -16,8 +16,7 @@ from pathlib import Path
 import dsh_system_prompt as dsp
 import grpc.aio
 import pytest
-from dsh_system_prompt_server.sidecar.app import Sidecar, start_sidecar
-from dsh_system_prompt_server.sidecar.config import parse_config
+from dsh_system_prompt_server import Sidecar, parse_config, start_sidecar
 from dsh_system_prompt_server.telemetry.tracing import Tracing, tracing_from_env
 from helpers import eventually
 from opentelemetry import trace

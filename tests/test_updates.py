@@ -7,7 +7,7 @@ import asyncio
 import dsh_system_prompt as dsp
 import grpc
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from dsh_system_prompt_server.sidecar.app import Sidecar
+from dsh_system_prompt_server import Sidecar
 from helpers import (
     ClientFactory,
     SidecarFactory,

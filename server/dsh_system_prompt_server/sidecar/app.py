@@ -21,7 +21,7 @@ from ..rpc.service import SystemPromptService
 from ..telemetry.logs import logger
 from ..telemetry.metrics import Metrics
 from ..telemetry.tracing import Tracing
-from .addresses import UNIX_PREFIX, bind_failure, check_listen, claim_unix_socket
+from .addresses import UNIX_PREFIX, bind_failure, check_listen, claim_unix_socket, host_and_port
 from .config import ConfigError, SidecarConfig
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SystemPromptService"].full_name
@@ -113,7 +113,7 @@ def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredenti
 
 def _serve_metrics(metrics: Metrics, listen: str) -> None:
     try:
-        metrics.serve(listen)
+        metrics.serve(*host_and_port(listen))
     except OSError as error:
         why = "address in use" if error.errno == errno.EADDRINUSE else error.strerror or error
         raise ConfigError(f"config key 'metrics_listen': cannot serve on {listen}: {why}") from None

@@ -8,8 +8,6 @@ from collections.abc import Callable
 from dsh_system_prompt_core import Reason
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from ..sidecar.addresses import host_and_port
-
 ASSEMBLY_FAILURE_REASONS = (
     Reason.PROVIDER_FAILED,
     Reason.PROVIDER_TIMEOUT,
@@ -141,7 +139,6 @@ class Metrics:
         self.registrations.set_function(registrations)
         self.watchers.set_function(watchers)
 
-    def serve(self, listen: str) -> None:
-        """Serve /metrics on HOST:PORT in a background thread."""
-        host, port = host_and_port(listen)
+    def serve(self, host: str, port: int) -> None:
+        """Serve /metrics on host and port in a background thread."""
         start_http_server(port, addr=host, registry=self.registry)
