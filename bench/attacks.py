@@ -66,12 +66,18 @@ async def stalled_session(
     session, session_id = await _raw_session(stub)
     scope = await stub.OpenScope(pb.OpenScopeRequest(session_id=session_id, key="hostile-stall"))
     await stub.RegisterSection(
-        pb.RegisterSectionRequest(session_id=session_id, scope_id=scope.scope_id, name="s",
-                                  order=1, dynamic=pb.Dynamic(provider_key="s"))
-    )  # fmt: skip
+        pb.RegisterSectionRequest(
+            session_id=session_id,
+            scope_id=scope.scope_id,
+            name="s",
+            order=1,
+            dynamic=pb.Dynamic(provider_key="s"),
+        )
+    )
     fields = json.dumps({"blob": "x" * (3 * 1024 * 1024)})
-    request = pb.AssembleRequest(context=pb.AssembleContext(scope="hostile-stall",
-                                                            fields_json=fields))  # fmt: skip
+    request = pb.AssembleRequest(
+        context=pb.AssembleContext(scope="hostile-stall", fields_json=fields)
+    )
     loop = asyncio.get_running_loop()
     while loop.time() < until:
         await _tally(counts, "stalled session assemble", stub.Assemble(request, timeout=2))
@@ -90,8 +96,9 @@ async def huge_scope_keys(
         await _tally(counts, "huge scope key", stub.Assemble(request, timeout=5))
 
 
-async def deep_json(client: dsp.Client, stub: pb_grpc.SystemPromptServiceStub, counts: Counts,
-                    until: float) -> None:  # fmt: skip
+async def deep_json(
+    client: dsp.Client, stub: pb_grpc.SystemPromptServiceStub, counts: Counts, until: float
+) -> None:
     loop = asyncio.get_running_loop()
     fields = pb.AssembleRequest(context=pb.AssembleContext(fields_json=_nested(DEEP)))
     while loop.time() < until:
@@ -141,8 +148,9 @@ async def idle_watchers(stub: pb_grpc.SystemPromptServiceStub, counts: Counts) -
     return calls
 
 
-async def loud_provider_and_deep_waterfall(client: dsp.Client, counts: Counts,
-                                           until: float) -> None:  # fmt: skip
+async def loud_provider_and_deep_waterfall(
+    client: dsp.Client, counts: Counts, until: float
+) -> None:
     """In its own scope: a 20 KB provider error, and 400 listeners that all call next()."""
     scope = await client.scope("hostile-loud")
 
@@ -152,8 +160,11 @@ async def loud_provider_and_deep_waterfall(client: dsp.Client, counts: Counts,
     await scope.section("loud", 1, loud)
     waterfall = await client.scope("hostile-waterfall")
 
-    async def passing(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext,
-                      next_: Callable[[], Awaitable[dsp.PromptAssembly]]) -> Any:  # fmt: skip
+    async def passing(
+        assembly: dsp.PromptAssembly,
+        ctx: dsp.AssembleContext,
+        next_: Callable[[], Awaitable[dsp.PromptAssembly]],
+    ) -> Any:
         return await next_()
 
     loop = asyncio.get_running_loop()
@@ -163,12 +174,23 @@ async def loud_provider_and_deep_waterfall(client: dsp.Client, counts: Counts,
         for _ in range(min(50, 400 - installed)):  # the chain grows while it is assembled
             await waterfall.on_assemble(passing)
             installed += 1
-        await _tally(counts, f"{installed} chained listeners",
-                     client.assemble(scope="hostile-waterfall", timeout=10))  # fmt: skip
+        await _tally(
+            counts,
+            f"{installed} chained listeners",
+            client.assemble(scope="hostile-waterfall", timeout=10),
+        )
 
 
-ATTACKS = ("idle-watchers", "stalled-listener", "stalled-session", "huge-scope-keys",
-           "deep-json", "session-flood", "malformed-templates", "loud-provider")  # fmt: skip
+ATTACKS = (
+    "idle-watchers",
+    "stalled-listener",
+    "stalled-session",
+    "huge-scope-keys",
+    "deep-json",
+    "session-flood",
+    "malformed-templates",
+    "loud-provider",
+)
 
 
 async def attack(address: str, seconds: float, skip: frozenset[str] = frozenset()) -> Counts:

@@ -37,16 +37,23 @@ async def run(
     clients: int, seconds: float, hostile: bool, budget_mib: int, skip: str = ""
 ) -> dict[str, Any]:
     """One run; with `hostile`, the attackers' process runs beside the clients."""
-    sidecar = await procs.start_sidecar(label="hostile" if hostile else "calm",
-                                        config=_config(budget_mib))  # fmt: skip
+    sidecar = await procs.start_sidecar(
+        label="hostile" if hostile else "calm", config=_config(budget_mib)
+    )
     attackers = None
     try:
         loop = asyncio.get_running_loop()
         if hostile:
             attackers = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bench.attacks", sidecar.address, str(seconds + 5), skip,
-                stdout=asyncio.subprocess.PIPE, cwd=procs.ROOT,
-            )  # fmt: skip
+                sys.executable,
+                "-m",
+                "bench.attacks",
+                sidecar.address,
+                str(seconds + 5),
+                skip,
+                stdout=asyncio.subprocess.PIPE,
+                cwd=procs.ROOT,
+            )
             await asyncio.sleep(5)  # the attacks are under way before the clients start
         tally = Tally()
         deadline = loop.time() + seconds

@@ -31,16 +31,41 @@ from dsh_system_prompt_server.sidecar.reload import config_keys
 from dsh_system_prompt_server.telemetry.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
-        ROOT / "deploy" / "kubernetes" / "README.md"]  # fmt: skip
+DOCS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "deploy" / "kubernetes" / "README.md",
+]
 GENERATED = {"docs/contract.md", "docs/benchmarks.md"}  # made from the proto and the bench
 OPERATIONS = ROOT / "docs" / "operations.md"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
-EXTENSIONS = (".py", ".md", ".toml", ".yaml", ".yml", ".proto", ".sh", ".js", ".mjs", ".ts",
-              ".json", ".txt")  # fmt: skip
+EXTENSIONS = (
+    ".py",
+    ".md",
+    ".toml",
+    ".yaml",
+    ".yml",
+    ".proto",
+    ".sh",
+    ".js",
+    ".mjs",
+    ".ts",
+    ".json",
+    ".txt",
+)
 # Made by a command or outside the repository: not in the tree, rightly.
-NOT_IN_TREE = (".venv/", "gen/", "node_modules/", "/", "~", ".", "dist/", "build/",
-               "sidecar.toml", "assembly.json")  # fmt: skip
+NOT_IN_TREE = (
+    ".venv/",
+    "gen/",
+    "node_modules/",
+    "/",
+    "~",
+    ".",
+    "dist/",
+    "build/",
+    "sidecar.toml",
+    "assembly.json",
+)
 # Files of other projects the docs cite (DeepSeek's model repository, googleapis).
 EXTERNAL = {"tokenizer_config.json", "encoding/encoding_dsv32.py", "google/rpc/status.proto"}
 CODE = re.compile(r"`([^`\n]+)`")
@@ -86,10 +111,14 @@ def check_text(where: str, text: str, tracked: set[str]) -> Iterator[str]:
     keys = config_key_names()
     metrics = metric_names()
     for span, fenced in spans(text):
-        yield from (f"{where}: no such file `{p}`" for p in paths(span) if p not in tracked
-                    and p not in EXTERNAL and not bare_exists(p, tracked))  # fmt: skip
-        yield from (f"{where}: no such CLI flag `{f}`" for f in span_flags(span, fenced)
-                    if f not in flags)  # fmt: skip
+        yield from (
+            f"{where}: no such file `{p}`"
+            for p in paths(span)
+            if p not in tracked and p not in EXTERNAL and not bare_exists(p, tracked)
+        )
+        yield from (
+            f"{where}: no such CLI flag `{f}`" for f in span_flags(span, fenced) if f not in flags
+        )
     for key in documented_keys(text):
         if key not in keys:
             yield f"{where}: no such config key `{key}`"
@@ -165,8 +194,9 @@ def documented_keys(text: str) -> Iterator[str]:
 
 
 def tracked_files() -> set[str]:
-    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
-                            check=True).stdout.split("\n")  # fmt: skip
+    listed = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split("\n")
     files = {line for line in listed if line}
     folders = {str(Path(f).parent.as_posix()) for f in files}
     parents = {p.as_posix() for f in files for p in Path(f).parents}
@@ -214,13 +244,18 @@ def metric_exists(name: str, metrics: set[str]) -> bool:
 
 def modules(tracked: set[str]) -> set[str]:
     """Every module of the three packages, by file name (package markers left out)."""
-    folders = ("core/dsh_system_prompt_core/", "client/dsh_system_prompt/",
-               "server/dsh_system_prompt_server/")  # fmt: skip
+    folders = (
+        "core/dsh_system_prompt_core/",
+        "client/dsh_system_prompt/",
+        "server/dsh_system_prompt_server/",
+    )
     return {
-        Path(f).name for f in tracked
-        if f.startswith(folders) and f.endswith(".py")
+        Path(f).name
+        for f in tracked
+        if f.startswith(folders)
+        and f.endswith(".py")
         and Path(f).name not in ("__init__.py", "__main__.py")
-    }  # fmt: skip
+    }
 
 
 if __name__ == "__main__":

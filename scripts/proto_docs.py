@@ -35,10 +35,18 @@ def load() -> descriptor_pb2.FileDescriptorProto:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "descriptor.pb"
         subprocess.run(
-            [sys.executable, "-m", "grpc_tools.protoc", "-I", str(ROOT / "proto"),
-             "--include_source_info", f"--descriptor_set_out={out}", PROTO],
+            [
+                sys.executable,
+                "-m",
+                "grpc_tools.protoc",
+                "-I",
+                str(ROOT / "proto"),
+                "--include_source_info",
+                f"--descriptor_set_out={out}",
+                PROTO,
+            ],
             check=True,
-        )  # fmt: skip
+        )
         files = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
     return files.file[0]
 

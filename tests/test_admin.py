@@ -22,9 +22,15 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "admin"
 TOKEN = "admin-test-token"
 WAIT_MS = 10_000  # a loaded 2-core machine; the page itself updates within a tick
@@ -159,8 +165,9 @@ async def test_client_text_is_shown_as_text_never_as_markup(admin: Sidecar, page
         await client.section("<script>", 10, hostile)
         for view in ("/prompt", "/scopes", "/sessions"):
             await page.goto(url(admin, view))
-            await expect(page.locator("#live")).to_contain_text("<script>" if view != "/sessions"
-                                                                 else '<i id="named">')  # fmt: skip
+            await expect(page.locator("#live")).to_contain_text(
+                "<script>" if view != "/sessions" else '<i id="named">'
+            )
             assert await page.locator("#injected, #named").count() == 0
             assert await page.evaluate("window.pwned === undefined")
 

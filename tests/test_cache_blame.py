@@ -12,9 +12,11 @@ Next = Callable[..., Awaitable[dsp.PromptAssembly]]
 
 
 async def stability(
-    client: dsp.Client, scope: str | None = None, layout: dsp.PrefixLayout | None = None,
+    client: dsp.Client,
+    scope: str | None = None,
+    layout: dsp.PrefixLayout | None = None,
     **fields: object,
-) -> dsp.PrefixStability:  # fmt: skip
+) -> dsp.PrefixStability:
     assembly = await client.assemble(scope, fields, report=True, prefix_layout=layout)
     assert assembly.report is not None
     return assembly.report.stability
@@ -73,9 +75,10 @@ async def test_a_listener_that_changes_its_own_output_after_next_is_blamed(
         result = await next_()
         result.sections = [
             dsp.AssembledSection(s.name, f"{s.text} ({ctx.get('turn')})")
-            if s.name == "rules" else s
+            if s.name == "rules"
+            else s
             for s in result.sections
-        ]  # fmt: skip
+        ]
         return result
 
     async def upper(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Next):

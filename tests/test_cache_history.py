@@ -20,9 +20,13 @@ OPENAI = {"prompt_tokens": 1500, "prompt_tokens_details": {"cached_tokens": 1280
 
 async def cli(address: str, *args: str) -> str:
     process = await asyncio.create_subprocess_exec(
-        sidecar_command(), *args, "--address", address,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sidecar_command(),
+        *args,
+        "--address",
+        address,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(process.communicate(), 20)
     assert process.returncode == 0, err.decode()
     return out.decode()
@@ -100,14 +104,11 @@ async def test_usage_from_each_model_server_is_shown_against_the_prediction(
         await reported(client, key="conv")
         second = await reported(client, key="conv")
         observed = {}
-        for name, usage in (("deepseek", DEEPSEEK), ("anthropic", ANTHROPIC),
-                            ("openai", OPENAI)):  # fmt: skip
+        for name, usage in (("deepseek", DEEPSEEK), ("anthropic", ANTHROPIC), ("openai", OPENAI)):
             entry = await client.report_usage(usage, report_key="conv")
             observed[name] = (entry.observed_cached_tokens, entry.observed_prompt_tokens)
         history = await client.cache_history(report_key="conv")
-    assert observed == {
-        "deepseek": (1024, 1200), "anthropic": (1000, 1025), "openai": (1280, 1500)
-    }  # fmt: skip
+    assert observed == {"deepseek": (1024, 1200), "anthropic": (1000, 1025), "openai": (1280, 1500)}
     latest = history.recent[-1]
     assert latest.stable_tokens == second.stability.stable_tokens == second.stability.prefix.tokens
     assert latest.observed_cached_tokens == 1280
@@ -129,8 +130,9 @@ async def test_usage_without_a_cached_token_figure_is_refused_in_the_client(
 async def test_an_oversized_report_key_is_refused(client: dsp.Client) -> None:
     error = await rejection(client.assemble(report=True, report_key="k" * 300))
     assert (error.code, error.reason) == (
-        grpc.StatusCode.INVALID_ARGUMENT, dsp.Reason.VALUE_TOO_LARGE
-    )  # fmt: skip
+        grpc.StatusCode.INVALID_ARGUMENT,
+        dsp.Reason.VALUE_TOO_LARGE,
+    )
 
 
 async def test_metrics_count_reports_breaks_recomputed_tokens_and_the_observed_ratio(

@@ -16,11 +16,12 @@ Next = Callable[..., Awaitable[dsp.PromptAssembly]]
 
 
 async def report(
-    client: dsp.Client, scope: str | None = None, layout: dsp.PrefixLayout | None = None,
+    client: dsp.Client,
+    scope: str | None = None,
+    layout: dsp.PrefixLayout | None = None,
     **fields: object,
-) -> dsp.AssemblyReport:  # fmt: skip
-    assembly = await client.assemble(scope=scope, fields=fields, report=True,
-                                     prefix_layout=layout)  # fmt: skip
+) -> dsp.AssemblyReport:
+    assembly = await client.assemble(scope=scope, fields=fields, report=True, prefix_layout=layout)
     assert assembly.report is not None
     return assembly.report
 
@@ -31,9 +32,11 @@ def part(report_: dsp.AssemblyReport, kind: str, name: str) -> dsp.PartReport:
 
 
 TOOLS_THEN_SECTIONS = [
-    ("tool", "bash"), ("tool", "read"),
-    ("section", "harness:identity"), ("section", "rules"),  # empty ones are not sent
-]  # fmt: skip
+    ("tool", "bash"),
+    ("tool", "read"),
+    ("section", "harness:identity"),
+    ("section", "rules"),  # empty ones are not sent
+]
 
 
 @pytest.mark.parametrize(
@@ -186,9 +189,10 @@ async def test_a_listener_that_changes_a_section_is_named(client: dsp.Client) ->
     async def policy(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Next):
         assembly.sections = [
             dsp.AssembledSection(s.name, f"{s.text} (mode {ctx.get('mode')})")
-            if s.name == "rules" else s
+            if s.name == "rules"
+            else s
             for s in assembly.sections
-        ]  # fmt: skip
+        ]
         return next_()
 
     policy.__qualname__ = "policy"
@@ -271,9 +275,14 @@ async def test_cli_report_names_a_timestamp_section_then_shows_it_stable_as_cont
 ) -> None:
     async def assemble_report() -> str:
         process = await asyncio.create_subprocess_exec(
-            sidecar_command(), "assemble", "--report", "--address", sidecar.address,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            sidecar_command(),
+            "assemble",
+            "--report",
+            "--address",
+            sidecar.address,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         out, err = await asyncio.wait_for(process.communicate(), 20)
         assert process.returncode == 0, err.decode()
         return out.decode()
@@ -322,9 +331,14 @@ async def test_cli_report_shows_the_parts_and_the_render_failure_and_exits_one(
 ) -> None:
     await client.section("model", 20, "Model: {{model}}.")
     process = await asyncio.create_subprocess_exec(
-        sidecar_command(), "assemble", "--report", "--address", sidecar.address,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sidecar_command(),
+        "assemble",
+        "--report",
+        "--address",
+        sidecar.address,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(process.communicate(), 20)
     assert process.returncode == 1, err.decode()
     output = out.decode()

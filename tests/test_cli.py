@@ -88,9 +88,8 @@ async def test_serve_listens_on_a_unix_socket() -> None:
 def _serve_once(*args: str) -> subprocess.CompletedProcess[str]:
     """Run serve with arguments it must refuse; it must exit on its own."""
     return subprocess.run(
-        [sidecar_command(), "serve", *args], capture_output=True, text=True, timeout=15,
-        check=False,
-    )  # fmt: skip
+        [sidecar_command(), "serve", *args], capture_output=True, text=True, timeout=15, check=False
+    )
 
 
 async def test_a_second_serve_on_a_live_tcp_address_exits_1_and_the_first_keeps_serving() -> None:
@@ -218,8 +217,13 @@ def _bad_files(folder: Path) -> dict[str, Path]:
     (folder / "latin1").write_bytes(b"caf\xe9-token\n")
     (folder / "empty").write_text("\n")
     (folder / "garbage.pem").write_text("not a certificate\n")
-    return {"missing": folder / "missing", "directory": folder, "latin1": folder / "latin1",
-            "empty": folder / "empty", "garbage": folder / "garbage.pem"}  # fmt: skip
+    return {
+        "missing": folder / "missing",
+        "directory": folder,
+        "latin1": folder / "latin1",
+        "empty": folder / "empty",
+        "garbage": folder / "garbage.pem",
+    }
 
 
 @pytest.mark.parametrize(

@@ -23,9 +23,12 @@ async def cli(
     """
     environment = {k: v for k, v in os.environ.items() if k != "DSP_ADDRESS"} | (env or {})
     process = await asyncio.create_subprocess_exec(
-        sidecar_command(), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sidecar_command(),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
         env=environment,
-    )  # fmt: skip
+    )
     out, err = await asyncio.wait_for(process.communicate(), timeout)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
@@ -63,9 +66,16 @@ async def test_assemble_takes_a_scope_and_fields(sidecar: Sidecar, client: dsp.C
     agent = await client.scope("agent-1")
     await agent.section("who", 10, lambda ctx: f"Talking to {ctx.get('who')} ({ctx.get('n')}).")
     code, out, _ = await cli(
-        "assemble", "--address", sidecar.address, "--scope", "agent-1",
-        "--field", "who=alice", "--field", "n=3",
-    )  # fmt: skip
+        "assemble",
+        "--address",
+        sidecar.address,
+        "--scope",
+        "agent-1",
+        "--field",
+        "who=alice",
+        "--field",
+        "n=3",
+    )
     assert code == 0
     assert out.endswith("Talking to alice (3).\n")
 
@@ -76,8 +86,10 @@ async def test_assemble_with_context_prints_the_snapshot(
     await client.context("cwd", 1, "cwd: /work")
     code, out, _ = await cli("assemble", "--address", sidecar.address, "--with-context")
     assert code == 0
-    assert out.endswith("Current runtime context. This snapshot supersedes earlier "
-                        "runtime-context snapshots.\n\ncwd: /work\n")  # fmt: skip
+    assert out.endswith(
+        "Current runtime context. This snapshot supersedes earlier "
+        "runtime-context snapshots.\n\ncwd: /work\n"
+    )
 
 
 async def test_assemble_json_is_the_assembly(sidecar: Sidecar, client: dsp.Client) -> None:
@@ -164,9 +176,13 @@ async def test_health_of_nothing_exits_3() -> None:
 
 async def test_watch_prints_events_as_they_happen(sidecar: Sidecar, client: dsp.Client) -> None:
     process = await asyncio.create_subprocess_exec(
-        sidecar_command(), "watch", "--address", sidecar.address, "--json",
+        sidecar_command(),
+        "watch",
+        "--address",
+        sidecar.address,
+        "--json",
         stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     try:
         assert process.stdout is not None
         subscribers = sidecar.registry.changes.subscriber_count

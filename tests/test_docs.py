@@ -36,7 +36,7 @@ def test_the_docs_name_only_what_exists() -> None:
         ("```toml\nno_such_key = 1\n```\n", "no such config key"),
         ("scrape `dsp_no_such_metric`", "no such metric"),
     ],
-)  # fmt: skip
+)
 def test_the_docs_check_reports_what_does_not_exist(text: str, problem: str) -> None:
     assert [line.split(": ")[1].split(" `")[0] for line in problems(text)] == [problem]
 
@@ -60,17 +60,25 @@ def readme_example() -> str:
 async def test_the_readme_example_runs_beside_the_example_agent(sidecar: Sidecar) -> None:
     env = {**os.environ, "DSP_ADDRESS": sidecar.address}
     agent = await asyncio.create_subprocess_exec(
-        sys.executable, str(ROOT / "examples" / "python" / "agent.py"), sidecar.address,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
-    )  # fmt: skip
+        sys.executable,
+        str(ROOT / "examples" / "python" / "agent.py"),
+        sidecar.address,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
     try:
         assert agent.stdout is not None
         line = await asyncio.wait_for(agent.stdout.readline(), 30)
         assert line == b"registered; Ctrl-C to leave\n"
         example = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", readme_example(),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
-        )  # fmt: skip
+            sys.executable,
+            "-c",
+            readme_example(),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
         out, err = await asyncio.wait_for(example.communicate(), 30)
     finally:
         agent.kill()

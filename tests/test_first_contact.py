@@ -39,8 +39,9 @@ async def test_wait_for_ready_gives_up_after_its_timeout_with_unavailable() -> N
     error = await rejection(dsp.connect(address, wait_for_ready=True, timeout=0.5))
     assert time.monotonic() - started >= 0.5
     assert (error.code, error.reason) == (
-        grpc.StatusCode.UNAVAILABLE, dsp.Reason.SIDECAR_UNAVAILABLE,
-    )  # fmt: skip
+        grpc.StatusCode.UNAVAILABLE,
+        dsp.Reason.SIDECAR_UNAVAILABLE,
+    )
     assert error.message == f"sidecar unavailable: no session with {address} within 0.5s"
 
 
@@ -164,8 +165,12 @@ async def test_grpc_core_log_lines_stay_out_of_stderr_unless_asked_for(
 ) -> None:
     env = {"PATH": "/usr/bin:/bin"} | ({"GRPC_VERBOSITY": verbosity} if verbosity else {})
     process = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-c", _FORKING_AGENT, sidecar.address],
-        capture_output=True, text=True, timeout=30, env=env,
-    )  # fmt: skip
+        subprocess.run,
+        [sys.executable, "-c", _FORKING_AGENT, sidecar.address],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
     assert process.returncode == 0, process.stderr
     assert (process.stderr == "") is quiet, process.stderr

@@ -81,8 +81,9 @@ def harness() -> Iterator[Harness]:
             pb.RegisterSectionRequest(session_id=theirs, name="theirs", order=1, text="t")
         )
         scope = await stub.OpenScope(pb.OpenScopeRequest(session_id=theirs, key="their-scope"))
-        harness = Harness(run, sidecar, stub, ids[0], theirs, registration.registration_id,
-                          scope.scope_id)  # fmt: skip
+        harness = Harness(
+            run, sidecar, stub, ids[0], theirs, registration.registration_id, scope.scope_id
+        )
         return sidecar, channel, streams, harness
 
     sidecar, channel, streams, built = run(setup())
@@ -162,8 +163,9 @@ def requests(harness: Harness) -> st.SearchStrategy[tuple[str, Any]]:
         lambda scope_key, fields: pb.AssembleRequest(
             context=pb.AssembleContext(scope=scope_key, fields_json=fields), render=True
         ),
-        names, json_texts,
-    )  # fmt: skip
+        names,
+        json_texts,
+    )
     return st.one_of(
         st.tuples(st.just("RegisterSection"), section),
         st.tuples(st.just("RegisterContext"), context),

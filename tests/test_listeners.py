@@ -146,18 +146,28 @@ async def test_listener_returning_duplicate_section_names_is_rejected(client: ds
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda a: a.sections.append(dsp.AssembledSection("", "x")),
-         "assembled section names must be non-empty"),
-        (lambda a: a.contexts.extend([dsp.AssembledContext("c", "1")] * 2),
-         'assembled context name "c" is duplicated'),
-        (lambda a: a.contexts.append(dsp.AssembledContext("", "x")),
-         "assembled context names must be non-empty"),
-        (lambda a: a.tools.append(dsp.ToolSchema("", "nameless", {})),
-         "assembled tool names must be non-empty"),
-        (lambda a: a.variables.update({"Not Valid": "x"}),
-         'assembled variable name "Not Valid" is invalid'),
+        (
+            lambda a: a.sections.append(dsp.AssembledSection("", "x")),
+            "assembled section names must be non-empty",
+        ),
+        (
+            lambda a: a.contexts.extend([dsp.AssembledContext("c", "1")] * 2),
+            'assembled context name "c" is duplicated',
+        ),
+        (
+            lambda a: a.contexts.append(dsp.AssembledContext("", "x")),
+            "assembled context names must be non-empty",
+        ),
+        (
+            lambda a: a.tools.append(dsp.ToolSchema("", "nameless", {})),
+            "assembled tool names must be non-empty",
+        ),
+        (
+            lambda a: a.variables.update({"Not Valid": "x"}),
+            'assembled variable name "Not Valid" is invalid',
+        ),
     ],
-)  # fmt: skip
+)
 async def test_invariant_violations_from_listeners_are_rejected(
     client: dsp.Client, mutate: Callable[[dsp.PromptAssembly], object], message: str
 ) -> None:
@@ -180,8 +190,9 @@ async def test_complete_section_is_restored_against_a_meddling_listener(
         assembly.tools.append(tool("added"))
         return await next_()
 
-    await client.section("exact", 5, lambda ctx: f"Exact prompt for {ctx.get('who')}.",
-                         complete=True)  # fmt: skip
+    await client.section(
+        "exact", 5, lambda ctx: f"Exact prompt for {ctx.get('who')}.", complete=True
+    )
     await client.on_assemble(meddle)
     assembly = await client.assemble(fields={"who": "alice"})
     assert assembly.sections == [dsp.AssembledSection("exact", "Exact prompt for alice.")]

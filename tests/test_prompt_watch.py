@@ -118,9 +118,16 @@ async def test_the_cli_watch_prompt_shows_the_change_and_the_cache_verdict(
     agent = await client.scope("agent-1")
     memory = await agent.section("memory", 50, "Memory: nothing yet.")
     process = await asyncio.create_subprocess_exec(
-        sidecar_command(), "watch", "--address", sidecar.address, "--scope", "agent-1",
-        "--prompt", "--json", stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sidecar_command(),
+        "watch",
+        "--address",
+        sidecar.address,
+        "--scope",
+        "agent-1",
+        "--prompt",
+        "--json",
+        stdout=asyncio.subprocess.PIPE,
+    )
     try:
         assert process.stdout is not None
         first = json.loads(await asyncio.wait_for(process.stdout.readline(), 15))
@@ -142,9 +149,15 @@ async def test_the_cli_watch_prompt_prints_the_verdict_for_people(
     agent = await client.scope("agent-1")
     memory = await agent.section("memory", 50, "Memory: nothing yet.")
     process = await asyncio.create_subprocess_exec(
-        sidecar_command(), "watch", "--address", sidecar.address, "--scope", "agent-1",
-        "--prompt", stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sidecar_command(),
+        "watch",
+        "--address",
+        sidecar.address,
+        "--scope",
+        "agent-1",
+        "--prompt",
+        stdout=asyncio.subprocess.PIPE,
+    )
     lines: list[str] = []
     try:
         assert process.stdout is not None

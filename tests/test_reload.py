@@ -130,8 +130,10 @@ async def test_a_watcher_sees_a_reload_as_change_events(tmp_path: Path) -> None:
         event = await anext(aiter(changes))
         assert isinstance(event, dsp.ChangeEvent)
         assert (event.kind, event.action, event.name) == (
-            "config", "registered", "include_runtime_context",
-        )  # fmt: skip
+            "config",
+            "registered",
+            "include_runtime_context",
+        )
         await client.context("cwd", 1, "cwd: /work")
         assert (await client.assemble()).contexts == []
         assert section_names(await client.assemble())[0] == "harness:identity"

@@ -143,9 +143,11 @@ async def assemble_forever(*clients: dsp.Client) -> None:
             try:
                 await client.assemble(timeout=2)
             except dsp.SystemPromptError as error:
-                if error.code not in (grpc.StatusCode.UNAVAILABLE,
-                                      grpc.StatusCode.FAILED_PRECONDITION,
-                                      grpc.StatusCode.DEADLINE_EXCEEDED):  # fmt: skip
+                if error.code not in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                ):
                     raise
         await asyncio.sleep(0.02)
 

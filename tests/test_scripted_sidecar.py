@@ -220,8 +220,10 @@ async def test_an_error_without_error_info_has_the_reason_unknown(
     async with connect(scripted) as client:
         error = await bounded(client.assemble())
     assert (error.code, error.reason, error.message) == (
-        grpc.StatusCode.FAILED_PRECONDITION, "UNKNOWN", "no reason given",
-    )  # fmt: skip
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "UNKNOWN",
+        "no reason given",
+    )
 
 
 async def test_an_unavailable_error_without_a_reason_is_sidecar_unavailable(
@@ -538,10 +540,14 @@ async def test_a_change_batch_is_yielded_event_by_event_then_its_gap(
         [change(11), pb.WatchChangesResponse(subscribed=pb.WatchSubscribed(revision=1))],
     ],
     ids=[
-        "repeated", "backwards", "before-the-subscription", "gap-over-a-delivered-event",
-        "gap-ending-before-it-starts", "subscribed-again",
+        "repeated",
+        "backwards",
+        "before-the-subscription",
+        "gap-over-a-delivered-event",
+        "gap-ending-before-it-starts",
+        "subscribed-again",
     ],
-)  # fmt: skip
+)
 async def test_change_events_out_of_order_raise_a_protocol_error_and_end_the_stream(
     scripted: ScriptedSidecar, wrong: list[pb.WatchChangesResponse]
 ) -> None:

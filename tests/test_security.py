@@ -50,21 +50,22 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
     """A throwaway CA, a server certificate for localhost/127.0.0.1 and a client one."""
     folder = tmp_path_factory.mktemp("pki")
 
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+    def openssl(command: str) -> None:  # no argument holds a space
+        subprocess.run(["openssl", *command.split()], cwd=folder, check=True, capture_output=True)
 
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-            "-subj", "/CN=test-ca", "-keyout", "ca.key", "-out", "ca.pem")  # fmt: skip
+    openssl(
+        "req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-ca -keyout ca.key -out ca.pem"
+    )
     for name, extension in (
         ("server", "subjectAltName=DNS:localhost,IP:127.0.0.1"),
         ("client", "extendedKeyUsage=clientAuth"),
     ):
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
-                "-keyout", f"{name}.key", "-out", f"{name}.csr")  # fmt: skip
+        openssl(f"req -newkey rsa:2048 -nodes -subj /CN={name} -keyout {name}.key -out {name}.csr")
         (folder / f"{name}.ext").write_text(extension + "\n")
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext",
-                "-out", f"{name}.pem")  # fmt: skip
+        openssl(
+            f"x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2"
+            f" -extfile {name}.ext -out {name}.pem"
+        )
     return Certificates(
         folder / "ca.pem",
         folder / "server.pem",
@@ -201,8 +202,11 @@ async def test_registration_and_session_ids_are_unguessable(
 def _serve_refused(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sidecar_command(), "serve", "--listen", "127.0.0.1:0", *args],
-        capture_output=True, text=True, timeout=15, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=15,
+        check=False,
+    )
 
 
 def test_a_client_ca_without_a_server_certificate_is_a_config_error(

@@ -26,8 +26,12 @@ async def test_a_listing_shows_each_registration_with_its_owner_size_and_fingerp
         listed = by_name(snapshot)
         rules = listed["rules"]
         assert (rules.kind, rules.scope, rules.order, rules.dynamic, rules.owner) == (
-            "section", "agent-1", 10.0, False, "agent",
-        )  # fmt: skip
+            "section",
+            "agent-1",
+            10.0,
+            False,
+            "agent",
+        )
         assert rules.size_bytes == len("Be precise.")
         assert len(rules.fingerprint) == 16 and not rules.has_value
         assert (listed["cwd"].dynamic, listed["cwd"].fingerprint) == (True, "")
@@ -86,8 +90,12 @@ async def test_a_scope_filter_keeps_its_layer_and_with_ancestors_the_chain(
     chain = await client.snapshot("agent-1", ancestors=True, kinds=["section"])
     assert [info.name for info in own.registrations] == ["agent-rules"]
     assert set(by_name(chain)) == {
-        "harness:identity", dsp.PERSONA_SECTION, "global", "team-rules", "agent-rules",
-    }  # fmt: skip
+        "harness:identity",
+        dsp.PERSONA_SECTION,
+        "global",
+        "team-rules",
+        "agent-rules",
+    }
 
 
 async def test_a_listing_is_sent_in_batches_that_share_one_revision(
@@ -109,7 +117,8 @@ async def test_a_listing_with_an_oversized_scope_is_refused(client: dsp.Client) 
         await client.snapshot("x" * 5000)
     except dsp.SystemPromptError as error:
         assert (error.code, error.reason) == (
-            grpc.StatusCode.INVALID_ARGUMENT, dsp.Reason.VALUE_TOO_LARGE,
-        )  # fmt: skip
+            grpc.StatusCode.INVALID_ARGUMENT,
+            dsp.Reason.VALUE_TOO_LARGE,
+        )
     else:
         raise AssertionError("an oversized scope was accepted")

@@ -82,10 +82,16 @@ async def traced_sidecar(provider: TracerProvider) -> AsyncIterator[Sidecar]:
 
 def nodes_of(spans: Sequence[ReadableSpan], trace_id: int) -> list[Node]:
     return [
-        Node(span.context.span_id, span.parent.span_id if span.parent else None, span.name,
-             str(span.resource.attributes.get("service.name", "")), span.start_time or 0)
-        for span in spans if span.context is not None and span.context.trace_id == trace_id
-    ]  # fmt: skip
+        Node(
+            span.context.span_id,
+            span.parent.span_id if span.parent else None,
+            span.name,
+            str(span.resource.attributes.get("service.name", "")),
+            span.start_time or 0,
+        )
+        for span in spans
+        if span.context is not None and span.context.trace_id == trace_id
+    ]
 
 
 async def sign(
@@ -135,10 +141,17 @@ async def test_listener_hops_nest_as_the_chain_runs(traced_sidecar: Sidecar) -> 
         return [line.split(" [")[0] for line in lines if "listener" in line]
 
     await eventually(
-        lambda: hops() == ['    listener "outer"', '      listener "outer"',
-                           '      listener "inner"', '        listener "inner"'],
+        lambda: (
+            hops()
+            == [
+                '    listener "outer"',
+                '      listener "outer"',
+                '      listener "inner"',
+                '        listener "inner"',
+            ]
+        ),
         "inner nested in outer",
-    )  # fmt: skip
+    )
 
 
 async def test_a_sidecar_that_does_not_trace_sends_no_trace_context(
@@ -164,7 +177,7 @@ async def test_a_sidecar_that_does_not_trace_sends_no_trace_context(
         ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317"}, False),
         ({"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "otlp"}, False),
     ],
-)  # fmt: skip
+)
 def test_tracing_is_off_unless_otel_variables_ask_for_an_exporter(
     environ: dict[str, str], on: bool
 ) -> None:
@@ -192,10 +205,15 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[mis
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
                     parent = int.from_bytes(span.parent_span_id, "big") or None
-                    self.nodes.setdefault(span.trace_id.hex(), []).append(Node(
-                        int.from_bytes(span.span_id, "big"), parent, span.name, service,
-                        span.start_time_unix_nano,
-                    ))  # fmt: skip
+                    self.nodes.setdefault(span.trace_id.hex(), []).append(
+                        Node(
+                            int.from_bytes(span.span_id, "big"),
+                            parent,
+                            span.name,
+                            service,
+                            span.start_time_unix_nano,
+                        )
+                    )
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
@@ -224,9 +242,14 @@ def otlp_env(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> Iterator[None]:
 async def agent(role: str, address: str) -> asyncio.subprocess.Process:
     """Start traced_agent.py as `role` (its own service name); returns once it is ready."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, str(AGENT), role, address, stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, env=_env(OTEL_SERVICE_NAME=f"agent-{role}"),
-    )  # fmt: skip
+        sys.executable,
+        str(AGENT),
+        role,
+        address,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env=_env(OTEL_SERVICE_NAME=f"agent-{role}"),
+    )
     assert process.stdout is not None
     if role != "caller":
         assert (await asyncio.wait_for(process.stdout.readline(), 30)) == b"ready\n"

@@ -65,8 +65,12 @@ async def test_an_update_is_one_updated_event_with_a_new_revision(connect: Clien
     revision = await rules.update("new")
     [event] = await next_events(changes, 1)
     assert (event.revision, event.kind, event.action, event.name, event.scope) == (
-        revision, "section", "updated", "rules", "agent-1",
-    )  # fmt: skip
+        revision,
+        "section",
+        "updated",
+        "rules",
+        "agent-1",
+    )
     assembly = await watcher.assemble(scope="agent-1")
     assert section("rules", "new") in assembly.sections
 
@@ -120,11 +124,13 @@ async def test_a_refused_update_keeps_the_old_value(make_sidecar: SidecarFactory
         too_large = await rejection(rules.update("x" * 17))
         malformed = await rejection(rules.update("{{ model }}"))
         assert (too_large.code, too_large.reason) == (
-            grpc.StatusCode.INVALID_ARGUMENT, dsp.Reason.VALUE_TOO_LARGE,
-        )  # fmt: skip
+            grpc.StatusCode.INVALID_ARGUMENT,
+            dsp.Reason.VALUE_TOO_LARGE,
+        )
         assert (malformed.code, malformed.reason) == (
-            grpc.StatusCode.FAILED_PRECONDITION, dsp.Reason.RENDER_FAILED,
-        )  # fmt: skip
+            grpc.StatusCode.FAILED_PRECONDITION,
+            dsp.Reason.RENDER_FAILED,
+        )
         assert sidecar.registry.revision == revision
         assert section("rules", "short") in (await client.assemble()).sections
 
@@ -166,8 +172,9 @@ async def test_an_update_after_dispose_is_not_found_and_off_still_works(
     assert rules.disposed
     error = await rejection(rules.update("again"))
     assert (error.code, error.reason) == (
-        grpc.StatusCode.NOT_FOUND, dsp.Reason.REGISTRATION_NOT_FOUND,
-    )  # fmt: skip
+        grpc.StatusCode.NOT_FOUND,
+        dsp.Reason.REGISTRATION_NOT_FOUND,
+    )
 
 
 async def test_an_update_of_the_wrong_kind_of_value_is_refused(
@@ -180,8 +187,9 @@ async def test_an_update_of_the_wrong_kind_of_value_is_refused(
     )
     error = await raw_rejection(sidecar, request)
     assert (error.code(), error.details()) == (
-        grpc.StatusCode.INVALID_ARGUMENT, 'an update of section "rules" needs a text',
-    )  # fmt: skip
+        grpc.StatusCode.INVALID_ARGUMENT,
+        'an update of section "rules" needs a text',
+    )
     assert error.trailing_metadata()["dsh-error-reason"] == "WRONG_VALUE_KIND"
 
 

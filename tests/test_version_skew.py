@@ -95,9 +95,10 @@ class Newer(Script):
     def open_session(self, peer: Peer) -> Iterator[pb.OpenSessionResponse]:
         peer.start = peer.take()
         first = opened(
-            self.new_id("session-"), sidecar_version="dsh-system-prompt/99.0",
+            self.new_id("session-"),
+            sidecar_version="dsh-system-prompt/99.0",
             features=list(self.session_features),
-        )  # fmt: skip
+        )
         yield with_unknown_field(first)
         yield with_unknown_field(pb.OpenSessionResponse(), number=60)  # a new kind of message
         yield from peer.outgoing()
@@ -162,8 +163,9 @@ async def test_a_newer_sidecar_s_unknown_reason_is_kept_as_its_string(
         with pytest.raises(dsp.SystemPromptError) as failure:
             await client.render()
     assert (failure.value.code, failure.value.reason) == (
-        grpc.StatusCode.FAILED_PRECONDITION, "A_NEWER_REASON",
-    )  # fmt: skip
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "A_NEWER_REASON",
+    )
 
 
 async def test_a_newer_sidecar_s_unknown_change_kinds_are_reported_as_unknown(

@@ -162,8 +162,9 @@ async def test_a_scope_filter_delivers_its_layer_and_with_ancestors_its_chain(
     own_events = await next_events(own, 2)
     chain_events = await next_events(chain, 3)
     assert [(e.kind, e.scope) for e in own_events] == [
-        ("variable", "agent-1"), ("suppressor", "agent-1"),
-    ]  # fmt: skip
+        ("variable", "agent-1"),
+        ("suppressor", "agent-1"),
+    ]
     assert [e.scope for e in chain_events] == [None, "team", "agent-1"]
 
 
@@ -177,8 +178,9 @@ async def test_watches_per_connection_are_bounded(make_sidecar: SidecarFactory) 
             await client.watch_changes()
         except dsp.SystemPromptError as error:
             assert (error.code, error.reason) == (
-                grpc.StatusCode.RESOURCE_EXHAUSTED, dsp.Reason.QUOTA_EXCEEDED,
-            )  # fmt: skip
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                dsp.Reason.QUOTA_EXCEEDED,
+            )
             assert "limits.max_watchers_per_peer" in error.message
         else:
             raise AssertionError("a third watch on one connection was accepted")

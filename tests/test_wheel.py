@@ -19,11 +19,24 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTO = "dsh/systemprompt/v1/system_prompt.proto"
 # What only the sidecar needs (the `server` extra): none of it may come with the client.
 SERVER_ONLY = {
-    "grpcio-health-checking", "grpcio-reflection", "prometheus-client", "python-json-logger",
-    "rich", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-grpc",
-}  # fmt: skip
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "core", "client", "server",
-           "proto")  # fmt: skip
+    "grpcio-health-checking",
+    "grpcio-reflection",
+    "prometheus-client",
+    "python-json-logger",
+    "rich",
+    "opentelemetry-sdk",
+    "opentelemetry-exporter-otlp-proto-grpc",
+}
+SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    "LICENSE",
+    "MANIFEST.in",
+    "core",
+    "client",
+    "server",
+    "proto",
+)
 
 _CLIENT = """
 import asyncio, sys
@@ -52,10 +65,12 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             shutil.copytree(ROOT / name, source / name, symlinks=True, ignore=skip)
         else:
             shutil.copy(ROOT / name, source / name)
-    build = ("from setuptools import build_meta as b; "
-             "b.build_wheel('../out'); b.build_sdist('../out')")  # fmt: skip
-    subprocess.run([sys.executable, "-c", build], cwd=source, check=True, capture_output=True,
-                   timeout=120)  # fmt: skip
+    build = (
+        "from setuptools import build_meta as b; b.build_wheel('../out'); b.build_sdist('../out')"
+    )
+    subprocess.run(
+        [sys.executable, "-c", build], cwd=source, check=True, capture_output=True, timeout=120
+    )
     yield folder / "out"
 
 
@@ -84,8 +99,13 @@ def test_the_sdist_ships_the_proto_and_the_licence(dist: Path) -> None:
 
 
 def test_the_client_install_pulls_no_server_dependency(client_venv: Path) -> None:
-    listed = subprocess.run([client_venv / "bin" / "pip", "list", "--format=freeze"],
-                            check=True, capture_output=True, text=True, timeout=60)  # fmt: skip
+    listed = subprocess.run(
+        [client_venv / "bin" / "pip", "list", "--format=freeze"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     installed = {line.split("==")[0].lower() for line in listed.stdout.split()}
     assert "dsh-system-prompt" in installed
     assert installed & SERVER_ONLY == set()
@@ -94,16 +114,24 @@ def test_the_client_install_pulls_no_server_dependency(client_venv: Path) -> Non
 async def test_the_installed_client_talks_to_the_installed_sidecar(client_venv: Path) -> None:
     async with serve("--listen", "127.0.0.1:0") as served:
         process = await asyncio.create_subprocess_exec(
-            client_venv / "bin" / "python", "-c", _CLIENT, served.address,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            client_venv / "bin" / "python",
+            "-c",
+            _CLIENT,
+            served.address,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         out, err = await asyncio.wait_for(process.communicate(), 60)
     assert (process.returncode, err.decode()) == (0, "")
     assert out.decode() == "Installed client, hello.\n"
 
 
 def test_the_command_without_the_server_extra_says_what_to_install(client_venv: Path) -> None:
-    ran = subprocess.run([client_venv / "bin" / "dsh-system-prompt", "serve"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    ran = subprocess.run(
+        [client_venv / "bin" / "dsh-system-prompt", "serve"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ran.returncode == 2
     assert "pip install 'dsh-system-prompt[server]'" in ran.stderr
