@@ -17,7 +17,7 @@ SETUP = "run `make codegen-tools` (Debian: protobuf-compiler protoc-gen-go proto
 
 # Pinned here because buf's breaking check lets them be set once (proto/buf.yaml).
 OPTIONS = {
-    "go_package": "dsh-system-prompt/gen/go/dsh/systemprompt/v1;systempromptv1",
+    "go_package": "dsh.dev/dsh-system-prompt/clients/go/gen/dsh/systemprompt/v1;systempromptv1",
     "java_package": "dev.dsh.systemprompt.v1",
     "java_multiple_files": True,
     "java_outer_classname": "SystemPromptProto",
