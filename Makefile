@@ -21,11 +21,11 @@ serve: $(STAMP)
 	  $(if $(ADMIN),--admin-listen $(ADMIN))
 
 ## Run the whole test suite.
-test: $(STAMP) node-deps independent-client-deps codegen-tools browser ts-test
+test: $(STAMP) node-deps independent-client-deps codegen-tools browser ts-test go-test
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-## Regenerate the protobuf stubs from proto/ (Python, and the TypeScript client's).
-proto: $(STAMP) ts-proto
+## Regenerate the protobuf stubs from proto/ (Python, and the TypeScript and Go clients').
+proto: $(STAMP) ts-proto go-proto
 	PYTHON=$(BIN)/python scripts/gen_proto.sh
 
 ## Fail when the committed stubs differ from what proto/ generates.
@@ -64,7 +64,8 @@ buf: $(STAMP)
 docs-check: $(STAMP)
 	$(BIN)/python scripts/check_docs.py
 
-check: check-proto check-ts-proto check-docs docs-check buf lint typecheck ts-typecheck validate-deploy
+check: check-proto check-ts-proto check-go-proto check-docs docs-check buf lint typecheck ts-typecheck go-vet \
+  validate-deploy
 
 .PHONY: validate-deploy
 ## Lint the Dockerfile (hadolint) and validate deploy/kubernetes/ (kubernetes-validate).
@@ -84,7 +85,7 @@ soak-hostile: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info examples/node/node_modules tests/independent_client/node_modules \
-	  $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist
+	  $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist .gopath
 
 ## Install the Node.js example's dependencies (examples/node) from its lockfile,
 ## when node_modules is missing or older than package.json / package-lock.json;
@@ -163,3 +164,55 @@ browser:
 ## Refresh the admin page's screenshots in docs/admin/ (the browser tests take them).
 screenshots: $(STAMP) browser
 	DSP_ADMIN_SCREENSHOTS=1 $(BIN)/python -m pytest -q tests/test_admin.py
+
+## The Go client (clients/go), built offline from Debian's packages: Go 1.19 and the gRPC,
+## protobuf and genproto sources in /usr/share/gocode, in GOPATH mode (no module proxy).
+## Its import path is go.mod's module line; a GOPATH of two links (.gopath/) puts the
+## client and examples/go under it.
+GO_CLIENT := clients/go
+GO_MODULE := $(shell sed -n 's/^module //p' $(GO_CLIENT)/go.mod)
+GO_REPOSITORY := $(patsubst %/$(GO_CLIENT),%,$(GO_MODULE))
+GO_PATH := $(CURDIR)/.gopath
+GO_SRC := $(GO_PATH)/src/$(GO_REPOSITORY)
+GO := GO111MODULE=off GOPATH=$(GO_PATH):/usr/share/gocode GOPROXY=off GOFLAGS= go
+GO_PACKAGES := golang-go golang-google-grpc-dev golang-google-protobuf-dev golang-google-genproto-dev \
+  golang-github-golang-protobuf-1-5-dev protobuf-compiler protoc-gen-go protoc-gen-go-grpc
+GO_PROTOC := protoc -I proto --go_opt=paths=source_relative --go-grpc_opt=paths=source_relative
+GO_GEN := $(GO_CLIENT)/gen
+.PHONY: go-tools go-path go-proto check-go-proto go-vet go-test go-bench
+
+## Debian's Go toolchain and libraries (the Go client needs nothing else), when missing.
+go-tools:
+	@n=$$(dpkg-query -W -f='$${db:Status-Abbrev}\n' $(GO_PACKAGES) 2>/dev/null | grep -c '^ii'); \
+	if [ "$$n" -ne $(words $(GO_PACKAGES)) ]; then \
+	  sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$sudo apt-get install -y -q --no-install-recommends $(GO_PACKAGES) >/dev/null \
+	  || { $$sudo apt-get update -q >/dev/null && \
+	       $$sudo apt-get install -y -q --no-install-recommends $(GO_PACKAGES) >/dev/null; }; fi
+
+go-path:
+	@mkdir -p $(GO_SRC)/clients $(GO_SRC)/examples
+	@ln -sfn $(CURDIR)/$(GO_CLIENT) $(GO_SRC)/$(GO_CLIENT)
+	@ln -sfn $(CURDIR)/examples/go $(GO_SRC)/examples/go
+
+## Regenerate the Go client's messages and service (clients/go/gen/) from proto/.
+go-proto: go-tools
+	rm -rf $(GO_GEN) && mkdir -p $(GO_GEN)
+	$(GO_PROTOC) --go_out=$(GO_GEN) --go-grpc_out=$(GO_GEN) proto/dsh/systemprompt/v1/system_prompt.proto
+
+## Fail when the Go client's generated code differs from what proto/ generates.
+check-go-proto: go-tools
+	@tmp=$$(mktemp -d) && $(GO_PROTOC) --go_out=$$tmp --go-grpc_out=$$tmp \
+	    proto/dsh/systemprompt/v1/system_prompt.proto \
+	  && diff -r $$tmp $(GO_GEN) && echo "Go generated code is fresh"; status=$$?; rm -rf $$tmp; exit $$status
+
+## gofmt and go vet on the Go client and the Go example.
+go-vet: go-tools go-path
+	@test -z "$$(gofmt -l $(GO_CLIENT) examples/go)" || { gofmt -l $(GO_CLIENT) examples/go; exit 1; }
+	cd $(GO_SRC) && $(GO) vet ./$(GO_CLIENT)/... ./examples/go/...
+
+## Build and test the Go client against real sidecars from .venv (and scripted ones).
+go-test: $(STAMP) go-tools go-path
+	cd $(GO_SRC) && $(GO) build -o $(GO_PATH)/bin/go-agent ./examples/go \
+	  && DSP_SIDECAR=$(CURDIR)/$(BIN)/dsh-system-prompt DSP_GO_EXAMPLE=$(GO_PATH)/bin/go-agent \
+	     $(GO) test -count=1 $(GO_TEST_ARGS) ./$(GO_CLIENT)/...

@@ -80,3 +80,14 @@ def test_the_readmes_protoc_command_for_go_works_on_its_own(checkout: Path) -> N
     run(go_command, checkout)
     go = checkout / "gen/go/dsh/systemprompt/v1"
     assert {p.name for p in go.iterdir()} == {"system_prompt.pb.go", "system_prompt_grpc.pb.go"}
+
+
+def test_the_go_packages_import_path_is_the_go_client_modules() -> None:
+    """go_package names the Go client's generated code, under the module go.mod declares."""
+    go_mod = (ROOT / "clients/go/go.mod").read_text(encoding="utf-8")
+    module = re.search(r"^module (\S+)$", go_mod, re.M)
+    assert module is not None, "clients/go/go.mod declares no module"
+    import_path, _, name = str(OPTIONS["go_package"]).partition(";")
+    assert import_path == f"{module.group(1)}/gen/dsh/systemprompt/v1"
+    generated = ROOT / "clients/go/gen/dsh/systemprompt/v1/system_prompt.pb.go"
+    assert f"package {name}" in generated.read_text(encoding="utf-8")

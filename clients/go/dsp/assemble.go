@@ -1,0 +1,75 @@
+package dsp
+
+import (
+	"context"
+	"encoding/json"
+
+	pb "dsh.dev/dsh-system-prompt/clients/go/gen/dsh/systemprompt/v1"
+)
+
+// AssembleOption says what one assembly is for.
+type AssembleOption func(*assembleRequest)
+
+type assembleRequest struct {
+	message *pb.AssembleRequest
+	err     error
+}
+
+// ForScope assembles for scope key: its chain's layers join the global one.
+func ForScope(key string) AssembleOption {
+	return func(r *assembleRequest) { r.message.Context.Scope = key }
+}
+
+// WithFields passes fields (a JSON object) to every dynamic provider and listener.
+func WithFields(fields map[string]any) AssembleOption {
+	return func(r *assembleRequest) {
+		text, err := json.Marshal(fields)
+		if err != nil {
+			r.err = invalid("fields are not JSON-serialisable: %v", err)
+			return
+		}
+		r.message.Context.FieldsJson = string(text)
+	}
+}
+
+// Assemble assembles the prompt. ctx's deadline and cancellation reach the
+// sidecar and, through it, every provider and listener the assembly asks.
+// While the connection is down it fails fast with UNAVAILABLE, or, when ctx
+// has a deadline, waits for the reconnect until then.
+func (c *Client) Assemble(ctx context.Context, opts ...AssembleOption) (*Assembly, error) {
+	reply, err := c.assemble(ctx, false, opts)
+	if err != nil {
+		return nil, err
+	}
+	return assemblyFromProto(reply.GetAssembly()), nil
+}
+
+// Render assembles and renders on the sidecar: the prompt text, the
+// runtime-context snapshot and the assembly. A strict-interpolation failure is
+// FAILED_PRECONDITION, ReasonRenderFailed.
+func (c *Client) Render(ctx context.Context, opts ...AssembleOption) (*Rendered, error) {
+	reply, err := c.assemble(ctx, true, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Rendered{
+		Prompt:          reply.GetRendered().GetPrompt(),
+		ContextSnapshot: reply.GetRendered().GetContextSnapshot(),
+		Assembly:        assemblyFromProto(reply.GetAssembly()),
+	}, nil
+}
+
+func (c *Client) assemble(ctx context.Context, render bool, opts []AssembleOption) (*pb.AssembleResponse, error) {
+	request := assembleRequest{message: &pb.AssembleRequest{Context: &pb.AssembleContext{}, Render: render}}
+	for _, opt := range opts {
+		opt(&request)
+	}
+	if request.err != nil {
+		return nil, request.err
+	}
+	if _, err := c.c.ready(ctx); err != nil {
+		return nil, err
+	}
+	reply, err := c.c.rpc.Assemble(ctx, request.message)
+	return reply, fromRPC(err)
+}

@@ -1,0 +1,452 @@
+package dsp
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	pb "dsh.dev/dsh-system-prompt/clients/go/gen/dsh/systemprompt/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+)
+
+// DefaultAddress is where Connect goes without an address and without $DSP_ADDRESS.
+const DefaultAddress = "127.0.0.1:50051"
+
+// readyTimeout bounds WaitForReady without a timeout of its own.
+const readyTimeout = 30 * time.Second
+
+type options struct {
+	token       string
+	tls         *tls.Config
+	waitReady   time.Duration
+	callTimeout time.Duration
+	clientName  string
+	dial        []grpc.DialOption
+}
+
+// Option configures Connect.
+type Option func(*options)
+
+// WithToken sends `authorization: Bearer <token>` on every call.
+func WithToken(token string) Option { return func(o *options) { o.token = token } }
+
+// WithTLS connects over TLS with config; a config holding a client
+// certificate makes it mutual TLS.
+func WithTLS(config *tls.Config) Option { return func(o *options) { o.tls = config } }
+
+// WithWaitForReady waits up to timeout (30 s when 0) for the sidecar to come
+// up, instead of failing at once with UNAVAILABLE when it cannot be reached.
+func WithWaitForReady(timeout time.Duration) Option {
+	return func(o *options) {
+		if timeout <= 0 {
+			timeout = readyTimeout
+		}
+		o.waitReady = timeout
+	}
+}
+
+// WithCallTimeout bounds what the sidecar answers at once (opening a session,
+// a listener or a change stream, a registration, a disposal); default 10 s.
+// Past it the call fails UNAVAILABLE (SIDECAR_UNAVAILABLE) and, for a
+// registration or disposal, the client opens a new session and replays.
+func WithCallTimeout(timeout time.Duration) Option {
+	return func(o *options) { o.callTimeout = timeout }
+}
+
+// WithClientName names this client in the sidecar's logs; default go-<pid>.
+func WithClientName(name string) Option { return func(o *options) { o.clientName = name } }
+
+// WithDialOptions adds gRPC dial options (interceptors, keepalive, ...).
+func WithDialOptions(dial ...grpc.DialOption) Option {
+	return func(o *options) { o.dial = append(o.dial, dial...) }
+}
+
+// Connect opens a session with the sidecar at address (HOST:PORT or
+// unix:PATH; "" means $DSP_ADDRESS, else 127.0.0.1:50051). It fails with
+// UNAVAILABLE when the sidecar cannot be reached, unless WithWaitForReady.
+// ctx bounds connecting; the client outlives it until Close.
+func Connect(ctx context.Context, address string, opts ...Option) (*Client, error) {
+	o := options{callTimeout: DefaultCallTimeout, clientName: fmt.Sprintf("go-%d", os.Getpid())}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if address == "" {
+		address = os.Getenv("DSP_ADDRESS")
+	}
+	if address == "" {
+		address = DefaultAddress
+	}
+	cc, err := grpc.Dial(target(address), dialOptions(address, o)...)
+	if err != nil {
+		return nil, invalid("cannot connect to %s: %v", address, err)
+	}
+	c := newConn(cc, o.clientName, o.callTimeout)
+	opened := make(chan error, 1)
+	go func() {
+		if o.waitReady > 0 {
+			opened <- c.openWhenReady(address, o.waitReady)
+		} else {
+			opened <- c.open(o.callTimeout)
+		}
+	}()
+	select {
+	case err = <-opened:
+	case <-ctx.Done():
+		err = fromRPC(ctx.Err())
+	}
+	if err != nil {
+		go func() { <-opened; c.close() }() // what was opened meanwhile ends with it
+		return nil, err
+	}
+	return &Client{registrar{c: c}}, nil
+}
+
+// target is address as a gRPC target; unix:PATH is dialled by dialOptions.
+func target(address string) string {
+	if strings.HasPrefix(address, "unix:") {
+		return "passthrough:///" + address
+	}
+	return address
+}
+
+func dialOptions(address string, o options) []grpc.DialOption {
+	dial := []grpc.DialOption{}
+	if o.tls != nil {
+		dial = append(dial, grpc.WithTransportCredentials(credentials.NewTLS(o.tls)))
+	} else {
+		dial = append(dial, grpc.WithInsecure())
+	}
+	if o.token != "" {
+		dial = append(dial, grpc.WithPerRPCCredentials(bearer{token: o.token, secure: o.tls != nil}))
+	}
+	if path := strings.TrimPrefix(address, "unix:"); path != address {
+		dial = append(dial, grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}))
+	}
+	return append(dial, o.dial...)
+}
+
+// bearer is the token as per-call metadata.
+type bearer struct {
+	token  string
+	secure bool
+}
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + b.token}, nil
+}
+
+// RequireTransportSecurity is false so that a token also works over plain
+// loopback or a unix socket, where the sidecar usually listens.
+func (b bearer) RequireTransportSecurity() bool { return false }
+
+// Client is a session with the sidecar; registrations made through it are
+// global. It is safe for concurrent use.
+type Client struct {
+	registrar
+}
+
+// SessionID is the current session's id (a new one after a reconnect).
+func (c *Client) SessionID() string {
+	c.c.mu.Lock()
+	defer c.c.mu.Unlock()
+	if c.c.session == nil {
+		return ""
+	}
+	return c.c.session.id
+}
+
+// Connected is false while the connection is down and being re-established.
+func (c *Client) Connected() bool {
+	c.c.mu.Lock()
+	defer c.c.mu.Unlock()
+	return c.c.connected
+}
+
+// Close ends the session: the sidecar disposes everything it registered. Idempotent.
+func (c *Client) Close() error {
+	c.c.close()
+	return nil
+}
+
+// Scope opens a handle on scope key; registrations made through it land in
+// that scope's layer. WithParent binds the key's parent the first time one is given.
+func (c *Client) Scope(ctx context.Context, key string, opts ...ScopeOption) (*Scope, error) {
+	request := &pb.OpenScopeRequest{Key: key}
+	for _, opt := range opts {
+		opt(request)
+	}
+	r := &registration{}
+	r.make = func(ctx context.Context, sessionID, _ string) (string, *listenerStream, error) {
+		request.SessionId = sessionID
+		reply, err := c.c.rpc.OpenScope(ctx, request)
+		return reply.GetScopeId(), nil, answerError(err, ctx, "OpenScope", c.c.callTimeout)
+	}
+	if err := c.c.register(ctx, r); err != nil {
+		return nil, err
+	}
+	return &Scope{registrar: registrar{c: c.c, scope: r}, Key: key, Parent: request.ParentKey}, nil
+}
+
+// ScopeOption configures a scope handle.
+type ScopeOption func(*pb.OpenScopeRequest)
+
+// WithParent names the scope's parent key.
+func WithParent(parent string) ScopeOption {
+	return func(r *pb.OpenScopeRequest) { r.ParentKey = parent }
+}
+
+// Scope is a handle on a scope key: registrations made through it go to that
+// scope's layer and are disposed with the handle.
+type Scope struct {
+	registrar
+	// Key is the scope key.
+	Key string
+	// Parent is the parent key this handle asked for, or "".
+	Parent string
+}
+
+// Dispose closes the handle and disposes everything registered through it. Idempotent.
+func (s *Scope) Dispose(ctx context.Context) error {
+	return s.c.dispose(ctx, s.scope)
+}
+
+// registrar holds the registration methods shared by Client (the global layer) and Scope.
+type registrar struct {
+	c     *conn
+	scope *registration
+}
+
+// SectionOption configures a section.
+type SectionOption func(*pb.RegisterSectionRequest)
+
+// Complete makes the section the exact, complete prompt.
+func Complete() SectionOption { return func(r *pb.RegisterSectionRequest) { r.Complete = true } }
+
+// Section contributes a prompt section with static text; its Handle updates the text.
+func (r *registrar) Section(ctx context.Context, name string, order float64, text string, opts ...SectionOption) (*Handle[string], error) {
+	request := r.sectionRequest(name, order, opts)
+	request.TextSource = &pb.RegisterSectionRequest_Text{Text: text}
+	return registerValue(ctx, r, request, "", r.c.rpc.RegisterSection, textUpdate(func(text string) {
+		request.TextSource = &pb.RegisterSectionRequest_Text{Text: text}
+	}))
+}
+
+// SectionFunc contributes a prompt section whose text provider runs at every assembly.
+func (r *registrar) SectionFunc(ctx context.Context, name string, order float64, text TextFunc, opts ...SectionOption) (*Handle[string], error) {
+	request := r.sectionRequest(name, order, opts)
+	key := r.c.providers.add(text)
+	request.TextSource = &pb.RegisterSectionRequest_Dynamic{Dynamic: &pb.Dynamic{ProviderKey: key}}
+	return registerValue(ctx, r, request, key, r.c.rpc.RegisterSection, textUpdate(nil))
+}
+
+func (r *registrar) sectionRequest(name string, order float64, opts []SectionOption) *pb.RegisterSectionRequest {
+	request := &pb.RegisterSectionRequest{Name: name, Order: order}
+	for _, opt := range opts {
+		opt(request)
+	}
+	return request
+}
+
+// Context contributes an ordered runtime context with static text.
+func (r *registrar) Context(ctx context.Context, name string, order float64, text string) (*Handle[string], error) {
+	request := &pb.RegisterContextRequest{Name: name, Order: order, TextSource: &pb.RegisterContextRequest_Text{Text: text}}
+	return registerValue(ctx, r, request, "", r.c.rpc.RegisterContext, textUpdate(func(text string) {
+		request.TextSource = &pb.RegisterContextRequest_Text{Text: text}
+	}))
+}
+
+// ContextFunc contributes a runtime context whose text provider runs at every assembly.
+func (r *registrar) ContextFunc(ctx context.Context, name string, order float64, text TextFunc) (*Handle[string], error) {
+	key := r.c.providers.add(text)
+	request := &pb.RegisterContextRequest{Name: name, Order: order,
+		TextSource: &pb.RegisterContextRequest_Dynamic{Dynamic: &pb.Dynamic{ProviderKey: key}}}
+	return registerValue(ctx, r, request, key, r.c.rpc.RegisterContext, textUpdate(nil))
+}
+
+// Variable contributes {{name}} with a static value.
+func (r *registrar) Variable(ctx context.Context, name, value string) (*Handle[string], error) {
+	request := &pb.RegisterVariableRequest{Name: name, ValueSource: &pb.RegisterVariableRequest_Value{Value: value}}
+	return registerValue(ctx, r, request, "", r.c.rpc.RegisterVariable, textUpdate(func(value string) {
+		request.ValueSource = &pb.RegisterVariableRequest_Value{Value: value}
+	}))
+}
+
+// VariableFunc contributes {{name}} with a provider run at every assembly that needs it.
+func (r *registrar) VariableFunc(ctx context.Context, name string, value VariableFunc) (*Handle[string], error) {
+	key := r.c.providers.add(value)
+	request := &pb.RegisterVariableRequest{Name: name,
+		ValueSource: &pb.RegisterVariableRequest_Dynamic{Dynamic: &pb.Dynamic{ProviderKey: key}}}
+	return registerValue(ctx, r, request, key, r.c.rpc.RegisterVariable, textUpdate(nil))
+}
+
+// Tools contributes a static tool list (KnownNames nil: the schemas' names).
+func (r *registrar) Tools(ctx context.Context, tools ToolProviderResult) (*Handle[ToolProviderResult], error) {
+	if err := checkTools(tools); err != nil {
+		return nil, err
+	}
+	request := &pb.RegisterToolsRequest{Source: &pb.RegisterToolsRequest_Result{Result: resultToProto(tools)}}
+	return registerValue(ctx, r, request, "", r.c.rpc.RegisterTools, func(tools ToolProviderResult) (*pb.UpdateRequest, func(), error) {
+		if err := checkTools(tools); err != nil {
+			return nil, nil, err
+		}
+		message := resultToProto(tools)
+		apply := func() { request.Source = &pb.RegisterToolsRequest_Result{Result: message} }
+		return &pb.UpdateRequest{Value: &pb.UpdateRequest_Tools{Tools: message}}, apply, nil
+	})
+}
+
+// ToolsFunc contributes a tool provider run at every assembly.
+func (r *registrar) ToolsFunc(ctx context.Context, tools ToolsFunc) (*Handle[ToolProviderResult], error) {
+	key := r.c.providers.add(tools)
+	request := &pb.RegisterToolsRequest{Name: label(funcName(tools)),
+		Source: &pb.RegisterToolsRequest_Dynamic{Dynamic: &pb.Dynamic{ProviderKey: key}}}
+	return registerValue(ctx, r, request, key, r.c.rpc.RegisterTools, func(ToolProviderResult) (*pb.UpdateRequest, func(), error) {
+		return &pb.UpdateRequest{}, func() {}, nil // the sidecar refuses it: NOT_UPDATABLE
+	})
+}
+
+// checkTools refuses parameters that are not JSON before anything is sent.
+func checkTools(tools ToolProviderResult) error {
+	for _, tool := range tools.Schemas {
+		if len(tool.Parameters) > 0 && !json.Valid(tool.Parameters) {
+			return invalid("tool %q: parameters are not JSON", tool.Name)
+		}
+	}
+	return nil
+}
+
+// SuppressRuntimeContext suppresses runtime context here until disposed.
+func (r *registrar) SuppressRuntimeContext(ctx context.Context) (*Registration, error) {
+	request := &pb.SuppressRuntimeContextRequest{}
+	reg, err := register(ctx, r, request, "", r.c.rpc.SuppressRuntimeContext)
+	if err != nil {
+		return nil, err
+	}
+	return &Registration{c: r.c, r: reg}, nil
+}
+
+// OnAssemble installs a waterfall listener (see Listener).
+func (r *registrar) OnAssemble(ctx context.Context, listener Listener, opts ...ListenerOption) (*Registration, error) {
+	start := &pb.ListenStart{Name: label(funcName(listener)), Features: []string{featureToolSlots}}
+	for _, opt := range opts {
+		opt(start)
+	}
+	reg := &registration{scope: r.scope}
+	reg.make = func(ctx context.Context, sessionID, scopeID string) (string, *listenerStream, error) {
+		start.SessionId, start.ScopeId = sessionID, scopeID
+		return startListener(r.c, listener, start, r.c.callTimeout)
+	}
+	if err := r.c.register(ctx, reg); err != nil {
+		return nil, err
+	}
+	return &Registration{c: r.c, r: reg}, nil
+}
+
+// Registration disposes one registration.
+type Registration struct {
+	c        *conn
+	r        *registration
+	disposed bool
+}
+
+// Dispose removes the registration; calling it again does nothing.
+func (d *Registration) Dispose(ctx context.Context) error {
+	d.c.ops.Lock()
+	done := d.disposed
+	d.disposed = true
+	d.c.ops.Unlock()
+	if done {
+		return nil
+	}
+	return d.c.dispose(ctx, d.r)
+}
+
+// Handle disposes one registration and replaces its static value in place.
+type Handle[V any] struct {
+	Registration
+	update func(V) (*pb.UpdateRequest, func(), error)
+}
+
+// Update replaces the value; other clients' assemblies see the old value or
+// the new one, never neither, and watchers get one UPDATED event. After a
+// reconnect the latest value is what is registered again. A registration
+// made with a provider is NOT_UPDATABLE. It returns the registry's revision.
+func (h *Handle[V]) Update(ctx context.Context, value V) (uint64, error) {
+	request, apply, err := h.update(value)
+	if err != nil {
+		return 0, err
+	}
+	return h.c.update(ctx, h.r, request, apply)
+}
+
+// textUpdate updates a section's or context's text or a variable's value,
+// written into the registration request by set (nil: a provider's registration).
+func textUpdate(set func(string)) func(string) (*pb.UpdateRequest, func(), error) {
+	return func(text string) (*pb.UpdateRequest, func(), error) {
+		apply := func() {
+			if set != nil {
+				set(text)
+			}
+		}
+		return &pb.UpdateRequest{Value: &pb.UpdateRequest_Text{Text: text}}, apply, nil
+	}
+}
+
+// scoped is every registration request: the session and the layer it goes to.
+type scoped interface {
+	*pb.RegisterSectionRequest | *pb.RegisterContextRequest | *pb.RegisterVariableRequest |
+		*pb.RegisterToolsRequest | *pb.SuppressRuntimeContextRequest
+}
+
+type registered interface{ GetRegistrationId() string }
+
+func setSession(request any, sessionID, scopeID string) {
+	switch m := request.(type) {
+	case *pb.RegisterSectionRequest:
+		m.SessionId, m.ScopeId = sessionID, scopeID
+	case *pb.RegisterContextRequest:
+		m.SessionId, m.ScopeId = sessionID, scopeID
+	case *pb.RegisterVariableRequest:
+		m.SessionId, m.ScopeId = sessionID, scopeID
+	case *pb.RegisterToolsRequest:
+		m.SessionId, m.ScopeId = sessionID, scopeID
+	case *pb.SuppressRuntimeContextRequest:
+		m.SessionId, m.ScopeId = sessionID, scopeID
+	}
+}
+
+func register[I scoped, O registered](ctx context.Context, r *registrar, request I, key string,
+	call func(context.Context, I, ...grpc.CallOption) (O, error)) (*registration, error) {
+	reg := &registration{scope: r.scope, providerKey: key}
+	reg.make = func(ctx context.Context, sessionID, scopeID string) (string, *listenerStream, error) {
+		setSession(request, sessionID, scopeID)
+		reply, err := call(ctx, request)
+		if err != nil {
+			return "", nil, answerError(err, ctx, "a registration", r.c.callTimeout)
+		}
+		return reply.GetRegistrationId(), nil, nil
+	}
+	if err := r.c.register(ctx, reg); err != nil {
+		return nil, err
+	}
+	return reg, nil
+}
+
+func registerValue[I scoped, O registered, V any](ctx context.Context, r *registrar, request I, key string,
+	call func(context.Context, I, ...grpc.CallOption) (O, error),
+	update func(V) (*pb.UpdateRequest, func(), error)) (*Handle[V], error) {
+	reg, err := register(ctx, r, request, key, call)
+	if err != nil {
+		return nil, err
+	}
+	return &Handle[V]{Registration: Registration{c: r.c, r: reg}, update: update}, nil
+}

@@ -1,0 +1,16 @@
+// Package dsp is the Go client of the dsh-system-prompt sidecar: agent
+// processes register prompt sections, runtime contexts, tool schemas and
+// variables through a session, install waterfall listeners, watch changes, and
+// ask the sidecar for the assembled (and rendered) prompt.
+//
+// Connect opens a session; everything registered through it is disposed when
+// it is closed or lost. Static values are stored in the sidecar; the ...Func
+// registrations keep their provider in this process, and the sidecar asks for
+// its value at every assembly that needs it, with a context.Context that ends
+// when the sidecar stops waiting. After a sidecar restart the client reconnects
+// and makes every registration again, in order.
+//
+// Every failure is an *Error carrying the gRPC code, the stable Reason and the
+// sidecar's message. The wire contract is proto/dsh/systemprompt/v1 of the
+// repository; docs/protocol.md describes what this package implements.
+package dsp

@@ -1,0 +1,379 @@
+package dsp
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	pb "dsh.dev/dsh-system-prompt/clients/go/gen/dsh/systemprompt/v1"
+	"google.golang.org/grpc/codes"
+)
+
+// Listener is a waterfall listener, run for every assembly it is admitted to.
+// It may change assembly and return next.Call(assembly) (or, cheaper,
+// next.Tail(assembly)), post-process what next.Call returned, or return an
+// assembly of its own without calling next. ctx ends when the sidecar abandons
+// the invocation. An error fails the assembly (LISTENER_FAILED) with its message.
+type Listener func(ctx context.Context, assembly *Assembly, context AssembleContext, next *Next) (*Assembly, error)
+
+// Next hands an assembly to the rest of the waterfall, once per invocation.
+type Next struct {
+	stream     *listenerStream
+	invocation *invocation
+	used       bool
+	tail       bool
+}
+
+// Call runs the rest of the chain on assembly and returns what it returned,
+// for the listener to post-process.
+func (n *Next) Call(assembly *Assembly) (*Assembly, error) {
+	if err := n.use(); err != nil {
+		return nil, err
+	}
+	message, slots, err := n.invocation.tools.encode(assembly)
+	if err != nil {
+		return nil, err
+	}
+	n.stream.send(&pb.ListenRequest{Kind: &pb.ListenRequest_Next{Next: &pb.ListenerNext{
+		InvocationId: n.invocation.id, Assembly: message, ToolSlots: slots,
+	}}})
+	select {
+	case returned := <-n.invocation.results:
+		return n.invocation.tools.decode(returned.GetAssembly(), returned.GetToolSlots())
+	case <-n.invocation.ctx.Done():
+		return nil, newError(codes.Canceled, ReasonUnknown, "the sidecar abandoned this invocation")
+	}
+}
+
+// Tail runs the rest of the chain on assembly and makes what it returns this
+// listener's result, untouched: one round trip instead of two. Return what it
+// returns (`return next.Tail(assembly)`); whatever the listener returns after
+// a Tail is ignored.
+func (n *Next) Tail(assembly *Assembly) (*Assembly, error) {
+	if err := n.use(); err != nil {
+		return nil, err
+	}
+	message, slots, err := n.invocation.tools.encode(assembly)
+	if err != nil {
+		return nil, err
+	}
+	n.tail = true
+	n.stream.send(&pb.ListenRequest{Kind: &pb.ListenRequest_Next{Next: &pb.ListenerNext{
+		InvocationId: n.invocation.id, Assembly: message, ToolSlots: slots, Tail: true,
+	}}})
+	return nil, nil
+}
+
+func (n *Next) use() error {
+	if n.used {
+		return newError(codes.FailedPrecondition, ReasonListenerFailed, "next may be called once per invocation")
+	}
+	n.used = true
+	return nil
+}
+
+// ListenerOption places a listener in the waterfall.
+type ListenerOption func(*pb.ListenStart)
+
+// Prepend runs the listener before the listeners registered earlier.
+func Prepend() ListenerOption { return func(s *pb.ListenStart) { s.Prepend = true } }
+
+// Global makes a listener installed through a scope see every assembly anyway.
+func Global() ListenerOption { return func(s *pb.ListenStart) { s.Global = true } }
+
+// ListenerName names the listener in errors and change events (default: the function's name).
+func ListenerName(name string) ListenerOption {
+	return func(s *pb.ListenStart) { s.Name = label(name) }
+}
+
+// featureToolSlots: this client decodes ListenerNextResult.tool_slots.
+const featureToolSlots = "tool-slots"
+
+const labelLimit = 120
+
+// label keeps a name short for errors and change events: its end is the telling part.
+func label(name string) string {
+	runes := []rune(name)
+	if len(runes) <= labelLimit {
+		return name
+	}
+	return "…" + string(runes[len(runes)-labelLimit+1:])
+}
+
+// funcName is a function's name without its package path, e.g. "main.addDate".
+func funcName(fn any) string {
+	f := runtime.FuncForPC(reflect.ValueOf(fn).Pointer())
+	if f == nil {
+		return "anonymous"
+	}
+	name := f.Name()
+	return name[strings.LastIndex(name, "/")+1:]
+}
+
+// listenerStream runs one listener for every invocation the sidecar sends.
+type listenerStream struct {
+	c        *conn
+	listener Listener
+	stream   pb.SystemPromptService_ListenClient
+	cancel   context.CancelFunc
+	slots    bool // the sidecar confirmed tool-slots: replies may carry slots
+
+	sendMu sync.Mutex
+
+	mu      sync.Mutex
+	running map[uint64]*invocation
+	closing bool
+}
+
+type invocation struct {
+	id      uint64
+	ctx     context.Context
+	cancel  context.CancelFunc
+	results chan *pb.ListenerNextResult
+	tools   *sentTools
+}
+
+// startListener installs listener with start, confirmed within timeout.
+func startListener(c *conn, listener Listener, start *pb.ListenStart, timeout time.Duration) (string, *listenerStream, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := c.rpc.Listen(ctx)
+	if err != nil {
+		cancel()
+		return "", nil, fromRPC(err)
+	}
+	_ = stream.Send(&pb.ListenRequest{Kind: &pb.ListenRequest_Start{Start: start}})
+	first, err := firstMessage(stream.Recv, timeout, cancel, "installing a listener")
+	if err != nil {
+		return "", nil, streamEnded(err, "it closed the listener stream")
+	}
+	registered := first.GetRegistered()
+	if registered == nil || registered.GetRegistrationId() == "" {
+		cancel()
+		return "", nil, protocolError("the listener stream did not start with ListenerRegistered")
+	}
+	s := &listenerStream{
+		c: c, listener: listener, stream: stream, cancel: cancel,
+		slots:   contains(start.GetFeatures(), featureToolSlots) && contains(registered.GetFeatures(), featureToolSlots),
+		running: map[uint64]*invocation{},
+	}
+	go s.read()
+	return registered.GetRegistrationId(), s, nil
+}
+
+func contains(list []string, wanted string) bool {
+	for _, item := range list {
+		if item == wanted {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *listenerStream) read() {
+	for {
+		message, err := s.stream.Recv()
+		if err != nil {
+			s.mu.Lock()
+			s.abandonAll()
+			lost := !s.closing
+			s.mu.Unlock()
+			s.cancel()
+			if lost {
+				s.c.restart() // the sidecar dropped the listener: the session is made again
+			}
+			return
+		}
+		switch kind := message.GetKind().(type) {
+		case *pb.ListenResponse_Invocation:
+			s.invoke(kind.Invocation)
+		case *pb.ListenResponse_NextResult:
+			s.mu.Lock()
+			if running := s.running[kind.NextResult.GetInvocationId()]; running != nil {
+				select {
+				case running.results <- kind.NextResult:
+				default: // a second next_result for one next(): the first counts
+				}
+			}
+			s.mu.Unlock()
+		case *pb.ListenResponse_Cancel:
+			s.mu.Lock()
+			if running := s.running[kind.Cancel.GetInvocationId()]; running != nil {
+				running.cancel()
+				delete(s.running, running.id)
+			}
+			s.mu.Unlock()
+		}
+		// A next_result nobody waits for, a second `registered` and a kind this
+		// client does not know (a newer sidecar's) are ignored.
+	}
+}
+
+// abandonAll cancels every invocation running; s.mu is held.
+func (s *listenerStream) abandonAll() {
+	for id, running := range s.running {
+		running.cancel()
+		delete(s.running, id)
+	}
+}
+
+func (s *listenerStream) invoke(message *pb.ListenerInvocation) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, repeated := s.running[message.GetInvocationId()]; repeated {
+		return // a repeat of one running: answered once
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	running := &invocation{
+		id: message.GetInvocationId(), ctx: ctx, cancel: cancel,
+		results: make(chan *pb.ListenerNextResult, 1),
+		tools:   newSentTools(message.GetAssembly().GetTools(), s.slots),
+	}
+	s.running[running.id] = running
+	go s.run(running, message)
+}
+
+func (s *listenerStream) run(running *invocation, message *pb.ListenerInvocation) {
+	defer func() {
+		s.mu.Lock()
+		if s.running[running.id] == running {
+			delete(s.running, running.id)
+		}
+		s.mu.Unlock()
+		running.cancel()
+	}()
+	next := &Next{stream: s, invocation: running}
+	result, err := s.call(running, message, next)
+	if next.tail || running.ctx.Err() != nil {
+		return // the rest of the chain answers, or the sidecar abandoned this invocation
+	}
+	if err == nil {
+		var assembly *pb.PromptAssembly
+		var slots []int32
+		assembly, slots, err = running.tools.encode(result)
+		if err == nil {
+			s.send(&pb.ListenRequest{Kind: &pb.ListenRequest_Result{Result: &pb.ListenerResult{
+				InvocationId: running.id, Assembly: assembly, ToolSlots: slots,
+			}}})
+			return
+		}
+	}
+	s.send(&pb.ListenRequest{Kind: &pb.ListenRequest_Failure{Failure: &pb.ListenerFailure{
+		InvocationId: running.id, Message: err.Error(),
+	}}})
+}
+
+// call runs the listener on the invocation; a panic is its failure, not this client's.
+func (s *listenerStream) call(running *invocation, message *pb.ListenerInvocation, next *Next) (result *Assembly, err error) {
+	defer func() {
+		if panicked := recover(); panicked != nil {
+			result, err = nil, fmt.Errorf("the listener panicked: %v", panicked)
+		}
+	}()
+	assembly, err := running.tools.decode(message.GetAssembly(), nil)
+	if err != nil {
+		return nil, err
+	}
+	context, err := contextFromProto(message.GetContext())
+	if err != nil {
+		return nil, err
+	}
+	return s.listener(running.ctx, assembly, context, next)
+}
+
+func (s *listenerStream) send(message *pb.ListenRequest) {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	_ = s.stream.Send(message) // the stream is over: the sidecar has failed or dropped this invocation
+}
+
+// close ends the stream: the sidecar removes the listener.
+func (s *listenerStream) close() {
+	s.mu.Lock()
+	s.closing = true
+	s.abandonAll()
+	s.mu.Unlock()
+	s.cancel()
+}
+
+// sentTools are the tools an invocation came with. With tool-slots in effect,
+// replies name the unchanged ones by their slot instead of sending them back.
+type sentTools struct {
+	originals []*pb.ToolSchema
+	slots     bool
+	index     map[string]int
+}
+
+func newSentTools(originals []*pb.ToolSchema, slots bool) *sentTools {
+	return &sentTools{originals: originals, slots: slots}
+}
+
+func toolKey(name, description, parameters string) string {
+	return name + "\x00" + description + "\x00" + parameters
+}
+
+// encode is assembly as a message, its unchanged invocation tools as slots when in effect.
+func (t *sentTools) encode(assembly *Assembly) (*pb.PromptAssembly, []int32, error) {
+	if assembly == nil {
+		return nil, nil, invalid("a listener must return an assembly, not nil")
+	}
+	message := assemblyToProto(assembly)
+	if !t.slots || len(t.originals) == 0 {
+		return message, nil, nil
+	}
+	if t.index == nil {
+		t.index = make(map[string]int, len(t.originals))
+		for i := len(t.originals) - 1; i >= 0; i-- {
+			o := t.originals[i]
+			t.index[toolKey(o.GetName(), o.GetDescription(), o.GetParametersJson())] = i
+		}
+	}
+	slots := make([]int32, len(message.Tools))
+	fresh := message.Tools[:0]
+	for i, tool := range message.Tools {
+		slot, found := t.index[toolKey(tool.GetName(), tool.GetDescription(), tool.GetParametersJson())]
+		if !found {
+			slot = -1
+			fresh = append(fresh, tool)
+		}
+		slots[i] = int32(slot)
+	}
+	message.Tools = fresh
+	return message, slots, nil
+}
+
+// decode is an assembly the sidecar sent, with slots into this invocation's tools
+// or not (a sidecar may send slots unasked: an older one always did).
+func (t *sentTools) decode(message *pb.PromptAssembly, slots []int32) (*Assembly, error) {
+	assembly := assemblyFromProto(message)
+	if len(slots) == 0 {
+		return assembly, nil
+	}
+	fresh := 0
+	for _, slot := range slots {
+		if slot < -1 || int(slot) >= len(t.originals) {
+			return nil, protocolError("next came back with tool slot %d, but the invocation had %d tools", slot, len(t.originals))
+		}
+		if slot == -1 {
+			fresh++
+		}
+	}
+	if fresh != len(assembly.Tools) {
+		return nil, protocolError("next came back with %d new tool slots but %d new tools", fresh, len(assembly.Tools))
+	}
+	tools := make([]ToolSchema, len(slots))
+	next := 0
+	for i, slot := range slots {
+		if slot == -1 {
+			tools[i] = assembly.Tools[next]
+			next++
+		} else {
+			tools[i] = toolFromProto(t.originals[slot])
+		}
+	}
+	assembly.Tools = tools
+	return assembly, nil
+}

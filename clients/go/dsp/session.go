@@ -1,0 +1,209 @@
+package dsp
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	pb "dsh.dev/dsh-system-prompt/clients/go/gen/dsh/systemprompt/v1"
+	"google.golang.org/grpc/codes"
+)
+
+// ClientVersion is sent in SessionStart, for the sidecar's logs only.
+const ClientVersion = "dsh-system-prompt-go/0.1.0"
+
+// session is one OpenSession stream: everything registered on it lives as long
+// as the stream does. While open, the sidecar asks on it for provider values.
+type session struct {
+	c              *conn
+	id             string
+	sidecarVersion string
+	stream         pb.SystemPromptService_OpenSessionClient
+	cancel         context.CancelFunc
+	done           chan struct{} // closed when the stream is over
+
+	sendMu sync.Mutex // a gRPC stream takes one Send at a time
+
+	mu        sync.Mutex
+	answering map[uint64]context.CancelFunc
+	ending    bool
+	ended     bool
+}
+
+// openSession opens a session stream, confirmed within timeout.
+func openSession(c *conn, timeout time.Duration) (*session, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := c.rpc.OpenSession(ctx)
+	if err != nil {
+		cancel()
+		return nil, fromRPC(err)
+	}
+	start := &pb.OpenSessionRequest{Kind: &pb.OpenSessionRequest_Start{Start: &pb.SessionStart{
+		ClientName: c.clientName, ClientVersion: ClientVersion,
+	}}}
+	_ = stream.Send(start) // a failed send shows as the stream's end, read below
+	first, err := firstMessage(stream.Recv, timeout, cancel, "opening the session")
+	if err != nil {
+		return nil, streamEnded(err, "it ended the session stream before opening it")
+	}
+	opened := first.GetOpened()
+	if opened == nil || opened.GetSessionId() == "" {
+		cancel()
+		return nil, protocolError("the session stream did not start with SessionOpened")
+	}
+	s := &session{
+		c: c, id: opened.GetSessionId(), sidecarVersion: opened.GetSidecarVersion(),
+		stream: stream, cancel: cancel, done: make(chan struct{}),
+		answering: map[uint64]context.CancelFunc{},
+	}
+	go s.read()
+	return s, nil
+}
+
+// firstMessage receives a stream's first message within timeout; past it the
+// stream is cancelled (a silent sidecar keeps no stream of ours).
+func firstMessage[M any](recv func() (M, error), timeout time.Duration, cancel func(), what string) (M, error) {
+	arrived := make(chan firstReceived[M], 1)
+	go func() {
+		m, err := recv()
+		arrived <- firstReceived[M]{m, err}
+	}()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case r := <-arrived:
+		if r.err != nil {
+			cancel()
+		}
+		return r.message, r.err
+	case <-timer.C:
+		cancel()
+		var none M
+		return none, noAnswer(what, timeout)
+	}
+}
+
+type firstReceived[M any] struct {
+	message M
+	err     error
+}
+
+// streamEnded is the error of a stream the sidecar ended before confirming it:
+// its own error, or UNAVAILABLE when it ended with OK, which says nothing.
+func streamEnded(err error, what string) error {
+	var failure *Error
+	if errors.As(err, &failure) {
+		return failure
+	}
+	if errors.Is(err, io.EOF) {
+		return newError(codes.Unavailable, ReasonSidecarUnavailable, "sidecar unavailable: %s", what)
+	}
+	return fromRPC(err)
+}
+
+func (s *session) read() {
+	for {
+		message, err := s.stream.Recv()
+		if err != nil {
+			s.finish()
+			return
+		}
+		switch kind := message.GetKind().(type) {
+		case *pb.OpenSessionResponse_Provide:
+			s.provide(kind.Provide)
+		case *pb.OpenSessionResponse_Cancel:
+			s.mu.Lock()
+			if cancel := s.answering[kind.Cancel.GetCallId()]; cancel != nil {
+				cancel()
+			}
+			s.mu.Unlock()
+		}
+		// A second `opened`, and a kind this client does not know (a newer
+		// sidecar's), are ignored: the first `opened` named the session.
+	}
+}
+
+func (s *session) finish() {
+	s.mu.Lock()
+	s.ended = true
+	s.cancelAnswers()
+	lost := !s.ending
+	s.mu.Unlock()
+	close(s.done)
+	s.cancel()
+	if lost {
+		s.c.lost(s)
+	}
+}
+
+func (s *session) isEnded() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ended
+}
+
+// provide answers one ProvideRequest, unless the same call is being answered.
+func (s *session) provide(request *pb.ProvideRequest) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, running := s.answering[request.GetCallId()]; running || s.ended {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if timeout := request.GetTimeoutS(); timeout > 0 {
+		// The provider's context ends when the sidecar stops waiting for it.
+		ctx, cancel = context.WithTimeout(context.Background(), time.Duration(timeout*float64(time.Second)))
+	}
+	s.answering[request.GetCallId()] = cancel
+	go s.answer(ctx, cancel, request)
+}
+
+func (s *session) answer(ctx context.Context, cancel context.CancelFunc, request *pb.ProvideRequest) {
+	defer cancel()
+	values := s.c.providers.answer(ctx, request)
+	s.mu.Lock()
+	delete(s.answering, request.GetCallId())
+	s.mu.Unlock()
+	if ctx.Err() != nil {
+		return // the sidecar gave up on this request: nobody reads the answer
+	}
+	s.send(&pb.OpenSessionRequest{Kind: &pb.OpenSessionRequest_Provided{Provided: &pb.ProvideResponse{
+		CallId: request.GetCallId(), Values: values,
+	}}})
+}
+
+func (s *session) send(message *pb.OpenSessionRequest) {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	_ = s.stream.Send(message) // the session is over: that assembly has failed already
+}
+
+// cancelAnswers cancels every provider call running; s.mu is held.
+func (s *session) cancelAnswers() {
+	for _, cancel := range s.answering {
+		cancel()
+	}
+}
+
+// end half-closes the stream, its clean end: the sidecar disposes everything
+// registered on it before it ends the stream.
+func (s *session) end() {
+	s.mu.Lock()
+	if s.ending {
+		s.mu.Unlock()
+		return
+	}
+	s.ending = true
+	s.cancelAnswers()
+	s.mu.Unlock()
+	s.sendMu.Lock()
+	_ = s.stream.CloseSend()
+	s.sendMu.Unlock()
+	select {
+	case <-s.done:
+	case <-time.After(endWait):
+	}
+	s.cancel() // a sidecar that never closed its side keeps no stream of ours
+}
