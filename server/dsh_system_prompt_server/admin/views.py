@@ -45,7 +45,7 @@ def size_text(size: Size) -> str:
 
 
 @dataclass(frozen=True)
-class Registration:
+class RegistrationRow:
     kind: str
     name: str
     order: str
@@ -59,7 +59,7 @@ class ScopeNode:
     key: str | None
     label: str
     handles: list[str]  # the owners of its open handles
-    registrations: list[Registration]
+    registrations: list[RegistrationRow]
     children: list[ScopeNode] = field(default_factory=list)
 
 
@@ -76,7 +76,7 @@ def scopes_view(service: SystemPromptService) -> ScopesView:
     registry = service.registry
     owners = owner_names(service)
     entries = registry.registrations()
-    by_scope: dict[str | None, list[Registration]] = {}
+    by_scope: dict[str | None, list[RegistrationRow]] = {}
     handles: dict[str, list[str]] = {}
     for entry in entries:
         if entry.kind is Kind.SCOPE:
@@ -104,7 +104,7 @@ def owner_names(service: SystemPromptService) -> dict[str, str]:
     return names
 
 
-def _registration(entry: Entry[Any], owners: dict[str, str]) -> Registration:
+def _registration(entry: Entry[Any], owners: dict[str, str]) -> RegistrationRow:
     order = ""
     if isinstance(entry, SectionEntry | ContextEntry):
         order = f"{entry.order:g}"
@@ -113,7 +113,7 @@ def _registration(entry: Entry[Any], owners: dict[str, str]) -> Registration:
     name = entry.name
     if isinstance(entry, ListenerEntry) and entry.global_:
         name = f"{name} (everywhere)" if name else "(everywhere)"
-    return Registration(
+    return RegistrationRow(
         kind=entry.kind.value,
         name=name,
         order=order,
@@ -327,7 +327,7 @@ class Bar:
 
 
 @dataclass(frozen=True)
-class Report:
+class ReportRow:
     sequence: int
     at: str
     revision: int
@@ -347,7 +347,7 @@ class CacheView:
     breaks: int
     breakers: list[tuple[str, int]]
     recomputed: str
-    recent: list[Report]
+    recent: list[ReportRow]
     bars: list[Bar]
     chart: tuple[int, int]
     first_at: str
@@ -403,7 +403,7 @@ def _stable_share(entry: Reported) -> float:
     return entry.stable_bytes / entry.prefix.bytes
 
 
-def _report_row(entry: Reported) -> Report:
+def _report_row(entry: Reported) -> ReportRow:
     state = _state(entry)
     verdict = {
         "first": "first report: nothing to compare",
@@ -413,7 +413,7 @@ def _report_row(entry: Reported) -> Report:
     observed = ""
     if entry.observed_cached_tokens is not None:
         observed = f"{entry.observed_cached_tokens:,} tokens cached"
-    return Report(
+    return ReportRow(
         sequence=entry.sequence,
         at=_clock(entry.at),
         revision=entry.revision,
