@@ -20,8 +20,7 @@ from ..registry.filters import owner_label
 from ..registry.limits import value_bytes
 from ..registry.model import ContextEntry, ListenerEntry, SectionEntry
 from ..registry.model import ToolSet as Tools
-from ..reports.history import Break, HistoryKey, KeyHistory
-from ..reports.history import Entry as Reported
+from ..reports.history import Break, HistoryEntry, HistoryKey, KeyHistory
 from ..reports.report import PartPrint, Previous, Size, Stability, build_report
 from ..rpc.service import SystemPromptService
 from .live_prompt import static_assembly
@@ -391,19 +390,19 @@ def cache_view(service: SystemPromptService, key: HistoryKey) -> CacheView:
     )
 
 
-def _state(entry: Reported) -> str:
+def _state(entry: HistoryEntry) -> str:
     if not entry.has_previous:
         return "first"
     return "break" if entry.broke else "stable"
 
 
-def _stable_share(entry: Reported) -> float:
+def _stable_share(entry: HistoryEntry) -> float:
     if not entry.has_previous or not entry.prefix.bytes:
         return 1.0
     return entry.stable_bytes / entry.prefix.bytes
 
 
-def _report_row(entry: Reported) -> ReportRow:
+def _report_row(entry: HistoryEntry) -> ReportRow:
     state = _state(entry)
     verdict = {
         "first": "first report: nothing to compare",
@@ -425,7 +424,7 @@ def _report_row(entry: Reported) -> ReportRow:
     )
 
 
-def _bars(recent: list[Reported]) -> list[Bar]:
+def _bars(recent: list[HistoryEntry]) -> list[Bar]:
     """One bar per recent report, oldest left; its height is the share of the prefix kept."""
     if not recent:
         return []

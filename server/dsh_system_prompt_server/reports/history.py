@@ -39,7 +39,7 @@ class HistoryKey:
 
 
 @dataclass(frozen=True, slots=True)
-class Entry:
+class HistoryEntry:
     """One reported assembly, summarised; `observed_*` arrive later from the model server."""
 
     sequence: int  # 1 for the key's first report
@@ -77,7 +77,7 @@ class KeyHistory:
     """Everything kept for one key."""
 
     previous: Previous | None
-    recent: deque[Entry]
+    recent: deque[HistoryEntry]
     reports: int = 0
     breaks: int = 0
     breakers: dict[str, int] = field(default_factory=dict)  # first_changed -> breaks
@@ -93,7 +93,7 @@ class KeyHistory:
 class Remembered:
     """What remembering one report did: its entry, and what was dropped to make room."""
 
-    entry: Entry
+    entry: HistoryEntry
     forgotten_keys: list[tuple[HistoryKey, list[str]]]  # each with the parts it counted
     forgotten_breakers: list[str]  # of this key
 
@@ -142,7 +142,7 @@ class ReportHistory:
             self._bytes -= kept.previous.memory()
         kept.previous = previous
         self._bytes += previous.memory()
-        entry = _entry(kept.reports + 1, revision, report)
+        entry = _history_entry(kept.reports + 1, revision, report)
         dropped = _count(kept, entry)
         kept.recent.append(entry)
         if entry.broke:
@@ -153,7 +153,7 @@ class ReportHistory:
         self.version += 1
         return Remembered(entry, self._make_room(key), dropped)
 
-    def observe(self, key: HistoryKey, cached: int, prompt: int | None) -> Entry | None:
+    def observe(self, key: HistoryKey, cached: int, prompt: int | None) -> HistoryEntry | None:
         """Attach what the model server said to the key's latest report; None without one."""
         kept = self._keys.get(key)
         if kept is None or not kept.recent:
@@ -182,9 +182,9 @@ class ReportHistory:
         return forgotten
 
 
-def _entry(sequence: int, revision: int, report: Report) -> Entry:
+def _history_entry(sequence: int, revision: int, report: Report) -> HistoryEntry:
     stability = report.stability
-    return Entry(
+    return HistoryEntry(
         sequence=sequence,
         revision=revision,
         layout=report.layout,
@@ -198,7 +198,7 @@ def _entry(sequence: int, revision: int, report: Report) -> Entry:
     )
 
 
-def _count(kept: KeyHistory, entry: Entry) -> list[str]:
+def _count(kept: KeyHistory, entry: HistoryEntry) -> list[str]:
     """Add `entry` to the key's counts; returns the breakers dropped to stay bounded."""
     kept.reports += 1
     if entry.recomputed.tokens is not None:

@@ -39,7 +39,7 @@ from ..registry import (
 from ..registry.limits import Limits, value_bytes
 from ..registry.model import ContextEntry, SectionEntry
 from ..registry.model import Entry as Registration
-from ..reports.history import Entry, HistoryKey, KeyHistory
+from ..reports.history import HistoryEntry, HistoryKey, KeyHistory
 from ..reports.report import Layout, Report, Size
 from .json_text import load_json
 from .status import bad_request
@@ -289,7 +289,7 @@ def history_key_from_proto(scope: str, report_key: str) -> HistoryKey:
     return HistoryKey("scope", scope or None)
 
 
-def entry_to_proto(entry: Entry) -> pb.CacheHistoryEntry:
+def history_entry_to_proto(entry: HistoryEntry) -> pb.CacheHistoryEntry:
     return pb.CacheHistoryEntry(
         sequence=entry.sequence,
         revision=entry.revision,
@@ -316,7 +316,7 @@ def history_to_proto(key: HistoryKey, kept: KeyHistory | None, evicted: bool) ->
         breaks=kept.breaks,
         breakers=[pb.PartBreaks(part=part, count=count) for part, count in kept.top_breakers()],
         recomputed=pb.Size(bytes=kept.recomputed_bytes, tokens=kept.recomputed_tokens),
-        recent=[entry_to_proto(entry) for entry in kept.recent],
+        recent=[history_entry_to_proto(entry) for entry in kept.recent],
     )
 
 

@@ -35,7 +35,7 @@ from ..telemetry.tracing import Tracing
 from .convert import (
     assemble_response,
     context_from_proto,
-    entry_to_proto,
+    history_entry_to_proto,
     history_key_from_proto,
     history_to_proto,
     layout_from_proto,
@@ -306,7 +306,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
             if entry.stable_tokens:
                 ratio = request.cached_tokens / entry.stable_tokens
                 self.metrics.cache_observed(key.labels(), ratio)
-            return pb.ReportUsageResponse(entry=entry_to_proto(entry))
+            return pb.ReportUsageResponse(entry=history_entry_to_proto(entry))
 
         return await self._unary(context, observe)
 
