@@ -15,10 +15,10 @@ from typing import Any
 
 from dsh_system_prompt_core import RenderFailure, interpolate
 
-from ..registry import SIDECAR_OWNER, Dynamic, Entry, Kind, Origin, OriginKind, RegistryError
+from ..registry import SIDECAR_OWNER, Dynamic, Kind, Origin, OriginKind, Registration, RegistryError
 from ..registry.filters import owner_label
 from ..registry.limits import value_bytes
-from ..registry.model import ContextEntry, ListenerEntry, SectionEntry
+from ..registry.model import ContextRegistration, ListenerRegistration, SectionRegistration
 from ..registry.model import ToolSet as Tools
 from ..reports.history import Break, HistoryEntry, HistoryKey, KeyHistory
 from ..reports.report import PartPrint, Previous, Size, Stability, build_report
@@ -103,14 +103,14 @@ def owner_names(service: SystemPromptService) -> dict[str, str]:
     return names
 
 
-def _registration(entry: Entry[Any], owners: dict[str, str]) -> RegistrationRow:
+def _registration(entry: Registration[Any], owners: dict[str, str]) -> RegistrationRow:
     order = ""
-    if isinstance(entry, SectionEntry | ContextEntry):
+    if isinstance(entry, SectionRegistration | ContextRegistration):
         order = f"{entry.order:g}"
-        if isinstance(entry, SectionEntry) and entry.complete:
+        if isinstance(entry, SectionRegistration) and entry.complete:
             order += " (complete)"
     name = entry.name
-    if isinstance(entry, ListenerEntry) and entry.global_:
+    if isinstance(entry, ListenerRegistration) and entry.global_:
         name = f"{name} (everywhere)" if name else "(everywhere)"
     return RegistrationRow(
         kind=entry.kind.value,
@@ -122,7 +122,7 @@ def _registration(entry: Entry[Any], owners: dict[str, str]) -> RegistrationRow:
     )
 
 
-def _mode(entry: Entry[Any]) -> str:
+def _mode(entry: Registration[Any]) -> str:
     if entry.kind in (Kind.LISTENER, Kind.SUPPRESSOR, Kind.SCOPE):
         return ""
     return "dynamic" if isinstance(entry.value, Dynamic) else "static"
@@ -246,7 +246,7 @@ class PromptWatcher:
         )  # fmt: skip
 
 
-def _listener_name(entry: ListenerEntry) -> str:
+def _listener_name(entry: ListenerRegistration) -> str:
     where = "everywhere" if entry.scope is None or entry.global_ else f'scope "{entry.scope}"'
     return f'listener "{entry.name}" ({where})' if entry.name else f"listener ({where})"
 
@@ -488,7 +488,9 @@ def sessions_view(service: SystemPromptService, address: str, started: float) ->
                 peer=session.peer,
                 registrations=", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
                 or "none",
-                listeners=[_listener_name(e) for e in entries if isinstance(e, ListenerEntry)],
+                listeners=[
+                    _listener_name(e) for e in entries if isinstance(e, ListenerRegistration)
+                ],
                 providers=[_provider(e) for e in entries if isinstance(e.value, Dynamic)],
                 provide_requests=session.provide_requests,
             )
@@ -517,7 +519,7 @@ def sessions_view(service: SystemPromptService, address: str, started: float) ->
     return SessionsView(health, _failures(service), rows)
 
 
-def _provider(entry: Entry[Any]) -> str:
+def _provider(entry: Registration[Any]) -> str:
     where = f'scope "{entry.scope}"' if entry.scope is not None else "global"
     name = f' "{entry.name}"' if entry.name else ""
     return f"{entry.kind.value}{name} ({where})"

@@ -17,19 +17,19 @@ from .model import (
     AssembleContext,
     Assembly,
     CachePolicy,
-    ContextEntry,
+    ContextRegistration,
     Dynamic,
-    Entry,
-    ListenerEntry,
+    ListenerRegistration,
     Part,
     ProvidedValue,
     ProviderCall,
     ProviderHost,
-    SectionEntry,
+    Registration,
+    SectionRegistration,
     Tool,
-    ToolsEntry,
     ToolSet,
-    VariableEntry,
+    ToolsRegistration,
+    VariableRegistration,
 )
 from .origins import Origins, Trace, entry_origin, record_changes
 from .tool_order import check_known, order_tools
@@ -50,23 +50,28 @@ class Plan:
     revision: int
     chain: list[str]
     suppressed: bool
-    variables: list[VariableEntry]
-    sections: list[SectionEntry]
-    contexts: list[ContextEntry]
-    tools: list[ToolsEntry]
-    listeners: list[ListenerEntry]
-    dynamic: list[tuple[Entry[Any], Dynamic]] = field(init=False)
+    variables: list[VariableRegistration]
+    sections: list[SectionRegistration]
+    contexts: list[ContextRegistration]
+    tools: list[ToolsRegistration]
+    listeners: list[ListenerRegistration]
+    dynamic: list[tuple[Registration[Any], Dynamic]] = field(init=False)
     is_static: bool = field(init=False)
     # The listeners after the last one that cannot be cached: their result is kept
     # for their input, under `tail_policy`.
-    cacheable_tail: list[ListenerEntry] = field(init=False)
+    cacheable_tail: list[ListenerRegistration] = field(init=False)
     tail_policy: CachePolicy | None = field(init=False)
     # Every callback declared a policy; this is them together (None otherwise).
     policy: CachePolicy | None = field(init=False)
     result: Assembly | None = None
 
     def __post_init__(self) -> None:
-        entries: list[Entry[Any]] = [*self.variables, *self.sections, *self.contexts, *self.tools]
+        entries: list[Registration[Any]] = [
+            *self.variables,
+            *self.sections,
+            *self.contexts,
+            *self.tools,
+        ]
         self.dynamic = [
             (entry, entry.value) for entry in entries if isinstance(entry.value, Dynamic)
         ]
@@ -85,7 +90,7 @@ class Plan:
         """The scope whose layers the plan joins; None for the global layer alone."""
         return self.chain[0] if self.chain else None
 
-    def complete_section(self) -> SectionEntry | None:
+    def complete_section(self) -> SectionRegistration | None:
         """The effective complete section; more than one rejects the assembly."""
         complete = [entry for entry in self.sections if entry.complete]
         if len(complete) > 1:
@@ -166,7 +171,7 @@ async def _run(
     return result
 
 
-def _registered_origins(plan: Plan, values: Mapping[Entry[Any], ProvidedValue]) -> Origins:
+def _registered_origins(plan: Plan, values: Mapping[Registration[Any], ProvidedValue]) -> Origins:
     origins: Origins = {}
     for kind, entries in (
         ("variable", plan.variables), ("section", plan.sections), ("context", plan.contexts)
@@ -181,9 +186,9 @@ def _registered_origins(plan: Plan, values: Mapping[Entry[Any], ProvidedValue]) 
 
 
 def _dynamic_calls(
-    plan: Plan, answered: Mapping[Entry[Any], ProvidedValue]
-) -> dict[ProviderHost, list[tuple[Entry[Any], ProviderCall]]]:
-    calls: dict[ProviderHost, list[tuple[Entry[Any], ProviderCall]]] = {}
+    plan: Plan, answered: Mapping[Registration[Any], ProvidedValue]
+) -> dict[ProviderHost, list[tuple[Registration[Any], ProviderCall]]]:
+    calls: dict[ProviderHost, list[tuple[Registration[Any], ProviderCall]]] = {}
     for entry, value in plan.dynamic:
         if not entry.disposed and entry not in answered:
             calls.setdefault(value.host, []).append((entry, entry.provider_call(value.key)))
@@ -203,7 +208,7 @@ class _Cached:
     def __post_init__(self) -> None:
         self.generation = self.callbacks.generation
 
-    def answers(self, values: dict[Entry[Any], ProvidedValue]) -> None:
+    def answers(self, values: dict[Registration[Any], ProvidedValue]) -> None:
         """Fill `values` with the kept answers of cacheable providers."""
         for entry, value in self.plan.dynamic:
             if value.cache is not None:
@@ -213,7 +218,7 @@ class _Cached:
                 if answer is not MISSING:
                     values[entry] = answer  # type: ignore[assignment]
 
-    def keep_answer(self, entry: Entry[Any], answer: ProvidedValue) -> None:
+    def keep_answer(self, entry: Registration[Any], answer: ProvidedValue) -> None:
         policy = entry.value.cache
         if policy is not None:
             self.callbacks.keep_answer(
@@ -244,10 +249,10 @@ class _Cached:
 
 async def _evaluate(
     plan: Plan, context: AssembleContext, timeout: Timeout, cached: _Cached | None = None
-) -> dict[Entry[Any], ProvidedValue]:
+) -> dict[Registration[Any], ProvidedValue]:
     """Ask each host once, all hosts at the same time; the first failure wins.
     Providers whose answer is cached are not asked."""
-    values: dict[Entry[Any], ProvidedValue] = {}
+    values: dict[Registration[Any], ProvidedValue] = {}
     if cached is not None:
         cached.answers(values)
     by_host = _dynamic_calls(plan, values)
@@ -273,7 +278,7 @@ async def _evaluate(
     return values
 
 
-def _check_provided(values: Mapping[Entry[Any], ProvidedValue], limits: Limits) -> None:
+def _check_provided(values: Mapping[Registration[Any], ProvidedValue], limits: Limits) -> None:
     """Provided values obey the limits registered ones do."""
     for entry, value in values.items():
         try:
@@ -288,25 +293,32 @@ def _check_provided(values: Mapping[Entry[Any], ProvidedValue], limits: Limits) 
             ) from None
 
 
-def _resolved(entry: Entry[Any], values: Mapping[Entry[Any], ProvidedValue]) -> object:
+def _resolved(
+    entry: Registration[Any], values: Mapping[Registration[Any], ProvidedValue]
+) -> object:
     """The entry's value in this assembly: as registered, or as its provider answered
     (None when it was not asked: disposed while the assembly ran)."""
     return values.get(entry) if isinstance(entry.value, Dynamic) else entry.value
 
 
-def _text(entry: SectionEntry | ContextEntry, values: Mapping[Entry[Any], ProvidedValue]) -> str:
+def _text(
+    entry: SectionRegistration | ContextRegistration,
+    values: Mapping[Registration[Any], ProvidedValue],
+) -> str:
     text = _resolved(entry, values)
     return text if isinstance(text, str) else ""
 
 
-def _variable(entry: VariableEntry, values: Mapping[Entry[Any], ProvidedValue]) -> str | None:
+def _variable(
+    entry: VariableRegistration, values: Mapping[Registration[Any], ProvidedValue]
+) -> str | None:
     value = _resolved(entry, values)
     return value if isinstance(value, str) else None
 
 
 def _collect_tools(
-    providers: list[ToolsEntry],
-    values: Mapping[Entry[Any], ProvidedValue],
+    providers: list[ToolsRegistration],
+    values: Mapping[Registration[Any], ProvidedValue],
     tool_order: Sequence[str] | None,
 ) -> list[Tool]:
     collected: list[Tool] = []
@@ -325,7 +337,7 @@ def _collect_tools(
 
 
 async def _waterfall(
-    listeners: list[ListenerEntry],
+    listeners: list[ListenerRegistration],
     assembly: Assembly,
     context: AssembleContext,
     timeout: Timeout,

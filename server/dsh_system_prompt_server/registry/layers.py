@@ -9,11 +9,17 @@ from typing import Any, TypeVar
 from dsh_system_prompt_core import Reason
 
 from .errors import RegistryError, Status
-from .model import ContextEntry, Entry, SectionEntry, ToolsEntry, VariableEntry
+from .model import (
+    ContextRegistration,
+    Registration,
+    SectionRegistration,
+    ToolsRegistration,
+    VariableRegistration,
+)
 
 # Takes back out what one insert put in.
 Remover = Callable[[], None]
-E = TypeVar("E", bound=Entry[Any])
+E = TypeVar("E", bound=Registration[Any])
 
 
 @dataclass(eq=False)
@@ -24,25 +30,25 @@ class Layer:
     shadows a farther one's); tool providers and suppressors by id.
     """
 
-    sections: dict[str, SectionEntry] = field(default_factory=dict)
-    contexts: dict[str, ContextEntry] = field(default_factory=dict)
-    variables: dict[str, VariableEntry] = field(default_factory=dict)
-    tools: dict[str, ToolsEntry] = field(default_factory=dict)
-    suppressors: dict[str, Entry[None]] = field(default_factory=dict)
+    sections: dict[str, SectionRegistration] = field(default_factory=dict)
+    contexts: dict[str, ContextRegistration] = field(default_factory=dict)
+    variables: dict[str, VariableRegistration] = field(default_factory=dict)
+    tools: dict[str, ToolsRegistration] = field(default_factory=dict)
+    suppressors: dict[str, Registration[None]] = field(default_factory=dict)
 
-    def add_section(self, entry: SectionEntry) -> Remover:
+    def add_section(self, entry: SectionRegistration) -> Remover:
         return _insert(self.sections, entry.name, entry)
 
-    def add_context(self, entry: ContextEntry) -> Remover:
+    def add_context(self, entry: ContextRegistration) -> Remover:
         return _insert(self.contexts, entry.name, entry)
 
-    def add_variable(self, entry: VariableEntry) -> Remover:
+    def add_variable(self, entry: VariableRegistration) -> Remover:
         return _insert(self.variables, entry.name, entry)
 
-    def add_tools(self, entry: ToolsEntry) -> Remover:
+    def add_tools(self, entry: ToolsRegistration) -> Remover:
         return _insert(self.tools, entry.id, entry)
 
-    def add_suppressor(self, entry: Entry[None]) -> Remover:
+    def add_suppressor(self, entry: Registration[None]) -> Remover:
         return _insert(self.suppressors, entry.id, entry)
 
     def is_empty(self) -> bool:

@@ -173,7 +173,7 @@ V = TypeVar("V")
 
 
 @dataclass(eq=False, kw_only=True)
-class Entry(Generic[V]):
+class Registration(Generic[V]):
     """One registration: owned by a session, living in one layer, holding one value.
 
     The value by kind: a section's or context's text, a variable's value (None
@@ -196,32 +196,32 @@ class Entry(Generic[V]):
 
 
 @dataclass(eq=False, kw_only=True)
-class SectionEntry(Entry[str | Dynamic]):
+class SectionRegistration(Registration[str | Dynamic]):
     order: float
     complete: bool = False
 
 
 @dataclass(eq=False, kw_only=True)
-class ContextEntry(Entry[str | Dynamic]):
+class ContextRegistration(Registration[str | Dynamic]):
     order: float
 
 
-VariableEntry = Entry[str | Dynamic | None]
-ToolsEntry = Entry[ToolSet | Dynamic]
+VariableRegistration = Registration[str | Dynamic | None]
+ToolsRegistration = Registration[ToolSet | Dynamic]
 
 
 @dataclass(eq=False, kw_only=True)
-class ListenerEntry(Entry[ListenerHost]):
+class ListenerRegistration(Registration[ListenerHost]):
     global_: bool
     position: int
     cache: CachePolicy | None = None  # None: invoked at every assembly
 
 
 @dataclass(eq=False, kw_only=True)
-class ScopeHandle(Entry[None]):
+class ScopeHandle(Registration[None]):
     """A session's handle on a scope key; registrations made through it die with it."""
 
-    children: dict[str, Entry[Any]] = field(default_factory=dict)
+    children: dict[str, Registration[Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model import SIDECAR_OWNER, Assembly, Entry
+from .model import SIDECAR_OWNER, Assembly, Registration
 
 
 class OriginKind(enum.Enum):
@@ -42,7 +42,7 @@ class Origin:
 Origins = dict[tuple[str, str], Origin]
 
 
-def entry_origin(entry: Entry[Any], chain: list[str]) -> Origin:
+def entry_origin(entry: Registration[Any], chain: list[str]) -> Origin:
     """Where a registration's part comes from, seen from the scope `chain[0]`."""
     if entry.owner == SIDECAR_OWNER:
         return Origin(OriginKind.BUILTIN)

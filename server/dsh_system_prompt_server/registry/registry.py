@@ -36,17 +36,17 @@ from .model import (
     AssembleContext,
     Assembly,
     CachePolicy,
-    ContextEntry,
+    ContextRegistration,
     Dynamic,
-    Entry,
     Kind,
-    ListenerEntry,
     ListenerHost,
+    ListenerRegistration,
+    Registration,
     ScopeHandle,
-    SectionEntry,
-    ToolsEntry,
+    SectionRegistration,
     ToolSet,
-    VariableEntry,
+    ToolsRegistration,
+    VariableRegistration,
 )
 
 _PLANS_KEPT = 1024  # scopes whose plan is remembered between assemblies
@@ -56,8 +56,8 @@ _UPDATABLE = frozenset({Kind.SECTION, Kind.CONTEXT, Kind.VARIABLE, Kind.TOOLS})
 StaticValue = str | None | ToolSet
 
 
-E = TypeVar("E", bound=Entry[Any])
-Ordered = TypeVar("Ordered", SectionEntry, ContextEntry)
+E = TypeVar("E", bound=Registration[Any])
+Ordered = TypeVar("Ordered", SectionRegistration, ContextRegistration)
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def new_id() -> str:
     return secrets.token_urlsafe(18)
 
 
-class _EntryFields(TypedDict):
+class _RegistrationFields(TypedDict):
     id: str
     owner: str
     kind: Kind
@@ -96,19 +96,19 @@ class Registry:
         self._global = Layer()
         self._scoped: dict[str, Layer] = {}
         self._scopes = ScopeTree()
-        self._entries: dict[str, Entry[Any]] = {}
-        self._by_owner: dict[str, dict[str, Entry[Any]]] = {}
+        self._entries: dict[str, Registration[Any]] = {}
+        self._by_owner: dict[str, dict[str, Registration[Any]]] = {}
         self._unlinks: dict[str, Remover] = {}  # by entry id: takes it out of where it lives
         # (owner, provider key) of live dynamic entries: a session answers by key, so one each.
         self._provider_keys: set[tuple[str, str]] = set()
         self._total_bytes = 0  # what sessions registered, against limits.max_total_bytes
-        self._listeners_everywhere: dict[str, ListenerEntry] = {}
-        self._listeners_by_scope: dict[str, dict[str, ListenerEntry]] = {}
+        self._listeners_everywhere: dict[str, ListenerRegistration] = {}
+        self._listeners_by_scope: dict[str, dict[str, ListenerRegistration]] = {}
         self._listener_count = 0
         self._plans: OrderedDict[str | None, assembly.Plan] = OrderedDict()
         self.callbacks = CallbackCache()  # answers of callbacks that may be cached
         self.limits = self.settings.limits
-        self._builtins: dict[str, SectionEntry] = {}
+        self._builtins: dict[str, SectionRegistration] = {}
         if self.settings.include_harness_identity:
             self._add_builtin(
                 HARNESS_IDENTITY_SECTION, HARNESS_IDENTITY_ORDER, HARNESS_IDENTITY_TEXT
@@ -155,14 +155,14 @@ class Registry:
         order: float,
         text: str | Dynamic,
         complete: bool = False,
-    ) -> SectionEntry:
+    ) -> SectionRegistration:
         """Add a section to the global layer or the layer of scope handle `handle`."""
         scope_handle = self._handle(owner, handle)
         layer = self._layer_for(scope_handle)
         self._check_named("prompt section", name, order, layer.sections, scope_handle)
         self._check_value(owner, f'prompt section "{name}" text', text)
         _check_template(text, f'section "{name}"')
-        entry = SectionEntry(
+        entry = SectionRegistration(
             **self._fields(owner, Kind.SECTION, scope_handle, name),
             value=text,
             order=order,
@@ -174,14 +174,14 @@ class Registry:
 
     def register_context(
         self, owner: str, handle: str | None, name: str, order: float, text: str | Dynamic
-    ) -> ContextEntry:
+    ) -> ContextRegistration:
         """Add a runtime context to the global layer or a scope's layer."""
         scope_handle = self._handle(owner, handle)
         layer = self._layer_for(scope_handle)
         self._check_named("prompt context", name, order, layer.contexts, scope_handle)
         self._check_value(owner, f'prompt context "{name}" text', text)
         _check_template(text, f'context "{name}"')
-        entry = ContextEntry(
+        entry = ContextRegistration(
             **self._fields(owner, Kind.CONTEXT, scope_handle, name),
             value=text,
             order=order,
@@ -192,7 +192,7 @@ class Registry:
 
     def register_variable(
         self, owner: str, handle: str | None, name: str, value: str | Dynamic | None
-    ) -> VariableEntry:
+    ) -> VariableRegistration:
         """Add a variable, referenced from text as {{name}}."""
         scope_handle = self._handle(owner, handle)
         layer = self._layer_for(scope_handle)
@@ -202,7 +202,7 @@ class Registry:
         if name in layer.variables:
             raise errors.duplicate_entry("prompt variable", name, _key(scope_handle))
         self._check_value(owner, f'prompt variable "{name}" value', value)
-        entry = VariableEntry(
+        entry = VariableRegistration(
             **self._fields(owner, Kind.VARIABLE, scope_handle, name),
             value=value,
         )
@@ -212,7 +212,7 @@ class Registry:
 
     def register_tools(
         self, owner: str, handle: str | None, source: ToolSet | Dynamic, name: str = ""
-    ) -> ToolsEntry:
+    ) -> ToolsRegistration:
         """Add a tool provider (any number per layer)."""
         scope_handle = self._handle(owner, handle)
         self.limits.check_name("tool provider", name)
@@ -222,18 +222,18 @@ class Registry:
         self._check_provider_key(owner, source)
         self._check_quota(owner)
         self.limits.check_total(self._total_bytes, value_bytes(source))
-        entry = ToolsEntry(
+        entry = ToolsRegistration(
             **self._fields(owner, Kind.TOOLS, scope_handle, name),
             value=source,
         )
         layer = self._layer_for(scope_handle)
         return self._added(entry, scope_handle, self._in_layer(entry.scope, layer.add_tools(entry)))
 
-    def suppress_runtime_context(self, owner: str, handle: str | None) -> Entry[None]:
+    def suppress_runtime_context(self, owner: str, handle: str | None) -> Registration[None]:
         """Suppress runtime context for a scope (or everywhere) until disposed."""
         scope_handle = self._handle(owner, handle)
         self._check_quota(owner)
-        entry = Entry[None](**self._fields(owner, Kind.SUPPRESSOR, scope_handle), value=None)
+        entry = Registration[None](**self._fields(owner, Kind.SUPPRESSOR, scope_handle), value=None)
         layer = self._layer_for(scope_handle)
         return self._added(
             entry, scope_handle, self._in_layer(entry.scope, layer.add_suppressor(entry))
@@ -249,7 +249,7 @@ class Registry:
         global_: bool = False,
         name: str = "",
         cache: CachePolicy | None = None,
-    ) -> ListenerEntry:
+    ) -> ListenerRegistration:
         """Install a waterfall listener; `prepend` runs it before earlier ones; with
         `cache`, its result is reused for the same input while the policy allows."""
         scope_handle = self._handle(owner, handle)
@@ -261,7 +261,7 @@ class Registry:
         if listeners >= self.limits.max_listeners:
             raise quota_exceeded(f"the sidecar already has {listeners} listeners, its limit")
         self._listener_count += 1
-        entry = ListenerEntry(
+        entry = ListenerRegistration(
             **self._fields(owner, Kind.LISTENER, scope_handle, name),
             value=host,
             global_=global_,
@@ -308,7 +308,7 @@ class Registry:
 
     # -- updates ----------------------------------------------------------------------
 
-    def update(self, owner: str, registration_id: str, value: StaticValue) -> Entry[Any]:
+    def update(self, owner: str, registration_id: str, value: StaticValue) -> Registration[Any]:
         """Replace the static value of one of `owner`'s registrations, in place.
 
         Only the value changes (name, order, layer, owner and id stay), so the
@@ -330,13 +330,13 @@ class Registry:
         self._replace_value(entry, value)
         return entry
 
-    def _replace_value(self, entry: Entry[Any], value: StaticValue) -> None:
+    def _replace_value(self, entry: Registration[Any], value: StaticValue) -> None:
         """Put `value` in the entry's place (its fingerprint with it) and say so."""
         entry.value = value
         entry.fingerprint = value_fingerprint(entry.kind, value)
         self._publish(entry, Action.UPDATED)
 
-    def _check_update(self, entry: Entry[Any], value: StaticValue) -> None:
+    def _check_update(self, entry: Registration[Any], value: StaticValue) -> None:
         """The checks registration makes of a value of the entry's kind."""
         label = f'{entry.kind.value} "{entry.name}"' if entry.name else entry.kind.value
         if entry.kind is Kind.TOOLS:
@@ -357,7 +357,7 @@ class Registry:
         self.limits.check_text(f'{noun} "{entry.name}" text', value)
         _check_template(value, f'{entry.kind.value} "{entry.name}"')
 
-    def _remove(self, entry: Entry[Any]) -> None:
+    def _remove(self, entry: Registration[Any]) -> None:
         if isinstance(entry, ScopeHandle):
             for child in reversed(list(entry.children.values())):
                 self._remove(child)
@@ -375,7 +375,7 @@ class Registry:
             self._total_bytes -= value_bytes(entry.value)
         self._publish(entry, Action.UNREGISTERED)
 
-    def _unlink_listener(self, entry: ListenerEntry) -> None:
+    def _unlink_listener(self, entry: ListenerRegistration) -> None:
         entry.value.disposed()
         if self._listeners_everywhere.pop(entry.id, None) is not None:
             return
@@ -451,7 +451,7 @@ class Registry:
             listeners=self._admitted_listeners(chain),
         )
 
-    def _admitted_listeners(self, chain: list[str]) -> list[ListenerEntry]:
+    def _admitted_listeners(self, chain: list[str]) -> list[ListenerRegistration]:
         admitted = list(self._listeners_everywhere.values())
         for key in chain:
             admitted.extend(self._listeners_by_scope.get(key, {}).values())
@@ -488,7 +488,7 @@ class Registry:
 
     # -- inspection -------------------------------------------------------------------
 
-    def registrations(self, owner: str | None = None) -> list[Entry[Any]]:
+    def registrations(self, owner: str | None = None) -> list[Registration[Any]]:
         """Every live registration (of `owner`, when given), oldest first."""
         if owner is None:
             return list(self._entries.values())
@@ -505,7 +505,7 @@ class Registry:
         """A test of (kind, layer) against `wanted`, on the scope tree as it is when asked."""
         return wanted.matcher(self._scopes.chain)
 
-    def listing(self, wanted: Filter) -> list[Entry[Any]]:
+    def listing(self, wanted: Filter) -> list[Registration[Any]]:
         """The live registrations `wanted` keeps, oldest first (the built-ins first)."""
         keeps = self.keeps(wanted)
         return [entry for entry in self._entries.values() if keeps(entry.kind, entry.scope)]
@@ -538,7 +538,7 @@ class Registry:
 
     def _fields(
         self, owner: str, kind: Kind, handle: ScopeHandle | None, name: str = ""
-    ) -> _EntryFields:
+    ) -> _RegistrationFields:
         """What every registration records: a new id, its owner, kind, layer and handle."""
         return {
             "id": new_id(),
@@ -551,7 +551,7 @@ class Registry:
 
     def _add_builtin(self, name: str, order: float, text: str) -> None:
         # The sidecar's own sections come from its config, not from a session: no limits.
-        entry = SectionEntry(
+        entry = SectionRegistration(
             id=new_id(), owner=SIDECAR_OWNER, kind=Kind.SECTION, scope=None, handle=None,
             name=name, value=text, order=order,
         )  # fmt: skip
@@ -580,7 +580,7 @@ class Registry:
         noun: str,
         name: str,
         order: float,
-        existing: dict[str, SectionEntry] | dict[str, ContextEntry],
+        existing: dict[str, SectionRegistration] | dict[str, ContextRegistration],
         handle: ScopeHandle | None,
     ) -> None:
         if not name:
@@ -617,7 +617,7 @@ class Registry:
         self._publish(entry, Action.REGISTERED)
         return entry
 
-    def _publish(self, entry: Entry[Any], action: Action) -> None:
+    def _publish(self, entry: Registration[Any], action: Action) -> None:
         fingerprint = "" if action is Action.UNREGISTERED else entry.fingerprint
         self.changes.publish(
             entry.kind, action, entry.name, entry.scope, public_ref(entry.id), fingerprint

@@ -29,6 +29,7 @@ from ..registry import (
     ProvidedValue,
     ProviderCall,
     ProviderHost,
+    Registration,
     ServiceError,
     Status,
     Tool,
@@ -37,8 +38,7 @@ from ..registry import (
     public_ref,
 )
 from ..registry.limits import Limits, value_bytes
-from ..registry.model import ContextEntry, SectionEntry
-from ..registry.model import Entry as Registration
+from ..registry.model import ContextRegistration, SectionRegistration
 from ..reports.history import HistoryEntry, HistoryKey, KeyHistory
 from ..reports.report import Layout, Report, Size
 from .json_text import load_json
@@ -558,14 +558,14 @@ def registration_to_proto(
         kind=_CHANGE_KINDS[entry.kind],
         name=entry.name,
         scope=entry.scope or "",
-        complete=isinstance(entry, SectionEntry) and entry.complete,
+        complete=isinstance(entry, SectionRegistration) and entry.complete,
         dynamic=isinstance(entry.value, Dynamic) or entry.kind is Kind.LISTENER,
         owner=BUILTIN_OWNER if builtin else owner,
         owner_label="built-in" if builtin else owner_label(entry.owner),
         size_bytes=value_bytes(entry.value),
         fingerprint=entry.fingerprint,
     )
-    if isinstance(entry, SectionEntry | ContextEntry):
+    if isinstance(entry, SectionRegistration | ContextRegistration):
         info.order = entry.order
     if with_value and entry.fingerprint:
         info.value.CopyFrom(_registered_value(entry.value))

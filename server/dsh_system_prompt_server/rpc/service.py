@@ -15,8 +15,8 @@ from google.protobuf.message import Message
 from ..registry import (
     AssembleContext,
     Assembly,
-    Entry,
     Failure,
+    Registration,
     Registry,
     RegistryError,
     ServiceError,
@@ -134,7 +134,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def RegisterSection(
         self, request: pb.RegisterSectionRequest, context: Context
     ) -> pb.RegisterSectionResponse:
-        def register(session: Session, handle: str | None) -> Entry[Any]:
+        def register(session: Session, handle: str | None) -> Registration[Any]:
             text = text_from_proto(request, session)
             return self.registry.register_section(
                 session.id, handle, request.name, request.order, text, request.complete
@@ -145,7 +145,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def RegisterContext(
         self, request: pb.RegisterContextRequest, context: Context
     ) -> pb.RegisterContextResponse:
-        def register(session: Session, handle: str | None) -> Entry[Any]:
+        def register(session: Session, handle: str | None) -> Registration[Any]:
             text = text_from_proto(request, session)
             return self.registry.register_context(
                 session.id, handle, request.name, request.order, text
@@ -156,7 +156,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def SuppressRuntimeContext(
         self, request: pb.SuppressRuntimeContextRequest, context: Context
     ) -> pb.SuppressRuntimeContextResponse:
-        def register(session: Session, handle: str | None) -> Entry[Any]:
+        def register(session: Session, handle: str | None) -> Registration[Any]:
             return self.registry.suppress_runtime_context(session.id, handle)
 
         reply = pb.SuppressRuntimeContextResponse
@@ -165,7 +165,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def RegisterTools(
         self, request: pb.RegisterToolsRequest, context: Context
     ) -> pb.RegisterToolsResponse:
-        def register(session: Session, handle: str | None) -> Entry[Any]:
+        def register(session: Session, handle: str | None) -> Registration[Any]:
             tools = tools_from_proto(request, session)
             return self.registry.register_tools(session.id, handle, tools, request.name)
 
@@ -174,7 +174,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def RegisterVariable(
         self, request: pb.RegisterVariableRequest, context: Context
     ) -> pb.RegisterVariableResponse:
-        def register(session: Session, handle: str | None) -> Entry[Any]:
+        def register(session: Session, handle: str | None) -> Registration[Any]:
             value = variable_from_proto(request, session)
             return self.registry.register_variable(session.id, handle, request.name, value)
 
@@ -412,7 +412,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         self,
         context: Context,
         request: _Owned,
-        register: Callable[[Session, str | None], Entry[Any]],
+        register: Callable[[Session, str | None], Registration[Any]],
         reply: Callable[..., Reply],
     ) -> Reply:
         """Run one registration for the request's session and scope handle."""

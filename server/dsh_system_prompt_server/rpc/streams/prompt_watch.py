@@ -19,9 +19,9 @@ from ...registry import (
     AssembleContext,
     ChangeEvent,
     Dynamic,
-    Entry,
     Kind,
     Missed,
+    Registration,
     Registry,
     RegistryError,
     Tool,
@@ -112,7 +112,7 @@ def _placeheld(entry: Any, tool_order: Sequence[str] | None) -> Any:
     return dataclasses.replace(entry, value=placeholder(entry, tool_order))
 
 
-def placeholder(entry: Entry[Any], tool_order: Sequence[str] | None) -> str | ToolSet:
+def placeholder(entry: Registration[Any], tool_order: Sequence[str] | None) -> str | ToolSet:
     """What stands for a dynamic value: a text naming it, or one tool naming the provider."""
     label = (
         f'<dynamic {entry.kind.value} "{entry.name}">'
