@@ -15,11 +15,19 @@ from typing import Any
 
 from dsh_system_prompt_core import RenderFailure, interpolate
 
-from ..registry import SIDECAR_OWNER, Dynamic, Kind, Origin, OriginKind, Registration, RegistryError
+from ..registry import (
+    SIDECAR_OWNER,
+    Dynamic,
+    Kind,
+    Origin,
+    OriginKind,
+    Registration,
+    RegistryError,
+    ToolSet,
+)
 from ..registry.filters import owner_label
 from ..registry.limits import value_bytes
 from ..registry.model import ContextRegistration, ListenerRegistration, SectionRegistration
-from ..registry.model import ToolSet as Tools
 from ..reports.history import Break, HistoryEntry, HistoryKey, KeyHistory
 from ..reports.report import PartPrint, Previous, Size, Stability, build_report
 from ..rpc.service import SystemPromptService
@@ -131,7 +139,7 @@ def _mode(entry: Registration[Any]) -> str:
 def _value_size(value: object) -> str:
     if isinstance(value, str):
         return f"{value_bytes(value):,} bytes"
-    if isinstance(value, Tools):
+    if isinstance(value, ToolSet):
         count = len(value.schemas)
         return f"{count} tool{'s' if count != 1 else ''}, {value_bytes(value):,} bytes"
     if isinstance(value, Dynamic):

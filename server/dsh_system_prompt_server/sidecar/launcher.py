@@ -11,7 +11,7 @@ EXIT_USAGE = 2
 def main() -> int:
     """Run the CLI, or explain that it needs `dsh-system-prompt[server]`."""
     try:
-        from .cli import main as cli_main  # the sidecar's dependencies load here
+        from . import cli  # the sidecar's dependencies load here
     except ModuleNotFoundError as error:
         print(
             f"dsh-system-prompt: the command needs the server extra (missing {error.name}):"
@@ -19,4 +19,4 @@ def main() -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    return cli_main()
+    return cli.main()

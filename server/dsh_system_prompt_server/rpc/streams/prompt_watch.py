@@ -12,8 +12,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from dsh_system_prompt_core import TOOL_ORDER_REST, RenderFailure, render_context_snapshot
-from dsh_system_prompt_core import render_prompt as render_text
+from dsh_system_prompt_core import (
+    TOOL_ORDER_REST,
+    RenderFailure,
+    render_context_snapshot,
+    render_prompt,
+)
 
 from ...registry import (
     AssembleContext,
@@ -82,7 +86,7 @@ class PromptWatch:
         response.report.CopyFrom(report_to_proto(report, self._key))
         if self._render:
             try:
-                prompt, snapshot = render_text(assembly), render_context_snapshot(assembly)
+                prompt, snapshot = render_prompt(assembly), render_context_snapshot(assembly)
             except RenderFailure:
                 pass  # report.render_error says why
             else:
