@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 
 	pb "dsh.dev/dsh-system-prompt/clients/go/gen/dsh/systemprompt/v1"
+	"google.golang.org/grpc"
 )
 
 // AssembleOption says what one assembly is for.
@@ -41,7 +42,7 @@ func (c *Client) Assemble(ctx context.Context, opts ...AssembleOption) (*Assembl
 	if err != nil {
 		return nil, err
 	}
-	return assemblyFromProto(reply.GetAssembly()), nil
+	return reply.assembly, nil
 }
 
 // Render assembles and renders on the sidecar: the prompt text, the
@@ -52,14 +53,10 @@ func (c *Client) Render(ctx context.Context, opts ...AssembleOption) (*Rendered,
 	if err != nil {
 		return nil, err
 	}
-	return &Rendered{
-		Prompt:          reply.GetRendered().GetPrompt(),
-		ContextSnapshot: reply.GetRendered().GetContextSnapshot(),
-		Assembly:        assemblyFromProto(reply.GetAssembly()),
-	}, nil
+	return &Rendered{Prompt: reply.prompt, ContextSnapshot: reply.contextSnapshot, Assembly: reply.assembly}, nil
 }
 
-func (c *Client) assemble(ctx context.Context, render bool, opts []AssembleOption) (*pb.AssembleResponse, error) {
+func (c *Client) assemble(ctx context.Context, render bool, opts []AssembleOption) (*assembleReply, error) {
 	request := assembleRequest{message: &pb.AssembleRequest{Context: &pb.AssembleContext{}, Render: render}}
 	for _, opt := range opts {
 		opt(&request)
@@ -70,6 +67,9 @@ func (c *Client) assemble(ctx context.Context, render bool, opts []AssembleOptio
 	if _, err := c.c.ready(ctx); err != nil {
 		return nil, err
 	}
-	reply, err := c.c.rpc.Assemble(ctx, request.message)
-	return reply, fromRPC(err)
+	reply := &assembleReply{}
+	if err := c.c.cc.Invoke(ctx, assembleMethod, request.message, reply, grpc.ForceCodec(replyCodec{})); err != nil {
+		return nil, fromRPC(err)
+	}
+	return reply, nil
 }
