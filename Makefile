@@ -72,7 +72,7 @@ check: check-proto check-ts-proto check-go-proto check-docs docs-check buf lint 
 validate-deploy: $(STAMP)
 	BIN=$(BIN) scripts/validate-deploy.sh
 
-bench: $(STAMP) ts-build
+bench: $(STAMP) ts-build go-bench
 	$(BIN)/python -m bench
 
 ## A bounded soak test (not part of `make test`): SOAK_ARGS="--clients 8 --seconds 60".
@@ -216,3 +216,7 @@ go-test: $(STAMP) go-tools go-path
 	cd $(GO_SRC) && $(GO) build -o $(GO_PATH)/bin/go-agent ./examples/go \
 	  && DSP_SIDECAR=$(CURDIR)/$(BIN)/dsh-system-prompt DSP_GO_EXAMPLE=$(GO_PATH)/bin/go-agent \
 	     $(GO) test -count=1 $(GO_TEST_ARGS) ./$(GO_CLIENT)/...
+
+## Build the Go client's bench program (clients/go/bench) for `make bench`.
+go-bench: go-tools go-path
+	cd $(GO_SRC) && $(GO) build -o $(GO_PATH)/bin/go-bench ./$(GO_CLIENT)/bench

@@ -3,8 +3,11 @@
     python -m bench                       # everything (what `make bench` runs)
     python -m bench --only listeners,throughput --quick   # a subset, fewer iterations
     python -m bench --docs-only           # regenerate docs/benchmarks.md from results.json
+    python -m bench --only go_client_assemble --merge   # one figure into the latest run
 
-A partial or quick run prints its table but writes nothing unless --write is given.
+A partial or quick run prints its table but writes nothing unless --write is given
+(which writes it alone) or --merge (which puts its figures into results.json in place
+of those with the same key, each saying when and under what load it was measured).
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help=f"comma-separated figures of: {', '.join(figures.ALL)}")
     parser.add_argument("--quick", action="store_true", help="a tenth of the iterations")
     parser.add_argument("--write", action="store_true", help="write results of a partial run")
+    parser.add_argument(
+        "--merge", action="store_true", help="put a partial run's figures into results.json"
+    )
     parser.add_argument("--docs-only", action="store_true", help="render docs from results.json")
     args = parser.parse_args(argv)
 
@@ -65,7 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     print(report.table(measured))
     if os.environ.get("BENCH_DETAILS"):
         print(json.dumps([{f.key: f.details} for f in measured], indent=1))
-    if (args.only or args.quick) and not args.write:
+    if args.merge:
+        results = report.merged(
+            json.loads(report.RESULTS.read_text()), machine, measured, list(figures.ALL)
+        )
+    elif (args.only or args.quick) and not args.write:
         return 0
     report.write_json(results)
     report.write_markdown(results)

@@ -28,7 +28,7 @@ from dsh_system_prompt_server.registry import AssembleContext
 from dsh_system_prompt_server.rpc.response_cache import ResponseCache
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from . import node, procs, workload
+from . import golang, node, procs, workload
 from .echo import EchoStream
 from .report import Figure, X, at_least, at_most, below
 from .stats import Operation, Samples, interleaved, ratio
@@ -303,6 +303,29 @@ async def ts_client_assemble(h: Harness) -> list[Figure]:
                 **_timed_ratio_details(samples),
                 "node": measured["node"],
                 "baseline": "grpc.health.v1.Health/Check from the same Node process, on a "
+                "channel of its own to the same sidecar",
+            },
+        )
+    ]
+
+
+async def go_client_assemble(h: Harness) -> list[Figure]:
+    """The Go client's Assemble vs Health.Check, both from one Go process."""
+    iterations, warmup = h.budget.n(2000), h.budget.n(200)
+    measured = await golang.run_json(h.sidecar.address, str(iterations), str(warmup))
+    samples = {name: Samples.of(measured[name]) for name in ("client_assemble", "empty_rpc")}
+    value = ratio(samples["client_assemble"].p50, samples["empty_rpc"].p50)
+    return [
+        Figure(
+            key="go_client_assemble",
+            name="Go client Assemble / empty unary RPC (Go)",
+            value=round(value, 2),
+            unit=f"{X} p50",
+            **at_most(value, 1.3),
+            details={
+                **_timed_ratio_details(samples),
+                "go": measured["go"],
+                "baseline": "grpc.health.v1.Health/Check from the same Go process, on a "
                 "channel of its own to the same sidecar",
             },
         )
@@ -992,6 +1015,7 @@ ALL: dict[str, FigureFn] = {
     "grpc_assemble": grpc_assemble,
     "client_assemble": client_assemble,
     "ts_client_assemble": ts_client_assemble,
+    "go_client_assemble": go_client_assemble,
     "many_scopes": many_scopes,
     "report_cost": report_cost,
     "dynamic_sections": dynamic_sections,

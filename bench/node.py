@@ -18,23 +18,22 @@ _SETUP = "run `make ts-build` (the TypeScript client, built into clients/typescr
 
 async def run_json(script: Path, *args: str) -> dict[str, Any]:
     """Run `node script args...`; the JSON object it printed on its last line."""
-    executable = _node(script)
+    return await run_command_json([_node(script), str(script), *args], TS_CLIENT, script.name)
+
+
+async def run_command_json(argv: list[str], cwd: Path, what: str) -> dict[str, Any]:
+    """Run `argv` in `cwd`; the JSON object it printed on its last line (`what` names it)."""
     process = await asyncio.create_subprocess_exec(
-        executable,
-        str(script),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=TS_CLIENT,
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=cwd
     )
     try:
         out, err = await asyncio.wait_for(process.communicate(), TIMEOUT_S)
     except TimeoutError:
         process.kill()
         await process.wait()
-        raise RuntimeError(f"{script.name} did not finish within {TIMEOUT_S:.0f} s") from None
+        raise RuntimeError(f"{what} did not finish within {TIMEOUT_S:.0f} s") from None
     if process.returncode != 0:
-        raise RuntimeError(f"{script.name} exited {process.returncode}: {err.decode()}")
+        raise RuntimeError(f"{what} exited {process.returncode}: {err.decode()}")
     result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
     return result
 

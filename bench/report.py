@@ -113,6 +113,29 @@ def results(machine_info: dict[str, Any], figures: list[Figure], took_s: float) 
     }
 
 
+def merged(
+    latest: dict[str, Any],
+    machine_info: dict[str, Any],
+    figures: list[Figure],
+    order: list[str],
+) -> dict[str, Any]:
+    """`latest` with `figures` in place of those of the same key; a new key goes after
+    the figure before it in `order` (the figures' keys as `make bench` runs them). Each
+    merged figure's details say when, and under what load, its own run measured it."""
+    run = {"date": machine_info["date"], "load_average": machine_info["load_average"]}
+    kept: list[dict[str, Any]] = list(latest["figures"])
+    for figure in figures:
+        figure.details = {**figure.details, "measured_in_a_run_of_its_own": run}
+        keys = [f["key"] for f in kept]
+        if figure.key in keys:
+            kept[keys.index(figure.key)] = asdict(figure)
+            continue
+        earlier = order[: order.index(figure.key)] if figure.key in order else order
+        at = max((keys.index(k) + 1 for k in earlier if k in keys), default=len(kept))
+        kept.insert(at, asdict(figure))
+    return {**latest, "figures": kept}
+
+
 def markdown(results: dict[str, Any]) -> str:
     """docs/benchmarks.md: how to run, the machine, the table, each figure's details."""
     info = results["machine"]
