@@ -214,7 +214,7 @@ async def test_an_all_cached_plan_answers_without_a_hop(
     first = await client.assemble()
     assert await client.assemble() == first
     assert (provider.asked, listener.invoked) == (1, 1)
-    session = sidecar.service.sessions.get(client.session_id)
+    session = sidecar.state.sessions.get(client.session_id)
     assert session.provide_requests == 1
 
 

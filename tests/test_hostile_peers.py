@@ -72,11 +72,11 @@ async def test_a_session_that_stops_reading_is_closed_before_its_outbox_outgrows
         for _ in range(100):  # each asks the session, which reads nothing
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await stub.Assemble(pb.AssembleRequest(context=context), timeout=0.2)
-            if not len(sidecar.service.sessions):
+            if not len(sidecar.state.sessions):
                 break
         reply = await stub.Assemble(pb.AssembleRequest(context=context), timeout=5)
         session.cancel()
-    assert len(sidecar.service.sessions) == 0
+    assert len(sidecar.state.sessions) == 0
     assert [s.name for s in reply.assembly.sections] == list(BUILTIN_SECTIONS)
     assert _stalled(sidecar, "session") == 1
 

@@ -159,7 +159,7 @@ async def test_one_connection_gets_at_most_max_sessions_per_peer_and_others_stil
         async with dsp.connect(sidecar.address) as agent:  # its own connection: admitted
             assert section_names(await agent.assemble(timeout=5))
         calls[0].cancel()
-        await _until(lambda: len(sidecar.service.sessions) == 3)
+        await _until(lambda: len(sidecar.state.sessions) == 3)
         calls.append(await open_raw_session(flood))  # a closed session frees its slot
         for call in calls:
             call.cancel()
@@ -188,7 +188,7 @@ async def test_python_clients_in_one_process_each_have_their_own_connection(
     sidecar = await make_sidecar(limits={"max_sessions_per_peer": 1})
     clients = [await dsp.connect(sidecar.address) for _ in range(3)]  # one peer each
     try:
-        assert len(sidecar.service.sessions) == 3
+        assert len(sidecar.state.sessions) == 3
     finally:
         for client in clients:
             await client.close()
@@ -210,7 +210,7 @@ async def test_a_client_name_over_the_name_limit_is_refused(small: Sidecar) -> N
         "VALUE_TOO_LARGE",
         "client name is 17 bytes, over the limit of 16",
     )
-    assert len(small.service.sessions) == 0
+    assert len(small.state.sessions) == 0
 
 
 async def test_an_assembly_scope_key_over_the_name_limit_is_refused(small: Sidecar) -> None:

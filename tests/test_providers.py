@@ -12,7 +12,7 @@ from helpers import ClientFactory, SidecarFactory, section_names, tool, tool_nam
 
 
 def provide_requests(sidecar: Sidecar, client: dsp.Client) -> int:
-    return sidecar.service.sessions.get(client.session_id).provide_requests
+    return sidecar.state.sessions.get(client.session_id).provide_requests
 
 
 async def test_assembly_context_reaches_every_kind_of_provider(client: dsp.Client) -> None:

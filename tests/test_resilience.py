@@ -255,13 +255,13 @@ async def test_a_replay_that_conflicts_retries_and_leaves_no_session_behind(
             event = await asyncio.wait_for(changes.next(), 20)
             made = isinstance(event, ChangeEvent) and event.action is Action.REGISTERED
             attempts += made and event.name == "mine"
-            sessions.append(len(after.service.sessions))
-        await eventually(lambda: len(after.service.sessions) == 0, "the failed attempt's end")
+            sessions.append(len(after.state.sessions))
+        await eventually(lambda: len(after.state.sessions) == 0, "the failed attempt's end")
         assert not client.connected and max(sessions) <= 1
         after.registry.dispose("another-owner", taken.id)
         await eventually(lambda: client.connected, "the replay succeeds", timeout=20)
         names = [entry.name for entry in after.registry.registrations(client.session_id)]
         assert names == ["mine", "shared"]
-        assert len(after.service.sessions) == 1
+        assert len(after.state.sessions) == 1
     finally:
         await client.close()

@@ -27,10 +27,8 @@ from aiohttp.typedefs import Middleware
 from yarl import URL
 
 from ..registry import Subscription
-from ..rpc.auth import read_token
-from ..rpc.service import SystemPromptService
-from ..sidecar.addresses import host_and_port
-from ..sidecar.config import SidecarConfig, is_loopback
+from ..rpc.addresses import is_loopback
+from ..rpc.state import ServerState
 from ..telemetry.logs import logger
 from . import views
 
@@ -59,6 +57,17 @@ SECURITY_HEADERS = {
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+@dataclass(frozen=True)
+class AdminOptions:
+    """Where and how the page serves, as the sidecar's config says."""
+
+    host: str
+    port: int  # 0 for any free port
+    token: str | None = None  # the sidecar's bearer token: every page asks for it
+    tls: ssl.SSLContext | None = None  # the sidecar's certificate, when it serves TLS
+    allow_remote: bool = False  # else only loopback Host names are served
+
+
 @dataclass
 class AdminServer:
     """The running admin page: where it listens, and how to stop it."""
@@ -74,21 +83,14 @@ class AdminServer:
         await self.runner.cleanup()
 
 
-async def start_admin(
-    service: SystemPromptService, config: SidecarConfig, grpc_address: str
-) -> AdminServer:
-    """Serve the admin page on `config.admin_listen`; OSError when it cannot listen."""
-    assert config.admin_listen is not None
-    host, port = host_and_port(config.admin_listen)
-    token = read_token(config.security.auth_token_file) if config.security.auth_token_file else None
-    tls = _tls(config)
+async def start_admin(state: ServerState, options: AdminOptions, grpc_address: str) -> AdminServer:
+    """Serve the admin page as `options` say; OSError when it cannot listen."""
+    host, token, tls = options.host, options.token, options.tls
     closing = asyncio.Event()
-    app = make_app(
-        service, grpc_address, token, config.admin_allow_remote, closing, tls is not None
-    )
+    app = make_app(state, grpc_address, token, options.allow_remote, closing, tls is not None)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=tls)
+    site = web.TCPSite(runner, host, options.port, ssl_context=tls)
     try:
         await site.start()
     except OSError:
@@ -102,7 +104,7 @@ async def start_admin(
 
 
 def make_app(
-    service: SystemPromptService,
+    state: ServerState,
     grpc_address: str,
     token: str | None,
     allow_remote: bool,
@@ -110,7 +112,7 @@ def make_app(
     secure: bool = False,
 ) -> web.Application:
     """The admin page's routes behind its guard (methods, Host, token)."""
-    pages = Pages(service, grpc_address, closing)
+    pages = Pages(state, grpc_address, closing)
     app = web.Application(middlewares=[_guard(token, allow_remote, secure)], client_max_size=1024)
     app.router.add_get("/", pages.home)
     for view in VIEWS:
@@ -210,10 +212,8 @@ async def _add_security_headers(request: web.Request, response: web.StreamRespon
 class Pages:
     """The page of each view, and its live stream of updates."""
 
-    def __init__(
-        self, service: SystemPromptService, grpc_address: str, closing: asyncio.Event
-    ) -> None:
-        self._service = service
+    def __init__(self, state: ServerState, grpc_address: str, closing: asyncio.Event) -> None:
+        self._state = state
         self._address = grpc_address
         self._closing = closing
         self._started = time.time()
@@ -245,7 +245,7 @@ class Pages:
             return web.Response(content_type="text/event-stream")
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         self._streams += 1
-        subscription = self._service.registry.changes.subscribe(SUBSCRIPTION_BUFFER)
+        subscription = self._state.registry.changes.subscribe(SUBSCRIPTION_BUFFER)
         changed = asyncio.Event()
         follower = asyncio.create_task(_follow(subscription, changed))
         try:
@@ -285,46 +285,46 @@ class Pages:
                 await asyncio.wait_for(changed.wait(), TICK_S)
 
     def _live(self, view: str, query: Any) -> Live:
-        service = self._service
+        state = self._state
         if view == "prompt":
-            watcher = views.PromptWatcher(service, _scope(service, query))
+            watcher = views.PromptWatcher(state, _scope(state, query))
 
             async def prompt() -> str:
                 return render("prompt.html", data=await watcher.view())
 
             return Live(watcher.version, prompt)
         if view == "cache":
-            key = views.cache_key(_scope(service, query), _bounded(service, query.get("key")))
+            key = views.cache_key(_scope(state, query), _bounded(state, query.get("key")))
 
             async def cache() -> str:
-                return render("cache.html", data=views.cache_view(service, key))
+                return render("cache.html", data=views.cache_view(state, key))
 
-            return Live(lambda: service.reports.version, cache)
+            return Live(lambda: state.reports.version, cache)
         if view == "sessions":
 
             async def sessions() -> str:
-                data = views.sessions_view(service, self._address, self._started)
+                data = views.sessions_view(state, self._address, self._started)
                 return render("sessions.html", data=data)
 
-            registry = service.registry
+            registry = state.registry
             return Live(
-                lambda: (registry.revision, len(service.sessions), service.reports.version),
+                lambda: (registry.revision, len(state.sessions), state.reports.version),
                 sessions,
             )
 
         async def scopes() -> str:
-            return render("scopes.html", data=views.scopes_view(service))
+            return render("scopes.html", data=views.scopes_view(state))
 
-        return Live(lambda: service.registry.revision, scopes)
+        return Live(lambda: state.registry.revision, scopes)
 
     def _controls(self, view: str, query: Any) -> dict[str, Any]:
         """The pickers above a view: which scope, which report key."""
-        service = self._service
+        state = self._state
         if view == "prompt":
-            scopes = ["", *sorted(service.registry.scope_keys())]
+            scopes = ["", *sorted(state.registry.scope_keys())]
             return {"scopes": scopes, "scope": query.get("scope", "")}
         if view == "cache":
-            keys = [(k.describe(), k.kind, k.name or "") for k in service.reports.history_keys()]
+            keys = [(k.describe(), k.kind, k.name or "") for k in state.reports.history_keys()]
             return {
                 "keys": keys[::-1],
                 "scope": query.get("scope", ""),
@@ -341,12 +341,12 @@ class Live:
     render: Callable[[], Awaitable[str]]
 
 
-def _scope(service: SystemPromptService, query: Any) -> str | None:
-    return _bounded(service, query.get("scope")) or None
+def _scope(state: ServerState, query: Any) -> str | None:
+    return _bounded(state, query.get("scope")) or None
 
 
-def _bounded(service: SystemPromptService, value: str | None) -> str | None:
-    limit = service.registry.limits.max_name_bytes
+def _bounded(state: ServerState, value: str | None) -> str | None:
+    limit = state.registry.limits.max_name_bytes
     if value is not None and len(value.encode()) > limit:
         raise web.HTTPBadRequest(text=f"a scope or report key is at most {limit} bytes\n")
     return value
@@ -367,16 +367,6 @@ async def _send(response: web.StreamResponse, data: bytes) -> None:
 def _event(html: str) -> bytes:
     data = "".join(f"data: {line}\n" for line in html.splitlines() or [""])
     return f"event: update\n{data}\n".encode()
-
-
-def _tls(config: SidecarConfig) -> ssl.SSLContext | None:
-    """The sidecar's certificate, when it serves TLS (browsers bring no client certificate)."""
-    security = config.security
-    if not security.tls_cert_file or not security.tls_key_file:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(security.tls_cert_file, security.tls_key_file)
-    return context
 
 
 _templates = jinja2.Environment(

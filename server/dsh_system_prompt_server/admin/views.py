@@ -30,7 +30,7 @@ from ..registry.limits import value_bytes
 from ..registry.model import ContextRegistration, ListenerRegistration, SectionRegistration
 from ..reports.history import Break, HistoryEntry, HistoryKey, KeyHistory
 from ..reports.report import PartPrint, Previous, Size, Stability, build_report
-from ..rpc.service import SystemPromptService
+from ..rpc.state import ServerState
 from .live_prompt import static_assembly
 
 GLOBAL_LABEL = "(global)"
@@ -78,10 +78,10 @@ class ScopesView:
     registration_count: int
 
 
-def scopes_view(service: SystemPromptService) -> ScopesView:
+def scopes_view(state: ServerState) -> ScopesView:
     """The scope tree, each scope with the registrations made in it."""
-    registry = service.registry
-    owners = owner_names(service)
+    registry = state.registry
+    owners = owner_names(state)
     entries = registry.registrations()
     by_scope: dict[str | None, list[RegistrationRow]] = {}
     handles: dict[str, list[str]] = {}
@@ -103,10 +103,10 @@ def scopes_view(service: SystemPromptService) -> ScopesView:
     return ScopesView(registry.revision, roots, len(keys), len(entries))
 
 
-def owner_names(service: SystemPromptService) -> dict[str, str]:
+def owner_names(state: ServerState) -> dict[str, str]:
     """Session id -> how the page names it: client name and tag."""
     names = {SIDECAR_OWNER: "sidecar (built-in)"}
-    for session in service.sessions.all():
+    for session in state.sessions.all():
         names[session.id] = f"{session.client_name or 'unnamed'} #{owner_label(session.id)}"
     return names
 
@@ -194,14 +194,14 @@ class PromptView:
 class PromptWatcher:
     """The prompt of one scope as it changes, each compared with the one before."""
 
-    def __init__(self, service: SystemPromptService, scope: str | None) -> None:
-        self._service = service
+    def __init__(self, state: ServerState, scope: str | None) -> None:
+        self._state = state
         self._scope = scope
         self._previous: Previous | None = None
         self._view: PromptView | None = None
 
     def version(self) -> int:
-        return self._service.registry.revision
+        return self._state.registry.revision
 
     async def view(self) -> PromptView:
         """The prompt now; the same view again while nothing changed."""
@@ -211,14 +211,14 @@ class PromptWatcher:
         return self._view
 
     async def _build(self) -> PromptView:
-        service, scope = self._service, self._scope
-        registry = service.registry
+        state, scope = self._state, self._scope
+        registry = state.registry
         view = PromptView(
             scope=scope, label=scope if scope is not None else GLOBAL_LABEL,
             chain=registry.scope_chain(scope),
             opened=scope is None or scope in registry.scope_keys(),
-            revision=registry.revision, layout=service.prefix_layout.value,
-            tokenizer=service.tokenizer.name if service.tokenizer else "",
+            revision=registry.revision, layout=state.prefix_layout.value,
+            tokenizer=state.tokenizer.name if state.tokenizer else "",
             listeners=[_listener_name(e) for e in registry.plan(scope).listeners],
         )  # fmt: skip
         try:
@@ -227,7 +227,7 @@ class PromptWatcher:
             return replace(view, error=error.message)
         assembly = static.assembly
         report, current = build_report(
-            assembly, service.tokenizer, service.prefix_layout, self._previous
+            assembly, state.tokenizer, state.prefix_layout, self._previous
         )
         verdict = None if self._previous is None else _verdict(report.stability)
         before = _fingerprints(self._previous)
@@ -371,9 +371,9 @@ def cache_key(scope: str | None, key: str | None) -> HistoryKey:
     return HistoryKey("scope", scope or None)
 
 
-def cache_view(service: SystemPromptService, key: HistoryKey) -> CacheView:
+def cache_view(state: ServerState, key: HistoryKey) -> CacheView:
     """The key's prefix-stability history: counts, recent reports, the last break."""
-    reports = service.reports
+    reports = state.reports
     kept, evicted = reports.get(key)
     history = kept or KeyHistory(None, deque())
     recent = list(history.recent)
@@ -483,11 +483,11 @@ class SessionsView:
     sessions: list[SessionRow]
 
 
-def sessions_view(service: SystemPromptService, address: str, started: float) -> SessionsView:
+def sessions_view(state: ServerState, address: str, started: float) -> SessionsView:
     """Connected clients with what they registered, and the figures an operator checks first."""
-    registry = service.registry
+    registry = state.registry
     rows = []
-    for session in service.sessions.all():
+    for session in state.sessions.all():
         entries = registry.registrations(session.id)
         counts = Counter(entry.kind.value for entry in entries)
         rows.append(
@@ -503,28 +503,28 @@ def sessions_view(service: SystemPromptService, address: str, started: float) ->
                 provide_requests=session.provide_requests,
             )
         )
-    count, total = _assemblies(service)
+    count, total = _assemblies(state)
     mean = f"{total / count * 1000:.2f} ms" if count else "none yet"
-    history = service.reports
+    history = state.reports
     kept = [history.get(key)[0] for key in history.history_keys()]
     breaks = sum(k.breaks for k in kept if k is not None)
     reports = sum(k.reports for k in kept if k is not None)
     health = [
-        ("status", "NOT_SERVING (draining)" if service.gate.draining else "SERVING"),
+        ("status", "NOT_SERVING (draining)" if state.gate.draining else "SERVING"),
         ("address", address),
         ("uptime", _duration(time.time() - started)),
         ("revision", str(registry.revision)),
-        ("sessions", str(len(service.sessions))),
+        ("sessions", str(len(state.sessions))),
         ("registrations", str(registry.registration_count())),
         ("scopes", str(len(registry.scope_keys()))),
         ("change watchers (live pages included)", str(registry.changes.subscriber_count())),
         ("assemblies", f"{count:,}"),
         ("mean assembly time", mean),
         ("cache reports (kept keys)", f"{reports:,}, {breaks:,} broke the prefix"),
-        ("tokenizer", service.tokenizer.name if service.tokenizer else "none (bytes only)"),
-        ("prefix layout", service.prefix_layout.value),
+        ("tokenizer", state.tokenizer.name if state.tokenizer else "none (bytes only)"),
+        ("prefix layout", state.prefix_layout.value),
     ]
-    return SessionsView(health, _failures(service), rows)
+    return SessionsView(health, _failures(state), rows)
 
 
 def _provider(entry: Registration[Any]) -> str:
@@ -533,10 +533,10 @@ def _provider(entry: Registration[Any]) -> str:
     return f"{entry.kind.value}{name} ({where})"
 
 
-def _assemblies(service: SystemPromptService) -> tuple[int, float]:
+def _assemblies(state: ServerState) -> tuple[int, float]:
     """How many Assemble calls were timed, and their total seconds."""
     count, total = 0, 0.0
-    for metric in service.metrics.assemble_seconds.collect():
+    for metric in state.metrics.assemble_seconds.collect():
         for sample in metric.samples:
             if sample.name.endswith("_count"):
                 count = int(sample.value)
@@ -545,9 +545,9 @@ def _assemblies(service: SystemPromptService) -> tuple[int, float]:
     return count, total
 
 
-def _failures(service: SystemPromptService) -> list[tuple[str, int]]:
+def _failures(state: ServerState) -> list[tuple[str, int]]:
     failures = []
-    for metric in service.metrics.assembly_failures.collect():
+    for metric in state.metrics.assembly_failures.collect():
         for sample in metric.samples:
             if sample.name.endswith("_total") and sample.value:
                 failures.append((sample.labels["reason"], int(sample.value)))

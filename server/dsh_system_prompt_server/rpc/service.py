@@ -17,7 +17,6 @@ from ..registry import (
     Assembly,
     Failure,
     Registration,
-    Registry,
     RegistryError,
     ServiceError,
     Status,
@@ -25,13 +24,10 @@ from ..registry import (
 )
 from ..registry.assembly import Plan
 from ..registry.callback_cache import context_key
-from ..reports.history import HistoryKey, ReportHistory
+from ..reports.history import HistoryKey
 from ..reports.report import build_report
-from ..reports.tokens import load_tokenizer
-from ..sidecar.config import SidecarConfig
 from ..telemetry.logs import logger
-from ..telemetry.metrics import ASSEMBLY_FAILURE_REASONS, Metrics
-from ..telemetry.tracing import Tracing
+from ..telemetry.metrics import ASSEMBLY_FAILURE_REASONS
 from .convert import (
     assemble_response,
     context_from_proto,
@@ -46,12 +42,9 @@ from .convert import (
     variable_from_proto,
 )
 from .gate import Gate
-from .response_cache import ResponseCache
+from .state import ServerState
 from .status import abort
-from .streams.listeners import Listeners
-from .streams.outbox import OutboxLimits
-from .streams.sessions import Session, Sessions
-from .streams.watches import Watches, WatchSettings
+from .streams.sessions import Session
 
 Reply = TypeVar("Reply")
 _log = logger("service")
@@ -80,45 +73,8 @@ class _Owned(Protocol):
 class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     """Translates the wire contract to registry calls; holds no semantics of its own."""
 
-    def __init__(
-        self,
-        registry: Registry,
-        config: SidecarConfig,
-        metrics: Metrics,
-        tracing: Tracing | None = None,
-    ) -> None:
-        self.registry = registry
-        limits = config.server_limits
-        outbox = OutboxLimits(limits.max_outbox_bytes, config.registry.provider_timeout_s)
-        self.sessions = Sessions(
-            registry, metrics, limits.max_sessions, limits.max_sessions_per_peer, outbox, tracing
-        )
-        self.listeners = Listeners(registry, self.sessions, metrics, outbox, tracing)
-        self.responses = ResponseCache()
-        self.gate = Gate()
-        self.metrics = metrics
-        self.tokenizer = load_tokenizer(config.tokenizer)
-        self.reports = ReportHistory(depth=config.report_history, max_keys=config.report_keys)
-        self.prefix_layout = config.prefix_layout
-        self._max_message_bytes = config.server_limits.max_message_bytes
-        self.watches = Watches(
-            registry, watch_settings(config), self.sessions.client_name, self.tokenizer
-        )
-        metrics.track(
-            sessions=lambda: len(self.sessions),
-            registrations=registry.registration_count,
-            watchers=registry.changes.subscriber_count,
-        )
-
-    def reconfigure(self, config: SidecarConfig) -> None:
-        """Take the reloaded live settings: quotas, the watch buffer, the report layout, and
-        the write timeout of streams opened from now on (`provider_timeout_s`)."""
-        limits = config.server_limits
-        self.sessions.set_limits(limits.max_sessions, limits.max_sessions_per_peer)
-        outbox = OutboxLimits(limits.max_outbox_bytes, config.registry.provider_timeout_s)
-        self.sessions.outbox_limits = self.listeners.outbox_limits = outbox
-        self.prefix_layout = config.prefix_layout
-        self.watches.reconfigure(watch_settings(config))
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
 
     # -- sessions ---------------------------------------------------------------------
 
@@ -127,7 +83,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def OpenSession(  # type: ignore[override]
         self, request_iterator: AsyncIterator[pb.OpenSessionRequest], context: Context
     ) -> None:
-        await self._stream(context, self.sessions.serve)
+        await self._stream(context, self._state.sessions.serve)
 
     # -- registrations ----------------------------------------------------------------
 
@@ -136,7 +92,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     ) -> pb.RegisterSectionResponse:
         def register(session: Session, handle: str | None) -> Registration[Any]:
             text = text_from_proto(request, session)
-            return self.registry.register_section(
+            return self._state.registry.register_section(
                 session.id, handle, request.name, request.order, text, request.complete
             )
 
@@ -147,7 +103,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     ) -> pb.RegisterContextResponse:
         def register(session: Session, handle: str | None) -> Registration[Any]:
             text = text_from_proto(request, session)
-            return self.registry.register_context(
+            return self._state.registry.register_context(
                 session.id, handle, request.name, request.order, text
             )
 
@@ -157,7 +113,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         self, request: pb.SuppressRuntimeContextRequest, context: Context
     ) -> pb.SuppressRuntimeContextResponse:
         def register(session: Session, handle: str | None) -> Registration[Any]:
-            return self.registry.suppress_runtime_context(session.id, handle)
+            return self._state.registry.suppress_runtime_context(session.id, handle)
 
         reply = pb.SuppressRuntimeContextResponse
         return await self._register(context, request, register, reply)
@@ -167,7 +123,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     ) -> pb.RegisterToolsResponse:
         def register(session: Session, handle: str | None) -> Registration[Any]:
             tools = tools_from_proto(request, session)
-            return self.registry.register_tools(session.id, handle, tools, request.name)
+            return self._state.registry.register_tools(session.id, handle, tools, request.name)
 
         return await self._register(context, request, register, pb.RegisterToolsResponse)
 
@@ -176,7 +132,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     ) -> pb.RegisterVariableResponse:
         def register(session: Session, handle: str | None) -> Registration[Any]:
             value = variable_from_proto(request, session)
-            return self.registry.register_variable(session.id, handle, request.name, value)
+            return self._state.registry.register_variable(session.id, handle, request.name, value)
 
         return await self._register(context, request, register, pb.RegisterVariableResponse)
 
@@ -184,26 +140,28 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         self, request: pb.OpenScopeRequest, context: Context
     ) -> pb.OpenScopeResponse:
         def open_scope() -> pb.OpenScopeResponse:
-            session = self.sessions.get(request.session_id)
-            handle = self.registry.open_scope(session.id, request.key, request.parent_key or None)
-            return pb.OpenScopeResponse(scope_id=handle.id, revision=self.registry.revision)
+            session = self._state.sessions.get(request.session_id)
+            handle = self._state.registry.open_scope(
+                session.id, request.key, request.parent_key or None
+            )
+            return pb.OpenScopeResponse(scope_id=handle.id, revision=self._state.registry.revision)
 
         return await self._unary(context, open_scope)
 
     async def Dispose(self, request: pb.DisposeRequest, context: Context) -> pb.DisposeResponse:
         def dispose() -> pb.DisposeResponse:
-            session = self.sessions.get(request.session_id)
-            self.registry.dispose(session.id, request.registration_id)
-            return pb.DisposeResponse(revision=self.registry.revision)
+            session = self._state.sessions.get(request.session_id)
+            self._state.registry.dispose(session.id, request.registration_id)
+            return pb.DisposeResponse(revision=self._state.registry.revision)
 
         return await self._unary(context, dispose)
 
     async def Update(self, request: pb.UpdateRequest, context: Context) -> pb.UpdateResponse:
         def update() -> pb.UpdateResponse:
-            session = self.sessions.get(request.session_id)
+            session = self._state.sessions.get(request.session_id)
             value = update_value_from_proto(request)
-            self.registry.update(session.id, request.registration_id, value)
-            return pb.UpdateResponse(revision=self.registry.revision)
+            self._state.registry.update(session.id, request.registration_id, value)
+            return pb.UpdateResponse(revision=self._state.registry.revision)
 
         return await self._unary(context, update)
 
@@ -212,30 +170,32 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     # Answers the response's encoding: handlers.passthrough sends it as is.
     async def Assemble(self, request: pb.AssembleRequest, context: Context) -> bytes:  # type: ignore[override]
         try:
-            with self.gate.call(), self.metrics.assemble_seconds.time():
+            with self._state.gate.call(), self._state.metrics.assemble_seconds.time():
                 return await self._assemble(request, context)
         except Failure as error:
             if error.reason in ASSEMBLY_FAILURE_REASONS:
-                self.metrics.assembly_failures.labels(error.reason).inc()
+                self._state.metrics.assembly_failures.labels(error.reason).inc()
             await abort(context, error)
 
     async def _assemble(self, request: pb.AssembleRequest, context: Context) -> bytes:
         assemble_context = context_from_proto(request.context)
-        plan = self.registry.plan(assemble_context.scope)
+        plan = self._state.registry.plan(assemble_context.scope)
         key = None if request.report else self._response_key(plan, assemble_context, request)
-        cached = None if key is None else self.responses.get(key)
+        cached = None if key is None else self._state.responses.get(key)
         if cached is not None:
             return cached  # a static (or all-cached) plan's response, encoded once
         remaining = context.time_remaining()
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
-        assembly = await self.registry.run(plan, assemble_context, deadline, track=request.report)
+        assembly = await self._state.registry.run(
+            plan, assemble_context, deadline, track=request.report
+        )
         # before rendering: a report names a failing part, never fails
         report = self._report(request, plan, assembly) if request.report else None
         rendered = _rendered(assembly) if request.render else None
         response = assemble_response(assembly, plan.revision, rendered, report, plan.is_static)
         self._check_sendable(len(response), report is not None)
         if key is not None:
-            self.responses.put(key, response)
+            self._state.responses.put(key, response)
         return response
 
     def _response_key(
@@ -251,12 +211,12 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         policy = plan.policy
         if policy is None or policy.ttl_s is not None:
             return None
-        generation = self.registry.callbacks.generation
+        generation = self._state.registry.callbacks.generation
         return (plan.scope, plan.revision, request.render, generation, context_key(policy, context))
 
     def _check_sendable(self, size: int, with_report: bool) -> None:
         """Fail with a reason here rather than let gRPC refuse to send it without one."""
-        limit = self._max_message_bytes
+        limit = self._state.max_message_bytes
         if size > limit:
             what = "assembly, with its report," if with_report else "assembly"
             raise ServiceError(
@@ -271,22 +231,24 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     ) -> pb.AssemblyReport:
         key = self._history_key(request.context.scope, request.report_key)
         revision = plan.revision
-        layout = layout_from_proto(request.prefix_layout, self.prefix_layout)
-        previous, evicted = self.reports.previous(key)
-        report, current = build_report(assembly, self.tokenizer, layout, previous, evicted)
-        remembered = self.reports.remember(key, report, current, revision)
+        layout = layout_from_proto(request.prefix_layout, self._state.prefix_layout)
+        previous, evicted = self._state.reports.previous(key)
+        report, current = build_report(assembly, self._state.tokenizer, layout, previous, evicted)
+        remembered = self._state.reports.remember(key, report, current, revision)
         for forgotten, breakers in remembered.forgotten_keys:
-            self.metrics.forget_key(forgotten.labels(), breakers)
+            self._state.metrics.forget_key(forgotten.labels(), breakers)
         for part in remembered.forgotten_breakers:
-            self.metrics.forget_breaker(key.labels(), part)
+            self._state.metrics.forget_breaker(key.labels(), part)
         stability = report.stability
         entry = remembered.entry
         breaker = stability.first_changed if entry.broke else ""
         recomputed = stability.recomputed
-        self.metrics.cache_reported(key.labels(), recomputed.tokens, recomputed.bytes, breaker)
+        self._state.metrics.cache_reported(
+            key.labels(), recomputed.tokens, recomputed.bytes, breaker
+        )
         if key.kind == "scope" and stability.has_previous and stability.prefix.bytes:
             ratio = stability.stable_bytes / stability.prefix.bytes
-            self.metrics.prefix_stable(key.name, ratio)
+            self._state.metrics.prefix_stable(key.name, ratio)
         return report_to_proto(report, key)
 
     async def ReportUsage(
@@ -295,7 +257,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         def observe() -> pb.ReportUsageResponse:
             key = self._history_key(request.scope, request.report_key)
             prompt = request.prompt_tokens if request.HasField("prompt_tokens") else None
-            entry = self.reports.observe(key, request.cached_tokens, prompt)
+            entry = self._state.reports.observe(key, request.cached_tokens, prompt)
             if entry is None:
                 raise ServiceError(
                     Status.NOT_FOUND,
@@ -305,7 +267,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
                 )
             if entry.stable_tokens:
                 ratio = request.cached_tokens / entry.stable_tokens
-                self.metrics.cache_observed(key.labels(), ratio)
+                self._state.metrics.cache_observed(key.labels(), ratio)
             return pb.ReportUsageResponse(entry=history_entry_to_proto(entry))
 
         return await self._unary(context, observe)
@@ -315,14 +277,14 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     ) -> pb.GetCacheHistoryResponse:
         def history() -> pb.GetCacheHistoryResponse:
             key = self._history_key(request.scope, request.report_key)
-            kept, evicted = self.reports.get(key)
+            kept, evicted = self._state.reports.get(key)
             return pb.GetCacheHistoryResponse(history=history_to_proto(key, kept, evicted))
 
         return await self._unary(context, history)
 
     def _history_key(self, scope: str, report_key: str) -> HistoryKey:
-        self.registry.limits.check_name("report key", report_key)
-        self.registry.limits.check_name("scope", scope)
+        self._state.registry.limits.check_name("report key", report_key)
+        self._state.registry.limits.check_name("scope", scope)
         return history_key_from_proto(scope, report_key)
 
     # -- change events ----------------------------------------------------------------
@@ -333,15 +295,15 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     ) -> None:
         peer = context.peer()
         subscription = await self._unary(
-            context, lambda: self._open_watch(peer, lambda: self.watches.subscribe(request))
+            context, lambda: self._open_watch(peer, lambda: self._state.watches.subscribe(request))
         )
-        changes = self.watches.changes(subscription, request.features)
+        changes = self._state.watches.changes(subscription, request.features)
         await self._serve_watch(context, peer, subscription, changes)
 
     async def ListRegistrations(
         self, request: pb.ListRegistrationsRequest, context: Context
     ) -> AsyncIterator[pb.ListRegistrationsResponse]:
-        for batch in await self._unary(context, lambda: self.watches.listing(request)):
+        for batch in await self._unary(context, lambda: self._state.watches.listing(request)):
             yield batch
 
     # Reader/writer API, as WatchChanges.
@@ -350,19 +312,20 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     ) -> None:
         peer = context.peer()
         watch, subscription = await self._unary(
-            context, lambda: self._open_watch(peer, lambda: self.watches.prompt_watch(request))
+            context,
+            lambda: self._open_watch(peer, lambda: self._state.watches.prompt_watch(request)),
         )
-        prompts = self.watches.prompts(watch, subscription)
+        prompts = self._state.watches.prompts(watch, subscription)
         await self._serve_watch(context, peer, subscription, prompts)
 
     def _open_watch(self, peer: str, start: Callable[[], Opened]) -> Opened:
         """Admit one more watch of `peer` and start it; nothing is held if it fails."""
-        self.gate.check()
-        self.watches.admit(peer)
+        self._state.gate.check()
+        self._state.watches.admit(peer)
         try:
             return start()
         except BaseException:
-            self.watches.release(peer)
+            self._state.watches.release(peer)
             raise
 
     async def _serve_watch(
@@ -380,10 +343,10 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
                         break
         finally:
             subscription.close()
-            self.watches.release(peer)
-        timeout = self.registry.settings.provider_timeout_s
+            self._state.watches.release(peer)
+        timeout = self._state.registry.settings.provider_timeout_s
         _log.warning("closed a watcher that did not read an event within %gs", timeout)
-        self.metrics.peer_stalled("watcher")
+        self._state.metrics.peer_stalled("watcher")
         stalled = f"the watcher was closed: it did not read an event within {timeout:g}s"
         await abort(
             context, ServiceError(Status.RESOURCE_EXHAUSTED, Reason.STREAM_STALLED, stalled)
@@ -392,7 +355,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def _written(self, context: Context, message: Message) -> bool:
         """Write `message`; False when the peer does not take it within provider_timeout_s."""
         try:
-            async with asyncio.timeout(self.registry.settings.provider_timeout_s):
+            async with asyncio.timeout(self._state.registry.settings.provider_timeout_s):
                 await context.write(message)
         except TimeoutError:
             return False
@@ -404,7 +367,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def Listen(  # type: ignore[override]
         self, request_iterator: AsyncIterator[pb.ListenRequest], context: Context
     ) -> None:
-        await self._stream(context, self.listeners.serve)
+        await self._stream(context, self._state.listeners.serve)
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -418,9 +381,9 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         """Run one registration for the request's session and scope handle."""
 
         def run() -> Reply:
-            session = self.sessions.get(request.session_id)
+            session = self._state.sessions.get(request.session_id)
             entry = register(session, _handle(request.scope_id))
-            return reply(registration_id=entry.id, revision=self.registry.revision)
+            return reply(registration_id=entry.id, revision=self._state.registry.revision)
 
         return await self._unary(context, run)
 
@@ -429,28 +392,16 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     ) -> None:
         """Serve a bidi stream with its broker; a refusal before it starts is its status."""
         try:
-            await serve(context, self.gate)
+            await serve(context, self._state.gate)
         except Failure as error:
             await abort(context, error)
 
     async def _unary(self, context: Context, action: Callable[[], Reply]) -> Reply:
         try:
-            with self.gate.call():
+            with self._state.gate.call():
                 return action()
         except Failure as error:
             await abort(context, error)
-
-
-def watch_settings(config: SidecarConfig) -> WatchSettings:
-    """The watches' part of the config."""
-    return WatchSettings(
-        buffer=config.watch_buffer,
-        max_watchers=config.server_limits.max_watchers,
-        max_per_peer=config.server_limits.max_watchers_per_peer,
-        coalesce_s=config.prompt_coalesce_s,
-        change_coalesce_s=config.watch_coalesce_s,
-        layout=config.prefix_layout,
-    )
 
 
 def _rendered(assembly: Assembly) -> pb.RenderedPrompt:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,15 +14,24 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from ..admin import AdminServer, start_admin
+from ..admin import AdminOptions, AdminServer, start_admin
 from ..registry import Registry
+from ..rpc.addresses import (
+    UNIX_PREFIX,
+    bind_failure,
+    check_listen,
+    claim_unix_socket,
+    host_and_port,
+)
 from ..rpc.auth import BearerTokenInterceptor, read_token
 from ..rpc.handlers import add_service
 from ..rpc.service import SystemPromptService
+from ..rpc.state import ServerState, StateSettings
+from ..rpc.streams.outbox import OutboxLimits
+from ..rpc.streams.watches import WatchSettings
 from ..telemetry.logs import logger
 from ..telemetry.metrics import Metrics
 from ..telemetry.tracing import Tracing
-from .addresses import UNIX_PREFIX, bind_failure, check_listen, claim_unix_socket, host_and_port
 from .config import ConfigError, SidecarConfig
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SystemPromptService"].full_name
@@ -31,10 +41,10 @@ _log = logger("app")
 
 @dataclass
 class Sidecar:
-    """A running sidecar: its server, registry and bound address."""
+    """A running sidecar: its server, what it serves from, and its bound address."""
 
     server: grpc.aio.Server
-    service: SystemPromptService
+    state: ServerState
     health: health_aio.HealthServicer
     metrics: Metrics
     address: str
@@ -44,14 +54,14 @@ class Sidecar:
 
     @property
     def registry(self) -> Registry:
-        return self.service.registry
+        return self.state.registry
 
     async def drain(self) -> None:
         """SIGTERM behaviour: NOT_SERVING, refuse new calls, let in-flight ones
         finish within the grace period, then end every session and stop."""
         await self.health.enter_graceful_shutdown()
-        self.service.gate.close()
-        finished = await self.service.gate.wait_idle(self.config.shutdown_grace_s)
+        self.state.gate.close()
+        finished = await self.state.gate.wait_idle(self.config.shutdown_grace_s)
         if not finished:
             _log.warning("calls still in flight after %ss: cancelled", self.config.shutdown_grace_s)
         await self.server.stop(grace=None)
@@ -78,8 +88,8 @@ async def start_sidecar(
         interceptors.append(BearerTokenInterceptor(read_token(config.security.auth_token_file)))
     server = grpc.aio.server(interceptors=interceptors, options=server_options(config))
     metrics = Metrics(key_labels=config.metrics_key_labels)
-    service = SystemPromptService(Registry(config.registry), config, metrics, tracing)
-    add_service(service, server)
+    state = ServerState(Registry(config.registry), state_settings(config), metrics, tracing)
+    add_service(SystemPromptService(state), server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if reflection_enabled(config, listen):
@@ -89,13 +99,16 @@ async def start_sidecar(
     if config.metrics_listen:
         _serve_metrics(metrics, config.metrics_listen)
     address = bound_address(listen, port)
-    admin = await _serve_admin(service, config, address) if config.admin_listen else None
+    admin = await _serve_admin(state, config, address) if config.admin_listen else None
     await server.start()
     for name in ("", SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     _log.info("serving on %s (tls=%s, auth=%s, tracing=%s)", address,
               bool(config.security.tls_cert_file), auth, tracing is not None)  # fmt: skip
-    return Sidecar(server, service, health, metrics, address, config, tracing, admin)
+    return Sidecar(
+        server=server, state=state, health=health, metrics=metrics, address=address,
+        config=config, tracing=tracing, admin=admin,
+    )  # fmt: skip
 
 
 def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None) -> int:
@@ -119,11 +132,56 @@ def _serve_metrics(metrics: Metrics, listen: str) -> None:
         raise ConfigError(f"config key 'metrics_listen': cannot serve on {listen}: {why}") from None
 
 
-async def _serve_admin(
-    service: SystemPromptService, config: SidecarConfig, address: str
-) -> AdminServer:
+def state_settings(config: SidecarConfig) -> StateSettings:
+    """The served state's part of the config."""
+    limits = config.server_limits
+    return StateSettings(
+        outbox=OutboxLimits(limits.max_outbox_bytes, config.registry.provider_timeout_s),
+        max_sessions=limits.max_sessions,
+        max_sessions_per_peer=limits.max_sessions_per_peer,
+        watches=WatchSettings(
+            buffer=config.watch_buffer,
+            max_watchers=limits.max_watchers,
+            max_per_peer=limits.max_watchers_per_peer,
+            coalesce_s=config.prompt_coalesce_s,
+            change_coalesce_s=config.watch_coalesce_s,
+            layout=config.prefix_layout,
+        ),
+        prefix_layout=config.prefix_layout,
+        max_message_bytes=limits.max_message_bytes,
+        tokenizer=config.tokenizer,
+        report_depth=config.report_history,
+        report_keys=config.report_keys,
+    )
+
+
+def admin_options(config: SidecarConfig) -> AdminOptions:
+    """The admin page's part of the config (`admin_listen` is set)."""
+    assert config.admin_listen is not None
+    host, port = host_and_port(config.admin_listen)
+    token_file = config.security.auth_token_file
+    return AdminOptions(
+        host=host,
+        port=port,
+        token=read_token(token_file) if token_file else None,
+        tls=_admin_tls(config),
+        allow_remote=config.admin_allow_remote,
+    )
+
+
+def _admin_tls(config: SidecarConfig) -> ssl.SSLContext | None:
+    """The sidecar's certificate, when it serves TLS (browsers bring no client certificate)."""
+    security = config.security
+    if not security.tls_cert_file or not security.tls_key_file:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(security.tls_cert_file, security.tls_key_file)
+    return context
+
+
+async def _serve_admin(state: ServerState, config: SidecarConfig, address: str) -> AdminServer:
     try:
-        return await start_admin(service, config, address)
+        return await start_admin(state, admin_options(config), address)
     except OSError as error:
         why = "address in use" if error.errno == errno.EADDRINUSE else error.strerror or error
         raise ConfigError(

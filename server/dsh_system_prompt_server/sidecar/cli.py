@@ -13,9 +13,9 @@ from dsh_system_prompt_core import package_version
 
 from ..reports.report import Layout
 from ..reports.tokens import TOKENIZERS
+from ..rpc.addresses import AddressError, check_listen
 from ..telemetry.logs import configure_logging, logger
 from ..telemetry.tracing import tracing_from_env
-from .addresses import AddressError, check_listen
 from .app import start_sidecar
 from .commands import add_connection_options, run
 from .config import LOG_LEVELS, ConfigError, SidecarConfig, load_config, with_overrides

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import ssl
 import tomllib
@@ -16,7 +15,7 @@ from dsh_system_prompt_core import PERSONA_SECTION, RenderFailure, check_templat
 from ..registry import Limits, RegistryError, RegistrySettings, validate_tool_order
 from ..reports.report import DEFAULT_LAYOUT, Layout
 from ..reports.tokens import TOKENIZERS
-from .addresses import AddressError, host_and_port
+from ..rpc.addresses import AddressError, host_and_port, is_loopback
 
 T = TypeVar("T")
 LogFormat = Literal["text", "json"]
@@ -227,16 +226,6 @@ def _check_admin(config: SidecarConfig) -> None:
             "config key 'admin_allow_remote' needs 'auth_token_file': a page reachable from"
             " other hosts must ask for the token"
         )
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` (a name or an IP address, without brackets) is this host only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _check_security(security: Security) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..registry import Limits
 from ..registry.registry import settings_keys
 from ..telemetry.logs import LOGGER_NAME, logger
-from .app import Sidecar
+from .app import Sidecar, state_settings
 from .config import ConfigError, ServerLimits, SidecarConfig
 
 _log = logger("reload")
@@ -81,7 +81,7 @@ def apply(sidecar: Sidecar, new: SidecarConfig, loaded: SidecarConfig) -> Reload
     )  # fmt: skip
     sidecar.config = live
     sidecar.registry.reconfigure(live.registry)
-    sidecar.service.reconfigure(live)
+    sidecar.state.reconfigure(state_settings(live))
     logging.getLogger(LOGGER_NAME).setLevel(live.log_level.upper())
     return Reloaded(
         applied=[key for key in changed if key in LIVE_KEYS],

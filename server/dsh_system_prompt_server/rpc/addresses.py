@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import ipaddress
 import os
 import socket
 import stat
@@ -84,3 +85,13 @@ def bind_failure(address: str) -> OSError:
                 return AddressInUse()
             return OSError(error.strerror or str(error))
     return OSError("cannot bind")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an IP address, without brackets) is this host only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

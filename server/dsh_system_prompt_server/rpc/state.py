@@ -1,0 +1,83 @@
+"""What the sidecar serves from, built once: both faces (the servicer, the admin page) take it.
+
+The servicer acts on it, the admin page only reads it; neither builds any of it. The
+sidecar makes it from its config (`StateSettings`) and a reload reconfigures it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..registry import Registry
+from ..reports.history import ReportHistory
+from ..reports.report import Layout
+from ..reports.tokens import load_tokenizer
+from ..telemetry.metrics import Metrics
+from ..telemetry.tracing import Tracing
+from .gate import Gate
+from .response_cache import ResponseCache
+from .streams.listeners import Listeners
+from .streams.outbox import OutboxLimits
+from .streams.sessions import Sessions
+from .streams.watches import Watches, WatchSettings
+
+
+@dataclass(frozen=True)
+class StateSettings:
+    """The config of the served state; a reload changes the live ones (see `reconfigure`)."""
+
+    outbox: OutboxLimits  # of streams opened from now on (live)
+    max_sessions: int  # live
+    max_sessions_per_peer: int  # live
+    watches: WatchSettings  # live
+    prefix_layout: Layout  # the reports' default layout (live)
+    max_message_bytes: int  # the largest message the sidecar sends
+    tokenizer: str | None  # for token counts in reports; None: bytes only
+    report_depth: int  # recent reports kept per history key
+    report_keys: int  # history keys kept
+
+
+class ServerState:
+    """The registry and everything served beside it: sessions, listeners, watches, the
+    report history and its tokenizer, the encoded responses, the drain gate, the metrics."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        settings: StateSettings,
+        metrics: Metrics,
+        tracing: Tracing | None = None,
+    ) -> None:
+        self.registry = registry
+        self.metrics = metrics
+        self.sessions = Sessions(
+            registry,
+            metrics,
+            settings.max_sessions,
+            settings.max_sessions_per_peer,
+            settings.outbox,
+            tracing,
+        )
+        self.listeners = Listeners(registry, self.sessions, metrics, settings.outbox, tracing)
+        self.tokenizer = load_tokenizer(settings.tokenizer)
+        self.reports = ReportHistory(depth=settings.report_depth, max_keys=settings.report_keys)
+        self.watches = Watches(
+            registry, settings.watches, self.sessions.client_name, self.tokenizer
+        )
+        self.responses = ResponseCache()
+        self.gate = Gate()
+        self.prefix_layout = settings.prefix_layout
+        self.max_message_bytes = settings.max_message_bytes
+        metrics.track(
+            sessions=lambda: len(self.sessions),
+            registrations=registry.registration_count,
+            watchers=registry.changes.subscriber_count,
+        )
+
+    def reconfigure(self, settings: StateSettings) -> None:
+        """Take the reloaded live settings: quotas, the watch buffer, the report layout, and
+        the outbox (its write timeout is `provider_timeout_s`) of streams opened from now on."""
+        self.sessions.set_limits(settings.max_sessions, settings.max_sessions_per_peer)
+        self.sessions.outbox_limits = self.listeners.outbox_limits = settings.outbox
+        self.prefix_layout = settings.prefix_layout
+        self.watches.reconfigure(settings.watches)
