@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"reflect"
 	"testing"
 	"time"
@@ -286,4 +287,23 @@ func TestAssemblyEqualsByValue(t *testing.T) {
 
 func contains(text, part string) bool {
 	return len(part) == 0 || (len(text) >= len(part) && (text[:len(part)] == part || contains(text[1:], part)))
+}
+
+func TestAUnixSocketAddressAndAStaticToolUpdate(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sidecar.sock")
+	startSidecar(t, nil, "--listen", "unix:"+path)
+	client := connect(t, &sidecar{address: "unix:" + path})
+	tools := must[*dsp.Handle[dsp.ToolProviderResult]](t)(client.Tools(bg, dsp.ToolProviderResult{
+		Schemas: []dsp.ToolSchema{{Name: "old", Parameters: []byte(`{}`)}},
+	}))
+	must[uint64](t)(tools.Update(bg, dsp.ToolProviderResult{Schemas: []dsp.ToolSchema{{Name: "new", Parameters: []byte(`{"a":1}`)}}}))
+	assembly := must[*dsp.Assembly](t)(client.Assemble(bg))
+	equal(t, toolNames(assembly), []string{"new"})
+	if string(assembly.Tools[0].Parameters) != `{"a":1}` {
+		t.Fatalf("the updated schema: %s", assembly.Tools[0].Parameters)
+	}
+	_, err := tools.Update(bg, dsp.ToolProviderResult{Schemas: []dsp.ToolSchema{{Name: "bad", Parameters: []byte(`{`)}}})
+	if failure(t, err).Reason != dsp.ReasonInvalidValue {
+		t.Fatalf("parameters that are not JSON are refused before sending: %v", err)
+	}
 }

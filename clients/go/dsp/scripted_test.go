@@ -734,3 +734,23 @@ func TestAClientClosedWhileItsChangeStreamResumesEndsTheStream(t *testing.T) {
 	}
 	nothingLeft(t, s)
 }
+
+func TestAProvideCallOfAKindThisClientDoesNotKnowIsAnsweredWithAnError(t *testing.T) {
+	s := &script{sessions: make(chan *scriptedSession, 4)}
+	client := connectScripted(t, serveScript(t, s))
+	session := <-s.sessions
+	var key string
+	s.register = func(_ context.Context, r *pb.RegisterSectionRequest) (*pb.RegisterSectionResponse, error) {
+		key = r.GetDynamic().GetProviderKey()
+		return &pb.RegisterSectionResponse{RegistrationId: "r"}, nil
+	}
+	must[*dsp.Handle[string]](t)(client.SectionFunc(bg, "d", 1, func(context.Context, dsp.AssembleContext) (string, error) {
+		return "D.", nil
+	}))
+	request := provide(1, "", key)
+	request.GetProvide().Calls[0].Kind = pb.ProviderKind(99) // a newer sidecar's kind
+	session.send(t, request)
+	if answer := session.provided(t, 5*time.Second); answer.GetValues()[0].GetError() == nil {
+		t.Fatalf("an unknown kind: %v", answer)
+	}
+}

@@ -85,8 +85,12 @@ func restartable(t *testing.T) (*sidecar, func()) {
 	s := startSidecar(t, nil)
 	address := s.address
 	return s, func() {
+		began := time.Now()
 		s.stop()
+		t.Logf("stop took %s", time.Since(began))
+		began = time.Now()
 		s = restartAt(t, address, nil)
+		t.Logf("start took %s", time.Since(began))
 	}
 }
 
