@@ -27,7 +27,7 @@ from .model import (
     Tool,
     ToolSet,
 )
-from .origins import Origin, OriginKind, Origins, Step, Trace
+from .provenance import Origin, OriginKind, Origins, Step, Trace
 from .registry import (
     Registry,
     RegistrySettings,

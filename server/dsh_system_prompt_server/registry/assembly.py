@@ -31,7 +31,8 @@ from .model import (
     ToolsRegistration,
     VariableRegistration,
 )
-from .origins import Origins, Trace, entry_origin, record_changes
+from .origins import entry_origin, record_changes, snapshot
+from .provenance import Origins, Trace
 from .tool_order import check_known, order_tools
 
 # Seconds left to answer, or None without a limit; asked anew at every call.
@@ -155,8 +156,8 @@ async def _run(
     trace = None
     if origins is not None:
         origins.update(_registered_origins(plan, values))
-        trace = Trace(tuple(plan.chain))
-        trace.record("", assembly)
+        trace = Trace(chain=tuple(plan.chain))
+        trace.record("", snapshot(assembly))
     result = await _waterfall(plan.listeners, assembly, context, timeout, origins, trace, cached)
     if complete is not None:
         result.sections = [Part(complete.name, _text(complete, values))]
@@ -361,7 +362,7 @@ async def _waterfall(
             if origins is not None:  # what the listener changed before next()
                 record_changes(origins, current, handed, listener.name)
             if trace is not None:
-                trace.record(listener.name, handed)
+                trace.record(listener.name, snapshot(handed))
             # The rest runs in a task of its own: awaiting a task does not nest coroutine
             # frames, so the stack stays flat however many listeners call next().
             returned = await asyncio.ensure_future(step(index + 1, handed))
@@ -372,7 +373,7 @@ async def _waterfall(
         if origins is not None:  # what it changed after next(), or instead of it
             record_changes(origins, from_next[0] if from_next else current, result, listener.name)
         if trace is not None:
-            trace.record(listener.name, result)
+            trace.record(listener.name, snapshot(result))
         return result
 
     async def cached_tail(index: int, given: Assembly, cached: _Cached) -> Assembly:

@@ -10,10 +10,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from .origins import Origin, Trace
+from .provenance import Origins, Trace
 
 # No session id is empty, so no session can dispose the sidecar's built-ins.
 SIDECAR_OWNER = ""
@@ -63,7 +62,7 @@ class Assembly:
     contexts: list[Part]
     tools: list[Tool]
     variables: dict[str, str | None]
-    origins: dict[tuple[str, str], Origin] | None = None
+    origins: Origins | None = None
     trace: Trace | None = None
 
 

@@ -1,0 +1,72 @@
+"""Provenance values: where each part of an assembly came from, and the steps it went through.
+
+A leaf: it imports nothing of the registry, so `model` (whose `Assembly` holds
+these) and `origins` (which records them) both import it, not each other.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class OriginKind(enum.Enum):
+    BUILTIN = "builtin"
+    GLOBAL = "global"
+    SCOPE = "scope"
+    LISTENER = "listener"
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """A part's origin: the built-ins, the global layer, a scope on the chain, or a listener."""
+
+    kind: OriginKind
+    scope: str | None = None
+    depth: int = 0  # for SCOPE: 0 is the assembly's own scope, 1 its parent, ...
+    listener: str = ""
+    for_scope: str | None = None  # the assembly's scope, for the description
+
+    def describe(self) -> str:
+        if self.kind is OriginKind.BUILTIN:
+            return "built-in"
+        if self.kind is OriginKind.GLOBAL:
+            return "global"
+        if self.kind is OriginKind.LISTENER:
+            return f'listener "{self.listener}"'
+        if self.depth == 0:
+            return f'scope "{self.scope}"'
+        return f'scope "{self.scope}" (ancestor of "{self.for_scope}")'
+
+
+# Each part -> where it came from; kinds: section, context, tool, variable.
+Origins = dict[tuple[str, str], Origin]
+
+# Each part -> a hash of its value at one step; kinds: section, tool, variable.
+Values = dict[tuple[str, str], int]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The prefix-relevant values after one step of an assembly.
+
+    The first step (`listener` "") is what the registrations and providers
+    gave; each later one is what a listener handed on or returned, in the
+    order the data flowed (a listener appears twice when it works both
+    before and after calling next()).
+    """
+
+    listener: str
+    values: Values
+
+
+@dataclass(slots=True)
+class Trace:
+    """An assembly's scope chain and the steps its parts went through."""
+
+    chain: tuple[str, ...]
+    steps: list[Step] = field(default_factory=list)
+
+    def record(self, listener: str, values: Values) -> None:
+        """Add the step `listener` made, with the values it left (origins.snapshot)."""
+        self.steps.append(Step(listener=listener, values=values))
