@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..registry import AssembleContext, Assembly, Kind, Registry, ToolSet
+from ..registry import AssembleContext, Assembly, Kind, PartKey, PartKind, Registry, ToolSet
 from ..registry.assembly import Plan
 from ..rpc.streams.prompt_watch import placeholder, static_view
 
@@ -20,7 +20,7 @@ class StaticPrompt:
 
     assembly: Assembly
     revision: int
-    placeholders: frozenset[tuple[str, str]]  # (section|context|tool, name) of dynamic parts
+    placeholders: frozenset[PartKey]  # the dynamic parts (sections, contexts, tools)
 
 
 async def static_assembly(registry: Registry, scope: str | None) -> StaticPrompt:
@@ -34,13 +34,13 @@ async def static_assembly(registry: Registry, scope: str | None) -> StaticPrompt
     return StaticPrompt(assembly, plan.revision, frozenset(_placeholders(plan, tool_order)))
 
 
-def _placeholders(plan: Plan, tool_order: Sequence[str] | None) -> list[tuple[str, str]]:
+def _placeholders(plan: Plan, tool_order: Sequence[str] | None) -> list[PartKey]:
     """(kind, name) of every part a placeholder stands for (a tool's name is its label)."""
-    named = {Kind.SECTION: "section", Kind.CONTEXT: "context"}
+    named = {Kind.SECTION: PartKind.SECTION, Kind.CONTEXT: PartKind.CONTEXT}
     keys = []
     for entry, _ in plan.dynamic:
         if entry.kind in named:
             keys.append((named[entry.kind], entry.name))
         elif isinstance(tools := placeholder(entry, tool_order), ToolSet):
-            keys.extend(("tool", tool.name) for tool in tools.schemas)
+            keys.extend((PartKind.TOOL, tool.name) for tool in tools.schemas)
     return keys

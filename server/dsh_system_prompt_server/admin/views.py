@@ -21,6 +21,8 @@ from ..registry import (
     Kind,
     Origin,
     OriginKind,
+    PartKey,
+    PartKind,
     Registration,
     RegistryError,
     ToolSet,
@@ -259,34 +261,32 @@ def _listener_name(entry: ListenerRegistration) -> str:
     return f'listener "{entry.name}" ({where})' if entry.name else f"listener ({where})"
 
 
-def _fingerprints(previous: Previous | None) -> dict[tuple[str, str], str] | None:
+def _fingerprints(previous: Previous | None) -> dict[PartKey, str] | None:
     """Each part's fingerprint in the previous prompt (None before the first)."""
     if previous is None:
         return None
     prints = {part.key: part.fingerprint for part in previous.parts}
-    prints.update({("context", name): print_ for name, print_ in previous.contexts.items()})
+    prints.update({(PartKind.CONTEXT, name): print_ for name, print_ in previous.contexts.items()})
     return prints
 
 
-def _change(
-    part: PartPrint, stable: set[tuple[str, str]], before: dict[tuple[str, str], str]
-) -> str:
+def _change(part: PartPrint, stable: set[PartKey], before: dict[PartKey, str]) -> str:
     """What happened to a part since the previous prompt; "recomputed": the same text,
     after the first change of the prefix, so the model server computes it again."""
     if part.key not in before:
         return "new"
     if before[part.key] != part.fingerprint:
         return "changed"
-    return "" if part.key in stable or part.kind == "context" else "recomputed"
+    return "" if part.key in stable or part.kind is PartKind.CONTEXT else "recomputed"
 
 
 def _prompt_part(
     part: PartPrint,
     laid_out: Previous,
     variables: dict[str, str | None],
-    placeholders: frozenset[tuple[str, str]],
+    placeholders: frozenset[PartKey],
 ) -> PromptPart:
-    if part.kind == "context":
+    if part.kind is PartKind.CONTEXT:
         try:
             text = interpolate(part.raw, variables, f'context "{part.name}"')
         except RenderFailure:

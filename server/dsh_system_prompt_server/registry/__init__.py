@@ -27,7 +27,7 @@ from .model import (
     Tool,
     ToolSet,
 )
-from .provenance import Origin, OriginKind, Origins, Step, Trace
+from .provenance import Origin, OriginKind, Origins, PartKey, PartKind, Step, Trace
 from .registry import (
     Registry,
     RegistrySettings,
@@ -56,6 +56,8 @@ __all__ = [
     "OriginKind",
     "Origins",
     "Part",
+    "PartKey",
+    "PartKind",
     "ProvidedValue",
     "ProviderCall",
     "ProviderHost",

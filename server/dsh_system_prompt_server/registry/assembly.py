@@ -32,7 +32,7 @@ from .model import (
     VariableRegistration,
 )
 from .origins import entry_origin, record_changes, snapshot
-from .provenance import Origins, Trace
+from .provenance import Origins, PartKind, Trace
 from .tool_order import check_known, order_tools
 
 # Seconds left to answer, or None without a limit; asked anew at every call.
@@ -162,7 +162,7 @@ async def _run(
     if complete is not None:
         result.sections = [Part(complete.name, _text(complete, values))]
         if origins is not None:
-            origins[("section", complete.name)] = entry_origin(complete, plan.chain)
+            origins[(PartKind.SECTION, complete.name)] = entry_origin(complete, plan.chain)
     if plan.suppressed:
         result.contexts = []
     validate(result)
@@ -175,14 +175,16 @@ async def _run(
 def _registered_origins(plan: Plan, values: Mapping[Registration[Any], ProvidedValue]) -> Origins:
     origins: Origins = {}
     for kind, entries in (
-        ("variable", plan.variables), ("section", plan.sections), ("context", plan.contexts)
-    ):  # fmt: skip
+        (PartKind.VARIABLE, plan.variables),
+        (PartKind.SECTION, plan.sections),
+        (PartKind.CONTEXT, plan.contexts),
+    ):
         for entry in entries:
             origins[(kind, entry.name)] = entry_origin(entry, plan.chain)
     for provider in plan.tools:
         if isinstance(source := _resolved(provider, values), ToolSet):
             for tool in source.schemas:
-                origins[("tool", tool.name)] = entry_origin(provider, plan.chain)
+                origins[(PartKind.TOOL, tool.name)] = entry_origin(provider, plan.chain)
     return origins
 
 

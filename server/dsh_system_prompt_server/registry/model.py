@@ -54,7 +54,7 @@ class Assembly:
     """The assembled prompt handed to listeners and returned to callers.
 
     `origins` is filled only when the caller asked to track provenance: it maps
-    ("section" | "context" | "tool" | "variable", name) to an `Origin`, and
+    (`PartKind`, name) to an `Origin`, and
     `trace` holds the scope chain and what each listener step changed.
     """
 

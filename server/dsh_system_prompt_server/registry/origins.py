@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .model import SIDECAR_OWNER, Assembly, Registration
-from .provenance import Origin, OriginKind, Origins, Values
+from .provenance import Origin, OriginKind, Origins, PartKind, Values
 
 
 def entry_origin(entry: Registration[Any], chain: list[str]) -> Origin:
@@ -26,8 +26,8 @@ def record_changes(origins: Origins, before: Assembly, after: Assembly, listener
     """Credit `listener` with every part of `after` it added or changed since `before`."""
     origin = Origin(kind=OriginKind.LISTENER, listener=listener)
     for kind, old, new in (
-        ("section", before.sections, after.sections),
-        ("context", before.contexts, after.contexts),
+        (PartKind.SECTION, before.sections, after.sections),
+        (PartKind.CONTEXT, before.contexts, after.contexts),
     ):
         previous = {part.name: part.text for part in old}
         for part in new:
@@ -36,17 +36,17 @@ def record_changes(origins: Origins, before: Assembly, after: Assembly, listener
     previous_tools = {tool.name: tool for tool in before.tools}
     for tool in after.tools:
         if previous_tools.get(tool.name) != tool:
-            origins[("tool", tool.name)] = origin
+            origins[(PartKind.TOOL, tool.name)] = origin
     for name, value in after.variables.items():
         if name not in before.variables or before.variables[name] != value:
-            origins[("variable", name)] = origin
+            origins[(PartKind.VARIABLE, name)] = origin
 
 
 def snapshot(assembly: Assembly) -> Values:
     """Hashes of the sections, tools and variables of `assembly` (contexts are not prefix)."""
-    values: Values = {("section", part.name): hash(part.text) for part in assembly.sections}
+    values: Values = {(PartKind.SECTION, part.name): hash(part.text) for part in assembly.sections}
     for tool in assembly.tools:
-        values[("tool", tool.name)] = hash((tool.description, tool.parameters_json))
+        values[(PartKind.TOOL, tool.name)] = hash((tool.description, tool.parameters_json))
     for name, value in assembly.variables.items():
-        values[("variable", name)] = hash(value)
+        values[(PartKind.VARIABLE, name)] = hash(value)
     return values

@@ -1,4 +1,4 @@
-"""Provenance values: where each part of an assembly came from, and the steps it went through.
+"""Provenance values: what kind each part of an assembly is, and where it came from.
 
 A leaf: it imports nothing of the registry, so `model` (whose `Assembly` holds
 these) and `origins` (which records them) both import it, not each other.
@@ -8,6 +8,22 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+
+
+class PartKind(enum.StrEnum):
+    """What a part of an assembly is, in reports and provenance.
+
+    Not a registration `Kind`: a `tools` registration gives many `tool` parts,
+    and suppressors, listeners, scope handles and config are never parts.
+    """
+
+    SECTION = "section"
+    CONTEXT = "context"
+    TOOL = "tool"
+    VARIABLE = "variable"
+
+
+PartKey = tuple[PartKind, str]  # (kind of part, name): a part within one assembly
 
 
 class OriginKind(enum.Enum):
@@ -40,10 +56,10 @@ class Origin:
 
 
 # Each part -> where it came from; kinds: section, context, tool, variable.
-Origins = dict[tuple[str, str], Origin]
+Origins = dict[PartKey, Origin]
 
 # Each part -> a hash of its value at one step; kinds: section, tool, variable.
-Values = dict[tuple[str, str], int]
+Values = dict[PartKey, int]
 
 
 @dataclass(frozen=True, slots=True)

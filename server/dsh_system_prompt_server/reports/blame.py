@@ -13,15 +13,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..registry import Origin, OriginKind, Trace
+from ..registry import Origin, OriginKind, PartKey, PartKind, Trace
 
 if TYPE_CHECKING:
     from .report import PartPrint, Previous
 
-Key = tuple[str, str]
 
-
-def explain(index: int, current: Previous, previous: Previous) -> tuple[str, str, Key]:
+def explain(index: int, current: Previous, previous: Previous) -> tuple[str, str, PartKey]:
     """The first changed part at position `index`, the reason, and the part's key.
 
     A part removed names itself at its old place; a part added or moved names
@@ -52,7 +50,7 @@ def _changed(now: PartPrint, before: PartPrint, current: Previous, previous: Pre
     layer = _layer_change(now.origin, before.origin, current.trace, previous.trace)
     if layer:
         return f"{now.label} {layer}"
-    if now.kind == "tool":
+    if now.kind is PartKind.TOOL:
         what = "parameters" if now.parameters != before.parameters else "description"
         return f"{now.label} {what} changed"
     if now.raw == before.raw:
@@ -79,7 +77,7 @@ def _variables_changed(changed: list[tuple[str, str]]) -> str:
 
 def _who_set(name: str, current: Previous, previous: Previous) -> str:
     """A listener that set the variable, or how its layer changed; "" for neither."""
-    culprit = _culprit(("variable", name), current.trace, previous.trace)
+    culprit = _culprit((PartKind.VARIABLE, name), current.trace, previous.trace)
     if culprit:
         return f'set by listener "{culprit}"'
     now, before = current.variables.get(name), previous.variables.get(name)
@@ -88,7 +86,7 @@ def _who_set(name: str, current: Previous, previous: Previous) -> str:
     return _layer_change(now, before, current.trace, previous.trace)
 
 
-def _culprit(key: Key, current: Trace | None, previous: Trace | None) -> str:
+def _culprit(key: PartKey, current: Trace | None, previous: Trace | None) -> str:
     """The listener whose own step changed `key`: "" when the change came from upstream."""
     if current is None or previous is None:
         return ""
@@ -100,7 +98,7 @@ def _culprit(key: Key, current: Trace | None, previous: Trace | None) -> str:
     return ""
 
 
-def _changer(key: Key, trace: Trace) -> str:
+def _changer(key: PartKey, trace: Trace) -> str:
     """The first listener in `trace` whose step changed `key`."""
     for earlier, later in zip(trace.steps, trace.steps[1:], strict=False):
         if earlier.values.get(key) != later.values.get(key):
@@ -108,7 +106,7 @@ def _changer(key: Key, trace: Trace) -> str:
     return ""
 
 
-def _removed_by(key: Key, current: Previous) -> str:
+def _removed_by(key: PartKey, current: Previous) -> str:
     trace = current.trace
     if trace is None or not trace.steps or key not in trace.steps[0].values:
         return ""  # its registration is gone

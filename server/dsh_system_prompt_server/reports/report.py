@@ -25,7 +25,7 @@ from dsh_system_prompt_core import (
     references,
 )
 
-from ..registry import Assembly, Origin, OriginKind, Tool, Trace
+from ..registry import Assembly, Origin, OriginKind, Origins, PartKey, PartKind, Tool, Trace
 from .blame import explain
 from .diff import bounded_diff, common_prefix
 from .tokens import Tokenizer
@@ -48,7 +48,7 @@ DEFAULT_LAYOUT = Layout.SYSTEM_FIRST  # the harness talks to DeepSeek models
 class PartPrint:
     """One rendered part: what it is, where it came from, its size and fingerprint."""
 
-    kind: str  # "tool", "section" or "context"
+    kind: PartKind  # a tool, a section or a context
     name: str
     origin: Origin
     bytes: int
@@ -61,7 +61,7 @@ class PartPrint:
     end: int = 0
 
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> PartKey:
         return (self.kind, self.name)
 
     @property
@@ -137,8 +137,8 @@ def build_report(
     origins = assembly.origins or {}
     failures: list[str] = []
     tools = [_tool_print(tool, origins, tokenizer) for tool in assembly.tools]
-    sections = _text_prints("section", assembly, origins, tokenizer, failures)
-    contexts = _text_prints("context", assembly, origins, tokenizer, failures)
+    sections = _text_prints(PartKind.SECTION, assembly, origins, tokenizer, failures)
+    contexts = _text_prints(PartKind.CONTEXT, assembly, origins, tokenizer, failures)
     tool_block = TOOL_SEPARATOR.join(text for _, text in tools)
     prompt = SECTION_SEPARATOR.join(text for _, text in sections)
     text, prefix = _lay_out(layout, tools, sections)
@@ -150,7 +150,9 @@ def build_report(
         text=text,
         token_ids=ids,
         trace=assembly.trace,
-        variables={name: origins.get(("variable", name), _UNKNOWN) for name in assembly.variables},
+        variables={
+            name: origins.get((PartKind.VARIABLE, name), _UNKNOWN) for name in assembly.variables
+        },
     )
     whole = Size(len(text.encode()), None if ids is None else len(ids))
     if previous is not None and previous.layout is not layout:
@@ -204,9 +206,7 @@ def _lay_out(
     return "".join(pieces), placed
 
 
-def _tool_print(
-    tool: Tool, origins: dict[tuple[str, str], Origin], tokenizer: Tokenizer | None
-) -> tuple[PartPrint, str]:
+def _tool_print(tool: Tool, origins: Origins, tokenizer: Tokenizer | None) -> tuple[PartPrint, str]:
     # The shape adapters send: name, description, then the parameters JSON as registered.
     text = (
         f'{{"name":{json.dumps(tool.name, ensure_ascii=False)},'
@@ -214,15 +214,22 @@ def _tool_print(
         f'"parameters":{tool.parameters_json}}}'
     )
     part = _print(
-        "tool", tool.name, text, origins, tokenizer, tool.description, tool.parameters_json, ()
+        PartKind.TOOL,
+        tool.name,
+        text,
+        origins,
+        tokenizer,
+        tool.description,
+        tool.parameters_json,
+        (),
     )
     return part, text
 
 
 def _text_prints(
-    kind: str,
+    kind: PartKind,
     assembly: Assembly,
-    origins: dict[tuple[str, str], Origin],
+    origins: Origins,
     tokenizer: Tokenizer | None,
     failures: list[str],
 ) -> list[tuple[PartPrint, str]]:
@@ -230,7 +237,7 @@ def _text_prints(
     reported as written and its failure added to `failures`, so the report still works."""
     variables = assembly.variables
     prints = []
-    for part in assembly.sections if kind == "section" else assembly.contexts:
+    for part in assembly.sections if kind is PartKind.SECTION else assembly.contexts:
         try:
             rendered = interpolate(part.text, variables, f'{kind} "{part.name}"')
         except RenderFailure as error:
@@ -245,10 +252,10 @@ def _text_prints(
 
 
 def _print(
-    kind: str,
+    kind: PartKind,
     name: str,
     text: str,
-    origins: dict[tuple[str, str], Origin],
+    origins: Origins,
     tokenizer: Tokenizer | None,
     raw: str,
     parameters: str,
@@ -332,11 +339,13 @@ def _same_parts(current: Sequence[PartPrint], previous: Sequence[PartPrint]) -> 
     return index
 
 
-def _diff(key: tuple[str, str], current: Previous, previous: Previous) -> str:
-    return bounded_diff(_text_of(key, previous), _text_of(key, current), json_=key[0] == "tool")
+def _diff(key: PartKey, current: Previous, previous: Previous) -> str:
+    return bounded_diff(
+        _text_of(key, previous), _text_of(key, current), json_=key[0] is PartKind.TOOL
+    )
 
 
-def _text_of(key: tuple[str, str], side: Previous) -> str:
+def _text_of(key: PartKey, side: Previous) -> str:
     for part in side.parts:
         if part.key == key:
             return side.text[part.start : part.end]

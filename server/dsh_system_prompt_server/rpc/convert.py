@@ -26,6 +26,7 @@ from ..registry import (
     Origin,
     OriginKind,
     Part,
+    PartKind,
     ProvidedValue,
     ProviderCall,
     ProviderHost,
@@ -228,8 +229,11 @@ _SOURCE_KINDS = {
     OriginKind.SCOPE: pb.SOURCE_KIND_SCOPE,
     OriginKind.LISTENER: pb.SOURCE_KIND_LISTENER,
 }
-_PART_KINDS = {"tool": pb.PART_KIND_TOOL, "section": pb.PART_KIND_SECTION,
-               "context": pb.PART_KIND_CONTEXT}  # fmt: skip
+_PART_KINDS = {
+    PartKind.TOOL: pb.PART_KIND_TOOL,
+    PartKind.SECTION: pb.PART_KIND_SECTION,
+    PartKind.CONTEXT: pb.PART_KIND_CONTEXT,
+}
 
 
 def report_to_proto(report: Report, key: HistoryKey) -> pb.AssemblyReport:
