@@ -31,7 +31,8 @@ from ..registry.filters import owner_label
 from ..registry.limits import value_bytes
 from ..registry.model import ContextRegistration, ListenerRegistration, SectionRegistration
 from ..reports.history import Break, HistoryEntry, HistoryKey, KeyHistory
-from ..reports.report import PartPrint, Previous, Size, Stability, build_report
+from ..reports.report import build_report
+from ..reports.values import PartPrint, Previous, Size, Stability
 from ..rpc.state import ServerState
 from .live_prompt import static_assembly
 

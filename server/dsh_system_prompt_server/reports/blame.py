@@ -11,12 +11,8 @@ variables changed, and who set them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..registry import Origin, OriginKind, PartKey, PartKind, Trace
-
-if TYPE_CHECKING:
-    from .report import PartPrint, Previous
+from .values import PartPrint, Previous
 
 
 def explain(index: int, current: Previous, previous: Previous) -> tuple[str, str, PartKey]:

@@ -15,7 +15,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from .report import Layout, Previous, Report, Size
+from .values import Layout, Previous, Report, Size
 
 MAX_BREAKERS = 16  # parts counted per key; the least counted goes to make room
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
@@ -134,7 +134,7 @@ class ReportHistory:
         """Keep `report` (and `previous` to compare the next with) as the key's latest."""
         kept = self._keys.get(key)
         if kept is None:
-            kept = KeyHistory(None, deque(maxlen=self.depth))
+            kept = KeyHistory(previous=None, recent=deque(maxlen=self.depth))
             self._keys[key] = kept
             self._evicted.pop(key, None)
         self._keys.move_to_end(key)
@@ -148,10 +148,16 @@ class ReportHistory:
         if entry.broke:
             stability = report.stability
             kept.last_break = Break(
-                entry.sequence, entry.at, entry.first_changed, entry.reason, stability.diff
+                sequence=entry.sequence,
+                at=entry.at,
+                first_changed=entry.first_changed,
+                reason=entry.reason,
+                diff=stability.diff,
             )
         self.version += 1
-        return Remembered(entry, self._make_room(key), dropped)
+        return Remembered(
+            entry=entry, forgotten_keys=self._make_room(key), forgotten_breakers=dropped
+        )
 
     def observe(self, key: HistoryKey, cached: int, prompt: int | None) -> HistoryEntry | None:
         """Attach what the model server said to the key's latest report; None without one."""

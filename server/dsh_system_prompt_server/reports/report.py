@@ -4,18 +4,16 @@ Model servers cache the longest identical prefix of a request. This module
 lays an assembly out as the model server sees it (tools and system prompt in
 the order of a `Layout`), measures it over the whole text, and compares it
 with the previous reported assembly of the same history key: the true common
-prefix in bytes and tokens, the first part that differs, why (`cache_blame`),
-what it costs, and a short diff of the change (`cache_diff`).
+prefix in bytes and tokens, the first part that differs, why (`blame`),
+what it costs, and a short diff of the change (`diff`). Its values are in `values`.
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
-from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from dsh_system_prompt_core import (
     CONTEXT_SNAPSHOT_HEADER,
@@ -25,101 +23,14 @@ from dsh_system_prompt_core import (
     references,
 )
 
-from ..registry import Assembly, Origin, OriginKind, Origins, PartKey, PartKind, Tool, Trace
+from ..registry import Assembly, Origin, OriginKind, Origins, PartKey, PartKind, Tool
 from .blame import explain
 from .diff import bounded_diff, common_prefix
 from .tokens import Tokenizer
+from .values import Layout, PartPrint, Previous, Report, Size, Stability
 
 TOOL_SEPARATOR = "\n"  # between two tools' JSON in the tool block
 BLOCK_SEPARATOR = SECTION_SEPARATOR  # between the tool block and the system prompt
-
-
-class Layout(enum.StrEnum):
-    """The order a model server puts the tool block and the system prompt in."""
-
-    TOOLS_FIRST = "tools-first"  # Anthropic's and OpenAI's requests: tools, system, messages
-    SYSTEM_FIRST = "system-first"  # DeepSeek's chat template: system, then its tools block
-
-
-DEFAULT_LAYOUT = Layout.SYSTEM_FIRST  # the harness talks to DeepSeek models
-
-
-@dataclass(frozen=True, slots=True)
-class PartPrint:
-    """One rendered part: what it is, where it came from, its size and fingerprint."""
-
-    kind: PartKind  # a tool, a section or a context
-    name: str
-    origin: Origin
-    bytes: int
-    tokens: int | None
-    fingerprint: str
-    raw: str  # a section's text before interpolation; a tool's description
-    parameters: str  # a tool's parameters JSON
-    variables: tuple[tuple[str, str | None], ...]  # what a section referenced, and the values
-    start: int = 0  # where it sits in the prefix text (characters); contexts: 0
-    end: int = 0
-
-    @property
-    def key(self) -> PartKey:
-        return (self.kind, self.name)
-
-    @property
-    def label(self) -> str:
-        return f'{self.kind} "{self.name}"'
-
-
-@dataclass(frozen=True, slots=True)
-class Size:
-    bytes: int
-    tokens: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Previous:
-    """What the next report of the same history key compares with."""
-
-    layout: Layout
-    parts: tuple[PartPrint, ...]  # the prefix's parts in layout order
-    contexts: dict[str, str]  # context name -> fingerprint
-    text: str  # the prefix text, as laid out
-    token_ids: array[int] | None
-    trace: Trace | None
-    variables: dict[str, Origin]
-
-    def memory(self) -> int:
-        """Roughly what keeping this costs, in bytes (for the history's budget)."""
-        raw = sum(len(p.raw) + len(p.parameters) + 200 for p in self.parts)
-        ids = 0 if self.token_ids is None else 4 * len(self.token_ids)
-        steps = 0 if self.trace is None else sum(64 * len(s.values) for s in self.trace.steps)
-        return len(self.text) + raw + ids + steps + 100 * len(self.contexts)
-
-
-@dataclass(frozen=True, slots=True)
-class Stability:
-    has_previous: bool
-    stable_bytes: int
-    stable_tokens: int | None
-    prefix: Size
-    first_changed: str
-    reason: str
-    recomputed: Size  # prefix bytes/tokens after the first change
-    messages_recomputed: bool  # every message after the prefix is recomputed too
-    diff: str = ""
-    previous_evicted: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    tokenizer: str
-    layout: Layout
-    parts: list[tuple[PartPrint, bool]]  # each part and whether it is stable
-    tools: Size
-    prompt: Size
-    context_snapshot: Size
-    stability: Stability
-    variables: list[tuple[str, Origin]]
-    render_error: str = ""  # the first render failure, naming its part; "" when it rendered
 
 
 def build_report(
@@ -154,7 +65,7 @@ def build_report(
             name: origins.get((PartKind.VARIABLE, name), _UNKNOWN) for name in assembly.variables
         },
     )
-    whole = Size(len(text.encode()), None if ids is None else len(ids))
+    whole = Size(bytes=len(text.encode()), tokens=None if ids is None else len(ids))
     if previous is not None and previous.layout is not layout:
         previous = None
     stability, stable_count = _stability(current, previous, whole, evicted)
@@ -175,7 +86,7 @@ def build_report(
     return report, current
 
 
-_UNKNOWN = Origin(OriginKind.GLOBAL)
+_UNKNOWN = Origin(kind=OriginKind.GLOBAL)
 
 
 def _lay_out(
@@ -281,7 +192,7 @@ def _snapshot(contexts: list[tuple[PartPrint, str]]) -> str:
 
 
 def _size(text: str, tokenizer: Tokenizer | None) -> Size:
-    return Size(len(text.encode()), tokenizer.count(text) if tokenizer else None)
+    return Size(bytes=len(text.encode()), tokens=tokenizer.count(text) if tokenizer else None)
 
 
 def _context_stable(part: PartPrint, previous: Previous | None) -> bool:
@@ -294,15 +205,31 @@ def _stability(
     """The comparison with `previous`, and how many leading parts are unchanged."""
     counting = current.token_ids is not None
     if previous is None:
-        nothing = Size(0, 0 if counting else None)
         stability = Stability(
-            False, 0, 0 if counting else None, whole, "", "", nothing, False, "", evicted
+            has_previous=False,
+            stable_bytes=0,
+            stable_tokens=0 if counting else None,
+            prefix=whole,
+            first_changed="",
+            reason="",
+            recomputed=Size(bytes=0, tokens=0 if counting else None),
+            messages_recomputed=False,
+            previous_evicted=evicted,
         )
         return stability, 0
     same = _same_parts(current.parts, previous.parts)
     if same == len(current.parts) == len(previous.parts):
-        unchanged = Size(0, 0 if counting else None)
-        return Stability(True, whole.bytes, whole.tokens, whole, "", "", unchanged, False), same
+        stability = Stability(
+            has_previous=True,
+            stable_bytes=whole.bytes,
+            stable_tokens=whole.tokens,
+            prefix=whole,
+            first_changed="",
+            reason="",
+            recomputed=Size(bytes=0, tokens=0 if counting else None),
+            messages_recomputed=False,
+        )
+        return stability, same
     characters = common_prefix(current.text, previous.text)
     stable_bytes = len(current.text[:characters].encode())
     stable_tokens = None
@@ -310,19 +237,21 @@ def _stability(
         stable_tokens = common_prefix(current.token_ids, previous.token_ids)
     first_changed, reason, part = explain(same, current, previous)
     recomputed = Size(
-        whole.bytes - stable_bytes,
-        None if whole.tokens is None or stable_tokens is None else whole.tokens - stable_tokens,
+        bytes=whole.bytes - stable_bytes,
+        tokens=None
+        if whole.tokens is None or stable_tokens is None
+        else whole.tokens - stable_tokens,
     )
     stability = Stability(
-        True,
-        stable_bytes,
-        stable_tokens,
-        whole,
-        first_changed,
-        reason,
-        recomputed,
-        True,
-        _diff(part, current, previous),
+        has_previous=True,
+        stable_bytes=stable_bytes,
+        stable_tokens=stable_tokens,
+        prefix=whole,
+        first_changed=first_changed,
+        reason=reason,
+        recomputed=recomputed,
+        messages_recomputed=True,
+        diff=_diff(part, current, previous),
     )
     return stability, same
 

@@ -41,7 +41,7 @@ from ..registry import (
 from ..registry.limits import Limits, value_bytes
 from ..registry.model import ContextRegistration, SectionRegistration
 from ..reports.history import HistoryEntry, HistoryKey, KeyHistory
-from ..reports.report import Layout, Report, Size
+from ..reports.values import Layout, Report, Size
 from .json_text import load_json
 from .status import bad_request
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from ..registry import Registry
 from ..reports.history import ReportHistory
-from ..reports.report import Layout
 from ..reports.tokens import load_tokenizer
+from ..reports.values import Layout
 from ..telemetry.metrics import Metrics
 from ..telemetry.tracing import Tracing
 from .gate import Gate

@@ -11,8 +11,8 @@ from typing import Any
 
 from dsh_system_prompt_core import package_version
 
-from ..reports.report import Layout
 from ..reports.tokens import TOKENIZERS
+from ..reports.values import Layout
 from ..rpc.addresses import AddressError, check_listen
 from ..telemetry.logs import configure_logging, logger
 from ..telemetry.tracing import tracing_from_env

@@ -13,8 +13,8 @@ from typing import Any, Literal, TypeVar
 from dsh_system_prompt_core import PERSONA_SECTION, RenderFailure, check_template
 
 from ..registry import Limits, RegistryError, RegistrySettings, validate_tool_order
-from ..reports.report import DEFAULT_LAYOUT, Layout
 from ..reports.tokens import TOKENIZERS
+from ..reports.values import DEFAULT_LAYOUT, Layout
 from ..rpc.addresses import AddressError, host_and_port, is_loopback
 
 T = TypeVar("T")

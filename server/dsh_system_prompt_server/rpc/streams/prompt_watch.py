@@ -33,8 +33,9 @@ from ...registry import (
 )
 from ...registry.assembly import Plan
 from ...reports.history import HistoryKey
-from ...reports.report import Layout, Previous, build_report
+from ...reports.report import build_report
 from ...reports.tokens import Tokenizer
+from ...reports.values import Layout, Previous
 from ..convert import assembly_to_proto, change_to_proto, report_to_proto
 
 MAX_CHANGES_LISTED = 64  # per message; the rest of a burst is counted, not listed

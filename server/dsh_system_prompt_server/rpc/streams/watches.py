@@ -20,8 +20,8 @@ from ...registry import Filter, Registry, Subscription
 from ...registry.changes import Missed
 from ...registry.limits import quota_exceeded
 from ...registry.model import ChangeEvent
-from ...reports.report import Layout
 from ...reports.tokens import Tokenizer
+from ...reports.values import Layout
 from ..convert import (
     batch_entry,
     batch_to_proto,

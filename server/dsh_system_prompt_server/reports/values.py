@@ -1,0 +1,108 @@
+"""The values of a prompt-cache report: the layout, each part's print, sizes, the
+prefix's stability, the report itself, and what the next report compares with.
+
+Plain values with no behaviour beyond their own fields, so that the report, its
+blame and the history all import them from here and not from each other.
+"""
+
+from __future__ import annotations
+
+import enum
+from array import array
+from dataclasses import dataclass
+
+from ..registry import Origin, PartKey, PartKind, Trace
+
+
+class Layout(enum.StrEnum):
+    """The order a model server puts the tool block and the system prompt in."""
+
+    TOOLS_FIRST = "tools-first"  # Anthropic's and OpenAI's requests: tools, system, messages
+    SYSTEM_FIRST = "system-first"  # DeepSeek's chat template: system, then its tools block
+
+
+DEFAULT_LAYOUT = Layout.SYSTEM_FIRST  # the harness talks to DeepSeek models
+
+
+@dataclass(frozen=True, slots=True)
+class PartPrint:
+    """One rendered part: what it is, where it came from, its size and fingerprint."""
+
+    kind: PartKind  # a tool, a section or a context
+    name: str
+    origin: Origin
+    bytes: int
+    tokens: int | None
+    fingerprint: str
+    raw: str  # a section's text before interpolation; a tool's description
+    parameters: str  # a tool's parameters JSON
+    variables: tuple[tuple[str, str | None], ...]  # what a section referenced, and the values
+    start: int = 0  # where it sits in the prefix text (characters); contexts: 0
+    end: int = 0
+
+    @property
+    def key(self) -> PartKey:
+        return (self.kind, self.name)
+
+    @property
+    def label(self) -> str:
+        return f'{self.kind} "{self.name}"'
+
+
+@dataclass(frozen=True, slots=True)
+class Size:
+    """A text's size: bytes, and tokens when a tokenizer counted them."""
+
+    bytes: int
+    tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Previous:
+    """What the next report of the same history key compares with."""
+
+    layout: Layout
+    parts: tuple[PartPrint, ...]  # the prefix's parts in layout order
+    contexts: dict[str, str]  # context name -> fingerprint
+    text: str  # the prefix text, as laid out
+    token_ids: array[int] | None
+    trace: Trace | None
+    variables: dict[str, Origin]
+
+    def memory(self) -> int:
+        """Roughly what keeping this costs, in bytes (for the history's budget)."""
+        raw = sum(len(p.raw) + len(p.parameters) + 200 for p in self.parts)
+        ids = 0 if self.token_ids is None else 4 * len(self.token_ids)
+        steps = 0 if self.trace is None else sum(64 * len(s.values) for s in self.trace.steps)
+        return len(self.text) + raw + ids + steps + 100 * len(self.contexts)
+
+
+@dataclass(frozen=True, slots=True)
+class Stability:
+    """How much of the prefix the previous report of the key shares, and why it broke."""
+
+    has_previous: bool
+    stable_bytes: int
+    stable_tokens: int | None
+    prefix: Size
+    first_changed: str
+    reason: str
+    recomputed: Size  # prefix bytes/tokens after the first change
+    messages_recomputed: bool  # every message after the prefix is recomputed too
+    diff: str = ""
+    previous_evicted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One assembly's report: its parts, sizes, prefix stability and variables."""
+
+    tokenizer: str
+    layout: Layout
+    parts: list[tuple[PartPrint, bool]]  # each part and whether it is stable
+    tools: Size
+    prompt: Size
+    context_snapshot: Size
+    stability: Stability
+    variables: list[tuple[str, Origin]]
+    render_error: str = ""  # the first render failure, naming its part; "" when it rendered
