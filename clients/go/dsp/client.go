@@ -140,6 +140,7 @@ type bearer struct {
 	secure bool
 }
 
+// GetRequestMetadata sends the token on every call.
 func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
 	return map[string]string{"authorization": "Bearer " + b.token}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -169,5 +170,46 @@ func TestWaitForReadyConnectsToASidecarThatStartsLater(t *testing.T) {
 	_, err = dsp.Connect(bg, fmt.Sprintf("127.0.0.1:%d", freePort(t)))
 	if failed := failure(t, err); failed.Code != codes.Unavailable {
 		t.Fatalf("nobody listening: %+v", failed)
+	}
+}
+
+func TestNothingOfAClosedClientIsLeftRunning(t *testing.T) {
+	s := shared(t)
+	connect(t, s).Close() // the first client starts what a process keeps (gRPC's own workers)
+	time.Sleep(100 * time.Millisecond)
+	before := runtime.NumGoroutine()
+	client, err := dsp.Connect(bg, s.address)
+	check(t, err)
+	must[*dsp.Handle[string]](t)(client.SectionFunc(bg, "d", 1, func(context.Context, dsp.AssembleContext) (string, error) {
+		return "D.", nil
+	}))
+	must[*dsp.Registration](t)(client.OnAssemble(bg, func(_ context.Context, a *dsp.Assembly, _ dsp.AssembleContext, next *dsp.Next) (*dsp.Assembly, error) {
+		return next.Call(a)
+	}))
+	changes := must[*dsp.ChangeStream](t)(client.WatchChanges(bg))
+	must[*dsp.Assembly](t)(client.Assemble(bg))
+	check(t, client.Close())
+	if _, err := changes.Next(bg); err == nil {
+		t.Fatal("a change stream outlived its client")
+	}
+	waitFor(t, "the client's goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
+}
+
+func TestAClientClosedWhileItReconnectsClosesAtOnce(t *testing.T) {
+	s, _ := restartable(t)
+	client, err := dsp.Connect(bg, s.address, dsp.WithCallTimeout(2*time.Second))
+	check(t, err)
+	must[*dsp.Handle[string]](t)(client.Section(bg, "kept", 1, "Kept."))
+	s.stop()
+	waitFor(t, "the client to see the sidecar go", func() bool { return !client.Connected() })
+	time.Sleep(300 * time.Millisecond) // into the reconnect's backoff
+	began := time.Now()
+	check(t, client.Close())
+	if took := time.Since(began); took > 3*time.Second {
+		t.Fatalf("closing took %s", took)
+	}
+	_, err = client.Assemble(bg)
+	if failure(t, err).Reason != dsp.ReasonSessionClosed {
+		t.Fatalf("after close: %v", err)
 	}
 }
