@@ -156,7 +156,7 @@ async def test_a_provide_request_repeated_while_it_runs_is_answered_once(
 
 def _answering(client: dsp.Client) -> int:
     session = client._connection._session
-    return 0 if session is None else len(session._answering)
+    return 0 if session is None else session._stream.running()
 
 
 async def test_provide_fields_that_are_not_json_are_answered_with_an_error(

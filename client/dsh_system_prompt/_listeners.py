@@ -13,8 +13,8 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, FEATURE_TOOL_SLOTS, Reason
 
-from ._callback_cache import Invalidations
 from ._convert import assembly_from_proto, assembly_to_proto, context_from_proto
+from ._dispatch import Dispatch, Handler
 from ._opening import confirmed
 from ._tracing import span
 from .errors import SystemPromptError, protocol_error
@@ -70,12 +70,15 @@ class ListenerStream:
         self._call: _ListenCall | None = None
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
-        self._write_lock = asyncio.Lock()
-        self._running: dict[int, asyncio.Task[None]] = {}
+        handlers: dict[str, Handler] = {
+            "invocation": self._start,
+            "next_result": self._next_result,
+            "cancel": self._cancel,
+        }
+        self._stream = Dispatch(pb.ListenResponse, handlers)
         self._next_results: dict[int, asyncio.Future[pb.ListenerNextResult]] = {}
         self.tool_slots = False  # whether the sidecar confirmed `tool-slots`
         self.callback_cache = False  # whether it confirmed `callback-cache`
-        self._invalidations = Invalidations()
 
     async def start(self, start: pb.ListenStart, timeout: float) -> str:
         """Install the listener, confirmed within `timeout`; returns its registration id."""
@@ -83,18 +86,15 @@ class ListenerStream:
         call: _ListenCall = self._stub.Listen()
         self._call = call
         sent = call.write(pb.ListenRequest(start=start))
-        first = await confirmed(
-            call, sent, pb.ListenResponse, "registered", "installing a listener", timeout
-        )
-        if not first.registered.registration_id:
-            call.cancel()
-            raise protocol_error("installing a listener: the sidecar sent no registration id")
+        doing, named = "installing a listener", ("registration_id", "registration id")
+        first = await confirmed(call, sent, pb.ListenResponse, "registered", doing, timeout, named)
         # Only what both sides support: a sidecar that confirms no feature gets none.
         self.tool_slots = FEATURE_TOOL_SLOTS in start.features and (
             FEATURE_TOOL_SLOTS in first.registered.features
         )
         self.callback_cache = FEATURE_CALLBACK_CACHE in first.registered.features
-        self._reader = asyncio.create_task(self._read(call))
+        self._stream.call = call
+        self._reader = asyncio.create_task(self._stream.read(self._ended))
         return str(first.registered.registration_id)
 
     async def invalidate(self, timeout: float) -> None:
@@ -102,16 +102,14 @@ class ListenerStream:
         (within `timeout`). A sidecar without the feature caches nothing to drop."""
         reading = self._reader is not None and not self._reader.done()
         if self.callback_cache and reading and not self._closing:
-            await self._invalidations.invalidate(self._write_invalidate, timeout)
+            await self._stream.invalidations.invalidate(self._write_invalidate, timeout)
 
     async def _write_invalidate(self, invalidate: pb.CacheInvalidate) -> None:
-        assert self._call is not None
-        async with self._write_lock:
-            await self._call.write(pb.ListenRequest(invalidate=invalidate))
+        await self._stream.write(pb.ListenRequest(invalidate=invalidate))
 
     async def close(self) -> None:
         self._closing = True
-        self._cancel_invocations()
+        self._stream.cancel_all()
         if self._call is not None:
             self._call.cancel()
         if self._reader is not None:
@@ -119,43 +117,20 @@ class ListenerStream:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
 
-    async def _read(self, call: _ListenCall) -> None:
-        try:
-            while isinstance(message := await call.read(), pb.ListenResponse):
-                kind = message.WhichOneof("kind")
-                if kind == "invocation":
-                    self._start(message.invocation)
-                elif kind == "next_result":
-                    waiting = self._next_results.get(message.next_result.invocation_id)
-                    if waiting is not None and not waiting.done():
-                        waiting.set_result(message.next_result)
-                elif kind == "cancel":
-                    task = self._running.get(message.cancel.invocation_id)
-                    if task is not None:
-                        task.cancel()
-                elif kind == "invalidated":
-                    self._invalidations.confirmed(message.invalidated.invalidate_id)
-                # A next_result nobody waits for, a second `registered` and a kind this
-                # client does not know (a newer sidecar's) are ignored.
-        except grpc.RpcError:
-            pass
-        finally:
-            self._cancel_invocations()  # their replies have nowhere to go now
-            self._invalidations.release()
-            if not self._closing:
-                self._on_lost()  # the sidecar dropped the listener: the session is re-made
-
-    def _cancel_invocations(self) -> None:
-        for task in list(self._running.values()):
-            task.cancel()
+    def _ended(self) -> None:
+        if not self._closing:
+            self._on_lost()  # the sidecar dropped the listener: the session is re-made
 
     def _start(self, invocation: pb.ListenerInvocation) -> None:
-        invocation_id = invocation.invocation_id
-        if invocation_id in self._running:
-            return  # a repeated id: that invocation is running already
-        task = asyncio.create_task(self._invoke(invocation))
-        self._running[invocation_id] = task
-        task.add_done_callback(lambda _: self._running.pop(invocation_id, None))
+        self._stream.start(invocation.invocation_id, lambda: self._invoke(invocation))
+
+    def _next_result(self, result: pb.ListenerNextResult) -> None:
+        waiting = self._next_results.get(result.invocation_id)
+        if waiting is not None and not waiting.done():  # else: nobody waits for it
+            waiting.set_result(result)
+
+    def _cancel(self, cancel: pb.ListenerCancel) -> None:
+        self._stream.cancel(cancel.invocation_id)
 
     async def _invoke(self, invocation: pb.ListenerInvocation) -> None:
         with span(f'listener "{self._name}"', invocation.trace_context):
@@ -212,10 +187,7 @@ class ListenerStream:
             del self._next_results[invocation_id]
 
     async def _write(self, message: pb.ListenRequest) -> None:
-        async with self._write_lock:  # one outstanding write per stream
-            with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
-                if self._call is not None:
-                    await self._call.write(message)
+        await self._stream.send(message)
 
 
 class NextCall:

@@ -31,13 +31,15 @@ async def confirmed(
     case: str,
     doing: str,
     timeout: float,
+    named: tuple[str, str] | None = None,
 ) -> Reply:
     """The stream's first response, whose oneof must be `case`, within `timeout`.
 
-    `sent` is the write of the start message, when the stream has one. A silent
+    `sent` is the write of the start message, when the stream has one; `named` is the
+    confirmation's field that names what was opened, and how errors say it. A silent
     sidecar raises NoAnswer, a refusal its own error, an early end SIDECAR_UNAVAILABLE
-    and any other first message PROTOCOL_ERROR; the call is cancelled on the way out
-    whenever the sidecar may still hold it.
+    and any other first message, or one without its name, PROTOCOL_ERROR; the call is
+    cancelled on the way out whenever the sidecar may still hold it.
     """
     try:
         async with asyncio.timeout(timeout):
@@ -55,4 +57,7 @@ async def confirmed(
     if kind != case:
         call.cancel()
         raise protocol_error(f"{doing}: the first message was {kind or 'empty'}, not {case}")
+    if named is not None and not getattr(getattr(first, case), named[0]):
+        call.cancel()
+        raise protocol_error(f"{doing}: the sidecar sent no {named[1]}")
     return first

@@ -20,10 +20,9 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, package_version
 
-from ._callback_cache import Invalidations
+from ._dispatch import Dispatch, Handler
 from ._opening import confirmed
 from ._providers import Providers
-from .errors import protocol_error
 
 _log = logging.getLogger("dsh_system_prompt")
 _END_WAIT_S = 5.0  # how long ending waits for the sidecar to close its side
@@ -54,9 +53,8 @@ class Session:
         self._providers = providers
         self._ending = False
         self._reader: asyncio.Task[None] | None = None
-        self._write_lock = asyncio.Lock()
-        self._answering: dict[int, asyncio.Task[None]] = {}
-        self._invalidations = Invalidations()
+        handlers: dict[str, Handler] = {"provide": self._provide, "cancel": self._cancel}
+        self._stream = Dispatch(pb.OpenSessionResponse, handlers, call)
         self.sidecar_version = ""
         self.callback_cache = False  # whether the sidecar confirmed `callback-cache`
 
@@ -78,17 +76,13 @@ class Session:
             features=[FEATURE_CALLBACK_CACHE],
         )
         sent = call.write(pb.OpenSessionRequest(start=start))
-        first = await confirmed(
-            call, sent, pb.OpenSessionResponse, "opened", "opening the session", timeout
-        )
-        if not first.opened.session_id:
-            call.cancel()
-            raise protocol_error("opening the session: the sidecar sent no session id")
+        doing, named = "opening the session", ("session_id", "session id")
+        first = await confirmed(call, sent, pb.OpenSessionResponse, "opened", doing, timeout, named)
         session = cls(call, first.opened.session_id, providers)
         session.sidecar_version = first.opened.sidecar_version  # for diagnostics only
         session.callback_cache = FEATURE_CALLBACK_CACHE in first.opened.features
         _log.debug("session %s opened on %s", session.id, session.sidecar_version or "a sidecar")
-        session._reader = asyncio.create_task(session._read(on_lost))
+        session._reader = asyncio.create_task(session._stream.read(lambda: session._ended(on_lost)))
         return session
 
     @property
@@ -101,7 +95,7 @@ class Session:
         if self._ending:
             return
         self._ending = True
-        self._cancel_answers()
+        self._stream.cancel_all()
         with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
             await self._call.done_writing()
         if self._reader is not None:
@@ -114,48 +108,21 @@ class Session:
         """Drop the sidecar's cached answers of these providers; done once it confirms
         (within `timeout`). A sidecar without the feature caches nothing to drop."""
         if self.callback_cache and not self.ended and not self._ending:
-            await self._invalidations.invalidate(self._write, timeout, provider_keys)
+            await self._stream.invalidations.invalidate(self._write, timeout, provider_keys)
 
     async def _write(self, invalidate: pb.CacheInvalidate) -> None:
-        async with self._write_lock:
-            await self._call.write(pb.OpenSessionRequest(invalidate=invalidate))
+        await self._stream.write(pb.OpenSessionRequest(invalidate=invalidate))
 
-    async def _read(self, on_lost: Callable[[Session], None]) -> None:
-        try:
-            while isinstance(message := await self._call.read(), pb.OpenSessionResponse):
-                kind = message.WhichOneof("kind")
-                if kind == "provide":
-                    self._start_answer(message.provide)
-                elif kind == "cancel":
-                    task = self._answering.get(message.cancel.call_id)
-                    if task is not None:
-                        task.cancel()
-                elif kind == "invalidated":
-                    self._invalidations.confirmed(message.invalidated.invalidate_id)
-                # A second `opened`, and a kind this client does not know (a newer
-                # sidecar's), are ignored: the first `opened` named the session.
-        except grpc.RpcError:
-            pass
-        finally:
-            self._cancel_answers()  # nobody reads their answers any more
-            self._invalidations.release()
-            if not self._ending:
-                on_lost(self)
+    def _ended(self, on_lost: Callable[[Session], None]) -> None:
+        if not self._ending:
+            on_lost(self)
 
-    def _start_answer(self, request: pb.ProvideRequest) -> None:
-        call_id = request.call_id
-        if call_id in self._answering:
-            return  # a repeated call id: the first request is being answered
-        task = asyncio.create_task(self._answer(request))
-        self._answering[call_id] = task
-        task.add_done_callback(lambda _: self._answering.pop(call_id, None))
+    def _provide(self, request: pb.ProvideRequest) -> None:
+        self._stream.start(request.call_id, lambda: self._answer(request))
+
+    def _cancel(self, cancel: pb.ProvideCancel) -> None:
+        self._stream.cancel(cancel.call_id)
 
     async def _answer(self, request: pb.ProvideRequest) -> None:
         response = await self._providers.answer(request)
-        async with self._write_lock:  # one outstanding write per stream
-            with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
-                await self._call.write(pb.OpenSessionRequest(provided=response))
-
-    def _cancel_answers(self) -> None:
-        for task in list(self._answering.values()):
-            task.cancel()
+        await self._stream.send(pb.OpenSessionRequest(provided=response))

@@ -7,7 +7,6 @@ import contextlib
 import itertools
 from collections.abc import Callable, Sequence
 
-import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, FEATURE_TOOL_SLOTS, Reason
 
@@ -22,7 +21,6 @@ from ...registry import (
     Status,
     Tool,
 )
-from ...telemetry.logs import logger
 from ...telemetry.metrics import Metrics
 from ...telemetry.tracing import Tracing, hop
 from ..convert import (
@@ -32,12 +30,9 @@ from ..convert import (
     cache_from_proto,
     context_to_proto,
 )
-from ..gate import Gate
-from ..status import bad_request
+from .broker import Broker, Ended, Replies, Stream
 from .outbox import Outbox, OutboxLimits
-from .sessions import Sessions, Stream
-
-_log = logger("listeners")
+from .sessions import Sessions
 
 # What this sidecar can do on a listener stream, when the client says it can too.
 LISTENER_FEATURES = frozenset({FEATURE_TOOL_SLOTS, FEATURE_CALLBACK_CACHE})
@@ -46,8 +41,12 @@ LISTENER_FEATURES = frozenset({FEATURE_TOOL_SLOTS, FEATURE_CALLBACK_CACHE})
 ListenStream = Stream[pb.ListenResponse]
 
 
-class Listeners:
-    """Listen streams' life cycle: install the listener, route replies, dispose at the end."""
+class Listeners(Broker[pb.ListenRequest, pb.ListenResponse, "ListenerStream"]):
+    """Listen streams: the start installs the listener, and the stream's end disposes it."""
+
+    kind = "listener"
+    request = pb.ListenRequest
+    must_start = "a listener must start with ListenStart"
 
     def __init__(
         self,
@@ -57,69 +56,49 @@ class Listeners:
         outbox: OutboxLimits | None = None,
         tracing: Tracing | None = None,
     ) -> None:
+        super().__init__(metrics, outbox)
         self._registry = registry
         self._sessions = sessions
-        self._metrics = metrics
         self._tracing = tracing
-        self.outbox_limits = outbox or OutboxLimits()  # for streams opened from now on
 
-    async def serve(self, stream: ListenStream, gate: Gate) -> None:
-        """One Listen stream, start to end: the start message installs the listener
-        (through `gate`) until the client closes the stream or the listener is disposed.
+    def peer_name(self, start: pb.ListenRequest) -> str:
+        return f'listener "{start.start.name[:64]}"'
 
-        Raises a Failure before the listener is installed (a bad start, a refusal), and
-        STREAM_STALLED when the client stopped reading (the listener is disposed).
-        """
-        first = await stream.read()
-        if not isinstance(first, pb.ListenRequest) or not first.HasField("start"):
-            raise bad_request(Reason.BAD_STREAM, "a listener must start with ListenStart")
-        start = first.start
-        features = [name for name in start.features if name in LISTENER_FEATURES]
-        outbox = Outbox(stream.write, self.outbox_limits, f'listener "{start.name[:64]}"')
+    def open(
+        self, start: pb.ListenRequest, outbox: Outbox[pb.ListenResponse], peer: str
+    ) -> tuple[ListenerStream, pb.ListenResponse]:
+        """Install the listener `start` describes, on its session; and its confirmation."""
+        begin = start.start
+        features = [name for name in begin.features if name in LISTENER_FEATURES]
         listener = ListenerStream(
-            start.name, outbox, tool_slots=FEATURE_TOOL_SLOTS in features, tracing=self._tracing
+            begin.name, outbox, tool_slots=FEATURE_TOOL_SLOTS in features, tracing=self._tracing
         )
-        with gate.call():
-            owner = self._sessions.get(start.session_id).id
-            entry = self._registry.add_listener(
-                owner,
-                start.scope_id or None,
-                listener,
-                prepend=start.prepend,
-                global_=getattr(start, "global"),  # a Python keyword: no attribute syntax
-                name=start.name,
-                cache=cache_from_proto(start.cache),
-            )
+        owner = self._sessions.get(begin.session_id).id
+        entry = self._registry.add_listener(
+            owner,
+            begin.scope_id or None,
+            listener,
+            prepend=begin.prepend,
+            global_=getattr(begin, "global"),  # a Python keyword: no attribute syntax
+            name=begin.name,
+            cache=cache_from_proto(begin.cache),
+        )
+        listener.registration = (owner, entry.id)
+        listener.on_invalidate = lambda request: self._invalidate(listener, request)
+        registered = pb.ListenerRegistered(
+            registration_id=entry.id, revision=self._registry.revision, features=features
+        )
+        return listener, pb.ListenResponse(registered=registered)
 
-        def invalidate(request: pb.CacheInvalidate) -> None:
-            self._registry.invalidate_listener(owner, entry.id)
-            done = pb.CacheInvalidated(invalidate_id=request.invalidate_id)
-            outbox.send(pb.ListenResponse(invalidated=done))
+    def _invalidate(self, listener: ListenerStream, request: pb.CacheInvalidate) -> None:
+        self._registry.invalidate_listener(*listener.registration)
+        done = pb.CacheInvalidated(invalidate_id=request.invalidate_id)
+        listener.outbox.send(pb.ListenResponse(invalidated=done))
 
-        listener.on_invalidate = invalidate
-        writer = asyncio.create_task(outbox.run())
-        reader = asyncio.create_task(_route(stream, listener))
-        ended = asyncio.create_task(listener.ended.wait())
-        try:
-            registered = pb.ListenerRegistered(
-                registration_id=entry.id, revision=self._registry.revision, features=features
-            )
-            outbox.send(pb.ListenResponse(registered=registered))
-            done, _ = await asyncio.wait(
-                {reader, ended, writer}, return_when=asyncio.FIRST_COMPLETED
-            )
-            if reader in done:
-                reader.result()  # what ended the stream, if it failed
-        finally:
-            for task in (reader, ended, writer):
-                task.cancel()
-            listener.end()
-            with contextlib.suppress(RegistryError):  # already disposed, or with its session
-                self._registry.dispose(owner, entry.id)
-        if outbox.stalled.is_set():
-            _log.warning("disposed listener %s: %s", listener.name[:64], outbox.stall_reason)
-            self._metrics.peer_stalled("listener")
-            raise outbox.stall_error()
+    def close(self, listener: ListenerStream) -> None:
+        listener.end()
+        with contextlib.suppress(RegistryError):  # already disposed, or with its session
+            self._registry.dispose(*listener.registration)
 
 
 class ListenerStream:
@@ -136,12 +115,17 @@ class ListenerStream:
         self.name = name or "(unnamed)"
         self._tracing = tracing
         self._tool_slots = tool_slots  # the client decodes slots in next results
-        self._outbox = outbox
-        self._inboxes: dict[int, asyncio.Queue[pb.ListenRequest | None]] = {}
+        self.outbox = outbox
+        self._replies = Replies[pb.ListenRequest]()
         self._invocation_ids = itertools.count(1)
         self.ended = asyncio.Event()
         self.messages_sent = 0  # invocations, next results and cancels, for round-trip counts
+        self.registration = ("", "")  # (owner, registration id), once installed
         self.on_invalidate: Callable[[pb.CacheInvalidate], None] = lambda _: None
+
+    @property
+    def label(self) -> str:
+        return self.name[:64]
 
     async def invoke(
         self, assembly: Assembly, context: AssembleContext, next_: NextFn, timeout: float | None
@@ -165,11 +149,10 @@ class ListenerStream:
         timeout: float | None,
     ) -> Assembly:
         invocation_id = invocation.invocation_id
-        inbox: asyncio.Queue[pb.ListenRequest | None] = asyncio.Queue()
-        self._inboxes[invocation_id] = inbox
+        self._replies.open(invocation_id)
         try:
             self._send(pb.ListenResponse(invocation=invocation))
-            reply = await self._receive(inbox, timeout)
+            reply = await self._receive(invocation_id, timeout)
             if reply.WhichOneof("kind") == "next":
                 handed = self._decode(reply.next.assembly, reply.next.tool_slots, sent)
                 returned = await next_(handed)
@@ -187,13 +170,13 @@ class ListenerStream:
                         )
                     )
                 )
-                reply = await self._receive(inbox, timeout)
+                reply = await self._receive(invocation_id, timeout)
             return self._final(reply, sent)
         except BaseException:
             self._abandon(invocation_id)
             raise
         finally:
-            del self._inboxes[invocation_id]
+            self._replies.close(invocation_id)
 
     def deliver(self, request: pb.ListenRequest) -> None:
         """Route a message from the client to the invocation it belongs to."""
@@ -203,35 +186,27 @@ class ListenerStream:
         if kind == "invalidate":
             self.on_invalidate(request.invalidate)
             return
-        invocation_id: int = getattr(request, kind).invocation_id
-        inbox = self._inboxes.get(invocation_id)
-        if inbox is not None:
-            inbox.put_nowait(request)
+        self._replies.deliver(getattr(request, kind).invocation_id, request)
 
     def end(self) -> None:
         """The stream is over (closed or disposed): waiting invocations fail."""
         self.ended.set()
-        for inbox in self._inboxes.values():
-            inbox.put_nowait(None)
+        self._replies.end()
 
     def disposed(self) -> None:
         self.end()
 
-    async def _receive(
-        self, inbox: asyncio.Queue[pb.ListenRequest | None], timeout: float | None
-    ) -> pb.ListenRequest:
+    async def _receive(self, invocation_id: int, timeout: float | None) -> pb.ListenRequest:
         try:
-            async with asyncio.timeout(timeout):
-                reply = await inbox.get()
+            return await self._replies.next(invocation_id, timeout)
         except TimeoutError:
             raise ServiceError(
                 Status.DEADLINE_EXCEEDED,
                 Reason.LISTENER_TIMEOUT,
                 f'listener "{self.name}" did not answer within {timeout:g}s',
             ) from None
-        if reply is None:
-            raise self._unavailable()
-        return reply
+        except Ended:
+            raise self._unavailable() from None
 
     def _final(self, reply: pb.ListenRequest, sent: Sequence[Tool]) -> Assembly:
         kind = reply.WhichOneof("kind")
@@ -251,7 +226,7 @@ class ListenerStream:
 
     def _send(self, message: pb.ListenResponse) -> None:
         """Queue `message` on the stream (its outbox writes it; this never waits)."""
-        if self.ended.is_set() or not self._outbox.send(message):
+        if self.ended.is_set() or not self.outbox.send(message):
             raise self._unavailable()
         self.messages_sent += 1
 
@@ -272,9 +247,3 @@ class ListenerStream:
             Reason.LISTENER_UNAVAILABLE,
             f'listener "{self.name}" is unavailable: its stream has closed',
         )
-
-
-async def _route(stream: ListenStream, listener: ListenerStream) -> None:
-    while (request := await stream.read()) is not grpc.aio.EOF:
-        if isinstance(request, pb.ListenRequest):
-            listener.deliver(request)

@@ -20,11 +20,13 @@ from dsh_system_prompt_core import Reason
 from ...registry import ServiceError, Status
 
 
-class _Message(Protocol):
+class Message(Protocol):
+    """What an outbox holds: a protobuf message (it knows its size)."""
+
     def ByteSize(self) -> int: ...  # protobuf's name
 
 
-M = TypeVar("M", bound=_Message)
+M = TypeVar("M", bound=Message)
 
 
 @dataclass(frozen=True)

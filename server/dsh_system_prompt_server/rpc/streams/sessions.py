@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Mapping, Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Mapping, Sequence
 
-import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, Reason, package_version
 
@@ -21,36 +19,17 @@ from ...registry import (
     new_id,
 )
 from ...registry.limits import quota_exceeded
-from ...telemetry.logs import logger
 from ...telemetry.metrics import Metrics
 from ...telemetry.tracing import Tracing, hop
 from ..convert import provide_request, provided_from_proto
-from ..gate import Gate
-from ..status import bad_request, unknown_session
+from ..status import unknown_session
+from .broker import Broker, Ended, Replies, Stream
 from .outbox import Outbox, OutboxLimits
 from .peers import PeerCounts
 
-Out = TypeVar("Out", contravariant=True)
 SIDECAR_VERSION = f"dsh-system-prompt/{package_version()}"
 # What this sidecar can do on a session stream, when the client says it can too.
 SESSION_FEATURES = frozenset({FEATURE_CALLBACK_CACHE})
-_log = logger("sessions")
-
-
-class Stream(Protocol[Out]):
-    """The reader/writer half of a bidi call's servicer context (OpenSession, Listen)."""
-
-    async def read(self) -> object:
-        """The next request, or grpc.aio.EOF once the client has closed its side."""
-        ...
-
-    async def write(self, message: Out) -> None: ...
-
-    def peer(self) -> str:
-        """The peer's address as gRPC names it, e.g. `ipv4:127.0.0.1:53210` or `unix:`."""
-        ...
-
-
 SessionStream = Stream[pb.OpenSessionResponse]
 
 
@@ -66,16 +45,21 @@ class Session:
         self.client_name = client_name
         self.peer = peer
         self.outbox = outbox
-        self.closed = False
+        self.ended = asyncio.Event()
         self.provide_requests = 0  # one per assembly that needed this session
-        self._pending: dict[int, asyncio.Future[pb.ProvideResponse]] = {}
+        self._replies = Replies[pb.ProvideResponse]()
         self._call_ids = itertools.count(1)
+        self.on_invalidate: Callable[[pb.CacheInvalidate], None] = lambda _: None
+
+    @property
+    def label(self) -> str:
+        return f"{self.id} ({self.client_name[:64]})"
 
     async def provide(
         self, calls: Sequence[ProviderCall], context: AssembleContext, timeout: float | None
     ) -> Mapping[str, ProvidedValue]:
         """Ask the client for every value in `calls` with one message."""
-        if self.closed:
+        if self.ended.is_set():
             raise _unavailable(calls)
         call_id = next(self._call_ids)
         self.provide_requests += 1
@@ -89,11 +73,9 @@ class Session:
         call_id = request.provide.call_id
         if not self.outbox.send(request):
             raise _unavailable(calls)
-        answer: asyncio.Future[pb.ProvideResponse] = asyncio.get_running_loop().create_future()
-        self._pending[call_id] = answer
+        self._replies.open(call_id)
         try:
-            async with asyncio.timeout(timeout):
-                response = await answer
+            response = await self._replies.next(call_id, timeout)
         except TimeoutError:
             self._cancel(call_id)
             raise ServiceError(
@@ -101,40 +83,40 @@ class Session:
                 Reason.PROVIDER_TIMEOUT,
                 f"{_describe(calls)} did not answer within {timeout:g}s",
             ) from None
-        except _SessionGone:
+        except Ended:
             raise _unavailable(calls) from None
         except asyncio.CancelledError:
             self._cancel(call_id)
             raise
         finally:
-            self._pending.pop(call_id, None)
+            self._replies.close(call_id)
         return provided_from_proto(calls, response)
 
-    def deliver(self, response: pb.ProvideResponse) -> None:
-        """Hand an answer from the stream to the assembly waiting for it."""
-        waiting = self._pending.get(response.call_id)
-        if waiting is not None and not waiting.done():
-            waiting.set_result(response)
+    def deliver(self, request: pb.OpenSessionRequest) -> None:
+        """Take a message from the stream: an answer for the assembly waiting for it, or an
+        invalidation."""
+        kind = request.WhichOneof("kind")
+        if kind == "provided":
+            self._replies.deliver(request.provided.call_id, request.provided)
+        elif kind == "invalidate":
+            self.on_invalidate(request.invalidate)
 
     def close(self) -> None:
         """The stream ended: every waiting assembly fails UNAVAILABLE."""
-        self.closed = True
-        for waiting in self._pending.values():
-            if not waiting.done():
-                waiting.set_exception(_SessionGone())
-        self._pending.clear()
+        self.ended.set()
+        self._replies.end()
 
     def _cancel(self, call_id: int) -> None:
-        if not self.closed:
+        if not self.ended.is_set():
             self.outbox.send(pb.OpenSessionResponse(cancel=pb.ProvideCancel(call_id=call_id)))
 
 
-class _SessionGone(Exception):
-    pass
+class Sessions(Broker[pb.OpenSessionRequest, pb.OpenSessionResponse, Session]):
+    """The open sessions and their streams; closing one disposes what it registered."""
 
-
-class Sessions:
-    """The open sessions and their streams' life cycle; closing one disposes what it registered."""
+    kind = "session"
+    request = pb.OpenSessionRequest
+    must_start = "a session must start with SessionStart"
 
     def __init__(
         self,
@@ -145,12 +127,11 @@ class Sessions:
         outbox: OutboxLimits | None = None,
         tracing: Tracing | None = None,
     ) -> None:
+        super().__init__(metrics, outbox)
         self._registry = registry
-        self._metrics = metrics
         self._tracing = tracing
         self._max_sessions = max_sessions
         self._per_peer = PeerCounts(max_per_peer)
-        self.outbox_limits = outbox or OutboxLimits()  # for streams opened from now on
         self._open: dict[str, Session] = {}
 
     def set_limits(self, max_sessions: int, max_per_peer: int) -> None:
@@ -158,53 +139,34 @@ class Sessions:
         self._max_sessions = max_sessions
         self._per_peer.limit = max_per_peer
 
-    async def serve(self, stream: SessionStream, gate: Gate) -> None:
-        """One OpenSession stream, start to end: the start message opens a session (through
-        `gate`), answers flow to waiting assemblies, and the stream's end closes it.
-
-        Raises a Failure before the session is opened (a bad start, a full sidecar), and
-        STREAM_STALLED when the client stopped reading (the session is closed).
-        """
-        first = await stream.read()
-        if not isinstance(first, pb.OpenSessionRequest) or not first.HasField("start"):
-            raise bad_request(Reason.BAD_STREAM, "a session must start with SessionStart")
-        client_name = first.start.client_name
-        self._registry.limits.check_name("client", client_name)
-        outbox = Outbox(stream.write, self.outbox_limits, "the session")
-        with gate.call():
-            session = self.open(client_name, outbox, stream.peer())
-        writer = asyncio.create_task(outbox.run())
-        reader = asyncio.create_task(_route(stream, session, self._registry))
-        try:
-            opened = pb.SessionOpened(
-                session_id=session.id,
-                revision=self._registry.revision,
-                sidecar_version=SIDECAR_VERSION,
-                features=[name for name in first.start.features if name in SESSION_FEATURES],
-            )
-            outbox.send(pb.OpenSessionResponse(opened=opened))
-            done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
-            if reader in done:
-                reader.result()  # what ended the stream, if it failed
-        finally:
-            reader.cancel()
-            writer.cancel()
-            self.close(session)
-        if outbox.stalled.is_set():
-            _log.warning("closed session %s (%s): %s", session.id, client_name[:64],
-                         outbox.stall_reason)  # fmt: skip
-            self._metrics.peer_stalled("session")
-            raise outbox.stall_error()
+    def peer_name(self, start: pb.OpenSessionRequest) -> str:
+        return "the session"
 
     def open(
-        self, client_name: str, outbox: Outbox[pb.OpenSessionResponse], peer: str = ""
-    ) -> Session:
+        self, start: pb.OpenSessionRequest, outbox: Outbox[pb.OpenSessionResponse], peer: str
+    ) -> tuple[Session, pb.OpenSessionResponse]:
+        """A session for the client `start` names, and its SessionOpened; QUOTA_EXCEEDED
+        when the sidecar or the peer holds as many as it may."""
+        client_name = start.start.client_name
+        self._registry.limits.check_name("client", client_name)
         if len(self._open) >= self._max_sessions:
             raise quota_exceeded(f"the sidecar already has {len(self._open)} sessions, its limit")
         self._per_peer.admit(peer)
         session = Session(new_id(), client_name, outbox, peer, self._tracing)
+        session.on_invalidate = lambda request: self._invalidate(session, request)
         self._open[session.id] = session
-        return session
+        opened = pb.SessionOpened(
+            session_id=session.id,
+            revision=self._registry.revision,
+            sidecar_version=SIDECAR_VERSION,
+            features=[name for name in start.start.features if name in SESSION_FEATURES],
+        )
+        return session, pb.OpenSessionResponse(opened=opened)
+
+    def _invalidate(self, session: Session, request: pb.CacheInvalidate) -> None:
+        self._registry.invalidate_providers(session.id, set(request.provider_keys))
+        done = pb.CacheInvalidated(invalidate_id=request.invalidate_id)
+        session.outbox.send(pb.OpenSessionResponse(invalidated=done))
 
     def client_name(self, session_id: str) -> str:
         """The client name an open session started with; "" for any other id."""
@@ -230,19 +192,6 @@ class Sessions:
     def all(self) -> list[Session]:
         """The open sessions, oldest first."""
         return list(self._open.values())
-
-
-async def _route(stream: SessionStream, session: Session, registry: Registry) -> None:
-    while (request := await stream.read()) is not grpc.aio.EOF:
-        if not isinstance(request, pb.OpenSessionRequest):
-            continue
-        kind = request.WhichOneof("kind")
-        if kind == "provided":
-            session.deliver(request.provided)
-        elif kind == "invalidate":
-            registry.invalidate_providers(session.id, set(request.invalidate.provider_keys))
-            done = pb.CacheInvalidated(invalidate_id=request.invalidate.invalidate_id)
-            session.outbox.send(pb.OpenSessionResponse(invalidated=done))
 
 
 def _describe(calls: Sequence[ProviderCall]) -> str:

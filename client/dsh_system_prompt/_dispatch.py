@@ -1,0 +1,99 @@
+"""A callback stream's read loop on this client's side: dispatch what comes, release at the end.
+
+The sidecar asks on a session stream for provider values and on a listener stream for
+listener runs. Either way this client answers each request in a task of its own, one
+write at a time on the stream; a cancel names the request to give up; and when the
+stream ends the answers still running are cancelled (nobody reads them), waiting
+invalidations are released, and the owner hears of it. Written once for both streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, Protocol
+
+import grpc
+from google.protobuf.message import Message
+
+from ._callback_cache import Invalidations
+
+Handler = Callable[[Any], None]
+"""Takes the message's one field set, e.g. a ProvideRequest."""
+
+
+class _Call(Protocol):
+    async def write(self, request: Any) -> None: ...
+
+    async def read(self) -> object: ...  # a response, or grpc.aio.EOF at the end
+
+
+class Dispatch:
+    """One callback stream's reader, its running answers by id, and its writes."""
+
+    def __init__(
+        self, response: type[Message], handlers: Mapping[str, Handler], call: _Call | None = None
+    ) -> None:
+        self.call = call  # the stream, once opened
+        self._response = response
+        self.invalidations = Invalidations()
+        # A kind without a handler (a second confirmation, a newer sidecar's) is ignored.
+        self._handlers: dict[str, Handler] = {"invalidated": self._invalidated, **handlers}
+        self._write_lock = asyncio.Lock()
+        self._running: dict[int, asyncio.Task[None]] = {}
+
+    async def read(self, ended: Callable[[], None]) -> None:
+        """Dispatch each message to its kind's handler until the stream ends; then release
+        what it held and call `ended`."""
+        assert self.call is not None, "read() before the stream is opened"
+        try:
+            while isinstance(message := await self.call.read(), self._response):
+                kind = message.WhichOneof("kind")
+                handler = self._handlers.get(kind or "")
+                if handler is not None:
+                    handler(getattr(message, kind or ""))
+        except grpc.RpcError:
+            pass
+        finally:
+            self.cancel_all()  # their answers have nowhere to go now
+            self.invalidations.release()
+            ended()
+
+    def start(self, key: int, answer: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Answer request `key` in a task of its own; a repeated key is being answered."""
+        if key in self._running:
+            return
+        task = asyncio.create_task(answer())
+        self._running[key] = task
+        task.add_done_callback(lambda _: self._running.pop(key, None))
+
+    def cancel(self, key: int) -> None:
+        """The sidecar gave request `key` up."""
+        task = self._running.get(key)
+        if task is not None:
+            task.cancel()
+
+    def running(self) -> int:
+        """How many requests are being answered now."""
+        return len(self._running)
+
+    def cancel_all(self) -> None:
+        for task in list(self._running.values()):
+            task.cancel()
+
+    async def write(self, request: Message) -> None:
+        """Write `request`, one write at a time on the stream; raises when it is over (or
+        not open yet: InvalidStateError)."""
+        if self.call is None:
+            raise asyncio.InvalidStateError("the stream is not open")
+        async with self._write_lock:
+            await self.call.write(request)
+
+    async def send(self, request: Message) -> None:
+        """Write an answer; a stream that is over has failed its request already."""
+        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+            await self.write(request)
+
+    def _invalidated(self, done: Any) -> None:
+        self.invalidations.confirmed(done.invalidate_id)

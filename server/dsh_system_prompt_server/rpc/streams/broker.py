@@ -1,0 +1,216 @@
+"""A long-lived stream's life on the sidecar's side: sessions, listeners and watches alike.
+
+Every stream opens what it asks for (a session, a listener, a watch), writes through an
+outbox that bounds what its peer may leave unread and how long one write may take, and
+ends at the first of: the peer closes its side or fails, what it opened ends on its own
+(a disposed listener), the peer stalls. Whatever the end, what it opened is closed; a
+stalled peer is then logged, counted (`dsp_stalled_peers_total{kind}`) and told
+RESOURCE_EXHAUSTED STREAM_STALLED. A callback stream (a session, a listener) also starts
+with a start message of its kind, and the replies it awaits are bounded in time
+(`Replies`). A rule about how a stream opens, ends, stalls or is bounded is changed here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Awaitable
+from typing import Any, Generic, Protocol, TypeVar
+
+import grpc.aio
+from dsh_system_prompt_core import Reason
+from google.protobuf.message import Message as ProtoMessage
+
+from ...registry import ServiceError
+from ...telemetry.logs import logger
+from ...telemetry.metrics import Metrics
+from ..gate import Gate
+from ..status import bad_request
+from .outbox import Message, Outbox, OutboxLimits
+
+Out = TypeVar("Out", bound=Message)
+Out_contra = TypeVar("Out_contra", contravariant=True)
+In = TypeVar("In", bound=ProtoMessage)
+In_contra = TypeVar("In_contra", contravariant=True)
+R = TypeVar("R")
+_log = logger("streams")
+
+
+class Stream(Protocol[Out_contra]):
+    """The reader/writer half of a streaming call's servicer context."""
+
+    async def read(self) -> object:
+        """The next request, or grpc.aio.EOF once the client has closed its side."""
+        ...
+
+    async def write(self, message: Out_contra) -> None: ...
+
+    def peer(self) -> str:
+        """The peer's address as gRPC names it, e.g. `ipv4:127.0.0.1:53210` or `unix:`."""
+        ...
+
+
+class Host(Protocol[In_contra]):
+    """What a callback stream opened (a session, a listener), as its stream drives it."""
+
+    @property
+    def ended(self) -> asyncio.Event:
+        """Set once it is over, whoever ended it: its stream ends then too."""
+        ...
+
+    @property
+    def label(self) -> str:
+        """How the sidecar's log names it."""
+        ...
+
+    def deliver(self, message: In_contra) -> None:
+        """Take one message the peer sent after its start."""
+        ...
+
+
+H = TypeVar("H", bound=Host[Any])
+
+
+class Broker(ABC, Generic[In, Out, H]):
+    """One kind of callback stream: its start opens a host, and its end closes it."""
+
+    kind: str  # the stall metric's label: "session", "listener"
+    request: type[In]  # what the peer sends
+    must_start: str  # BAD_STREAM's message for a stream that does not start with a start
+
+    def __init__(self, metrics: Metrics, outbox: OutboxLimits | None) -> None:
+        self._metrics = metrics
+        self.outbox_limits = outbox or OutboxLimits()  # for streams opened from now on
+
+    async def serve(self, stream: Stream[Out], gate: Gate) -> None:
+        """One stream, start to end: its start opens a host (through `gate`), the peer's
+        messages go to it, and the first end of the stream, the host or the peer closes it.
+
+        Raises a Failure before the host is opened (a bad start, a refusal), and
+        STREAM_STALLED when the peer stopped reading (the host is closed).
+        """
+        first = await stream.read()
+        if not isinstance(first, self.request) or not first.HasField("start"):
+            raise bad_request(Reason.BAD_STREAM, self.must_start)
+        outbox = Outbox(stream.write, self.outbox_limits, self.peer_name(first))
+        with gate.call():
+            host, confirmation = self.open(first, outbox, stream.peer())
+        try:
+            outbox.send(confirmation)
+            await run(outbox, _read(stream, self.request, host), host.ended.wait())
+        finally:
+            self.close(host)
+        if outbox.stalled.is_set():
+            raise stalled(self._metrics, self.kind, host.label, outbox)
+
+    @abstractmethod
+    def peer_name(self, start: In) -> str:
+        """How a stall's status names the peer: `the session`, `listener "name"`."""
+
+    @abstractmethod
+    def open(self, start: In, outbox: Outbox[Out], peer: str) -> tuple[H, Out]:
+        """Open what `start` asks for; the host and the message that confirms it."""
+
+    @abstractmethod
+    def close(self, host: H) -> None:
+        """The stream is over: release what it held."""
+
+
+async def run(outbox: Outbox[Any], *work: Awaitable[object]) -> None:
+    """Write `outbox` while `work` runs, until the first of them ends or the peer stalls;
+    raises what a failing one raised."""
+    tasks = [asyncio.ensure_future(outbox.run()), *map(asyncio.ensure_future, work)]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()  # what ended the stream, if it failed
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def stalled(metrics: Metrics, kind: str, label: str, outbox: Outbox[Any]) -> ServiceError:
+    """Log and count a peer closed for not reading its stream; the status it ends with."""
+    _log.warning("closed %s %s: %s", kind, label, outbox.stall_reason)
+    metrics.peer_stalled(kind)
+    return outbox.stall_error()
+
+
+async def _read(stream: Stream[Any], request: type[In], host: Host[In]) -> None:
+    while (message := await stream.read()) is not grpc.aio.EOF:
+        if isinstance(message, request):
+            host.deliver(message)
+
+
+class Ended(Exception):
+    """The stream ended while a reply was awaited."""
+
+
+class Replies(Generic[R]):
+    """The replies a host awaits from its peer, by exchange id, each wait bounded in time.
+
+    An exchange is opened before its request is sent, so that a reply read before anyone
+    waits is kept; a reply to no open exchange is dropped. The stream's end fails every
+    wait with `Ended`.
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[int, _Exchange[R]] = {}
+        self._ended = False
+
+    def open(self, key: int) -> None:
+        self._open[key] = exchange = _Exchange[R]()
+        if self._ended:
+            exchange.end()
+
+    def close(self, key: int) -> None:
+        """The exchange is over (answered or abandoned): later replies to it are dropped."""
+        self._open.pop(key, None)
+
+    def deliver(self, key: int, reply: R) -> None:
+        exchange = self._open.get(key)
+        if exchange is not None:
+            exchange.put(reply)
+
+    async def next(self, key: int, timeout: float | None) -> R:
+        """The exchange's next reply; TimeoutError after `timeout`, Ended once the stream has
+        ended and no reply is left."""
+        async with asyncio.timeout(timeout):
+            return await self._open[key].get()
+
+    def end(self) -> None:
+        self._ended = True
+        for exchange in self._open.values():
+            exchange.end()
+
+
+class _Exchange(Generic[R]):
+    """One exchange's replies: kept in order, one waiter at a time."""
+
+    def __init__(self) -> None:
+        self._replies: deque[R] = deque()
+        self._waiter: asyncio.Future[R] | None = None
+        self._ended = False
+
+    def put(self, reply: R) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(reply)
+        else:
+            self._replies.append(reply)
+
+    async def get(self) -> R:
+        if self._replies:
+            return self._replies.popleft()
+        if self._ended:
+            raise Ended
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            return await self._waiter
+        finally:
+            self._waiter = None
+
+    def end(self) -> None:
+        self._ended = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(Ended())
