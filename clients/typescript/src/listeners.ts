@@ -1,11 +1,12 @@
 /** A waterfall listener's stream: invocations in, next() and results out. */
 
 import { create } from "@bufbuild/protobuf";
-import type { ClientDuplexStream, StatusObject } from "@grpc/grpc-js";
+import type { ClientDuplexStream } from "@grpc/grpc-js";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
-import { Confirmation, Deferred } from "./async.js";
+import { Deferred } from "./async.js";
+import { openCallbackStream } from "./callbackStream.js";
 import { assemblyFromProto, assemblyToProto, contextFromProto } from "./convert.js";
-import { Code, NoAnswer, Reason, SystemPromptError, protocolError, streamEnded } from "./errors.js";
+import { Code, Reason, SystemPromptError, protocolError } from "./errors.js";
 import { describe } from "./providers.js";
 import type { Rpc } from "./rpc.js";
 import { ToolSchema, type AssembleContext, type PromptAssembly, type ToolSchemaLike } from "./types.js";
@@ -73,35 +74,24 @@ export class ListenerStream {
   start(start: pb.ListenStart, timeoutMs: number): Promise<string> {
     const call = this.#rpc.bidi(pb.SystemPromptService.method.listen);
     this.#call = call;
-    const confirmation = new Confirmation<string>(timeoutMs, () => {
-      call.cancel(); // a silent sidecar keeps no stream of ours
-      return new NoAnswer("installing a listener", timeoutMs);
-    });
-    let registered = false;
-    call.on("data", (message: pb.ListenResponse) => {
-      const kind = message.kind;
-      if (registered) {
-        this.#receive(message);
-      } else if (confirmation.settled) {
-        return;
-      } else if (kind.case !== "registered" || !kind.value.registrationId) {
-        call.cancel();
-        confirmation.fail(protocolError("the listener stream did not start with ListenerRegistered"));
-      } else {
-        registered = true;
+    const begin = create(pb.ListenRequestSchema, { kind: { case: "start", value: start } });
+    return openCallbackStream(call, begin, timeoutMs, {
+      doing: "installing a listener",
+      unconfirmed: "the listener stream did not start with ListenerRegistered",
+      endedEarly: "it closed the listener stream",
+      confirm: (first) => {
+        const kind = first.kind;
+        if (kind.case !== "registered" || !kind.value.registrationId) return undefined;
         // Only what both sides support: a sidecar that confirms no feature gets none.
         this.#slots = start.features.includes(FEATURE_TOOL_SLOTS) && kind.value.features.includes(FEATURE_TOOL_SLOTS);
-        confirmation.confirm(kind.value.registrationId);
-      }
+        return kind.value.registrationId;
+      },
+      receive: (message) => this.#receive(message),
+      ended: (opened) => {
+        for (const id of [...this.#running.keys()]) this.#abandon(id); // their replies have nowhere to go
+        if (opened && !this.#closing) this.#onLost(); // the sidecar dropped the listener: the session is made again
+      },
     });
-    call.on("error", () => undefined); // the status below says it all
-    call.on("status", (status: StatusObject) => {
-      for (const id of [...this.#running.keys()]) this.#abandon(id); // their replies have nowhere to go
-      if (!registered) confirmation.fail(streamEnded("it closed the listener stream", status));
-      else if (!this.#closing) this.#onLost(); // the sidecar dropped the listener: the session is made again
-    });
-    call.write(create(pb.ListenRequestSchema, { kind: { case: "start", value: start } }));
-    return confirmation.promise;
   }
 
   #receive(message: pb.ListenResponse): void {

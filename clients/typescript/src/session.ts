@@ -8,10 +8,10 @@
  */
 
 import { create } from "@bufbuild/protobuf";
-import type { ClientDuplexStream, StatusObject } from "@grpc/grpc-js";
+import type { ClientDuplexStream } from "@grpc/grpc-js";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
-import { Confirmation, Deferred, within } from "./async.js";
-import { NoAnswer, protocolError, streamEnded } from "./errors.js";
+import { Deferred, within } from "./async.js";
+import { openCallbackStream } from "./callbackStream.js";
 import type { Providers } from "./providers.js";
 import type { Rpc } from "./rpc.js";
 
@@ -51,36 +51,27 @@ export class Session {
   ): Promise<Session> {
     const stream: SessionStream = rpc.bidi(pb.SystemPromptService.method.openSession);
     const finished = new Deferred<void>();
-    const confirmation = new Confirmation<Session>(timeoutMs, () => {
-      stream.cancel(); // a silent sidecar keeps no stream of ours
-      return new NoAnswer("opening the session", timeoutMs);
-    });
     let session: Session | undefined;
-    stream.on("data", (message: pb.OpenSessionResponse) => {
-      if (session !== undefined) {
-        session.#receive(message);
-      } else if (confirmation.settled) {
-        return;
-      } else if (message.kind.case !== "opened" || !message.kind.value.sessionId) {
-        stream.cancel();
-        confirmation.fail(protocolError("the session stream did not start with SessionOpened"));
-      } else {
-        session = new Session(stream, message.kind.value, providers, finished.promise);
-        confirmation.confirm(session);
-      }
+    const start = create(pb.OpenSessionRequestSchema, {
+      kind: { case: "start", value: { clientName, clientVersion: CLIENT_VERSION } },
     });
-    stream.on("error", () => undefined); // the status below says it all
-    stream.on("status", (status: StatusObject) => {
-      finished.resolve();
-      if (session === undefined) confirmation.fail(streamEnded("it ended the session stream before opening it", status));
-      else session.#lost(onLost);
+    return openCallbackStream(stream, start, timeoutMs, {
+      doing: "opening the session",
+      unconfirmed: "the session stream did not start with SessionOpened",
+      endedEarly: "it ended the session stream before opening it",
+      confirm: (first) => {
+        if (first.kind.case !== "opened" || !first.kind.value.sessionId) return undefined;
+        session = new Session(stream, first.kind.value, providers, finished.promise);
+        return session;
+      },
+      receive: (message) => {
+        if (session !== undefined) session.#receive(message);
+      },
+      ended: () => {
+        finished.resolve();
+        if (session !== undefined) session.#lost(onLost);
+      },
     });
-    stream.write(
-      create(pb.OpenSessionRequestSchema, {
-        kind: { case: "start", value: { clientName, clientVersion: CLIENT_VERSION } },
-      }),
-    );
-    return confirmation.promise;
   }
 
   /** The stream is over, whoever ended it. */
