@@ -307,3 +307,37 @@ func TestAUnixSocketAddressAndAStaticToolUpdate(t *testing.T) {
 		t.Fatalf("parameters that are not JSON are refused before sending: %v", err)
 	}
 }
+
+func TestConcurrentRegistrationsAndAssembliesFromManyGoroutines(t *testing.T) {
+	client := connect(t, shared(t))
+	scope := must[*dsp.Scope](t)(client.Scope(bg, "go-concurrent"))
+	must[*dsp.Handle[string]](t)(scope.SectionFunc(bg, "who", 1, func(_ context.Context, a dsp.AssembleContext) (string, error) {
+		time.Sleep(5 * time.Millisecond) // several ProvideRequests are outstanding at once
+		return fmt.Sprint(a.Get("n")), nil
+	}))
+	errs := make(chan error, 16)
+	for g := 0; g < 8; g++ {
+		go func(g int) {
+			errs <- func() error {
+				handle, err := scope.Section(bg, fmt.Sprintf("own-%d", g), float64(10+g), "Own.")
+				if err != nil {
+					return err
+				}
+				for i := 0; i < 10; i++ {
+					assembly, err := client.Assemble(bg, dsp.ForScope("go-concurrent"), dsp.WithFields(map[string]any{"n": g*100 + i}))
+					if err != nil {
+						return err
+					}
+					if got, want := text(assembly, "who"), fmt.Sprint(g*100+i); got != want {
+						return fmt.Errorf("assembly for %s got %s", want, got)
+					}
+				}
+				return handle.Dispose(bg)
+			}()
+		}(g)
+	}
+	for g := 0; g < 8; g++ {
+		check(t, <-errs)
+	}
+	equal(t, names(must[*dsp.Assembly](t)(client.Assemble(bg, dsp.ForScope("go-concurrent"), dsp.WithFields(map[string]any{"n": 1}))).Sections), []string{"who"})
+}
