@@ -18,7 +18,7 @@ import grpc
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server import Sidecar, parse_config, start_sidecar
-from helpers import ClientFactory, SidecarFactory
+from helpers import ClientFactory, SidecarFactory, raw_channel, raw_stub
 from scripted import LoopWatch, Script, ScriptedSidecar, left_behind
 
 
@@ -63,6 +63,14 @@ async def connect(sidecar: Sidecar) -> AsyncIterator[ClientFactory]:
 async def client(connect: ClientFactory) -> dsp.Client:
     """One client session on the default sidecar."""
     return await connect()
+
+
+@pytest.fixture
+async def stub(sidecar: Sidecar) -> AsyncIterator[pb_grpc.SystemPromptServiceStub]:
+    """The wire contract itself on the default sidecar, as a client in another language
+    would call it."""
+    async with raw_channel(sidecar.address) as channel:
+        yield raw_stub(channel)
 
 
 # -- scripted sidecars (pytest-grpc serves one per test module; tests/scripted.py) -----

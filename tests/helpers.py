@@ -36,8 +36,8 @@ def tool(name: str, description: str = "") -> dsp.ToolSchema:
     return dsp.ToolSchema(name, description or f"the {name} tool", {"type": "object"})
 
 
-async def eventually(check: Check, what: str, timeout: float = 5.0, interval: float = 0.02) -> None:
-    """Poll `check` (plain or async) until it is true; fail saying `what` never came.
+async def polled(check: Check, timeout: float = 5.0, interval: float = 0.02) -> object:
+    """Poll `check` (plain or async) until it is true or `timeout` passes; its last answer.
 
     `timeout` bounds the whole wait, a check that hangs included.
     """
@@ -49,12 +49,19 @@ async def eventually(check: Check, what: str, timeout: float = 5.0, interval: fl
                 if inspect.isawaitable(last):
                     last = await last
                 if last:
-                    return
+                    return last
                 await asyncio.sleep(interval)
     except TimeoutError:
         if not bound.expired():
             raise  # the check's own timeout, not ours
-    pytest.fail(f"{what}: still not so after {timeout:g}s (last check gave {last!r})")
+    return last
+
+
+async def eventually(check: Check, what: str, timeout: float = 5.0, interval: float = 0.02) -> None:
+    """Poll `check` (plain or async) until it is true; fail saying `what` never came."""
+    last = await polled(check, timeout, interval)
+    if not last:
+        pytest.fail(f"{what}: still not so after {timeout:g}s (last check gave {last!r})")
 
 
 # -- sessions and change events -------------------------------------------------------
@@ -91,10 +98,14 @@ def section(name: str, text: str) -> dsp.AssembledSection:
     return dsp.AssembledSection(name, text)
 
 
-async def rejection(awaitable: Awaitable[object]) -> dsp.SystemPromptError:
-    """The SystemPromptError `awaitable` fails with (the test fails if it succeeds)."""
+async def rejection(
+    awaitable: Awaitable[object], within: float | None = None
+) -> dsp.SystemPromptError:
+    """The SystemPromptError `awaitable` fails with (the test fails if it succeeds, or if
+    it is still running after `within` seconds when that is given)."""
     with pytest.raises(dsp.SystemPromptError) as caught:
-        await awaitable
+        async with asyncio.timeout(within):
+            await awaitable
     return caught.value
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import shutil
 import socket
@@ -25,6 +26,33 @@ def sidecar_command() -> str:
     found = shutil.which("dsh-system-prompt")
     assert found, "the dsh-system-prompt command is not installed"
     return found
+
+
+async def cli(
+    *args: str, timeout: float = 20, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    """Run `dsh-system-prompt ARGS` (stdout piped: plain output); exit code, stdout, stderr.
+
+    `env` adds to the environment (DSP_ADDRESS is dropped from it unless given there).
+    """
+    environment = {k: v for k, v in os.environ.items() if k != "DSP_ADDRESS"} | (env or {})
+    process = await asyncio.create_subprocess_exec(
+        sidecar_command(),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=environment,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def cli_output(*args: str) -> str:
+    """What `dsh-system-prompt ARGS` prints; the test fails unless it exits 0."""
+    code, out, err = await cli(*args)
+    assert code == 0, err
+    return out
 
 
 def free_port() -> int:

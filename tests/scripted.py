@@ -28,8 +28,10 @@ from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
+from helpers import polled
 
 CALL_TIMEOUT_S = 0.5  # the call_timeout of the clients tests connect
+HANG_S = 5.0  # a client call still running after this long has hung
 WAIT_S = 30.0  # a silent script gives up after this, so a stuck test frees its thread
 
 
@@ -318,9 +320,9 @@ _TICK_S = 0.01
 async def left_behind(before: set[asyncio.Task[Any]]) -> set[asyncio.Task[Any]]:
     """Tasks started since `before` that are still alive, after giving them a moment."""
     current = asyncio.current_task()
-    for _ in range(50):  # cancelled tasks need a few loop turns to finish
-        alive = {t for t in asyncio.all_tasks() - before if t is not current and not t.done()}
-        if not alive:
-            return alive
-        await asyncio.sleep(0.02)
-    return alive
+
+    def alive() -> set[asyncio.Task[Any]]:
+        return {t for t in asyncio.all_tasks() - before if t is not current and not t.done()}
+
+    await polled(lambda: not alive(), timeout=1.0)  # cancelled tasks need a few loop turns
+    return alive()

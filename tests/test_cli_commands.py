@@ -4,34 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 
 import dsh_system_prompt as dsp
 from dsh_system_prompt_core import package_version
 from dsh_system_prompt_server import Sidecar
 from helpers import IDENTITY, eventually, tool
-from processes import free_port, sidecar_command
-
-
-async def cli(
-    *args: str, timeout: float = 20, env: dict[str, str] | None = None
-) -> tuple[int, str, str]:
-    """Run `dsh-system-prompt ARGS` (stdout piped: plain output); exit code, stdout, stderr.
-
-    `env` adds to the environment (DSP_ADDRESS is dropped from it unless given there).
-    """
-    environment = {k: v for k, v in os.environ.items() if k != "DSP_ADDRESS"} | (env or {})
-    process = await asyncio.create_subprocess_exec(
-        sidecar_command(),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=environment,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), timeout)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
+from processes import cli, free_port, sidecar_command
 
 
 async def test_assemble_prints_the_rendered_prompt(sidecar: Sidecar, client: dsp.Client) -> None:

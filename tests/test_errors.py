@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import dsh_system_prompt as dsp
 import grpc
@@ -17,13 +17,6 @@ from google.rpc import error_details_pb2, status_pb2
 from helpers import ClientFactory, rejection, section_names, tool
 
 ERROR_DOMAIN = "dsh.systemprompt.v1"
-
-
-@pytest.fixture
-async def stub(sidecar: Sidecar) -> AsyncIterator[pb_grpc.SystemPromptServiceStub]:
-    """The wire contract itself, as a client in another language would call it."""
-    async with grpc.aio.insecure_channel(sidecar.address) as channel:
-        yield pb_grpc.SystemPromptServiceStub(channel)
 
 
 async def raw_failure(call: Awaitable[object]) -> grpc.aio.AioRpcError:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-
 import dsh_system_prompt as dsp
 import grpc
 import grpc.aio
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import Sidecar
-from helpers import SidecarFactory, raw_channel, raw_stub, section_names, tool
+from helpers import (
+    SidecarFactory,
+    eventually,
+    raw_channel,
+    raw_stub,
+    rejection,
+    section_names,
+    tool,
+)
 
 SMALL = {
     "max_name_bytes": 16,
@@ -30,15 +35,9 @@ async def small(make_sidecar: SidecarFactory) -> Sidecar:
     return await make_sidecar(limits=SMALL)
 
 
-async def rejected(call: object) -> dsp.SystemPromptError:
-    with pytest.raises(dsp.SystemPromptError) as failure:
-        await call  # type: ignore[misc]
-    return failure.value
-
-
 async def test_a_name_over_the_limit_is_invalid_and_leaves_nothing(small: Sidecar) -> None:
     async with dsp.connect(small.address) as client:
-        error = await rejected(client.section("n" * 17, 1, "x"))
+        error = await rejection(client.section("n" * 17, 1, "x"))
         assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "VALUE_TOO_LARGE")
         assert error.message == "prompt section name is 17 bytes, over the limit of 16"
         assert len(small.registry.registrations(owner=client.session_id)) == 0
@@ -46,13 +45,13 @@ async def test_a_name_over_the_limit_is_invalid_and_leaves_nothing(small: Sideca
 
 async def test_names_are_measured_in_utf8_bytes(small: Sidecar) -> None:
     async with dsp.connect(small.address) as client:
-        error = await rejected(client.variable("é" * 9, "x"))
+        error = await rejection(client.variable("é" * 9, "x"))
     assert "18 bytes, over the limit of 16" in str(error)
 
 
 async def test_a_text_over_the_limit_is_invalid(small: Sidecar) -> None:
     async with dsp.connect(small.address) as client:
-        error = await rejected(client.context("long", 1, "x" * 65))
+        error = await rejection(client.context("long", 1, "x" * 65))
         assert error.message == 'prompt context "long" text is 65 bytes, over the limit of 64'
         assert small.registry.changes.revision == 2  # only the built-ins ever registered
 
@@ -60,14 +59,14 @@ async def test_a_text_over_the_limit_is_invalid(small: Sidecar) -> None:
 async def test_a_tool_schema_over_the_limit_is_invalid(small: Sidecar) -> None:
     big = dsp.ToolSchema("big", "d", {"type": "object", "description": "y" * 200})
     async with dsp.connect(small.address) as client:
-        error = await rejected(client.tools([tool("ok"), big]))
+        error = await rejection(client.tools([tool("ok"), big]))
         assert error.reason == "VALUE_TOO_LARGE"
         assert 'tool "big" schema is' in str(error)
         assert (await client.assemble()).tools == []
 
 
 async def test_tool_parameters_must_be_a_json_object(client: dsp.Client) -> None:
-    error = await rejected(client.tools([dsp.ToolSchema("t", "d", [1, 2])]))  # type: ignore[arg-type]
+    error = await rejection(client.tools([dsp.ToolSchema("t", "d", [1, 2])]))  # type: ignore[arg-type]
     assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_JSON")
     assert error.message == 'tool "t" parameters must be a JSON object'
 
@@ -75,7 +74,7 @@ async def test_tool_parameters_must_be_a_json_object(client: dsp.Client) -> None
 async def test_a_dynamic_answer_over_the_limit_fails_the_assembly(small: Sidecar) -> None:
     async with dsp.connect(small.address) as client:
         await client.section("grows", 1, lambda ctx: "z" * 100)
-        error = await rejected(client.assemble())
+        error = await rejection(client.assemble())
     assert error.reason == "PROVIDER_FAILED"
     assert 'section provider "grows" (global) failed' in str(error)
     assert "over the limit of 64" in str(error)
@@ -85,7 +84,7 @@ async def test_registrations_per_session_are_a_quota(small: Sidecar) -> None:
     async with dsp.connect(small.address) as client:
         for index in range(5):
             await client.variable(f"v{index}", "x")
-        error = await rejected(client.variable("v5", "x"))
+        error = await rejection(client.variable("v5", "x"))
         assert (error.code, error.reason) == (
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             "QUOTA_EXCEEDED",
@@ -97,7 +96,7 @@ async def test_registrations_per_session_are_a_quota(small: Sidecar) -> None:
 
 async def test_sessions_are_a_quota(small: Sidecar) -> None:
     async with dsp.connect(small.address), dsp.connect(small.address):
-        error = await rejected(dsp.connect(small.address))
+        error = await rejection(dsp.connect(small.address))
     assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "2 sessions" in str(error)
 
@@ -111,7 +110,7 @@ async def test_listeners_are_a_quota(small: Sidecar) -> None:
     async with dsp.connect(small.address) as client:
         await client.on_assemble(passthrough)
         await client.on_assemble(passthrough)
-        error = await rejected(client.on_assemble(passthrough))
+        error = await rejection(client.on_assemble(passthrough))
         assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         await client.assemble()
 
@@ -119,7 +118,7 @@ async def test_listeners_are_a_quota(small: Sidecar) -> None:
 async def test_watchers_are_a_quota(small: Sidecar) -> None:
     async with dsp.connect(small.address) as client:
         first = await client.watch_changes()
-        error = await rejected(client.watch_changes())
+        error = await rejection(client.watch_changes())
         assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         await first.close()
 
@@ -128,7 +127,7 @@ async def test_a_message_over_the_size_limit_is_refused_and_the_sidecar_serves_o
     small: Sidecar,
 ) -> None:
     async with dsp.connect(small.address) as client:
-        error = await rejected(client.assemble(fields={"blob": "b" * 8192}))
+        error = await rejection(client.assemble(fields={"blob": "b" * 8192}))
         assert error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         await client.section("after", 1, "still serving")
         assert "after" in section_names(await client.assemble())
@@ -159,7 +158,7 @@ async def test_one_connection_gets_at_most_max_sessions_per_peer_and_others_stil
         async with dsp.connect(sidecar.address) as agent:  # its own connection: admitted
             assert section_names(await agent.assemble(timeout=5))
         calls[0].cancel()
-        await _until(lambda: len(sidecar.state.sessions) == 3)
+        await eventually(lambda: len(sidecar.state.sessions) == 3, "the cancelled session is gone")
         calls.append(await open_raw_session(flood))  # a closed session frees its slot
         for call in calls:
             call.cancel()
@@ -194,17 +193,8 @@ async def test_python_clients_in_one_process_each_have_their_own_connection(
             await client.close()
 
 
-async def _until(condition: Callable[[], bool], timeout: float = 5) -> None:
-    """Poll `condition` (a count the sidecar updates when a stream ends) until true."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + timeout
-    while not condition():
-        assert loop.time() < give_up, f"condition not reached within {timeout}s"
-        await asyncio.sleep(0.01)
-
-
 async def test_a_client_name_over_the_name_limit_is_refused(small: Sidecar) -> None:
-    error = await rejected(dsp.connect(small.address, client_name="c" * 17))
+    error = await rejection(dsp.connect(small.address, client_name="c" * 17))
     assert (error.code, error.reason, error.message) == (
         grpc.StatusCode.INVALID_ARGUMENT,
         "VALUE_TOO_LARGE",
@@ -215,7 +205,7 @@ async def test_a_client_name_over_the_name_limit_is_refused(small: Sidecar) -> N
 
 async def test_an_assembly_scope_key_over_the_name_limit_is_refused(small: Sidecar) -> None:
     async with dsp.connect(small.address) as client:
-        error = await rejected(client.assemble(scope="s" * 17))
+        error = await rejection(client.assemble(scope="s" * 17))
         assert (error.code, error.reason, error.message) == (
             grpc.StatusCode.INVALID_ARGUMENT,
             "VALUE_TOO_LARGE",
@@ -227,7 +217,7 @@ async def test_registered_values_share_a_total_budget(make_sidecar: SidecarFacto
     sidecar = await make_sidecar(limits={"max_total_bytes": 10_000})
     async with dsp.connect(sidecar.address) as client:
         first = await client.section("first", 1, "a" * 6_000)
-        error = await rejected(client.section("second", 2, "b" * 6_000))
+        error = await rejection(client.section("second", 2, "b" * 6_000))
         assert (error.code, error.reason, error.message) == (
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             "QUOTA_EXCEEDED",
@@ -246,7 +236,7 @@ async def test_an_assembly_too_large_to_send_fails_with_a_reason(
     async with dsp.connect(sidecar.address) as client:
         for index in range(3):  # each registration fits in a message, the three together not
             await client.section(f"part-{index}", index, "p" * 3_000)
-        error = await rejected(client.assemble())
+        error = await rejection(client.assemble())
         assert (error.code, error.reason) == (
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             "RESPONSE_TOO_LARGE",

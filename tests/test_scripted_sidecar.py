@@ -17,9 +17,10 @@ import dsh_system_prompt as dsp
 import grpc
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from helpers import eventually
+from helpers import eventually, rejection
 from scripted import (
     CALL_TIMEOUT_S,
+    HANG_S,
     End,
     Peer,
     Script,
@@ -34,13 +35,6 @@ from scripted import (
 )
 
 grpc_max_workers = 32  # pytest-grpc: each open stream of the scripted sidecar holds a thread
-
-
-async def bounded(awaitable: Any, seconds: float = 5.0) -> dsp.SystemPromptError:
-    """The SystemPromptError `awaitable` raises within `seconds` (a hang fails the test)."""
-    with pytest.raises(dsp.SystemPromptError) as failure:
-        await asyncio.wait_for(awaitable, seconds)
-    return failure.value
 
 
 def provide(call_id: int, key: str, fields_json: str = "") -> pb.OpenSessionResponse:
@@ -83,7 +77,7 @@ async def test_a_session_the_sidecar_never_confirms_fails_connect_within_the_cal
 ) -> None:
     scripted.script = Silent()
     started = time.monotonic()
-    error = await bounded(connect(scripted))
+    error = await rejection(connect(scripted), within=HANG_S)
     assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "SIDECAR_UNAVAILABLE")
     assert "opening the session" in error.message
     assert time.monotonic() - started < CALL_TIMEOUT_S + 2
@@ -98,7 +92,7 @@ async def test_a_session_stream_that_does_not_start_with_opened_is_a_protocol_er
             peer.wait_end()
 
     scripted.script = ProvidesFirst()
-    error = await bounded(connect(scripted))
+    error = await rejection(connect(scripted), within=HANG_S)
     assert (error.code, error.reason) == (grpc.StatusCode.INTERNAL, "PROTOCOL_ERROR")
 
 
@@ -178,7 +172,7 @@ async def test_a_registration_the_sidecar_never_answers_fails_and_the_session_is
 ) -> None:
     scripted.script = SilentAfterOpening()
     async with connect(scripted) as client:
-        error = await bounded(client.section("s", 1, "text"))
+        error = await rejection(client.section("s", 1, "text"), within=HANG_S)
         assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "SIDECAR_UNAVAILABLE")
         assert "RegisterSection" in error.message or "Contribution" in error.message
         # It may be registered on that session: a new session leaves nothing of it.
@@ -192,7 +186,7 @@ async def test_an_assembly_the_sidecar_never_answers_fails_at_its_timeout(
 ) -> None:
     scripted.script = SilentAfterOpening()
     async with connect(scripted) as client:
-        error = await bounded(client.assemble(timeout=0.3))
+        error = await rejection(client.assemble(timeout=0.3), within=HANG_S)
     assert error.code == grpc.StatusCode.DEADLINE_EXCEEDED
     assert error.reason == "UNKNOWN"
 
@@ -218,7 +212,7 @@ async def test_an_error_without_error_info_has_the_reason_unknown(
 ) -> None:
     scripted.script = Refuses(grpc.StatusCode.FAILED_PRECONDITION, "no reason given", None)
     async with connect(scripted) as client:
-        error = await bounded(client.assemble())
+        error = await rejection(client.assemble(), within=HANG_S)
     assert (error.code, error.reason, error.message) == (
         grpc.StatusCode.FAILED_PRECONDITION,
         "UNKNOWN",
@@ -231,7 +225,7 @@ async def test_an_unavailable_error_without_a_reason_is_sidecar_unavailable(
 ) -> None:
     scripted.script = Refuses(grpc.StatusCode.UNAVAILABLE, "a proxy says no", None)
     async with connect(scripted) as client:
-        error = await bounded(client.assemble())
+        error = await rejection(client.assemble(), within=HANG_S)
     assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "SIDECAR_UNAVAILABLE")
 
 
@@ -241,7 +235,7 @@ async def test_an_error_with_a_huge_message_still_arrives_with_a_code_and_reason
     huge = "x" * 200_000
     scripted.script = Refuses(grpc.StatusCode.ABORTED, huge, "PROVIDER_FAILED")
     async with connect(scripted) as client:
-        error = await bounded(client.assemble())
+        error = await rejection(client.assemble(), within=HANG_S)
         assert isinstance(error.reason, str) and error.reason
         assert len(error.message) <= 200_000
         assert await client.section("still", 1, "works") is not None
@@ -260,7 +254,7 @@ async def test_a_listener_the_sidecar_never_confirms_fails_within_the_call_timeo
 
     scripted.script = SilentListener()
     async with connect(scripted) as client:
-        error = await bounded(client.on_assemble(_pass_through))
+        error = await rejection(client.on_assemble(_pass_through), within=HANG_S)
         assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "SIDECAR_UNAVAILABLE")
         assert "listener" in error.message
 
@@ -275,7 +269,7 @@ async def test_a_listener_stream_that_does_not_start_with_registered_is_a_protoc
 
     scripted.script = InvokesFirst()
     async with connect(scripted) as client:
-        error = await bounded(client.on_assemble(_pass_through))
+        error = await rejection(client.on_assemble(_pass_through), within=HANG_S)
     assert error.reason == "PROTOCOL_ERROR"
 
 
@@ -494,7 +488,7 @@ async def test_a_change_stream_the_sidecar_never_confirms_fails_within_the_call_
 
     scripted.script = SilentWatch()
     async with connect(scripted) as client:
-        error = await bounded(client.watch_changes())
+        error = await rejection(client.watch_changes(), within=HANG_S)
     assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "SIDECAR_UNAVAILABLE")
 
 
