@@ -1,0 +1,50 @@
+"""One function per figure of the issue, in modules by family; each returns the figures
+it measured. `ALL` names them in the order `python -m bench` runs them.
+
+Every comparison is measured side by side in the same run, interleaved (see
+`stats.interleaved`), and the figure is the ratio; absolute times are details.
+The sidecars run in child processes (`procs`); the bench process is the client,
+and it also hosts the client-side callables (dynamic providers, listeners).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from ..report import Figure
+from .assemble import (
+    client_assemble,
+    go_client_assemble,
+    grpc_assemble,
+    in_process,
+    ts_client_assemble,
+)
+from .callbacks import cached_callbacks, dynamic_sections, listeners
+from .harness import Budget, Harness, collect_garbage
+from .memory import memo_memory, session_memory
+from .scale import many_scopes, report_cost, throughput, unix_vs_tcp
+from .watches import change_fan_out, idle_watchers
+
+FigureFn = Callable[[Harness], Awaitable[list[Figure]]]
+
+ALL: dict[str, FigureFn] = {
+    "in_process": in_process,
+    "grpc_assemble": grpc_assemble,
+    "client_assemble": client_assemble,
+    "ts_client_assemble": ts_client_assemble,
+    "go_client_assemble": go_client_assemble,
+    "many_scopes": many_scopes,
+    "report_cost": report_cost,
+    "dynamic_sections": dynamic_sections,
+    "listeners": listeners,
+    "cached_callbacks": cached_callbacks,
+    "throughput": throughput,
+    "unix_vs_tcp": unix_vs_tcp,
+    "change_fan_out": change_fan_out,
+    "idle_watchers": idle_watchers,
+    "session_memory": session_memory,
+    "memo_memory": memo_memory,
+}
+
+
+__all__ = ["ALL", "Budget", "FigureFn", "Harness", "collect_garbage"]

@@ -1,0 +1,252 @@
+"""The assemble under scale: many other scopes, a report history, concurrent clients,
+and the transport (unix socket or loopback TCP)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from typing import Any
+
+import dsh_system_prompt as dsp
+
+from ..report import Figure, X, at_least, at_most
+from ..stats import Operation, interleaved, ratio
+from .harness import (
+    OWN_CONNECTION,
+    Harness,
+    Probe,
+    fresh_sidecars,
+    gather_limited,
+    timed_ratio_details,
+)
+
+
+async def many_scopes(h: Harness) -> list[Figure]:
+    """The client assemble on a sidecar that also holds 1,000 other scopes, each
+    with 20 sections and one scoped listener, vs the same on a twin without them."""
+    scopes, per_scope, holders = 1000, 20, 4
+    started = time.perf_counter()
+    clients: list[dsp.Client] = []
+    async with fresh_sidecars(h, "127.0.0.1:0", "127.0.0.1:0", label="scopes") as (plain, loaded):
+        try:
+            for i in range(holders):
+                clients.append(await dsp.connect(loaded.address, client_name=f"bench-scopes-{i}"))
+
+            async def untouched(
+                assembly: dsp.PromptAssembly, context: dsp.AssembleContext, next_: Any
+            ) -> Any:
+                return next_()
+
+            async def fill(index: int) -> None:
+                scope = await clients[index % holders].scope(f"agent-{index:04d}")
+                for j in range(per_scope):
+                    await scope.section(f"agent-section-{j:02d}", j, f"Agent {index} rule {j}.")
+                await scope.on_assemble(untouched)
+
+            await gather_limited([fill(i) for i in range(scopes)], limit=50)
+            setup_s = time.perf_counter() - started
+            probe_loaded = await dsp.connect(loaded.address, client_name="bench-probe")
+            probe_plain = await dsp.connect(plain.address, client_name="bench-probe")
+            clients += [probe_loaded, probe_plain]
+            samples = await interleaved(
+                {"with_1000_scopes": probe_loaded.assemble, "without": probe_plain.assemble},
+                iterations=h.budget.n(1500),
+                warmup=h.budget.n(150),
+            )
+            rss_mib = {"with": loaded.rss_kib() // 1024, "without": plain.rss_kib() // 1024}
+        finally:
+            for client in reversed(clients):
+                await client.close()
+    value = ratio(samples["with_1000_scopes"].p50, samples["without"].p50)
+    return [
+        Figure(
+            key="many_scopes",
+            name="client assemble with 1,000 other scopes / with none",
+            value=round(value, 2),
+            unit=f"{X} p50",
+            **at_most(value, 1.1),
+            details={
+                **timed_ratio_details(samples),
+                "other_scopes": scopes,
+                "registrations_per_scope": per_scope,
+                "listeners": scopes,
+                "setup_s": round(setup_s, 1),
+                "sidecar_rss_mib": rss_mib,
+                "method": "two fresh sidecar processes with the same load, one also holding "
+                "the scopes; the probes (one client each) alternate between them",
+            },
+        )
+    ]
+
+
+async def report_cost(h: Harness) -> list[Figure]:
+    """Assemblies that do not ask for a report, on a sidecar that has reported on
+    1,000 scopes, vs the same on a twin that never reported: the report costs
+    nothing to those who do not ask. The reported assembly's own cost is context."""
+    scopes = 1000
+    async with fresh_sidecars(h, "127.0.0.1:0", "127.0.0.1:0", label="reports") as (plain, used):
+        probe_plain, probe_used = Probe.open(plain.address), Probe.open(used.address)
+        try:
+            for index in range(scopes):
+                for _ in range(2):  # two reports each: a history to compare with
+                    await probe_used.assemble_report(f"agent-{index:04d}")()
+            samples = await interleaved(
+                {
+                    "after_1000_reported_scopes": probe_used.assemble(),
+                    "never_reported": probe_plain.assemble(),
+                    "asking_for_a_report": probe_used.assemble_report(),
+                },
+                iterations=h.budget.n(1500),
+                warmup=h.budget.n(150),
+            )
+        finally:
+            await probe_plain.close()
+            await probe_used.close()
+    value = ratio(samples["after_1000_reported_scopes"].p50, samples["never_reported"].p50)
+    return [
+        Figure(
+            key="report_cost",
+            name="assemble without a report, after 1,000 reported scopes / never reported",
+            value=round(value, 2),
+            unit=f"{X} p50",
+            **at_most(value, 1.1),
+            details={
+                **timed_ratio_details(samples),
+                "report_over_plain_p50": round(
+                    ratio(samples["asking_for_a_report"].p50, samples["never_reported"].p50), 2
+                ),
+                "method": "two fresh sidecar processes with the realistic load; one first "
+                "answers 2 reported assemblies for each of 1,000 scopes; raw Assemble (rendered) "
+                "alternates between them",
+            },
+        )
+    ]
+
+
+async def throughput(h: Harness) -> list[Figure]:
+    """8 clients, each on its own connection, as fast as they can: assemblies/s
+    vs Health.Check/s, in alternating phases."""
+    clients, rounds = 8, 3
+    phase_s, warmup_s = h.budget.seconds(1.5), h.budget.seconds(0.5)
+    probes = [Probe.open(h.sidecar.address, OWN_CONNECTION) for _ in range(clients)]
+    operations: dict[str, list[Operation]] = {
+        "assemble": [p.assemble() for p in probes],
+        "empty_rpc": [p.empty for p in probes],
+    }
+    counts = {name: 0 for name in operations}
+    sidecar_cpu = {name: 0.0 for name in operations}
+    bench_cpu = {name: 0.0 for name in operations}
+    try:
+        for ops in operations.values():
+            await _saturate(ops, warmup_s)
+        for _ in range(rounds):
+            for name, ops in operations.items():
+                sidecar_before, bench_before = h.sidecar.cpu_seconds(), time.process_time()
+                counts[name] += await _saturate(ops, phase_s)
+                sidecar_cpu[name] += h.sidecar.cpu_seconds() - sidecar_before
+                bench_cpu[name] += time.process_time() - bench_before
+    finally:
+        for probe in probes:
+            await probe.close()
+    elapsed = rounds * phase_s
+    rates = {name: counts[name] / elapsed for name in operations}
+    value = ratio(rates["assemble"], rates["empty_rpc"])
+    return [
+        Figure(
+            key="throughput",
+            name="8 concurrent clients: assemblies/s / empty RPCs/s",
+            value=round(value, 2),
+            unit=X,
+            **at_least(value, 0.8),
+            display=f"{value:.2f}{X} ({rates['assemble']:,.0f} vs {rates['empty_rpc']:,.0f}/s)",
+            details={
+                "assemblies_per_s": round(rates["assemble"]),
+                "empty_rpcs_per_s": round(rates["empty_rpc"]),
+                # Which process saturates: ~1.0 s of CPU per second is one full core.
+                "sidecar_cpu_s_per_s": {
+                    name: round(cpu / elapsed, 2) for name, cpu in sidecar_cpu.items()
+                },
+                "bench_cpu_s_per_s": {
+                    name: round(cpu / elapsed, 2) for name, cpu in bench_cpu.items()
+                },
+                "sidecar_cpu_us_per_call": {
+                    name: round(sidecar_cpu[name] / counts[name] * 1e6) for name in operations
+                },
+                # The same ratio from the sidecar's CPU per call: what it would be with the
+                # sidecar saturated in both phases, less sensitive to other load on the host.
+                "cpu_capacity_ratio": round(
+                    ratio(
+                        sidecar_cpu["empty_rpc"] / counts["empty_rpc"],
+                        sidecar_cpu["assemble"] / counts["assemble"],
+                    ),
+                    2,
+                ),
+                "clients": clients,
+                "phases": f"{rounds} phases of {phase_s:g} s per operation, alternating",
+                "assemble": "Assemble with render: true, raw stub (no client-side decoding)",
+                "note": "the 8 clients share the bench process; each has its own connection",
+            },
+        )
+    ]
+
+
+async def _saturate(operations: list[Operation], seconds: float) -> int:
+    """Run every operation back to back for `seconds`; how many completed."""
+    deadline = time.perf_counter() + seconds
+    done = 0
+
+    async def loop(operation: Operation) -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            await operation()
+            done += 1
+
+    await asyncio.gather(*(loop(op) for op in operations))
+    return done
+
+
+async def unix_vs_tcp(h: Harness) -> list[Figure]:
+    """The static assemble over a unix socket vs over loopback TCP."""
+    path = f"/tmp/dsp-bench-{os.getpid()}.sock"
+    try:
+        async with fresh_sidecars(h, f"unix:{path}", "127.0.0.1:0", label="transport") as pair:
+            over_unix, over_tcp = (Probe.open(sidecar.address) for sidecar in pair)
+            try:
+                samples = await interleaved(
+                    {
+                        "assemble_unix": over_unix.assemble(),
+                        "assemble_tcp": over_tcp.assemble(),
+                        "empty_rpc_unix": over_unix.empty,
+                        "empty_rpc_tcp": over_tcp.empty,
+                    },
+                    iterations=h.budget.n(1000),
+                    warmup=h.budget.n(100),
+                )
+            finally:
+                await over_unix.close()
+                await over_tcp.close()
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    value = ratio(samples["assemble_unix"].p50, samples["assemble_tcp"].p50)
+    empty = ratio(samples["empty_rpc_unix"].p50, samples["empty_rpc_tcp"].p50)
+    faster = "unix socket" if value < 1 else "loopback TCP"
+    return [
+        Figure(
+            key="unix_vs_tcp",
+            name="static assemble over a unix socket / over loopback TCP",
+            value=round(value, 3),
+            unit=f"{X} p50",
+            target="reported",
+            met=None,
+            display=f"{value:.3f}{X} p50 ({faster} {abs(1 - value) * 100:.1f} % faster)",
+            details={
+                **timed_ratio_details(samples),
+                "empty_rpc_ratio": round(empty, 2),
+                "faster": faster,
+                "difference_pct": round(abs(1 - value) * 100, 1),
+            },
+        )
+    ]
