@@ -10,9 +10,9 @@ from dsh_system_prompt_server import Registry, RegistrySettings
 from dsh_system_prompt_server.registry import AssembleContext
 
 from .. import golang, node, workload
-from ..report import Figure, X, at_most, below
-from ..stats import Samples, interleaved, ratio
-from .harness import Harness, Probe, timed_ratio_details
+from ..report import Figure, below
+from ..stats import Samples
+from .harness import Harness, Probe, p50_ratio
 
 
 async def in_process(h: Harness) -> list[Figure]:
@@ -58,23 +58,18 @@ async def grpc_assemble(h: Harness) -> list[Figure]:
     """Assemble(render=true) vs Health.Check, same server, same channel."""
     probe = Probe.open(h.sidecar.address)
     try:
-        samples = await interleaved(
-            {"assemble": probe.assemble(), "empty_rpc": probe.empty},
-            iterations=h.budget.n(2000),
-            warmup=h.budget.n(200),
-        )
+        samples = await h.timed({"assemble": probe.assemble(), "empty_rpc": probe.empty}, 2000)
     finally:
         await probe.close()
-    value = ratio(samples["assemble"].p50, samples["empty_rpc"].p50)
     return [
-        Figure(
+        p50_ratio(
+            samples,
+            "assemble",
+            "empty_rpc",
+            1.3,
             key="grpc_assemble",
             name="gRPC Assemble (static, rendered) / empty unary RPC",
-            value=round(value, 2),
-            unit=f"{X} p50",
-            **at_most(value, 1.3),
             details={
-                **timed_ratio_details(samples),
                 "baseline": "grpc.health.v1.Health/Check on the same channel",
             },
         )
@@ -86,24 +81,21 @@ async def client_assemble(h: Harness) -> list[Figure]:
     client = await dsp.connect(h.sidecar.address, client_name="bench-client")
     probe = Probe.open(h.sidecar.address)
     try:
-        samples = await interleaved(
-            {"client_assemble": client.assemble, "empty_rpc": probe.empty},
-            iterations=h.budget.n(2000),
-            warmup=h.budget.n(200),
+        samples = await h.timed(
+            {"client_assemble": client.assemble, "empty_rpc": probe.empty}, 2000
         )
     finally:
         await client.close()
         await probe.close()
-    value = ratio(samples["client_assemble"].p50, samples["empty_rpc"].p50)
     return [
-        Figure(
+        p50_ratio(
+            samples,
+            "client_assemble",
+            "empty_rpc",
+            1.2,
             key="client_assemble",
             name="client assemble() end to end / empty unary RPC",
-            value=round(value, 2),
-            unit=f"{X} p50",
-            **at_most(value, 1.2),
             details={
-                **timed_ratio_details(samples),
                 "baseline": "grpc.health.v1.Health/Check from the same process, on a channel "
                 "of its own to the same sidecar",
             },
@@ -121,17 +113,15 @@ async def ts_client_assemble(h: Harness) -> list[Figure]:
         str(warmup),
     )
     samples = {name: Samples.of(measured[name]) for name in ("client_assemble", "empty_rpc")}
-    value = ratio(samples["client_assemble"].p50, samples["empty_rpc"].p50)
     return [
-        Figure(
+        p50_ratio(
+            samples,
+            "client_assemble",
+            "empty_rpc",
+            1.6,
             key="ts_client_assemble",
             name="TypeScript client assemble() / empty unary RPC (Node)",
-            value=round(value, 2),
-            unit=f"{X} p50",
-            target="≤ 1.6",
-            met=value <= 1.6,
             details={
-                **timed_ratio_details(samples),
                 "node": measured["node"],
                 "baseline": "grpc.health.v1.Health/Check from the same Node process, on a "
                 "channel of its own to the same sidecar",
@@ -145,16 +135,15 @@ async def go_client_assemble(h: Harness) -> list[Figure]:
     iterations, warmup = h.budget.n(2000), h.budget.n(200)
     measured = await golang.run_json(h.sidecar.address, str(iterations), str(warmup))
     samples = {name: Samples.of(measured[name]) for name in ("client_assemble", "empty_rpc")}
-    value = ratio(samples["client_assemble"].p50, samples["empty_rpc"].p50)
     return [
-        Figure(
+        p50_ratio(
+            samples,
+            "client_assemble",
+            "empty_rpc",
+            1.3,
             key="go_client_assemble",
             name="Go client Assemble / empty unary RPC (Go)",
-            value=round(value, 2),
-            unit=f"{X} p50",
-            **at_most(value, 1.3),
             details={
-                **timed_ratio_details(samples),
                 "go": measured["go"],
                 "baseline": "grpc.health.v1.Health/Check from the same Go process, on a "
                 "channel of its own to the same sidecar",

@@ -8,9 +8,9 @@ from typing import Any
 
 import dsh_system_prompt as dsp
 
-from ..report import Figure, X, at_most
-from ..stats import Samples, interleaved, ratio
-from .harness import Harness, Probe, echo_stream, timed_ratio_details, us
+from ..report import Figure, at_most
+from ..stats import Samples, ratio
+from .harness import Harness, Probe, p50_ratio, timed_ratio_details, us
 
 
 async def dynamic_sections(h: Harness) -> list[Figure]:
@@ -33,17 +33,14 @@ async def dynamic_sections(h: Harness) -> list[Figure]:
             scope_five = await client.scope("dynamic-5-sessions")
             for i in range(s * 2, s * 2 + 2):
                 await scope_five.section(f"extra-{i:02d}", 1000 + i, _provider(i))
-        async with echo_stream(h.echo.address) as echo:
-            samples = await interleaved(
-                {
-                    "static": probe.assemble("static-10"),
-                    "dynamic_1_session": probe.assemble("dynamic-1-session"),
-                    "dynamic_5_sessions": probe.assemble("dynamic-5-sessions"),
-                    "bidi_round_trip": echo.round_trip,
-                },
-                iterations=h.budget.n(1000),
-                warmup=h.budget.n(100),
-            )
+        samples = await h.timed_with_round_trip(
+            {
+                "static": probe.assemble("static-10"),
+                "dynamic_1_session": probe.assemble("dynamic-1-session"),
+                "dynamic_5_sessions": probe.assemble("dynamic-5-sessions"),
+            },
+            1000,
+        )
     finally:
         await static.dispose()
         for client in sessions:
@@ -87,17 +84,14 @@ async def listeners(h: Harness) -> list[Figure]:
     try:
         await (await client.scope("listener-before")).on_assemble(before_next)
         await (await client.scope("listener-after")).on_assemble(post_process)
-        async with echo_stream(h.echo.address) as echo:
-            samples = await interleaved(
-                {
-                    "static": probe.assemble(),
-                    "before_next": probe.assemble("listener-before"),
-                    "post_processing": probe.assemble("listener-after"),
-                    "bidi_round_trip": echo.round_trip,
-                },
-                iterations=h.budget.n(1000),
-                warmup=h.budget.n(100),
-            )
+        samples = await h.timed_with_round_trip(
+            {
+                "static": probe.assemble(),
+                "before_next": probe.assemble("listener-before"),
+                "post_processing": probe.assemble("listener-after"),
+            },
+            1000,
+        )
     finally:
         await client.close()
         await probe.close()
@@ -131,34 +125,26 @@ async def cached_callbacks(h: Harness) -> list[Figure]:
                     await scope.on_assemble(
                         _noting_listener(f"note-{s}-{i}"), cache=dsp.Cache.REVISION
                     )
-        samples = await interleaved(
-            {"empty_rpc": probe.empty, **{shape: probe.assemble(shape) for shape in shapes}},
-            iterations=h.budget.n(2000),
-            warmup=h.budget.n(200),
+        samples = await h.timed(
+            {"empty_rpc": probe.empty, **{shape: probe.assemble(shape) for shape in shapes}}, 2000
         )
     finally:
         for client in sessions:
             await client.close()
         await probe.close()
-    figures = []
-    for shape, listener_count in shapes.items():
-        value = ratio(samples[shape].p50, samples["empty_rpc"].p50)
-        figures.append(
-            Figure(
-                key=shape,
-                name=f"cacheable: 10 providers, {listener_count} listener(s), unchanged inputs"
-                " / empty unary RPC",
-                value=round(value, 2),
-                unit=f"{X} p50",
-                **at_most(value, 1.3),
-                details={
-                    **timed_ratio_details({k: samples[k] for k in ("empty_rpc", shape)}),
-                    "sessions": 5,
-                    "policy": "Cache.REVISION on every provider and listener",
-                },
-            )
+    return [
+        p50_ratio(
+            {k: samples[k] for k in ("empty_rpc", shape)},
+            shape,
+            "empty_rpc",
+            1.3,
+            key=shape,
+            name=f"cacheable: 10 providers, {listener_count} listener(s), unchanged inputs"
+            " / empty unary RPC",
+            details={"sessions": 5, "policy": "Cache.REVISION on every provider and listener"},
         )
-    return figures
+        for shape, listener_count in shapes.items()
+    ]
 
 
 def _noting_listener(name: str) -> Callable[..., Awaitable[Any]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from .. import procs, workload
 from ..echo import EchoStream
-from ..stats import Operation, Samples
+from ..report import Figure, X, at_most
+from ..stats import Operation, Samples, interleaved, ratio
 
 BUILTIN_SECTIONS = {"harness:identity", dsp.PERSONA_SECTION}
 ASSEMBLE_METHOD = "/dsh.systemprompt.v1.SystemPromptService/Assemble"
@@ -64,6 +65,22 @@ class Harness:
     async def close(self) -> None:
         await self.owner.close()
         await asyncio.gather(self.sidecar.stop(), self.echo.stop())
+
+    async def timed(
+        self, operations: Mapping[str, Operation], iterations: int
+    ) -> dict[str, Samples]:
+        """`operations` timed side by side (`stats.interleaved`): `iterations` rounds after a
+        tenth as many untimed, both scaled by the budget."""
+        return await interleaved(
+            operations, iterations=self.budget.n(iterations), warmup=self.budget.n(iterations // 10)
+        )
+
+    async def timed_with_round_trip(
+        self, operations: Mapping[str, Operation], iterations: int
+    ) -> dict[str, Samples]:
+        """As `timed`, with a bidi round trip on the echo server (`bidi_round_trip`) last."""
+        async with echo_stream(self.echo.address) as echo:
+            return await self.timed({**operations, "bidi_round_trip": echo.round_trip}, iterations)
 
 
 class Probe:
@@ -154,6 +171,29 @@ def us(ns: float) -> float:
 
 def timed_ratio_details(samples: dict[str, Samples]) -> dict[str, Any]:
     return {name: s.summary_us() for name, s in samples.items()}
+
+
+def p50_ratio(
+    samples: dict[str, Samples],
+    over: str,
+    under: str,
+    limit: float,
+    *,
+    key: str,
+    name: str,
+    details: dict[str, Any],
+) -> Figure:
+    """The figure `key`: p50 of `over` / p50 of `under`, at most `limit`; every timing of
+    `samples` and then `details` beside it."""
+    value = ratio(samples[over].p50, samples[under].p50)
+    return Figure(
+        key=key,
+        name=name,
+        value=round(value, 2),
+        unit=f"{X} p50",
+        **at_most(value, limit),
+        details={**timed_ratio_details(samples), **details},
+    )
 
 
 async def gather_limited(jobs: list[Awaitable[Any]], limit: int) -> list[Any]:

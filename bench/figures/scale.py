@@ -11,14 +11,15 @@ from typing import Any
 
 import dsh_system_prompt as dsp
 
-from ..report import Figure, X, at_least, at_most
-from ..stats import Operation, interleaved, ratio
+from ..report import Figure, X, at_least
+from ..stats import Operation, ratio
 from .harness import (
     OWN_CONNECTION,
     Harness,
     Probe,
     fresh_sidecars,
     gather_limited,
+    p50_ratio,
     timed_ratio_details,
 )
 
@@ -50,25 +51,22 @@ async def many_scopes(h: Harness) -> list[Figure]:
             probe_loaded = await dsp.connect(loaded.address, client_name="bench-probe")
             probe_plain = await dsp.connect(plain.address, client_name="bench-probe")
             clients += [probe_loaded, probe_plain]
-            samples = await interleaved(
-                {"with_1000_scopes": probe_loaded.assemble, "without": probe_plain.assemble},
-                iterations=h.budget.n(1500),
-                warmup=h.budget.n(150),
+            samples = await h.timed(
+                {"with_1000_scopes": probe_loaded.assemble, "without": probe_plain.assemble}, 1500
             )
             rss_mib = {"with": loaded.rss_kib() // 1024, "without": plain.rss_kib() // 1024}
         finally:
             for client in reversed(clients):
                 await client.close()
-    value = ratio(samples["with_1000_scopes"].p50, samples["without"].p50)
     return [
-        Figure(
+        p50_ratio(
+            samples,
+            "with_1000_scopes",
+            "without",
+            1.1,
             key="many_scopes",
             name="client assemble with 1,000 other scopes / with none",
-            value=round(value, 2),
-            unit=f"{X} p50",
-            **at_most(value, 1.1),
             details={
-                **timed_ratio_details(samples),
                 "other_scopes": scopes,
                 "registrations_per_scope": per_scope,
                 "listeners": scopes,
@@ -92,28 +90,26 @@ async def report_cost(h: Harness) -> list[Figure]:
             for index in range(scopes):
                 for _ in range(2):  # two reports each: a history to compare with
                     await probe_used.assemble_report(f"agent-{index:04d}")()
-            samples = await interleaved(
+            samples = await h.timed(
                 {
                     "after_1000_reported_scopes": probe_used.assemble(),
                     "never_reported": probe_plain.assemble(),
                     "asking_for_a_report": probe_used.assemble_report(),
                 },
-                iterations=h.budget.n(1500),
-                warmup=h.budget.n(150),
+                1500,
             )
         finally:
             await probe_plain.close()
             await probe_used.close()
-    value = ratio(samples["after_1000_reported_scopes"].p50, samples["never_reported"].p50)
     return [
-        Figure(
+        p50_ratio(
+            samples,
+            "after_1000_reported_scopes",
+            "never_reported",
+            1.1,
             key="report_cost",
             name="assemble without a report, after 1,000 reported scopes / never reported",
-            value=round(value, 2),
-            unit=f"{X} p50",
-            **at_most(value, 1.1),
             details={
-                **timed_ratio_details(samples),
                 "report_over_plain_p50": round(
                     ratio(samples["asking_for_a_report"].p50, samples["never_reported"].p50), 2
                 ),
@@ -214,15 +210,14 @@ async def unix_vs_tcp(h: Harness) -> list[Figure]:
         async with fresh_sidecars(h, f"unix:{path}", "127.0.0.1:0", label="transport") as pair:
             over_unix, over_tcp = (Probe.open(sidecar.address) for sidecar in pair)
             try:
-                samples = await interleaved(
+                samples = await h.timed(
                     {
                         "assemble_unix": over_unix.assemble(),
                         "assemble_tcp": over_tcp.assemble(),
                         "empty_rpc_unix": over_unix.empty,
                         "empty_rpc_tcp": over_tcp.empty,
                     },
-                    iterations=h.budget.n(1000),
-                    warmup=h.budget.n(100),
+                    1000,
                 )
             finally:
                 await over_unix.close()
