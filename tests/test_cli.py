@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import dsh_system_prompt as dsp
 import grpc
 import grpc.aio
 import pytest
+from dsh_system_prompt_server import Sidecar
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from helpers import (
@@ -22,6 +26,7 @@ from helpers import (
     SidecarFactory,
     eventually,
     raw_channel,
+    rejection,
     section_names,
     tool,
     tool_names,
@@ -308,32 +313,56 @@ async def test_sigterm_with_a_session_open_exits_zero() -> None:
 
 
 async def test_sigterm_lets_an_in_flight_assembly_finish_and_refuses_new_calls() -> None:
-    async with serve("--listen", "127.0.0.1:0") as served:
-        client = await dsp.connect(served.address)
-        try:
-            asked, release = asyncio.Event(), asyncio.Event()
+    async with serve("--listen", "127.0.0.1:0") as served, held_assembly(served.address) as held:
+        served.process.send_signal(signal.SIGTERM)
+        await eventually(lambda: _not_serving(served.address), "health reads NOT_SERVING")
+        error = await rejection(held.client.assemble(timeout=5))
+        assert error.code == grpc.StatusCode.UNAVAILABLE
 
-            async def slow(ctx: dsp.AssembleContext) -> str:
-                asked.set()
-                await release.wait()
-                return "slow text"
+        held.release.set()
+        assembly = await asyncio.wait_for(held.in_flight, 10)
+        assert assembly.sections[-1] == dsp.AssembledSection("slow", "slow text")
+        assert await asyncio.wait_for(served.process.wait(), 15) == 0
 
-            await client.section("slow", 1, slow)
-            in_flight = asyncio.create_task(client.assemble(timeout=10))
-            await asyncio.wait_for(asked.wait(), 5)
 
-            served.process.send_signal(signal.SIGTERM)
-            await eventually(lambda: _not_serving(served.address), "health reads NOT_SERVING")
-            with pytest.raises(dsp.SystemPromptError) as refused:
-                await client.assemble(timeout=5)
-            assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+@dataclass(frozen=True)
+class Held:
+    """A client whose assembly is in flight, its provider waiting for `release`."""
 
-            release.set()
-            assembly = await asyncio.wait_for(in_flight, 10)
-            assert assembly.sections[-1] == dsp.AssembledSection("slow", "slow text")
-            assert await asyncio.wait_for(served.process.wait(), 15) == 0
-        finally:
-            await asyncio.wait_for(client.close(), 10)
+    client: dsp.Client
+    in_flight: asyncio.Task[dsp.PromptAssembly]
+    release: asyncio.Event
+
+
+@contextlib.asynccontextmanager
+async def held_assembly(address: str, timeout: float = 10) -> AsyncIterator[Held]:
+    """A client of `address` with an assembly (of `timeout`) held in its provider."""
+    client = await dsp.connect(address)
+    try:
+        asked, release = asyncio.Event(), asyncio.Event()
+
+        async def slow(ctx: dsp.AssembleContext) -> str:
+            asked.set()
+            await release.wait()
+            return "slow text"
+
+        await client.section("slow", 1, slow)
+        in_flight = asyncio.create_task(client.assemble(timeout=timeout))
+        await asyncio.wait_for(asked.wait(), 5)
+        yield Held(client=client, in_flight=in_flight, release=release)
+    finally:
+        await asyncio.wait_for(client.close(), 10)
+
+
+@contextlib.asynccontextmanager
+async def draining(sidecar: Sidecar) -> AsyncIterator[asyncio.Task[None]]:
+    """`sidecar` draining, once its health reads NOT_SERVING; the drain, cancelled after."""
+    drain = asyncio.create_task(sidecar.drain())
+    try:
+        await eventually(lambda: _not_serving(sidecar.address), "health reads NOT_SERVING")
+        yield drain
+    finally:
+        drain.cancel()  # nothing when it has finished
 
 
 async def _not_serving(address: str) -> bool:
@@ -380,90 +409,33 @@ async def test_drain_turns_health_not_serving_and_refuses_new_calls(
     make_sidecar: SidecarFactory,
 ) -> None:
     sidecar = await make_sidecar()
-    client = await dsp.connect(sidecar.address)
-    drain: asyncio.Task[None] | None = None
-    try:
-        asked, release = asyncio.Event(), asyncio.Event()
+    async with held_assembly(sidecar.address) as held, draining(sidecar) as drain:
+        refused_call = await rejection(held.client.assemble(timeout=5))
+        assert refused_call.code == grpc.StatusCode.UNAVAILABLE
+        refused_registration = await rejection(held.client.section("late", 2, "too late"))
+        assert refused_registration.code == grpc.StatusCode.UNAVAILABLE
 
-        async def slow(ctx: dsp.AssembleContext) -> str:
-            asked.set()
-            await release.wait()
-            return "slow text"
-
-        await client.section("slow", 1, slow)
-        in_flight = asyncio.create_task(client.assemble(timeout=10))
-        await asyncio.wait_for(asked.wait(), 5)
-
-        drain = asyncio.create_task(sidecar.drain())
-        await eventually(lambda: _not_serving(sidecar.address), "health reads NOT_SERVING")
-        with pytest.raises(dsp.SystemPromptError) as refused:
-            await client.assemble(timeout=5)
-        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
-        with pytest.raises(dsp.SystemPromptError) as refused_registration:
-            await client.section("late", 2, "too late")
-        assert refused_registration.value.code == grpc.StatusCode.UNAVAILABLE
-
-        release.set()
-        assembly = await asyncio.wait_for(in_flight, 10)
+        held.release.set()
+        assembly = await asyncio.wait_for(held.in_flight, 10)
         assert assembly.sections[-1] == dsp.AssembledSection("slow", "slow text")
         await asyncio.wait_for(drain, 10)
-    finally:
-        if drain is not None and not drain.done():
-            drain.cancel()
-        await asyncio.wait_for(client.close(), 10)
 
 
 async def test_drain_refuses_new_sessions(make_sidecar: SidecarFactory) -> None:
     sidecar = await make_sidecar()
-    client = await dsp.connect(sidecar.address)
-    drain: asyncio.Task[None] | None = None
-    try:
-        asked, release = asyncio.Event(), asyncio.Event()
+    async with held_assembly(sidecar.address) as held, draining(sidecar) as drain:
+        refused = await rejection(dsp.connect(sidecar.address), within=5)
+        assert refused.code == grpc.StatusCode.UNAVAILABLE
 
-        async def slow(ctx: dsp.AssembleContext) -> str:
-            asked.set()
-            await release.wait()
-            return "slow"
-
-        await client.section("slow", 1, slow)
-        in_flight = asyncio.create_task(client.assemble(timeout=10))
-        await asyncio.wait_for(asked.wait(), 5)
-        drain = asyncio.create_task(sidecar.drain())
-        await eventually(lambda: _not_serving(sidecar.address), "health reads NOT_SERVING")
-
-        with pytest.raises(dsp.SystemPromptError) as refused:
-            await asyncio.wait_for(dsp.connect(sidecar.address), 5)
-        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
-
-        release.set()
-        await asyncio.wait_for(in_flight, 10)
+        held.release.set()
+        await asyncio.wait_for(held.in_flight, 10)
         await asyncio.wait_for(drain, 10)
-    finally:
-        if drain is not None and not drain.done():
-            drain.cancel()
-        await asyncio.wait_for(client.close(), 10)
 
 
 async def test_drain_cancels_an_assembly_that_outlives_the_grace_period(
     make_sidecar: SidecarFactory,
 ) -> None:
     sidecar = await make_sidecar(shutdown_grace_s=0.2)
-    client = await dsp.connect(sidecar.address)
-    try:
-        asked, never = asyncio.Event(), asyncio.Event()
-
-        async def stuck(ctx: dsp.AssembleContext) -> str:
-            asked.set()
-            await never.wait()
-            return "never"
-
-        await client.section("stuck", 1, stuck)
-        in_flight = asyncio.create_task(client.assemble(timeout=30))
-        await asyncio.wait_for(asked.wait(), 5)
-
+    async with held_assembly(sidecar.address, timeout=30) as held:  # never released
         await asyncio.wait_for(sidecar.drain(), 10)
-
-        with pytest.raises(dsp.SystemPromptError):
-            await asyncio.wait_for(in_flight, 10)
-    finally:
-        await asyncio.wait_for(client.close(), 10)
+        await rejection(held.in_flight, within=10)

@@ -3,17 +3,37 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import dsh_system_prompt as dsp
 import grpc
+import pytest
 from helpers import ClientFactory, SidecarFactory, failure, rejection, tool, tool_names
 
 REST = dsp.TOOL_ORDER_REST
 
 
-async def ordered_client(make_sidecar: SidecarFactory, tool_order: list[str]) -> dsp.Client:
-    sidecar = await make_sidecar(tool_order=tool_order)
-    return await dsp.connect(sidecar.address)
+Ordered = Callable[[list[str]], Awaitable[dsp.Client]]
+
+
+@pytest.fixture
+async def ordered(make_sidecar: SidecarFactory) -> AsyncIterator[Ordered]:
+    """Open a client of a new sidecar with the `tool_order` given; all closed at the end."""
+    clients: list[dsp.Client] = []
+
+    async def open_client(tool_order: list[str]) -> dsp.Client:
+        sidecar = await make_sidecar(tool_order=tool_order)
+        clients.append(await dsp.connect(sidecar.address))
+        return clients[-1]
+
+    yield open_client
+    for client in clients:
+        await client.close()
+
+
+def unknown_order_name(message: str) -> tuple[grpc.StatusCode, str, str]:
+    """The whole failure of an assembly whose tool order names an unregistered tool."""
+    return grpc.StatusCode.FAILED_PRECONDITION, "UNKNOWN_TOOL_ORDER_NAME", message
 
 
 # -- static lists ---------------------------------------------------------------------
@@ -86,179 +106,115 @@ async def test_tools_with_the_same_name_keep_registration_order(client: dsp.Clie
 # -- tool_order -----------------------------------------------------------------------
 
 
-async def test_listed_tools_take_their_listed_place(make_sidecar: SidecarFactory) -> None:
-    client = await ordered_client(make_sidecar, ["todo_write", "bash", REST])
-    try:
-        await client.tools([tool("bash"), tool("todo_write")])
-        assert tool_names(await client.assemble()) == ["todo_write", "bash"]
-    finally:
-        await client.close()
+async def test_listed_tools_take_their_listed_place(ordered: Ordered) -> None:
+    client = await ordered(["todo_write", "bash", REST])
+    await client.tools([tool("bash"), tool("todo_write")])
+    assert tool_names(await client.assemble()) == ["todo_write", "bash"]
 
 
-async def test_unlisted_tools_go_to_the_rest_entry_sorted_by_name(
-    make_sidecar: SidecarFactory,
-) -> None:
-    client = await ordered_client(make_sidecar, ["todo_write", REST, "bash"])
-    try:
-        await client.tools([tool("read"), tool("bash"), tool("todo_write")])
-        await client.tools([tool("grep"), tool("edit")])
-        assert tool_names(await client.assemble()) == [
-            "todo_write",
-            "edit",
-            "grep",
-            "read",
-            "bash",
-        ]
-    finally:
-        await client.close()
+async def test_unlisted_tools_go_to_the_rest_entry_sorted_by_name(ordered: Ordered) -> None:
+    client = await ordered(["todo_write", REST, "bash"])
+    await client.tools([tool("read"), tool("bash"), tool("todo_write")])
+    await client.tools([tool("grep"), tool("edit")])
+    assert tool_names(await client.assemble()) == [
+        "todo_write",
+        "edit",
+        "grep",
+        "read",
+        "bash",
+    ]
 
 
-async def test_a_rest_entry_alone_sorts_every_tool_by_name(make_sidecar: SidecarFactory) -> None:
-    client = await ordered_client(make_sidecar, [REST])
-    try:
-        await client.tools([tool("read"), tool("bash")])
-        assert tool_names(await client.assemble()) == ["bash", "read"]
-    finally:
-        await client.close()
+async def test_a_rest_entry_alone_sorts_every_tool_by_name(ordered: Ordered) -> None:
+    client = await ordered([REST])
+    await client.tools([tool("read"), tool("bash")])
+    assert tool_names(await client.assemble()) == ["bash", "read"]
 
 
-async def test_a_rest_entry_alone_with_no_tools_is_not_an_error(
-    make_sidecar: SidecarFactory,
-) -> None:
-    client = await ordered_client(make_sidecar, [REST])
-    try:
-        assert (await client.assemble()).tools == []
-    finally:
-        await client.close()
+async def test_a_rest_entry_alone_with_no_tools_is_not_an_error(ordered: Ordered) -> None:
+    client = await ordered([REST])
+    assert (await client.assemble()).tools == []
 
 
-async def test_tool_order_listing_unregistered_tools_rejects_the_assembly(
-    make_sidecar: SidecarFactory,
-) -> None:
-    client = await ordered_client(make_sidecar, ["ghost", "bash", REST, "wraith"])
-    try:
-        await client.tools([tool("todo_write"), tool("bash")])
-        error = await rejection(client.assemble())
-    finally:
-        await client.close()
-    assert failure(error) == (
-        grpc.StatusCode.FAILED_PRECONDITION,
-        "UNKNOWN_TOOL_ORDER_NAME",
-        'toolOrder lists unregistered tools "ghost", "wraith"; known tools: bash, todo_write',
+async def test_tool_order_listing_unregistered_tools_rejects_the_assembly(ordered: Ordered) -> None:
+    client = await ordered(["ghost", "bash", REST, "wraith"])
+    await client.tools([tool("todo_write"), tool("bash")])
+    error = await rejection(client.assemble())
+    assert failure(error) == unknown_order_name(
+        'toolOrder lists unregistered tools "ghost", "wraith"; known tools: bash, todo_write'
     )
 
 
-async def test_one_unregistered_tool_is_named_in_the_singular(
-    make_sidecar: SidecarFactory,
-) -> None:
-    client = await ordered_client(make_sidecar, ["ghost", REST])
-    try:
-        await client.tools([tool("bash")])
-        error = await rejection(client.assemble())
-    finally:
-        await client.close()
-    assert failure(error) == (
-        grpc.StatusCode.FAILED_PRECONDITION,
-        "UNKNOWN_TOOL_ORDER_NAME",
-        'toolOrder lists unregistered tool "ghost"; known tools: bash',
+async def test_one_unregistered_tool_is_named_in_the_singular(ordered: Ordered) -> None:
+    client = await ordered(["ghost", REST])
+    await client.tools([tool("bash")])
+    error = await rejection(client.assemble())
+    assert failure(error) == unknown_order_name(
+        'toolOrder lists unregistered tool "ghost"; known tools: bash'
     )
 
 
-async def test_with_nothing_known_the_known_tools_are_none(make_sidecar: SidecarFactory) -> None:
-    client = await ordered_client(make_sidecar, ["ghost", REST])
-    try:
-        error = await rejection(client.assemble())
-    finally:
-        await client.close()
-    assert failure(error) == (
-        grpc.StatusCode.FAILED_PRECONDITION,
-        "UNKNOWN_TOOL_ORDER_NAME",
-        'toolOrder lists unregistered tool "ghost"; known tools: (none)',
+async def test_with_nothing_known_the_known_tools_are_none(ordered: Ordered) -> None:
+    client = await ordered(["ghost", REST])
+    error = await rejection(client.assemble())
+    assert failure(error) == unknown_order_name(
+        'toolOrder lists unregistered tool "ghost"; known tools: (none)'
     )
 
 
-async def test_known_tools_are_listed_once_each(make_sidecar: SidecarFactory) -> None:
-    client = await ordered_client(make_sidecar, ["ghost", REST])
-    try:
-        await client.tools([tool("bash")])
-        await client.tools(dsp.ToolProviderResult(schemas=[], known_names=["bash", "read"]))
-        error = await rejection(client.assemble())
-    finally:
-        await client.close()
+async def test_known_tools_are_listed_once_each(ordered: Ordered) -> None:
+    client = await ordered(["ghost", REST])
+    await client.tools([tool("bash")])
+    await client.tools(dsp.ToolProviderResult(schemas=[], known_names=["bash", "read"]))
+    error = await rejection(client.assemble())
     assert error.message == 'toolOrder lists unregistered tool "ghost"; known tools: bash, read'
 
 
-async def test_registering_the_missing_tool_lets_the_assembly_through(
-    make_sidecar: SidecarFactory,
-) -> None:
-    client = await ordered_client(make_sidecar, ["ghost", REST])
-    try:
-        await rejection(client.assemble())
-        await client.tools([tool("ghost")])
-        assert tool_names(await client.assemble()) == ["ghost"]
-    finally:
-        await client.close()
+async def test_registering_the_missing_tool_lets_the_assembly_through(ordered: Ordered) -> None:
+    client = await ordered(["ghost", REST])
+    await rejection(client.assemble())
+    await client.tools([tool("ghost")])
+    assert tool_names(await client.assemble()) == ["ghost"]
 
 
-async def test_known_names_count_for_the_tool_order(make_sidecar: SidecarFactory) -> None:
-    client = await ordered_client(make_sidecar, ["todo_write", "bash", REST])
-    try:
-        await client.tools(
-            dsp.ToolProviderResult(schemas=[tool("bash")], known_names=["bash", "todo_write"])
-        )
-        assert tool_names(await client.assemble()) == ["bash"]
-    finally:
-        await client.close()
+async def test_known_names_count_for_the_tool_order(ordered: Ordered) -> None:
+    client = await ordered(["todo_write", "bash", REST])
+    await client.tools(
+        dsp.ToolProviderResult(schemas=[tool("bash")], known_names=["bash", "todo_write"])
+    )
+    assert tool_names(await client.assemble()) == ["bash"]
 
 
-async def test_known_names_of_every_provider_count(make_sidecar: SidecarFactory) -> None:
-    client = await ordered_client(make_sidecar, ["todo_write", "bash", REST])
-    try:
-        await client.tools(dsp.ToolProviderResult(schemas=[], known_names=["todo_write"]))
-        await client.tools(dsp.ToolProviderResult(schemas=[tool("bash")], known_names=["bash"]))
-        assert tool_names(await client.assemble()) == ["bash"]
-    finally:
-        await client.close()
+async def test_known_names_of_every_provider_count(ordered: Ordered) -> None:
+    client = await ordered(["todo_write", "bash", REST])
+    await client.tools(dsp.ToolProviderResult(schemas=[], known_names=["todo_write"]))
+    await client.tools(dsp.ToolProviderResult(schemas=[tool("bash")], known_names=["bash"]))
+    assert tool_names(await client.assemble()) == ["bash"]
 
 
-async def test_known_names_default_to_the_schemas_names(make_sidecar: SidecarFactory) -> None:
-    client = await ordered_client(make_sidecar, ["todo_write", REST])
-    try:
-        await client.tools(dsp.ToolProviderResult(schemas=[tool("todo_write")]))
-        assert tool_names(await client.assemble()) == ["todo_write"]
-    finally:
-        await client.close()
+async def test_known_names_default_to_the_schemas_names(ordered: Ordered) -> None:
+    client = await ordered(["todo_write", REST])
+    await client.tools(dsp.ToolProviderResult(schemas=[tool("todo_write")]))
+    assert tool_names(await client.assemble()) == ["todo_write"]
 
 
-async def test_a_disposed_providers_known_names_no_longer_count(
-    make_sidecar: SidecarFactory,
-) -> None:
-    client = await ordered_client(make_sidecar, ["todo_write", REST])
-    try:
-        off = await client.tools(dsp.ToolProviderResult(schemas=[], known_names=["todo_write"]))
-        await client.assemble()
-        await off()
-        error = await rejection(client.assemble())
-    finally:
-        await client.close()
+async def test_a_disposed_providers_known_names_no_longer_count(ordered: Ordered) -> None:
+    client = await ordered(["todo_write", REST])
+    off = await client.tools(dsp.ToolProviderResult(schemas=[], known_names=["todo_write"]))
+    await client.assemble()
+    await off()
+    error = await rejection(client.assemble())
     assert error.reason == "UNKNOWN_TOOL_ORDER_NAME"
 
 
-async def test_a_scoped_providers_known_names_count_only_in_that_scope(
-    make_sidecar: SidecarFactory,
-) -> None:
-    client = await ordered_client(make_sidecar, ["agent_tool", REST])
-    try:
-        scope = await client.scope("agent-1")
-        await scope.tools([tool("agent_tool")])
-        assert tool_names(await client.assemble(scope="agent-1")) == ["agent_tool"]
-        error = await rejection(client.assemble())
-    finally:
-        await client.close()
-    assert failure(error) == (
-        grpc.StatusCode.FAILED_PRECONDITION,
-        "UNKNOWN_TOOL_ORDER_NAME",
-        'toolOrder lists unregistered tool "agent_tool"; known tools: (none)',
+async def test_a_scoped_providers_known_names_count_only_in_that_scope(ordered: Ordered) -> None:
+    client = await ordered(["agent_tool", REST])
+    scope = await client.scope("agent-1")
+    await scope.tools([tool("agent_tool")])
+    assert tool_names(await client.assemble(scope="agent-1")) == ["agent_tool"]
+    error = await rejection(client.assemble())
+    assert failure(error) == unknown_order_name(
+        'toolOrder lists unregistered tool "agent_tool"; known tools: (none)'
     )
 
 
@@ -276,15 +232,10 @@ async def test_a_tool_named_like_the_rest_entry_rejects_the_assembly(client: dsp
     )
 
 
-async def test_the_reserved_name_rejects_with_a_tool_order_too(
-    make_sidecar: SidecarFactory,
-) -> None:
-    client = await ordered_client(make_sidecar, [REST])
-    try:
-        await client.tools(lambda ctx: [tool(REST)])
-        error = await rejection(client.assemble())
-    finally:
-        await client.close()
+async def test_the_reserved_name_rejects_with_a_tool_order_too(ordered: Ordered) -> None:
+    client = await ordered([REST])
+    await client.tools(lambda ctx: [tool(REST)])
+    error = await rejection(client.assemble())
     assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "RESERVED_TOOL_NAME")
 
 
@@ -387,20 +338,17 @@ async def test_scoped_and_global_tools_are_sorted_together(client: dsp.Client) -
     ]
 
 
-async def test_scoped_tools_follow_the_tool_order(make_sidecar: SidecarFactory) -> None:
-    client = await ordered_client(make_sidecar, ["todo_write", REST, "bash"])
-    try:
-        await client.tools([tool("bash"), tool("read")])
-        agent = await client.scope("agent-1")
-        await agent.tools([tool("todo_write"), tool("edit")])
-        assert tool_names(await client.assemble(scope="agent-1")) == [
-            "todo_write",
-            "edit",
-            "read",
-            "bash",
-        ]
-    finally:
-        await client.close()
+async def test_scoped_tools_follow_the_tool_order(ordered: Ordered) -> None:
+    client = await ordered(["todo_write", REST, "bash"])
+    await client.tools([tool("bash"), tool("read")])
+    agent = await client.scope("agent-1")
+    await agent.tools([tool("todo_write"), tool("edit")])
+    assert tool_names(await client.assemble(scope="agent-1")) == [
+        "todo_write",
+        "edit",
+        "read",
+        "bash",
+    ]
 
 
 async def test_global_providers_come_before_scoped_ones_for_equal_names(
