@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import dsh_system_prompt as dsp
 import pytest
 
 LISTENING = re.compile(r"listening on (\S+)")
@@ -53,6 +54,33 @@ async def cli_output(*args: str) -> str:
     code, out, err = await cli(*args)
     assert code == 0, err
     return out
+
+
+@contextlib.asynccontextmanager
+async def serve_config(
+    config: Path, text: str, *args: str
+) -> AsyncIterator[tuple[Served, dsp.Client]]:
+    """`serve ARGS` on the config file `config`, first holding `text`; and a client of it."""
+    await asyncio.to_thread(config.write_text, text, encoding="utf-8")
+    async with (
+        serve("--listen", "127.0.0.1:0", "--config", str(config), *args) as served,
+        dsp.connect(served.address) as client,
+    ):
+        yield served, client
+
+
+@contextlib.asynccontextmanager
+async def running(*args: str) -> AsyncIterator[asyncio.StreamReader]:
+    """`dsh-system-prompt ARGS` running, its stdout to read; terminated after."""
+    process = await asyncio.create_subprocess_exec(
+        sidecar_command(), *args, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        yield process.stdout
+    finally:
+        process.terminate()
+        await process.wait()
 
 
 def free_port() -> int:

@@ -31,7 +31,7 @@ from helpers import (
     tool,
     tool_names,
 )
-from processes import serve, sidecar_command
+from processes import serve, serve_config, sidecar_command
 
 SERVICE = "dsh.systemprompt.v1.SystemPromptService"
 
@@ -153,22 +153,18 @@ def test_a_listen_port_over_65535_is_a_usage_error() -> None:
 
 async def test_config_file_persona_and_identity_switch_are_honoured(tmp_path: Path) -> None:
     config = tmp_path / "sidecar.toml"
-    config.write_text('persona = "You are Ada."\ninclude_harness_identity = false\n')
-    async with (
-        serve("--config", str(config), "--listen", "127.0.0.1:0") as served,
-        dsp.connect(served.address) as client,
-    ):
+    async with serve_config(
+        config, 'persona = "You are Ada."\ninclude_harness_identity = false\n'
+    ) as (_, client):
         assembly = await client.assemble(timeout=5)
     assert assembly.sections == [dsp.AssembledSection(dsp.PERSONA_SECTION, "You are Ada.")]
 
 
 async def test_config_file_tool_order_is_honoured(tmp_path: Path) -> None:
     config = tmp_path / "sidecar.toml"
-    config.write_text('tool_order = ["todo_write", "<unlisted-tools>", "bash"]\n')
-    async with (
-        serve("--config", str(config), "--listen", "127.0.0.1:0") as served,
-        dsp.connect(served.address) as client,
-    ):
+    async with serve_config(
+        config, 'tool_order = ["todo_write", "<unlisted-tools>", "bash"]\n'
+    ) as (_, client):
         await client.tools([tool("bash"), tool("zeta"), tool("alpha"), tool("todo_write")])
         assembly = await client.assemble(timeout=5)
     assert tool_names(assembly) == ["todo_write", "alpha", "zeta", "bash"]

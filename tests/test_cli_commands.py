@@ -10,7 +10,7 @@ import dsh_system_prompt as dsp
 from dsh_system_prompt_core import package_version
 from dsh_system_prompt_server import Sidecar
 from helpers import IDENTITY, eventually, tool
-from processes import cli, free_port, sidecar_command
+from processes import cli, free_port, running
 
 
 async def test_assemble_prints_the_rendered_prompt(sidecar: Sidecar, client: dsp.Client) -> None:
@@ -154,25 +154,9 @@ async def test_health_of_nothing_exits_3() -> None:
 
 
 async def test_watch_prints_events_as_they_happen(sidecar: Sidecar, client: dsp.Client) -> None:
-    process = await asyncio.create_subprocess_exec(
-        sidecar_command(),
-        "watch",
-        "--address",
-        sidecar.address,
-        "--json",
-        stdout=asyncio.subprocess.PIPE,
-    )
-    try:
-        assert process.stdout is not None
+    async with running("watch", "--address", sidecar.address, "--json") as stdout:
         subscribers = sidecar.registry.changes.subscriber_count
         await eventually(lambda: subscribers() >= 1, "the watch command subscribes", timeout=10)
         await client.section("watched", 1, "x")
-        event = json.loads(await asyncio.wait_for(process.stdout.readline(), 10))
-        assert (event["kind"], event["name"], event["action"]) == (
-            "section",
-            "watched",
-            "registered",
-        )
-    finally:
-        process.terminate()
-        await process.wait()
+        event = json.loads(await asyncio.wait_for(stdout.readline(), 10))
+    assert (event["kind"], event["name"], event["action"]) == ("section", "watched", "registered")

@@ -17,6 +17,14 @@ from google.rpc import error_details_pb2, status_pb2
 from helpers import ClientFactory, rejection, section_names, tool
 
 ERROR_DOMAIN = "dsh.systemprompt.v1"
+# One registration of each kind, made through a client.
+REGISTRATIONS = [
+    pytest.param(lambda c: c.section("s", 1, "x"), id="section"),
+    pytest.param(lambda c: c.context("c", 1, "x"), id="context"),
+    pytest.param(lambda c: c.variable("v", "x"), id="variable"),
+    pytest.param(lambda c: c.tools([tool("t")]), id="tools"),
+    pytest.param(lambda c: c.suppress_runtime_context(), id="suppressor"),
+]
 
 
 async def raw_failure(call: Awaitable[object]) -> grpc.aio.AioRpcError:
@@ -60,16 +68,7 @@ async def test_disposing_twice_leaves_a_new_registration_of_the_name_alone(
     assert (await client.assemble()).sections[-1] == dsp.AssembledSection("rules", "new")
 
 
-@pytest.mark.parametrize(
-    "register",
-    [
-        pytest.param(lambda c: c.section("s", 1, "x"), id="section"),
-        pytest.param(lambda c: c.context("c", 1, "x"), id="context"),
-        pytest.param(lambda c: c.variable("v", "x"), id="variable"),
-        pytest.param(lambda c: c.tools([tool("t")]), id="tools"),
-        pytest.param(lambda c: c.suppress_runtime_context(), id="suppressor"),
-    ],
-)
+@pytest.mark.parametrize("register", REGISTRATIONS)
 async def test_every_kind_of_disposer_is_idempotent(
     client: dsp.Client, register: Callable[[dsp.Client], Awaitable[dsp.Disposer]]
 ) -> None:
@@ -102,15 +101,7 @@ async def test_a_disposer_of_one_session_disposes_only_its_own_registration(
 
 
 @pytest.mark.parametrize(
-    "call",
-    [
-        pytest.param(lambda c: c.section("s", 1, "x"), id="section"),
-        pytest.param(lambda c: c.context("c", 1, "x"), id="context"),
-        pytest.param(lambda c: c.variable("v", "x"), id="variable"),
-        pytest.param(lambda c: c.tools([tool("t")]), id="tools"),
-        pytest.param(lambda c: c.suppress_runtime_context(), id="suppressor"),
-        pytest.param(lambda c: c.scope("agent-1"), id="scope"),
-    ],
+    "call", [*REGISTRATIONS, pytest.param(lambda c: c.scope("agent-1"), id="scope")]
 )
 async def test_registering_after_close_fails(
     connect: ClientFactory, call: Callable[[dsp.Client], Awaitable[object]]

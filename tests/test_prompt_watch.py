@@ -8,7 +8,7 @@ import json
 import dsh_system_prompt as dsp
 from dsh_system_prompt_server import Sidecar
 from helpers import SidecarFactory
-from processes import sidecar_command
+from processes import running
 
 
 async def next_prompt(prompts: dsp.PromptStream, timeout: float = 10) -> dsp.PromptChange:
@@ -117,26 +117,13 @@ async def test_the_cli_watch_prompt_shows_the_change_and_the_cache_verdict(
 ) -> None:
     agent = await client.scope("agent-1")
     memory = await agent.section("memory", 50, "Memory: nothing yet.")
-    process = await asyncio.create_subprocess_exec(
-        sidecar_command(),
-        "watch",
-        "--address",
-        sidecar.address,
-        "--scope",
-        "agent-1",
-        "--prompt",
-        "--json",
-        stdout=asyncio.subprocess.PIPE,
-    )
-    try:
-        assert process.stdout is not None
-        first = json.loads(await asyncio.wait_for(process.stdout.readline(), 15))
+    async with running(
+        "watch", "--address", sidecar.address, "--scope", "agent-1", "--prompt", "--json"
+    ) as stdout:
+        first = json.loads(await asyncio.wait_for(stdout.readline(), 15))
         assert "Memory: nothing yet." in first["prompt"]
         await memory.update("Memory: the user likes tea.")
-        change = json.loads(await asyncio.wait_for(process.stdout.readline(), 15))
-    finally:
-        process.terminate()
-        await process.wait()
+        change = json.loads(await asyncio.wait_for(stdout.readline(), 15))
     assert [(c["action"], c["name"]) for c in change["changes"]] == [("updated", "memory")]
     assert "the user likes tea" in change["prompt"]
     assert change["cache"]["first_changed"] == 'section "memory"'
@@ -148,30 +135,18 @@ async def test_the_cli_watch_prompt_prints_the_verdict_for_people(
 ) -> None:
     agent = await client.scope("agent-1")
     memory = await agent.section("memory", 50, "Memory: nothing yet.")
-    process = await asyncio.create_subprocess_exec(
-        sidecar_command(),
-        "watch",
-        "--address",
-        sidecar.address,
-        "--scope",
-        "agent-1",
-        "--prompt",
-        stdout=asyncio.subprocess.PIPE,
-    )
     lines: list[str] = []
-    try:
-        assert process.stdout is not None
+    async with running(
+        "watch", "--address", sidecar.address, "--scope", "agent-1", "--prompt"
+    ) as stdout:
 
         async def read_until(text: str) -> None:
             while not any(text in line for line in lines):
-                lines.append((await process.stdout.readline()).decode())  # type: ignore[union-attr]
+                lines.append((await stdout.readline()).decode())
 
         await asyncio.wait_for(read_until("first report"), 15)
         await memory.update("Memory: the user likes tea.")
         await asyncio.wait_for(read_until("cache broken by"), 15)
-    finally:
-        process.terminate()
-        await process.wait()
     shown = "".join(lines)
     assert "changed: r" in shown and "updated section memory (scope agent-1)" in shown
     assert 'cache broken by section "memory"' in shown

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import dsh_system_prompt as dsp
 import grpc
@@ -32,6 +33,28 @@ class RawListener:
 
     async def send(self, **reply: object) -> None:
         await self.stream.write(pb.ListenRequest(**reply))  # type: ignore[arg-type]
+
+    async def invoked_by(
+        self, client: dsp.Client
+    ) -> tuple[asyncio.Future[dsp.PromptAssembly], pb.ListenerInvocation]:
+        """`client`'s assembly under way, and this listener's invocation for it."""
+        assembling = asyncio.ensure_future(client.assemble(timeout=5))
+        return assembling, await self.invocation()
+
+    async def reply(self, invocation: pb.ListenerInvocation, **result: Any) -> None:
+        """Answer `invocation` with a ListenerResult of the fields `result`."""
+        await self.send(result=pb.ListenerResult(invocation_id=invocation.invocation_id, **result))
+
+    async def call_next(
+        self, invocation: pb.ListenerInvocation, tool_slots: list[int]
+    ) -> pb.ListenerNextResult:
+        """Call next() with the invocation's sections and `tool_slots`; what it returned."""
+        assembly = pb.PromptAssembly(sections=invocation.assembly.sections)
+        next_ = pb.ListenerNext(
+            invocation_id=invocation.invocation_id, assembly=assembly, tool_slots=tool_slots
+        )
+        await self.send(next=next_)
+        return (await self.stream.read()).next_result
 
 
 @asynccontextmanager
@@ -74,24 +97,13 @@ async def test_a_listener_that_declares_no_feature_gets_every_tool_in_full(
     await client.tools(TOOLS)
     async with raw_listener(sidecar) as listener:
         assert list(listener.registered.features) == []
-        assembling = asyncio.ensure_future(client.assemble(timeout=5))
-        invocation = await listener.invocation()
+        assembling, invocation = await listener.invoked_by(client)
         slots = list(range(len(invocation.assembly.tools)))  # slots in a reply are always fine
-        await listener.send(
-            next=pb.ListenerNext(
-                invocation_id=invocation.invocation_id,
-                assembly=pb.PromptAssembly(sections=invocation.assembly.sections),
-                tool_slots=slots,
-            )
-        )
-        next_result = (await listener.stream.read()).next_result
+        next_result = await listener.call_next(invocation, slots)
         assert list(next_result.tool_slots) == []
         assert [t.name for t in next_result.assembly.tools] == ["a", "b"]
         # The naive listener hands back what next() returned, as it is: no tool is lost.
-        result = pb.ListenerResult(
-            invocation_id=invocation.invocation_id, assembly=next_result.assembly
-        )
-        await listener.send(result=result)
+        await listener.reply(invocation, assembly=next_result.assembly)
         assert tool_names(await assembling) == ["a", "b"]
 
 
@@ -100,24 +112,13 @@ async def test_a_listener_that_decodes_slots_gets_unchanged_tools_as_slots(
 ) -> None:
     await client.tools(TOOLS)
     async with raw_listener(sidecar, "tool-slots") as listener:
-        assembling = asyncio.ensure_future(client.assemble(timeout=5))
-        invocation = await listener.invocation()
-        await listener.send(
-            next=pb.ListenerNext(
-                invocation_id=invocation.invocation_id,
-                assembly=pb.PromptAssembly(sections=invocation.assembly.sections),
-                tool_slots=[0, 1],
-            )
-        )
-        next_result = (await listener.stream.read()).next_result
+        assembling, invocation = await listener.invoked_by(client)
+        next_result = await listener.call_next(invocation, [0, 1])
         assert list(next_result.tool_slots) == [0, 1]
         assert list(next_result.assembly.tools) == []
-        result = pb.ListenerResult(
-            invocation_id=invocation.invocation_id,
-            assembly=next_result.assembly,
-            tool_slots=next_result.tool_slots,
+        await listener.reply(
+            invocation, assembly=next_result.assembly, tool_slots=next_result.tool_slots
         )
-        await listener.send(result=result)
         assert tool_names(await assembling) == ["a", "b"]
 
 
@@ -126,10 +127,8 @@ async def test_a_reply_with_a_slot_out_of_range_fails_that_listener(
 ) -> None:
     await client.tools(TOOLS)
     async with raw_listener(sidecar, "tool-slots") as listener:
-        assembling = asyncio.ensure_future(client.assemble(timeout=5))
-        invocation = await listener.invocation()
-        reply = pb.ListenerResult(invocation_id=invocation.invocation_id, tool_slots=[0, 7])
-        await listener.send(result=reply)
+        assembling, invocation = await listener.invoked_by(client)
+        await listener.reply(invocation, tool_slots=[0, 7])
         with pytest.raises(dsp.SystemPromptError) as failure:
             await assembling
     assert (failure.value.code, failure.value.reason) == (
@@ -144,15 +143,10 @@ async def test_fresh_tools_that_do_not_match_the_minus_one_slots_are_rejected(
 ) -> None:
     await client.tools(TOOLS)
     async with raw_listener(sidecar) as listener:
-        assembling = asyncio.ensure_future(client.assemble(timeout=5))
-        invocation = await listener.invocation()
+        assembling, invocation = await listener.invoked_by(client)
         # Two new tools announced by the slots, one sent.
-        reply = pb.ListenerResult(
-            invocation_id=invocation.invocation_id,
-            assembly=pb.PromptAssembly(tools=[pb.ToolSchema(name="c", parameters_json="{}")]),
-            tool_slots=[-1, -1],
-        )
-        await listener.send(result=reply)
+        fresh = pb.PromptAssembly(tools=[pb.ToolSchema(name="c", parameters_json="{}")])
+        await listener.reply(invocation, assembly=fresh, tool_slots=[-1, -1])
         with pytest.raises(dsp.SystemPromptError) as failure:
             await assembling
     assert failure.value.reason == dsp.Reason.LISTENER_FAILED

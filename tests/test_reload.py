@@ -3,19 +3,28 @@ a bad file changes nothing and is logged; what needs a restart says so."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from pathlib import Path
 
 import dsh_system_prompt as dsp
 from dsh_system_prompt_server import Registry, RegistrySettings
 from helpers import eventually, section_names, tool, tool_names
-from processes import serve
+from processes import Served, serve, serve_config
 
 ORDER = 'tool_order = ["b", "<unlisted-tools>", "a"]\n'
 
 
 def write(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
+
+
+def serving(
+    config: Path, text: str, poll: str = "0.1"
+) -> contextlib.AbstractAsyncContextManager[tuple[Served, dsp.Client]]:
+    """`serve` on `config`, first holding `text`, looked at every `poll` seconds (0: only
+    on SIGHUP); and a client of it."""
+    return serve_config(config, text, "--config-poll", poll)
 
 
 async def persona(client: dsp.Client) -> str:
@@ -25,11 +34,7 @@ async def persona(client: dsp.Client) -> str:
 
 async def test_an_edited_config_file_changes_the_next_assembly(tmp_path: Path) -> None:
     config = tmp_path / "sidecar.toml"
-    write(config, 'persona = "Before."\n')
-    async with (
-        serve("--listen", "127.0.0.1:0", "--config", str(config), "--config-poll", "0.1") as served,
-        dsp.connect(served.address) as client,
-    ):
+    async with serving(config, 'persona = "Before."\n') as (served, client):
         assert await persona(client) == "Before."
         write(config, 'persona = "After."\n')
 
@@ -42,11 +47,7 @@ async def test_an_edited_config_file_changes_the_next_assembly(tmp_path: Path) -
 
 async def test_sighup_reloads_the_tool_order(tmp_path: Path) -> None:
     config = tmp_path / "sidecar.toml"
-    write(config, "")
-    async with (
-        serve("--listen", "127.0.0.1:0", "--config", str(config), "--config-poll", "0") as served,
-        dsp.connect(served.address) as client,
-    ):
+    async with serving(config, "", poll="0") as (served, client):
         await client.tools([tool("a"), tool("b")])
         assert tool_names(await client.assemble()) == ["a", "b"]
         write(config, ORDER)
@@ -61,11 +62,7 @@ async def test_sighup_reloads_the_tool_order(tmp_path: Path) -> None:
 
 async def test_a_bad_edit_changes_nothing_and_is_logged(tmp_path: Path) -> None:
     config = tmp_path / "sidecar.toml"
-    write(config, 'persona = "Kept."\n' + ORDER)
-    async with (
-        serve("--listen", "127.0.0.1:0", "--config", str(config), "--config-poll", "0.1") as served,
-        dsp.connect(served.address) as client,
-    ):
+    async with serving(config, 'persona = "Kept."\n' + ORDER) as (served, client):
         await client.tools([tool("a"), tool("b")])
         write(config, 'persona = "Lost."\ntool_order = ["b", "a"]\n')  # no <unlisted-tools>
         await eventually(lambda: "keeping the running config" in served.logs(), "the log line")
@@ -120,11 +117,7 @@ async def test_reloading_other_settings_emits_a_config_event_per_key() -> None:
 
 async def test_a_watcher_sees_a_reload_as_change_events(tmp_path: Path) -> None:
     config = tmp_path / "sidecar.toml"
-    write(config, "")
-    async with (
-        serve("--listen", "127.0.0.1:0", "--config", str(config), "--config-poll", "0.1") as served,
-        dsp.connect(served.address) as client,
-    ):
+    async with serving(config, "") as (_, client):
         changes = await client.watch_changes()
         write(config, "include_runtime_context = false\n")
         event = await anext(aiter(changes))

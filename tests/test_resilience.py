@@ -8,12 +8,13 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import dsh_system_prompt as dsp
 import grpc
 from dsh_system_prompt_server.registry import Action, ChangeEvent
 from helpers import SidecarFactory, eventually, rejection, section_names, tool
-from processes import free_port, serve
+from processes import Served, free_port, serve
 
 CALL_TIMEOUT_S = 30.0  # long beside failing fast, short beside a hung test
 CLIENT_SCRIPT = """
@@ -152,59 +153,57 @@ async def assemble_forever(*clients: dsp.Client) -> None:
         await asyncio.sleep(0.02)
 
 
-async def test_calls_while_the_sidecar_is_down_fail_fast_as_unavailable() -> None:
+@contextlib.asynccontextmanager
+async def served_and_client(**options: Any) -> AsyncIterator[tuple[str, Served, dsp.Client]]:
+    """`serve` on a fixed address (to restart on) and a client of it (`options` to connect)."""
     address = f"127.0.0.1:{free_port()}"
     async with serve("--listen", address) as served:
-        client = await dsp.connect(address, call_timeout=CALL_TIMEOUT_S)
+        client = await dsp.connect(address, **options)
         try:
-            served.process.kill()
-            await served.process.wait()
-            await eventually(lambda: not client.connected, "the client sees it down", timeout=10)
-            # a client that waited for the sidecar would give up only at its call timeout
-            error = await rejection(client.section("late", 1, "x"), within=CALL_TIMEOUT_S / 2)
-            assert error.code == grpc.StatusCode.UNAVAILABLE
-            assert "sidecar unavailable" in str(error)
+            yield address, served, client
         finally:
             await client.close()
+
+
+async def kill(served: Served, client: dsp.Client) -> None:
+    """Kill the sidecar's process; back once `client` sees it down."""
+    served.process.kill()
+    await served.process.wait()
+    await eventually(lambda: not client.connected, "the client sees it down", timeout=10)
+
+
+async def test_calls_while_the_sidecar_is_down_fail_fast_as_unavailable() -> None:
+    async with served_and_client(call_timeout=CALL_TIMEOUT_S) as (_, served, client):
+        await kill(served, client)
+        # a client that waited for the sidecar would give up only at its call timeout
+        error = await rejection(client.section("late", 1, "x"), within=CALL_TIMEOUT_S / 2)
+        assert error.code == grpc.StatusCode.UNAVAILABLE
+        assert "sidecar unavailable" in str(error)
 
 
 async def test_an_assemble_with_a_deadline_waits_for_the_reconnect() -> None:
-    address = f"127.0.0.1:{free_port()}"
-    async with serve("--listen", address) as served:
-        client = await dsp.connect(address)
-        try:
-            await client.section("kept", 5, "kept across the restart")
-            served.process.kill()
-            await served.process.wait()
-            await eventually(lambda: not client.connected, "the client sees it down", timeout=10)
-            async with serve("--listen", address):
-                assembly = await client.assemble(timeout=20)
-            assert "kept" in section_names(assembly)
-        finally:
-            await client.close()
+    async with served_and_client() as (address, served, client):
+        await client.section("kept", 5, "kept across the restart")
+        await kill(served, client)
+        async with serve("--listen", address):
+            assembly = await client.assemble(timeout=20)
+        assert "kept" in section_names(assembly)
 
 
 async def test_disposers_from_before_a_restart_still_work_after_it() -> None:
-    address = f"127.0.0.1:{free_port()}"
-    async with serve("--listen", address) as served:
-        client = await dsp.connect(address)
-        try:
-            off = await client.section("disposable", 5, "x")
-            scope = await client.scope("agent")
-            await scope.section("scoped", 5, "y")
-            served.process.kill()
-            await served.process.wait()
-            await eventually(lambda: not client.connected, "the client sees it down", timeout=10)
-            async with serve("--listen", address):
-                await eventually(lambda: client.connected, "the client reconnects", timeout=20)
-                assert "disposable" in section_names(await client.assemble(timeout=5))
-                await off()
-                await scope.dispose()
-                assembly = await client.assemble(scope="agent", timeout=5)
-            assert "disposable" not in section_names(assembly)
-            assert "scoped" not in section_names(assembly)
-        finally:
-            await client.close()
+    async with served_and_client() as (address, served, client):
+        off = await client.section("disposable", 5, "x")
+        scope = await client.scope("agent")
+        await scope.section("scoped", 5, "y")
+        await kill(served, client)
+        async with serve("--listen", address):
+            await eventually(lambda: client.connected, "the client reconnects", timeout=20)
+            assert "disposable" in section_names(await client.assemble(timeout=5))
+            await off()
+            await scope.dispose()
+            assembly = await client.assemble(scope="agent", timeout=5)
+        assert "disposable" not in section_names(assembly)
+        assert "scoped" not in section_names(assembly)
 
 
 async def test_a_disposer_called_during_the_replay_wins(make_sidecar: SidecarFactory) -> None:
