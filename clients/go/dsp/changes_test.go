@@ -31,7 +31,7 @@ func TestChangeEventsAreFilteredAndInRevisionOrder(t *testing.T) {
 	must[*dsp.Handle[string]](t)(client.Section(bg, "elsewhere", 1, "Not in the scope."))
 	scope := must[*dsp.Scope](t)(client.Scope(bg, "go-watched"))
 	handle := must[*dsp.Handle[string]](t)(scope.Section(bg, "watched", 1, "Watched."))
-	must[*dsp.Handle[string]](t)(scope.Variable(bg, "name", "v"))
+	must[*dsp.VariableHandle](t)(scope.Variable(bg, "name", "v"))
 	must[uint64](t)(handle.Update(bg, "Changed."))
 	check(t, handle.Dispose(bg))
 

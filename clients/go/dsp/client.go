@@ -274,19 +274,55 @@ func (r *registrar) ContextFunc(ctx context.Context, name string, order float64,
 }
 
 // Variable contributes {{name}} with a static value.
-func (r *registrar) Variable(ctx context.Context, name, value string) (*Handle[string], error) {
+func (r *registrar) Variable(ctx context.Context, name, value string) (*VariableHandle, error) {
 	request := &pb.RegisterVariableRequest{Name: name, ValueSource: &pb.RegisterVariableRequest_Value{Value: value}}
-	return registerValue(ctx, r, request, "", r.c.rpc.RegisterVariable, textUpdate(func(value string) {
-		request.ValueSource = &pb.RegisterVariableRequest_Value{Value: value}
-	}))
+	return r.variable(ctx, request, "")
+}
+
+// VariableUnset contributes {{name}} with no value for now (a render that
+// uses it fails) until its handle's Update gives it one.
+func (r *registrar) VariableUnset(ctx context.Context, name string) (*VariableHandle, error) {
+	request := &pb.RegisterVariableRequest{Name: name, ValueSource: &pb.RegisterVariableRequest_NoValue{NoValue: &pb.NoValue{}}}
+	return r.variable(ctx, request, "")
 }
 
 // VariableFunc contributes {{name}} with a provider run at every assembly that needs it.
-func (r *registrar) VariableFunc(ctx context.Context, name string, value VariableFunc) (*Handle[string], error) {
+func (r *registrar) VariableFunc(ctx context.Context, name string, value VariableFunc) (*VariableHandle, error) {
 	key := r.c.providers.add(value)
 	request := &pb.RegisterVariableRequest{Name: name,
 		ValueSource: &pb.RegisterVariableRequest_Dynamic{Dynamic: &pb.Dynamic{ProviderKey: key}}}
-	return registerValue(ctx, r, request, key, r.c.rpc.RegisterVariable, textUpdate(nil))
+	return r.variable(ctx, request, key)
+}
+
+func (r *registrar) variable(ctx context.Context, request *pb.RegisterVariableRequest, key string) (*VariableHandle, error) {
+	static := key == ""
+	handle, err := registerValue(ctx, r, request, key, r.c.rpc.RegisterVariable, textUpdate(func(value string) {
+		if static {
+			request.ValueSource = &pb.RegisterVariableRequest_Value{Value: value}
+		}
+	}))
+	if err != nil {
+		return nil, err
+	}
+	return &VariableHandle{Handle: *handle, request: request, static: static}, nil
+}
+
+// VariableHandle is a variable's handle: Update gives it a value, Unset
+// takes the value away ("no value for this assembly" from then on).
+type VariableHandle struct {
+	Handle[string]
+	request *pb.RegisterVariableRequest
+	static  bool
+}
+
+// Unset replaces the value with "no value", in place like Update.
+func (h *VariableHandle) Unset(ctx context.Context) (uint64, error) {
+	update := &pb.UpdateRequest{Value: &pb.UpdateRequest_NoValue{NoValue: &pb.NoValue{}}}
+	return h.c.update(ctx, h.r, update, func() {
+		if h.static {
+			h.request.ValueSource = &pb.RegisterVariableRequest_NoValue{NoValue: &pb.NoValue{}}
+		}
+	})
 }
 
 // Tools contributes a static tool list (KnownNames nil: the schemas' names).

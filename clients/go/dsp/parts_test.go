@@ -21,8 +21,8 @@ func TestStaticAndDynamicPartsAssembleAndRender(t *testing.T) {
 		return fmt.Sprintf("You help %v.", a.Get("who")), nil
 	}))
 	must[*dsp.Handle[string]](t)(client.Context(bg, "mode", 1, "Mode: {{mode}}."))
-	must[*dsp.Handle[string]](t)(client.Variable(bg, "model", "deepseek-v4"))
-	must[*dsp.Handle[string]](t)(client.VariableFunc(bg, "mode", func(_ context.Context, a dsp.AssembleContext) (string, bool, error) {
+	must[*dsp.VariableHandle](t)(client.Variable(bg, "model", "deepseek-v4"))
+	must[*dsp.VariableHandle](t)(client.VariableFunc(bg, "mode", func(_ context.Context, a dsp.AssembleContext) (string, bool, error) {
 		mode, ok := a.Get("mode").(string)
 		return mode, ok, nil
 	}))
@@ -102,7 +102,7 @@ func TestScopesShadowAndAShadowedProviderIsNotAsked(t *testing.T) {
 	agent := must[*dsp.Scope](t)(client.Scope(bg, "go-agent", dsp.WithParent("go-team")))
 	must[*dsp.Handle[string]](t)(team.Section(bg, "greeting", 10, "Team hello."))
 	must[*dsp.Handle[string]](t)(team.Section(bg, "team-only", 20, "Team rule."))
-	must[*dsp.Handle[string]](t)(agent.Variable(bg, "who", "agent"))
+	must[*dsp.VariableHandle](t)(agent.Variable(bg, "who", "agent"))
 	must[*dsp.Handle[string]](t)(agent.Context(bg, "agent-context", 1, "Agent {{who}}."))
 
 	assembly := must[*dsp.Assembly](t)(client.Assemble(bg, dsp.ForScope("go-agent")))
@@ -340,4 +340,44 @@ func TestConcurrentRegistrationsAndAssembliesFromManyGoroutines(t *testing.T) {
 		check(t, <-errs)
 	}
 	equal(t, names(must[*dsp.Assembly](t)(client.Assemble(bg, dsp.ForScope("go-concurrent"), dsp.WithFields(map[string]any{"n": 1}))).Sections), []string{"who"})
+}
+
+func TestAVariableWithNoValueGetsOneAndLosesItInPlace(t *testing.T) {
+	client := connect(t, shared(t))
+	scope := must[*dsp.Scope](t)(client.Scope(bg, "go-unset"))
+	must[*dsp.Handle[string]](t)(scope.Section(bg, "uses", 1, "In {{cwd}}."))
+	cwd := must[*dsp.VariableHandle](t)(scope.VariableUnset(bg, "cwd"))
+	value := func() *string {
+		assembly := must[*dsp.Assembly](t)(client.Assemble(bg, dsp.ForScope("go-unset")))
+		for _, v := range assembly.Variables {
+			if v.Name == "cwd" {
+				return v.Value
+			}
+		}
+		t.Fatal("no variable cwd")
+		return nil
+	}
+	if value() != nil {
+		t.Fatal("a variable registered unset has no value")
+	}
+	_, err := client.Render(bg, dsp.ForScope("go-unset"))
+	wantRender := `prompt variable "{{cwd}}" has no value for this assembly (section "uses")`
+	if failed := failure(t, err); failed.Reason != dsp.ReasonRenderFailed || failed.Message != wantRender {
+		t.Fatalf("rendering it: %+v", failed)
+	}
+	must[uint64](t)(cwd.Update(bg, "/tmp"))
+	if got := value(); got == nil || *got != "/tmp" {
+		t.Fatalf("after Update: %v", got)
+	}
+	must[uint64](t)(cwd.Unset(bg))
+	if value() != nil {
+		t.Fatal("after Unset the variable has no value again")
+	}
+	dynamic := must[*dsp.VariableHandle](t)(scope.VariableFunc(bg, "dyn", func(context.Context, dsp.AssembleContext) (string, bool, error) {
+		return "", false, nil
+	}))
+	_, err = dynamic.Unset(bg)
+	if failure(t, err).Reason != dsp.ReasonNotUpdatable {
+		t.Fatalf("unsetting a provider's variable: %v", err)
+	}
 }

@@ -102,8 +102,10 @@ func TestASidecarRestartReplaysEverythingAndThePromptIsByteIdentical(t *testing.
 	must[*dsp.Handle[string]](t)(client.SectionFunc(bg, "dynamic", 20, func(_ context.Context, a dsp.AssembleContext) (string, error) {
 		return fmt.Sprintf("Dynamic for %v.", a.Get("who")), nil
 	}))
-	model := must[*dsp.Handle[string]](t)(client.Variable(bg, "model", "m1"))
+	model := must[*dsp.VariableHandle](t)(client.Variable(bg, "model", "m1"))
 	must[uint64](t)(model.Update(bg, "m2")) // the replay makes the latest value
+	unset := must[*dsp.VariableHandle](t)(client.Variable(bg, "unset", "soon gone"))
+	must[uint64](t)(unset.Unset(bg))
 	must[*dsp.Handle[dsp.ToolProviderResult]](t)(client.Tools(bg, dsp.ToolProviderResult{
 		Schemas: []dsp.ToolSchema{{Name: "tool", Description: "d", Parameters: []byte(`{"type": "object"}`)}},
 	}))
@@ -130,6 +132,15 @@ func TestASidecarRestartReplaysEverythingAndThePromptIsByteIdentical(t *testing.
 		t.Fatalf("the updated value is replayed: %q", after.Prompt)
 	}
 	equal(t, names(after.Assembly.Sections), []string{"static", "dynamic", "scoped", "listener"})
+	unsetFound := false
+	for _, v := range after.Assembly.Variables {
+		if v.Name == "unset" {
+			unsetFound = v.Value == nil // the replay makes it unset, as it was last
+		}
+	}
+	if !unsetFound {
+		t.Fatalf("the unset variable after the replay: %+v", after.Assembly.Variables)
+	}
 	if string(after.Assembly.Tools[0].Parameters) != `{"type": "object"}` {
 		t.Fatalf("tool parameters, byte for byte: %s", after.Assembly.Tools[0].Parameters)
 	}
