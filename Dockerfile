@@ -12,8 +12,8 @@
 ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS build
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/venv
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
 WORKDIR /src
 # What the wheel is built from: pyproject's readme, the licence, its packages (core/, client/,
 # server/) and the contract their stubs' folder links to; the server extra brings the sidecar's
@@ -23,13 +23,28 @@ COPY proto ./proto
 COPY core ./core
 COPY client ./client
 COPY server ./server
-RUN /opt/venv/bin/pip install --no-cache-dir '.[server]' \
+# wheelhouse/ holds only its README in a clone; `make wheelhouse` fills it with every wheel the
+# image needs, and then nothing here touches an index (`make image` builds with --network none).
+# Without wheels, they are built here from PyPI.
+COPY wheelhouse ./wheelhouse
+# The venv keeps only what runs: pip and setuptools go once the install is done, and the
+# pyc files stay (the root filesystem is read-only, so Python could never write them later).
+RUN python -m venv /opt/venv \
+    && if ! ls wheelhouse/*.whl >/dev/null 2>&1; then \
+        /opt/venv/bin/pip wheel --wheel-dir wheelhouse '.[server]'; fi \
+    && /opt/venv/bin/pip install --no-index --find-links wheelhouse 'dsh-system-prompt[server]' \
+    && /opt/venv/bin/pip uninstall --yes pip setuptools \
+    && find /opt/venv -depth \( -name tests -o -name '*.pyi' -o -name 'Activate.ps1' \) \
+        -prune -exec rm -rf {} + \
     && /opt/venv/bin/dsh-system-prompt --help >/dev/null
 COPY deploy/docker/entrypoint.sh /usr/local/bin/dsp-entrypoint
 RUN chmod 0755 /usr/local/bin/dsp-entrypoint
 
 FROM ${PYTHON_IMAGE}
+ARG PYTHON_IMAGE
+# base.name says what the image was built on (make image-test measures what it adds).
 LABEL org.opencontainers.image.title="dsh-system-prompt" \
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}" \
       org.opencontainers.image.description="The dsh-system-prompt registry served as a gRPC sidecar" \
       org.opencontainers.image.licenses="MIT"
 ENV PATH=/opt/venv/bin:$PATH \

@@ -7,7 +7,8 @@ LISTEN ?= 127.0.0.1:50051
 CONFIG ?=
 ADMIN ?=
 
-.PHONY: serve test screenshots lint typecheck proto check-proto docs check-docs buf check bench soak soak-hostile clean
+.PHONY: serve test screenshots lint typecheck proto check-proto docs check-docs buf check bench soak soak-hostile clean \
+  wheelhouse image image-tools image-test bench-image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -84,7 +85,7 @@ soak-hostile: $(STAMP)
 	$(BIN)/python -m bench.hostile $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info examples/node/node_modules tests/independent_client/node_modules \
+	rm -rf $(VENV) build wheelhouse/*.whl *.egg-info examples/node/node_modules tests/independent_client/node_modules \
 	  $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist .gopath
 
 ## Install the Node.js example's dependencies (examples/node) from its lockfile,
@@ -220,3 +221,34 @@ go-test: $(STAMP) go-tools go-path
 ## Build the Go client's bench program (clients/go/bench) for `make bench`.
 go-bench: go-tools go-path
 	cd $(GO_SRC) && $(GO) build -o $(GO_PATH)/bin/go-bench ./$(GO_CLIENT)/bench
+
+## The wheels the image installs (wheelhouse/): the project's, built here, and its server
+## extra's dependencies for the image's Python and this CPU (scripts/wheelhouse.sh).
+wheelhouse: $(STAMP)
+	PYTHON=$(BIN)/python scripts/wheelhouse.sh
+
+## The sidecar's image, dsh-system-prompt:VERSION, with docker or podman, offline: from the
+## wheelhouse, --network none (scripts/image.sh; deploy/kubernetes/README.md).
+image: $(STAMP)
+	PYTHON=$(BIN)/python scripts/image.sh
+
+## podman, runc, catatonit (kube play's pause image) and debootstrap (a local base image when
+## none can be pulled), from Debian, when missing.
+IMAGE_PACKAGES := podman runc catatonit debootstrap containernetworking-plugins iptables
+image-tools:
+	@if command -v podman >/dev/null && command -v runc >/dev/null \
+	  && command -v catatonit >/dev/null && command -v debootstrap >/dev/null; then exit 0; fi; \
+	sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	$$sudo apt-get install -y -q --no-install-recommends $(IMAGE_PACKAGES) >/dev/null \
+	  || { $$sudo apt-get update -q >/dev/null && \
+	       $$sudo apt-get install -y -q --no-install-recommends $(IMAGE_PACKAGES) >/dev/null; }
+
+## Build the image and run real containers and pods of it (tests/image; not part of
+## `make test`): health check, security context, the manifests' pods, reload, SIGTERM,
+## restart, kube play. Podman's state stays in build/containers/ (scripts/image-test.sh).
+image-test: $(STAMP) image-tools
+	PYTHON=$(BIN)/python scripts/image-test.sh $(PYTEST_ARGS)
+
+## The image's figures: size, what it adds over its base, start to serving, idle RSS.
+bench-image: $(STAMP) image-tools
+	PYTHON=$(BIN)/python scripts/image-test.sh --bench --write
