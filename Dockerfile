@@ -1,8 +1,22 @@
 # The dsh-system-prompt gRPC sidecar.
 #
-#   docker build -t dsh-system-prompt:0.1.0 .
+#   make image                 # dsh-system-prompt:VERSION, offline, with docker or podman
 #   docker run --rm -p 50051:50051 \
 #       -v "$PWD/sidecar.toml:/etc/dsh-system-prompt/sidecar.toml:ro" dsh-system-prompt:0.1.0
+#
+# Offline (air-gapped) builds: `make wheelhouse` puts every wheel the image installs into
+# wheelhouse/ (the project's, built on the host, and its dependencies for the image's Python
+# and CPU); this file then installs from there with `pip install --no-index`, so
+# `docker build --network none -t dsh-system-prompt:0.1.0 .` needs only this folder and the
+# base image (`make image` does both). With an empty wheelhouse, a plain `docker build .`
+# builds the wheels from PyPI instead. PYTHON_IMAGE picks the base: any Debian-like image
+# with Python 3.11, `python` on PATH and the venv module (scripts/image-base.sh makes one
+# with debootstrap when python:3.11-slim cannot be pulled). With podman, build with
+# `--format docker`: the OCI format has no HEALTHCHECK.
+#
+# `make image-test` builds it so and runs it as the manifests in deploy/kubernetes/ do (read
+# the README there): the health check, uid 10001 on a read-only root with no capabilities,
+# the two pods, a ConfigMap edit, SIGTERM and a restart. `make bench-image` measures it.
 #
 # Configuration (deploy/docker/entrypoint.sh): DSP_LISTEN (default 0.0.0.0:50051), DSP_CONFIG
 # (default: /etc/dsh-system-prompt/sidecar.toml when mounted, else built-in defaults), and any

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable
 
@@ -76,5 +77,9 @@ async def typed_lines() -> AsyncIterator[str]:
 
 
 if __name__ == "__main__":
+    # SIGTERM leaves as Ctrl-C does. In a container the agent is PID 1, for which the kernel
+    # has no default SIGTERM action: without this, a pod's stop would wait out its grace
+    # period and SIGKILL it, its session never closed.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else None))

@@ -11,6 +11,7 @@ must pass before the agent starts, as it must for a native sidecar.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -140,6 +141,13 @@ def create_flags(
     )
 
 
+def entrypoint(container: dict[str, Any]) -> list[str]:
+    """A container's `command`, which replaces the image's ENTRYPOINT; `args` replace CMD."""
+    if "command" not in container:
+        return []
+    return ["--entrypoint", json.dumps(container["command"])]
+
+
 @dataclass
 class Pod:
     """The manifest's pod, built by hand: its sidecar is up (startup probe passed)."""
@@ -224,7 +232,8 @@ def build_pod(file: str, folder: Path, made: Cleanup) -> Pod:
     sidecar = sidecar_spec(spec)
     container = Container(f"{pod}-{SIDECAR}")
     podman("create", "--pod", pod, "--name", container.name,
-           *create_flags(sidecar, spec, sources), image())  # fmt: skip
+           *create_flags(sidecar, spec, sources), *entrypoint(sidecar), image(),
+           *sidecar.get("args", []))  # fmt: skip
     made.containers.append(container.name)
     podman("start", container.name)
     built = Pod(file, spec, pod, container, config, sources)

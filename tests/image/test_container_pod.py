@@ -82,6 +82,11 @@ def test_the_example_agent_gets_its_prompt_in_the_pod(
     )
     try:
         in_pod = example_output(agent.lines)
+        # The pod's stop: SIGTERM reaches the agent, PID 1 of its container, which leaves.
+        started = time.monotonic()
+        podman("stop", "--time", "10", container)
+        assert agent.process.wait(15) == 0
+        assert time.monotonic() - started < 5, "the agent ignored SIGTERM"
     finally:
         agent.close()
     assert "You run on deepseek-v4. Be precise and brief." in in_pod
@@ -104,10 +109,17 @@ def test_a_config_edit_reaches_the_next_assembly_and_a_bad_one_changes_nothing(
         assert "You serve the pod test." in after
         assert after.replace("You serve the pod test.", "").strip() != ""
 
-        pod.config.update({"sidecar.toml": good.replace("watch_buffer = 1024", "watch_buffer = -")})
-        time.sleep(3)  # three of the sidecar's config polls (--config-poll 1)
-        assert agent.ask("render")["prompt"] == after
-        assert "config reload from" in pod.sidecar.logs()
+        # Two bad edits, each with a persona that must never be seen: a file that is not
+        # TOML, and a value out of range. Neither may change anything, even in part.
+        unseen = good.replace("You serve the pod test.", "You must not see this.")
+        for bad in (
+            unseen + "watch_buffer = \n",
+            unseen.replace("watch_buffer = 1024", "watch_buffer = -1"),
+        ):
+            pod.config.update({"sidecar.toml": bad})
+            time.sleep(3)  # three of the sidecar's config polls (--config-poll 1)
+            assert agent.ask("render")["prompt"] == after
+        assert pod.sidecar.logs().count("config reload from") >= 2
         assert pod.sidecar.running()
     finally:
         agent.close()
