@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -107,6 +108,9 @@ def measure(tag: str, runs: int) -> dict[str, Any]:
         "run_to_serving_s": spread([run for run, _, _ in samples], runs),
         "start_to_serving_s": spread([start for _, start, _ in samples], runs),
         "idle_rss_mib": round(statistics.median(kib for _, _, kib in samples) / 1024, 1),
+        # Times on a shared machine move with its load: the figures say what it was.
+        "load_average_1m": round(os.getloadavg()[0], 1),
+        "cpus": os.cpu_count(),
     }
 
 
@@ -126,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         timing = figures[key]
         print(f"{label} to SERVING: {timing['median']} s median of {timing['runs']} "
               f"({timing['min']}-{timing['max']} s)")  # fmt: skip
-    print(f"idle RSS of the sidecar in the container: {figures['idle_rss_mib']} MiB")
+    print(f"idle RSS of the sidecar in the container: {figures['idle_rss_mib']} MiB "
+          f"(load average {figures['load_average_1m']} on {figures['cpus']} CPUs)")  # fmt: skip
     if args.write:
         (HERE / "image.json").write_text(json.dumps(figures, indent=2) + "\n")
     return 0
