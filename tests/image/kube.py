@@ -121,10 +121,16 @@ def limit_flags(container: dict[str, Any]) -> list[str]:
 
 
 def volume_flags(container: dict[str, Any], sources: dict[str, str]) -> list[str]:
+    """A host folder (the ConfigMap) is bound; a named volume (an emptyDir) is mounted with
+    nocopy: podman would otherwise give it the image's /run/dsp, owner and mode included,
+    where the kubelet gives an empty folder, root's and world-writable."""
     flags = []
     for mount in container.get("volumeMounts", []):
-        mode = ":ro" if mount.get("readOnly") else ""
-        flags += ["--volume", f"{sources[mount['name']]}:{mount['mountPath']}{mode}"]
+        source = sources[mount["name"]]
+        options = [option for option, wanted in (("ro", mount.get("readOnly")),
+                   ("nocopy", not source.startswith("/"))) if wanted]  # fmt: skip
+        suffix = f":{','.join(options)}" if options else ""
+        flags += ["--volume", f"{source}:{mount['mountPath']}{suffix}"]
     return flags
 
 
