@@ -96,7 +96,7 @@ async def memo_memory(h: Harness) -> list[Figure]:
         collect_garbage()
         tracemalloc.start()
         encoded = [len(await probe.raw_assemble(f"memo-{index:03d}")) for index in range(scopes)]
-        held = _freed_by(lambda: setattr(sidecar.state, "responses", ResponseCache()))
+        held = _freed_by(lambda: setattr(sidecar.state.assembler, "responses", ResponseCache()))
         tracemalloc.stop()
         as_messages = _held_as_messages(await probe.raw_assemble("memo-000"), MESSAGE_COPIES)
     finally:

@@ -1,12 +1,31 @@
-"""Encoded Assemble responses of static and all-cacheable plans, kept as bytes, bounded."""
+"""Encoded Assemble responses of static and all-cacheable plans, kept as bytes, bounded;
+and the policy that says which responses may be reused (`reuse_key`)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
 
-# (scope, revision, render, ...): the service's `_response_key`, which says when one is reusable.
+from ..registry import AssembleContext
+from ..registry.assembly import Plan
+from ..registry.callback_cache import context_key
+
+# (scope, revision, render, ...): `reuse_key`'s, which says when a response is reusable.
 Key = Hashable
+
+
+def reuse_key(plan: Plan, context: AssembleContext, render: bool, generation: int) -> Key | None:
+    """What a response is kept under: a static plan's by its revision (not by the
+    caller's scope key: that is not kept); a plan whose every callback may be cached
+    also by the callback cache's `generation` (and the context, if an answer depends on
+    it); None when the response cannot be reused (a callback asked every time, or one
+    whose answers expire: those are reused, but the assembly is rebuilt)."""
+    if plan.is_static:
+        return (plan.scope, plan.revision, render)
+    policy = plan.policy
+    if policy is None or policy.ttl_s is not None:
+        return None
+    return (plan.scope, plan.revision, render, generation, context_key(policy, context))
 
 
 class ResponseCache:

@@ -10,12 +10,13 @@ from dataclasses import dataclass
 
 from ..registry import Registry
 from ..reports.history import ReportHistory
+from ..reports.reporter import Reporter
 from ..reports.tokens import load_tokenizer
 from ..reports.values import Layout
 from ..telemetry.metrics import Metrics
 from ..telemetry.tracing import Tracing
+from .assembler import Assembler
 from .gate import Gate
-from .response_cache import ResponseCache
 from .streams.listeners import Listeners
 from .streams.outbox import OutboxLimits
 from .streams.sessions import Sessions
@@ -39,7 +40,8 @@ class StateSettings:
 
 class ServerState:
     """The registry and everything served beside it: sessions, listeners, watches, the
-    report history and its tokenizer, the encoded responses, the drain gate, the metrics."""
+    report history, its tokenizer and reporter, the assembler (which keeps the encoded
+    responses), the drain gate, the metrics."""
 
     def __init__(
         self,
@@ -61,13 +63,13 @@ class ServerState:
         self.listeners = Listeners(registry, self.sessions, metrics, settings.outbox, tracing)
         self.tokenizer = load_tokenizer(settings.tokenizer)
         self.reports = ReportHistory(depth=settings.report_depth, max_keys=settings.report_keys)
+        self.reporter = Reporter(self.reports, self.tokenizer)
+        self.assembler = Assembler(registry, self.reporter, metrics, settings.max_message_bytes)
         self.watches = Watches(
-            registry, settings.watches, self.sessions.client_name, self.tokenizer
+            registry, settings.watches, self.sessions.client_name, self.tokenizer, metrics
         )
-        self.responses = ResponseCache()
         self.gate = Gate()
         self.prefix_layout = settings.prefix_layout
-        self.max_message_bytes = settings.max_message_bytes
         metrics.track(
             sessions=lambda: len(self.sessions),
             registrations=registry.registration_count,

@@ -1,6 +1,6 @@
 """What the sidecar tells its operator about itself: Prometheus metrics, logs, traces.
 
 Belongs here: metric families and their labels, the log format, OpenTelemetry spans and their
-W3C context. It imports nothing of the package but `registry/`, so every layer above may
-record into it.
+W3C context. It imports nothing of the package but `registry/` and `reports/` (the metrics
+of a report follow its values), so every layer above may record into it.
 """

@@ -8,6 +8,9 @@ from collections.abc import Callable
 from dsh_system_prompt_core import Reason
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from ..reports.history import HistoryEntry, HistoryKey
+from ..reports.reporter import Reported
+
 ASSEMBLY_FAILURE_REASONS = (
     Reason.PROVIDER_FAILED,
     Reason.PROVIDER_TIMEOUT,
@@ -78,6 +81,28 @@ class Metrics:
             key,
             registry=self.registry,
         )
+
+    def assembly_failed(self, reason: Reason) -> None:
+        """Count one failed assembly, if its reason is one of those counted."""
+        if reason in ASSEMBLY_FAILURE_REASONS:
+            self.assembly_failures.labels(reason).inc()
+
+    def reported(self, reported: Reported) -> None:
+        """Follow one report: its counts, its scope's stable share, what its history forgot."""
+        labels = reported.key.labels()
+        for forgotten, breakers in reported.remembered.forgotten_keys:
+            self.forget_key(forgotten.labels(), breakers)
+        for part in reported.remembered.forgotten_breakers:
+            self.forget_breaker(labels, part)
+        recomputed = reported.report.stability.recomputed
+        self.cache_reported(labels, recomputed.tokens, recomputed.bytes, reported.breaker)
+        if (share := reported.stable_share) is not None:
+            self.prefix_stable(reported.key.name, share)
+
+    def usage_observed(self, key: HistoryKey, entry: HistoryEntry) -> None:
+        """Follow the model server's usage of the key's latest report."""
+        if entry.stable_tokens and entry.observed_cached_tokens is not None:
+            self.cache_observed(key.labels(), entry.observed_cached_tokens / entry.stable_tokens)
 
     def peer_stalled(self, kind: str) -> None:
         """Count one session or listener closed for not reading its stream."""

@@ -9,19 +9,24 @@ prompt watch rebuilds the prompt once per burst of changes, at its own pace.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh_system_prompt_core import Reason
+from google.protobuf.message import Message
 
-from ...registry import Filter, Registry, Subscription
+from ...registry import Filter, Registry, ServiceError, Status, Subscription
 from ...registry.changes import Missed
 from ...registry.limits import quota_exceeded
 from ...registry.model import ChangeEvent
 from ...reports.tokens import Tokenizer
 from ...reports.values import Layout
+from ...telemetry.logs import logger
+from ...telemetry.metrics import Metrics
 from ..convert import (
     batch_entry,
     batch_to_proto,
@@ -30,6 +35,8 @@ from ..convert import (
     layout_from_proto,
     registration_to_proto,
 )
+from ..gate import Gate
+from .broker import Stream
 from .peers import PeerCounts
 from .prompt_watch import PromptWatch
 from .turns import Turns
@@ -43,6 +50,8 @@ MAX_BATCH_EVENTS = 512  # events per ChangeBatch (each event is bounded by the n
 
 
 Change = ChangeEvent | Missed  # what a change subscription reads
+Opened = TypeVar("Opened")
+_log = logger("watches")
 
 
 @dataclass(frozen=True)
@@ -66,9 +75,11 @@ class Watches:
         settings: WatchSettings,
         owner_name: Callable[[str], str],
         tokenizer: Tokenizer | None,
+        metrics: Metrics,
     ) -> None:
         self.incarnation = secrets.token_hex(8)
         self._registry = registry
+        self._metrics = metrics
         self._settings = settings
         self._owner_name = owner_name
         self._tokenizer = tokenizer
@@ -82,6 +93,66 @@ class Watches:
         """Take reloaded settings; watches already open keep their buffer."""
         self._settings = settings
         self._per_peer.limit = settings.max_per_peer
+
+    # -- the streams ------------------------------------------------------------------
+
+    async def serve_changes(
+        self, request: pb.WatchChangesRequest, stream: Stream[Message], gate: Gate
+    ) -> None:
+        """Serve one WatchChanges stream until its peer stops reading it."""
+        peer = stream.peer()
+        subscription = self._open(peer, gate, lambda: self.subscribe(request))
+        await self._serve(stream, peer, subscription, self.changes(subscription, request.features))
+
+    async def serve_prompts(
+        self, request: pb.WatchPromptRequest, stream: Stream[Message], gate: Gate
+    ) -> None:
+        """Serve one WatchPrompt stream until its peer stops reading it."""
+        peer = stream.peer()
+        watch, subscription = self._open(peer, gate, lambda: self.prompt_watch(request))
+        await self._serve(stream, peer, subscription, self.prompts(watch, subscription))
+
+    def _open(self, peer: str, gate: Gate, start: Callable[[], Opened]) -> Opened:
+        """Admit one more watch of `peer` and start it; nothing is held if it fails."""
+        gate.check()
+        self.admit(peer)
+        try:
+            return start()
+        except BaseException:
+            self.release(peer)
+            raise
+
+    async def _serve(
+        self,
+        stream: Stream[Message],
+        peer: str,
+        subscription: Subscription,
+        responses: AsyncGenerator[Message, None],
+    ) -> None:
+        """Write a watch's responses until its peer stops taking them (then close it):
+        STREAM_STALLED, raised, ends the call."""
+        try:
+            async with contextlib.aclosing(responses):
+                async for message in responses:
+                    if not await self._written(stream, message):
+                        break
+        finally:
+            subscription.close()
+            self.release(peer)
+        timeout = self._registry.settings.provider_timeout_s
+        _log.warning("closed a watcher that did not read an event within %gs", timeout)
+        self._metrics.peer_stalled("watcher")
+        stalled = f"the watcher was closed: it did not read an event within {timeout:g}s"
+        raise ServiceError(Status.RESOURCE_EXHAUSTED, Reason.STREAM_STALLED, stalled)
+
+    async def _written(self, stream: Stream[Message], message: Message) -> bool:
+        """Write `message`; False when the peer does not take it within provider_timeout_s."""
+        try:
+            async with asyncio.timeout(self._registry.settings.provider_timeout_s):
+                await stream.write(message)
+        except TimeoutError:
+            return False
+        return True
 
     # -- change events ----------------------------------------------------------------
 

@@ -1,0 +1,71 @@
+"""One call per reported assembly: the report against the key's last one, kept in its history.
+
+The caller asks once (`Reporter.report`) and gets the report with what the metrics follow
+(`Reported`): which parts broke the prefix, how much of it stayed, and which keys and
+breakers the bounded history let go of. Usage the model server read attaches to the key's
+latest report (`Reporter.observe`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dsh_system_prompt_core import Reason
+
+from ..registry import Assembly, ServiceError, Status
+from .history import HistoryEntry, HistoryKey, Remembered, ReportHistory
+from .report import build_report
+from .tokens import Tokenizer
+from .values import Layout, Report
+
+
+@dataclass(frozen=True, slots=True)
+class Reported:
+    """One assembly reported under `key`: its report, and what remembering it did."""
+
+    key: HistoryKey
+    report: Report
+    remembered: Remembered
+
+    @property
+    def breaker(self) -> str:
+        """The first changed part when the report broke the key's prefix, else ""."""
+        return self.report.stability.first_changed if self.remembered.entry.broke else ""
+
+    @property
+    def stable_share(self) -> float | None:
+        """The share of a scope's prefix unchanged since its last report; None for a
+        caller-named key, a first report or an empty prefix."""
+        stability = self.report.stability
+        if self.key.kind != "scope" or not stability.has_previous or not stability.prefix.bytes:
+            return None
+        return stability.stable_bytes / stability.prefix.bytes
+
+
+class Reporter:
+    """Reports assemblies against the history of their key, measured by `tokenizer`."""
+
+    def __init__(self, history: ReportHistory, tokenizer: Tokenizer | None) -> None:
+        self.history = history
+        self.tokenizer = tokenizer
+
+    def report(
+        self, key: HistoryKey, assembly: Assembly, layout: Layout, revision: int
+    ) -> Reported:
+        """Report `assembly` (tracked, of `revision`) against the key's last report, and keep it."""
+        previous, evicted = self.history.previous(key)
+        report, current = build_report(assembly, self.tokenizer, layout, previous, evicted)
+        return Reported(key, report, self.history.remember(key, report, current, revision))
+
+    def observe(self, key: HistoryKey, cached: int, prompt: int | None) -> HistoryEntry:
+        """Attach the model server's usage to the key's latest report; REPORT_NOT_FOUND
+        when the key has none."""
+        entry = self.history.observe(key, cached, prompt)
+        if entry is None:
+            raise ServiceError(
+                Status.NOT_FOUND,
+                Reason.REPORT_NOT_FOUND,
+                f"no reported assembly for {key.describe()} to attach usage to"
+                " (assemble with report=True first)",
+            )
+        return entry

@@ -1,0 +1,95 @@
+"""An Assemble request answered: reused when it may be, else assembled, reported, rendered
+and encoded, and never bigger than the sidecar sends."""
+
+from __future__ import annotations
+
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh_system_prompt_core import Reason, RenderFailure, render_context_snapshot, render_prompt
+
+from ..registry import Assembly, Limits, Registry, RegistryError, ServiceError, Status
+from ..reports.history import HistoryKey
+from ..reports.reporter import Reporter
+from ..reports.values import Layout
+from ..telemetry.metrics import Metrics
+from .convert import (
+    assemble_response,
+    context_from_proto,
+    history_key_from_proto,
+    layout_from_proto,
+    report_to_proto,
+)
+from .response_cache import ResponseCache, reuse_key
+
+
+class Assembler:
+    """Answers Assemble requests with their encoded responses, keeping the reusable ones."""
+
+    def __init__(
+        self, registry: Registry, reporter: Reporter, metrics: Metrics, max_message_bytes: int
+    ) -> None:
+        self._registry = registry
+        self._reporter = reporter
+        self._metrics = metrics
+        self._max_message_bytes = max_message_bytes
+        self.responses = ResponseCache()
+
+    async def assemble(
+        self, request: pb.AssembleRequest, deadline: float | None, layout: Layout
+    ) -> bytes:
+        """The encoded response to `request`, by `deadline` (the loop's clock); `layout` is
+        the reports' default prefix layout."""
+        context = context_from_proto(request.context)
+        plan = self._registry.plan(context.scope)
+        generation = self._registry.callbacks.generation
+        key = None if request.report else reuse_key(plan, context, request.render, generation)
+        cached = None if key is None else self.responses.get(key)
+        if cached is not None:
+            return cached  # a static (or all-cached) plan's response, encoded once
+        assembly = await self._registry.run(plan, context, deadline, track=request.report)
+        # before rendering: a report names a failing part, never fails
+        report = self._report(request, plan.revision, assembly, layout) if request.report else None
+        rendered = _rendered(assembly) if request.render else None
+        response = assemble_response(assembly, plan.revision, rendered, report, plan.is_static)
+        self._check_sendable(len(response), report is not None)
+        if key is not None:
+            self.responses.put(key, response)
+        return response
+
+    def _report(
+        self, request: pb.AssembleRequest, revision: int, assembly: Assembly, default: Layout
+    ) -> pb.AssemblyReport:
+        key = history_key(self._registry.limits, request.context.scope, request.report_key)
+        layout = layout_from_proto(request.prefix_layout, default)
+        reported = self._reporter.report(key, assembly, layout, revision)
+        self._metrics.reported(reported)
+        return report_to_proto(reported.report, key)
+
+    def _check_sendable(self, size: int, with_report: bool) -> None:
+        """Fail with a reason here rather than let gRPC refuse to send it without one."""
+        limit = self._max_message_bytes
+        if size > limit:
+            what = "assembly, with its report," if with_report else "assembly"
+            raise ServiceError(
+                Status.RESOURCE_EXHAUSTED,
+                Reason.RESPONSE_TOO_LARGE,
+                f"the {what} is {size} bytes, over the largest message the sidecar sends"
+                f" ({limit} bytes, limits.max_message_bytes)",
+            )
+
+
+def history_key(limits: Limits, scope: str, report_key: str) -> HistoryKey:
+    """The history a request's report goes to: its report key's, else its scope's."""
+    limits.check_name("report key", report_key)
+    limits.check_name("scope", scope)
+    return history_key_from_proto(scope, report_key)
+
+
+def _rendered(assembly: Assembly) -> pb.RenderedPrompt:
+    """The rendered prompt and snapshot; RENDER_FAILED when a section cannot be."""
+    try:
+        return pb.RenderedPrompt(
+            prompt=render_prompt(assembly), context_snapshot=render_context_snapshot(assembly)
+        )
+    except RenderFailure as error:
+        failure = RegistryError(Status.FAILED_PRECONDITION, Reason.RENDER_FAILED, str(error))
+        raise failure from None
