@@ -12,8 +12,8 @@ import (
 // AssembleResponse is tens of kilobytes of strings, and decoding it into
 // generated messages first (UTF-8 checks and one allocation per string), then
 // converting, cost the Go client a third of an empty RPC's time. Here the
-// reply's bytes are copied once, as one string and one byte slice, and every
-// name, text and tool schema is a piece of them.
+// reply's bytes are copied once (gRPC may reuse its buffer): tool schemas, the
+// bulk of a reply, are pieces of the copy; names and texts are strings of their own.
 
 const assembleMethod = "/dsh.systemprompt.v1.SystemPromptService/Assemble"
 
@@ -42,7 +42,7 @@ func (replyCodec) Unmarshal(data []byte, v any) error {
 	if !ok {
 		return fmt.Errorf("dsp: cannot unmarshal into %T", v)
 	}
-	w := wire{data: data, text: string(data), raw: append([]byte(nil), data...)}
+	w := wire{data: append([]byte(nil), data...)}
 	reply.assembly = emptyAssembly()
 	return w.fields(0, len(data), func(f field) error {
 		switch f.number {
@@ -67,11 +67,9 @@ func emptyAssembly() *Assembly {
 	return &Assembly{Sections: []Part{}, Contexts: []Part{}, Tools: []ToolSchema{}, Variables: []Variable{}}
 }
 
-// wire is one reply's bytes: data to parse, text and raw to take pieces of.
+// wire is one reply's bytes, a copy of its own: tool schemas are pieces of it.
 type wire struct {
 	data []byte
-	text string
-	raw  []byte
 }
 
 // field is one length-delimited field: its number and the span of its bytes.
@@ -80,7 +78,7 @@ type field struct {
 	from, to int
 }
 
-func (w *wire) string(f field) string { return w.text[f.from:f.to] }
+func (w *wire) string(f field) string { return string(w.data[f.from:f.to]) }
 
 // fields visits the length-delimited fields of data[from:to]; fields of other
 // wire types are skipped, as a field of the wrong type is unknown to protobuf.
@@ -162,7 +160,7 @@ func (w *wire) tool(f field) (ToolSchema, error) {
 		case 2:
 			t.Description = w.string(item)
 		case 3:
-			t.Parameters = w.raw[item.from:item.to:item.to] // capped: an append copies
+			t.Parameters = w.data[item.from:item.to:item.to] // capped: an append copies
 		}
 		return nil
 	})
