@@ -108,6 +108,7 @@ class Cleanup:
     containers: list[str] = field(default_factory=list)
     pods: list[str] = field(default_factory=list)
     volumes: list[str] = field(default_factory=list)
+    mounts: list[str] = field(default_factory=list)
 
     def close(self) -> None:
         for container in reversed(self.containers):
@@ -116,6 +117,8 @@ class Cleanup:
             podman("pod", "rm", "--force", "--time", "0", pod, check=False)
         for volume in self.volumes:
             podman("volume", "rm", "--force", volume, check=False)
+        for mount in self.mounts:
+            subprocess.run(["umount", mount], check=False, capture_output=True)
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ podman 4.3 (Debian bookworm's) refuses the manifests' native sidecar in `kube pl
 themselves: each container's env, volume mounts, security context and memory/CPU limits
 become `podman create` flags, the ConfigMap becomes a folder laid out as the kubelet lays it
 out (files behind a `..data` symlink swapped atomically on an edit), an `emptyDir` of
-medium Memory becomes a tmpfs volume both containers mount, and the sidecar's startup probe
+medium Memory becomes a tmpfs on a folder both containers mount, and the sidecar's startup probe
 must pass before the agent starts, as it must for a native sidecar.
 """
 
@@ -121,16 +121,10 @@ def limit_flags(container: dict[str, Any]) -> list[str]:
 
 
 def volume_flags(container: dict[str, Any], sources: dict[str, str]) -> list[str]:
-    """A host folder (the ConfigMap) is bound; a named volume (an emptyDir) is mounted with
-    nocopy: podman would otherwise give it the image's /run/dsp, owner and mode included,
-    where the kubelet gives an empty folder, root's and world-writable."""
     flags = []
     for mount in container.get("volumeMounts", []):
-        source = sources[mount["name"]]
-        options = [option for option, wanted in (("ro", mount.get("readOnly")),
-                   ("nocopy", not source.startswith("/"))) if wanted]  # fmt: skip
-        suffix = f":{','.join(options)}" if options else ""
-        flags += ["--volume", f"{source}:{mount['mountPath']}{suffix}"]
+        mode = ":ro" if mount.get("readOnly") else ""
+        flags += ["--volume", f"{sources[mount['name']]}:{mount['mountPath']}{mode}"]
     return flags
 
 
@@ -233,7 +227,7 @@ def build_pod(file: str, folder: Path, made: Cleanup) -> Pod:
             config = ConfigMapFolder(folder / volume["name"], config_files())
             sources[volume["name"]] = str(config.path)
         elif "emptyDir" in volume:
-            sources[volume["name"]] = empty_dir(volume, f"{pod}-{volume['name']}", made)
+            sources[volume["name"]] = empty_dir(volume, folder / volume["name"], made)
     assert config is not None, f"{file} mounts no ConfigMap"
     sidecar = sidecar_spec(spec)
     container = Container(f"{pod}-{SIDECAR}")
@@ -247,20 +241,20 @@ def build_pod(file: str, folder: Path, made: Cleanup) -> Pod:
     return built
 
 
-def empty_dir(volume: dict[str, Any], volume_name: str, made: Cleanup) -> str:
-    """An emptyDir as a named volume (so two containers share it): a tmpfs of its sizeLimit
-    for medium Memory. Like the kubelet's, it is world-writable and survives a restart of
-    the containers that mount it."""
+def empty_dir(volume: dict[str, Any], path: Path, made: Cleanup) -> str:
+    """An emptyDir as the kubelet makes one: an empty folder on the node, root's and
+    world-writable, with a tmpfs of its sizeLimit mounted on it for medium Memory, bound
+    into the containers that mount it (and kept when they restart). Not a podman named
+    volume: podman gives one the image's /run/dsp, owner and mode included, on first use."""
+    path.mkdir()
+    path.chmod(0o777)
     options = volume["emptyDir"]
-    command = ["volume", "create"]
     if options.get("medium") == "Memory":
-        # In pages: podman 4.3 takes o=size= for a quota its local driver cannot set.
-        pages = mebibytes(str(options.get("sizeLimit", "64Mi"))) * 256
-        command += ["--opt", "type=tmpfs", "--opt", "device=tmpfs",
-                    "--opt", f"o=nr_blocks={pages},mode=0777"]  # fmt: skip
-    podman(*command, volume_name)
-    made.volumes.append(volume_name)
-    return volume_name
+        size = mebibytes(str(options.get("sizeLimit", "64Mi")))
+        mount = ["mount", "-t", "tmpfs", "-o", f"size={size}m,mode=0777", "tmpfs", str(path)]
+        subprocess.run(mount, check=True, capture_output=True)
+        made.mounts.append(str(path))
+    return str(path)
 
 
 def mebibytes(quantity: str) -> int:

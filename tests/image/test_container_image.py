@@ -64,7 +64,7 @@ def manifest_flags(made: Cleanup, folder: Path) -> list[str]:
     volumes = {volume["name"]: volume for volume in spec["volumes"]}
     sources = {
         "sidecar-config": str(config.path),
-        "dsp-socket": empty_dir(volumes["dsp-socket"], name("socket"), made),
+        "dsp-socket": empty_dir(volumes["dsp-socket"], folder / "dsp-socket", made),
     }
     return create_flags(sidecar_spec(spec), spec, sources)
 
