@@ -90,19 +90,20 @@ func Connect(ctx context.Context, address string, opts ...Option) (*Client, erro
 	opened := make(chan error, 1)
 	go func() {
 		if o.waitReady > 0 {
-			opened <- c.openWhenReady(address, o.waitReady)
+			opened <- c.openWhenReady(ctx, address, o.waitReady)
 		} else {
 			opened <- c.open(o.callTimeout)
 		}
 	}()
 	select {
 	case err = <-opened:
+		if err != nil {
+			c.close()
+			return nil, err
+		}
 	case <-ctx.Done():
-		err = fromRPC(ctx.Err())
-	}
-	if err != nil {
-		go func() { <-opened; c.close() }() // what was opened meanwhile ends with it
-		return nil, err
+		go func() { <-opened; c.close() }() // what opens meanwhile ends with it
+		return nil, fromRPC(ctx.Err())
 	}
 	return &Client{registrar{c: c}}, nil
 }

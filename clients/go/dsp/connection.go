@@ -91,23 +91,33 @@ func (c *conn) open(timeout time.Duration) error {
 	return nil
 }
 
-// openWhenReady retries open until the sidecar serves or timeout passes.
-func (c *conn) openWhenReady(address string, timeout time.Duration) error {
+// openWhenReady retries open until the sidecar serves, timeout passes or ctx ends.
+func (c *conn) openWhenReady(ctx context.Context, address string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		left := time.Until(deadline)
-		err := c.open(clamp(left, time.Millisecond, c.callTimeout))
+		attempt := time.Until(deadline)
+		if bound, ok := ctx.Deadline(); ok {
+			attempt = shorter(attempt, time.Until(bound))
+		}
+		err := c.open(clamp(attempt, time.Millisecond, c.callTimeout))
 		if err == nil {
 			return nil
 		}
 		var failure *Error
+		if ctx.Err() != nil {
+			return fromRPC(ctx.Err())
+		}
 		if !errors.As(err, &failure) || failure.Code != codes.Unavailable {
 			return err
 		}
 		if time.Now().After(deadline) {
 			return notReady(address, timeout)
 		}
-		time.Sleep(clamp(time.Until(deadline), time.Millisecond, 200*time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return fromRPC(ctx.Err())
+		case <-time.After(clamp(time.Until(deadline), time.Millisecond, 200*time.Millisecond)):
+		}
 	}
 }
 

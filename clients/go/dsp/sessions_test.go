@@ -224,3 +224,24 @@ func TestAClientClosedWhileItReconnectsClosesAtOnce(t *testing.T) {
 		t.Fatalf("after close: %v", err)
 	}
 }
+
+func TestAFailedOrAbandonedConnectLeavesNothingRunning(t *testing.T) {
+	address := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	_, err := dsp.Connect(bg, address) // warm up gRPC's process-wide workers
+	failure(t, err)
+	time.Sleep(100 * time.Millisecond)
+	before := runtime.NumGoroutine()
+	for i := 0; i < 3; i++ {
+		_, err := dsp.Connect(bg, address)
+		if failure(t, err).Code != codes.Unavailable {
+			t.Fatalf("nobody listening: %v", err)
+		}
+		ctx, cancel := context.WithTimeout(bg, 50*time.Millisecond)
+		_, err = dsp.Connect(ctx, address, dsp.WithWaitForReady(time.Minute))
+		cancel()
+		if failure(t, err).Code != codes.DeadlineExceeded {
+			t.Fatalf("an abandoned connect: %v", err)
+		}
+	}
+	waitFor(t, "the failed connects' goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
+}
