@@ -10,6 +10,7 @@ are exactly such a bare server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ import grpc
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server import Sidecar, parse_config, start_sidecar
-from helpers import ClientFactory, SidecarFactory, raw_channel, raw_stub
+from helpers import ClientFactory, ClientOf, SidecarFactory, raw_channel, raw_stub
 from scripted import LoopWatch, Script, ScriptedSidecar, left_behind
 
 
@@ -36,6 +37,20 @@ async def make_sidecar() -> AsyncIterator[SidecarFactory]:
     for sidecar in started:
         await sidecar.server.stop(grace=None)
         await sidecar.close_admin()
+
+
+@pytest.fixture
+def client_of(make_sidecar: SidecarFactory) -> ClientOf:
+    """`async with client_of(**config) as client`: a client of a new sidecar with those
+    config keys (TOML names)."""
+
+    @contextlib.asynccontextmanager
+    async def open_client(**config: Any) -> AsyncIterator[dsp.Client]:
+        sidecar = await make_sidecar(**config)
+        async with dsp.connect(sidecar.address) as client:
+            yield client
+
+    return open_client
 
 
 @pytest.fixture

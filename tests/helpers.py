@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import Awaitable, Callable
 
@@ -15,6 +16,7 @@ from dsh_system_prompt_server import Sidecar
 
 SidecarFactory = Callable[..., Awaitable[Sidecar]]
 ClientFactory = Callable[..., Awaitable[dsp.Client]]
+ClientOf = Callable[..., contextlib.AbstractAsyncContextManager[dsp.Client]]
 Check = Callable[[], bool | Awaitable[bool]]
 
 IDENTITY = "You are an AI agent powered by DeepSeek Harness."
@@ -64,7 +66,46 @@ async def eventually(check: Check, what: str, timeout: float = 5.0, interval: fl
         pytest.fail(f"{what}: still not so after {timeout:g}s (last check gave {last!r})")
 
 
+async def report_of(
+    client: dsp.Client,
+    scope: str | None = None,
+    *,
+    layout: dsp.PrefixLayout | None = None,
+    key: str | None = None,
+    **fields: object,
+) -> dsp.AssemblyReport:
+    """The prompt-cache report on `client`'s assembly of `scope` with `fields` (its report
+    key `key`, its prefix layout `layout`)."""
+    assembly = await client.assemble(
+        scope, fields, report=True, report_key=key, prefix_layout=layout
+    )
+    assert assembly.report is not None
+    return assembly.report
+
+
 # -- sessions and change events -------------------------------------------------------
+
+
+async def untouched(
+    assembly: dsp.PromptAssembly, context: dsp.AssembleContext, next_: object
+) -> dsp.PromptAssembly:
+    """A listener that hands the assembly back as it came."""
+    return assembly
+
+
+async def one_of_each(client: dsp.Client, scope: dsp.Client | dsp.Scope) -> list[dsp.Disposer]:
+    """One registration of each kind, in this order: section "rules", context "cwd", a
+    tool provider, variable "model", the runtime-context suppressor (through `scope`) and
+    the listener `untouched`; their disposers."""
+    return [
+        await client.section("rules", 1, "r"),
+        await client.context("cwd", 1, "c"),
+        await client.tools([tool("bash")]),
+        await client.variable("model", "m"),
+        await scope.suppress_runtime_context(),
+        await client.on_assemble(untouched),
+    ]
+
 
 BUILTIN_SECTIONS = ("harness:identity", dsp.PERSONA_SECTION)
 
@@ -79,6 +120,19 @@ async def next_events(
         assert isinstance(item, dsp.ChangeEvent), f"unexpected {item!r}"
         events.append(item)
     return events
+
+
+async def chain(client: dsp.Client) -> tuple[dsp.Scope, dsp.Scope, dsp.Scope]:
+    """Scopes "org", "team" under it and "worker" under that."""
+    org = await client.scope("org")
+    team = await client.scope("team", parent="org")
+    return org, team, await client.scope("worker", parent="team")
+
+
+async def scope_tree(client: dsp.Client) -> tuple[dsp.Scope, dsp.Scope, dsp.Scope]:
+    """Scopes "team", "agent-1" under it, and "agent-2" beside them."""
+    team = await client.scope("team")
+    return team, await client.scope("agent-1", parent="team"), await client.scope("agent-2")
 
 
 def raw_channel(address: str) -> grpc.aio.Channel:
@@ -107,6 +161,28 @@ async def rejection(
         async with asyncio.timeout(within):
             await awaitable
     return caught.value
+
+
+# The status code the contract gives each reason (spec: contract.md), for `refusal`.
+REASON_CODES = {
+    "DUPLICATE_NAME": grpc.StatusCode.ALREADY_EXISTS,
+    "INVALID_JSON": grpc.StatusCode.INVALID_ARGUMENT,
+    "INVALID_NAME": grpc.StatusCode.INVALID_ARGUMENT,
+    "INVALID_ORDER": grpc.StatusCode.INVALID_ARGUMENT,
+    "INVALID_VARIABLE_NAME": grpc.StatusCode.INVALID_ARGUMENT,
+    "INVARIANT_VIOLATION": grpc.StatusCode.FAILED_PRECONDITION,
+    "MULTIPLE_COMPLETE_SECTIONS": grpc.StatusCode.FAILED_PRECONDITION,
+    "NOT_UPDATABLE": grpc.StatusCode.FAILED_PRECONDITION,
+    "RENDER_FAILED": grpc.StatusCode.FAILED_PRECONDITION,
+    "RESERVED_TOOL_NAME": grpc.StatusCode.FAILED_PRECONDITION,
+    "UNKNOWN_TOOL_ORDER_NAME": grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+
+def refusal(reason: str, message: str) -> tuple[grpc.StatusCode, str, str]:
+    """The whole failure `failure` gives for `reason` with `message`, under the contract's
+    status code for that reason."""
+    return REASON_CODES[reason], reason, message
 
 
 def failure(error: dsp.SystemPromptError) -> tuple[grpc.StatusCode, str, str]:

@@ -29,6 +29,30 @@ def sidecar_command() -> str:
     return found
 
 
+async def run(
+    *command: str | Path,
+    timeout: float,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[int, str, str]:
+    """Run `command` to its end: exit code, stdout, stderr. Past `timeout` it is killed
+    and the test fails, with what it printed."""
+    process = await asyncio.create_subprocess_exec(
+        *command, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), timeout)
+    except TimeoutError:
+        process.kill()
+        out, err = await process.communicate()
+        pytest.fail(
+            f"{command[0]} did not finish within {timeout:g}s\n"
+            f"stdout:\n{out.decode(errors='replace')}\nstderr:\n{err.decode(errors='replace')}"
+        )
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
 async def cli(
     *args: str, timeout: float = 20, env: dict[str, str] | None = None
 ) -> tuple[int, str, str]:
@@ -37,16 +61,7 @@ async def cli(
     `env` adds to the environment (DSP_ADDRESS is dropped from it unless given there).
     """
     environment = {k: v for k, v in os.environ.items() if k != "DSP_ADDRESS"} | (env or {})
-    process = await asyncio.create_subprocess_exec(
-        sidecar_command(),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=environment,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), timeout)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
+    return await run(sidecar_command(), *args, timeout=timeout, env=environment)
 
 
 async def cli_output(*args: str) -> str:

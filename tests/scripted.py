@@ -188,6 +188,32 @@ _REPLIES: dict[str, Callable[[], Any]] = {
 }
 
 
+def _unanswered(peer: Peer) -> Iterator[Any]:
+    """A stream taken and never answered, until the client ends it."""
+    peer.wait_end()
+    yield from ()
+
+
+class Silent(Script):
+    """A well-behaved sidecar but on the streams named ("open_session", "listen",
+    "watch"), which it takes and never answers."""
+
+    def __init__(self, *streams: str) -> None:
+        super().__init__()
+        for name in streams:
+            setattr(self, name, _unanswered)
+
+
+def _unary_rpc(method: str) -> Any:  # Any: it stands for each RPC's own stub signature
+    """The servicer's `method`: the script's answer to a unary call (`_unary`)."""
+
+    def rpc(self: ScriptedSidecar, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._unary(method, request, context)
+
+    rpc.__name__ = method
+    return rpc
+
+
 class ScriptedSidecar(pb_grpc.SystemPromptServiceServicer):  # type: ignore[misc]
     """The servicer pytest-grpc serves; `script` is replaced by every test."""
 
@@ -235,29 +261,14 @@ class ScriptedSidecar(pb_grpc.SystemPromptServiceServicer):  # type: ignore[misc
             self._open -= 1
             self.all_closed.notify_all()
 
-    def RegisterSection(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self._unary("RegisterSection", request, context)
-
-    def RegisterContext(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self._unary("RegisterContext", request, context)
-
-    def RegisterTools(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self._unary("RegisterTools", request, context)
-
-    def RegisterVariable(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self._unary("RegisterVariable", request, context)
-
-    def SuppressRuntimeContext(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self._unary("SuppressRuntimeContext", request, context)
-
-    def OpenScope(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self._unary("OpenScope", request, context)
-
-    def Dispose(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self._unary("Dispose", request, context)
-
-    def Assemble(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self._unary("Assemble", request, context)
+    RegisterSection = _unary_rpc("RegisterSection")
+    RegisterContext = _unary_rpc("RegisterContext")
+    RegisterTools = _unary_rpc("RegisterTools")
+    RegisterVariable = _unary_rpc("RegisterVariable")
+    SuppressRuntimeContext = _unary_rpc("SuppressRuntimeContext")
+    OpenScope = _unary_rpc("OpenScope")
+    Dispose = _unary_rpc("Dispose")
+    Assemble = _unary_rpc("Assemble")
 
     def _unary(self, method: str, request: Any, context: grpc.ServicerContext) -> Any:
         self.script.unary.append((method, request))

@@ -6,20 +6,15 @@ from collections.abc import Awaitable, Callable
 
 import dsh_system_prompt as dsp
 import pytest
-from helpers import ClientFactory
+from helpers import ClientFactory, report_of
 
 Next = Callable[..., Awaitable[dsp.PromptAssembly]]
 
 
 async def stability(
-    client: dsp.Client,
-    scope: str | None = None,
-    layout: dsp.PrefixLayout | None = None,
-    **fields: object,
+    client: dsp.Client, layout: dsp.PrefixLayout | None = None, **fields: object
 ) -> dsp.PrefixStability:
-    assembly = await client.assemble(scope, fields, report=True, prefix_layout=layout)
-    assert assembly.report is not None
-    return assembly.report.stability
+    return (await report_of(client, layout=layout, **fields)).stability
 
 
 @pytest.mark.parametrize("layout", ["tools-first", "system-first"])

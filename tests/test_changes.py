@@ -6,7 +6,7 @@ import asyncio
 
 import dsh_system_prompt as dsp
 from dsh_system_prompt_server import Sidecar
-from helpers import ClientFactory, SidecarFactory, eventually, next_events, tool
+from helpers import ClientFactory, SidecarFactory, eventually, next_events, one_of_each
 
 
 def summary(events: list[dsp.ChangeEvent]) -> list[tuple[str, str, str, str | None]]:
@@ -16,36 +16,23 @@ def summary(events: list[dsp.ChangeEvent]) -> list[tuple[str, str, str, str | No
 async def test_every_registration_and_disposal_is_an_event_in_order(client: dsp.Client) -> None:
     changes = await client.watch_changes()
     scope = await client.scope("agent-1")
-    offs = [
-        await client.section("rules", 1, "r"),
-        await client.context("cwd", 1, "c"),
-        await client.tools([tool("bash")]),
-        await client.variable("model", "m"),
-        await scope.suppress_runtime_context(),
-    ]
-
-    async def listener(a: dsp.PromptAssembly, c: dsp.AssembleContext, n: object) -> object:
-        return a
-
-    offs.append(await client.on_assemble(listener))
+    offs = await one_of_each(client, scope)
     for off in offs:
         await off()
     await scope.dispose()
     events = await next_events(changes, 14)
+    made = [
+        ("section", "rules", None),
+        ("context", "cwd", None),
+        ("tools", "", None),
+        ("variable", "model", None),
+        ("suppressor", "", "agent-1"),
+        ("listener", "untouched", None),
+    ]
     assert summary(events) == [
         ("scope", "registered", "agent-1", "agent-1"),
-        ("section", "registered", "rules", None),
-        ("context", "registered", "cwd", None),
-        ("tools", "registered", "", None),
-        ("variable", "registered", "model", None),
-        ("suppressor", "registered", "", "agent-1"),
-        ("listener", "registered", listener.__qualname__, None),
-        ("section", "unregistered", "rules", None),
-        ("context", "unregistered", "cwd", None),
-        ("tools", "unregistered", "", None),
-        ("variable", "unregistered", "model", None),
-        ("suppressor", "unregistered", "", "agent-1"),
-        ("listener", "unregistered", listener.__qualname__, None),
+        *[(kind, "registered", name, where) for kind, name, where in made],
+        *[(kind, "unregistered", name, where) for kind, name, where in made],
         ("scope", "unregistered", "agent-1", "agent-1"),
     ]
     revisions = [e.revision for e in events]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from dsh_system_prompt_server import Sidecar
+from processes import run
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -71,18 +72,10 @@ async def test_the_readme_example_runs_beside_the_example_agent(sidecar: Sidecar
         assert agent.stdout is not None
         line = await asyncio.wait_for(agent.stdout.readline(), 30)
         assert line == b"registered; Ctrl-C to leave\n"
-        example = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            readme_example(),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-        )
-        out, err = await asyncio.wait_for(example.communicate(), 30)
+        code, out, err = await run(sys.executable, "-c", readme_example(), timeout=30, env=env)
     finally:
         agent.kill()
         await agent.wait()
-    assert (example.returncode, err.decode()) == (0, "")
-    assert "Review Python; change nothing." in out.decode()
-    assert "Working directory: /work." in out.decode()
+    assert (code, err) == (0, "")
+    assert "Review Python; change nothing." in out
+    assert "Working directory: /work." in out

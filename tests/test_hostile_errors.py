@@ -12,7 +12,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import Sidecar
 from dsh_system_prompt_server.rpc.json_text import MAX_JSON_DEPTH
 from dsh_system_prompt_server.rpc.status import MAX_MESSAGE_BYTES
-from helpers import failure, raw_channel, raw_stub, rejection, tool_names
+from helpers import failure, raw_channel, raw_stub, refusal, rejection, tool_names
 
 Next = Callable[..., Awaitable[dsp.PromptAssembly]]
 TOO_DEEP = f"nested deeper than {MAX_JSON_DEPTH} levels"
@@ -41,10 +41,8 @@ async def test_assemble_fields_nested_100000_deep_are_invalid_json(sidecar: Side
 
 async def test_tool_parameters_nested_100000_deep_are_invalid_json(client: dsp.Client) -> None:
     error = await rejection(client.tools([deep_tool()]))
-    assert failure(error) == (
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "INVALID_JSON",
-        f'tool "deep" parameters are not valid JSON here: {TOO_DEEP}',
+    assert failure(error) == refusal(
+        "INVALID_JSON", f'tool "deep" parameters are not valid JSON here: {TOO_DEEP}'
     )
 
 

@@ -120,26 +120,12 @@ def requests(harness: Harness) -> st.SearchStrategy[tuple[str, Any]]:
     sessions = st.one_of(st.just(harness.mine), st.just(harness.theirs), st.text(max_size=30))
     scopes = st.one_of(st.just(""), st.just(harness.their_scope), st.text(max_size=30))
     ids = st.one_of(st.just(harness.their_registration), st.text(max_size=30))
+    placed = {"session_id": sessions, "scope_id": scopes, "name": names}  # every registration's
     section = st.builds(
-        pb.RegisterSectionRequest,
-        session_id=sessions,
-        scope_id=scopes,
-        name=names,
-        order=orders,
-        complete=st.booleans(),
-        text=texts,
+        pb.RegisterSectionRequest, **placed, order=orders, complete=st.booleans(), text=texts
     )
-    context = st.builds(
-        pb.RegisterContextRequest,
-        session_id=sessions,
-        scope_id=scopes,
-        name=names,
-        order=orders,
-        text=texts,
-    )
-    variable = st.builds(
-        pb.RegisterVariableRequest, session_id=sessions, scope_id=scopes, name=names, value=texts
-    )
+    context = st.builds(pb.RegisterContextRequest, **placed, order=orders, text=texts)
+    variable = st.builds(pb.RegisterVariableRequest, **placed, value=texts)
     tool = st.builds(pb.ToolSchema, name=names, description=texts, parameters_json=json_texts)
     tools = st.builds(
         lambda session, scope, schemas: pb.RegisterToolsRequest(

@@ -8,7 +8,6 @@ one part of what it printed.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 from dsh_system_prompt_server import Sidecar
 from helpers import IDENTITY
+from processes import run
 
 CLIENT = Path(__file__).parent / "independent_client" / "client.mjs"
 RUN_TIMEOUT_S = 30.0
@@ -26,24 +26,12 @@ async def run_client(address: str) -> dict[str, Any]:
     node = shutil.which("node")
     assert node, "node is not on PATH (the independent client needs Node.js 18 or newer)"
     assert (CLIENT.parent / "node_modules").is_dir(), "run `make independent-client-deps` first"
-    process = await asyncio.create_subprocess_exec(
-        node,
-        str(CLIENT),
-        address,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), RUN_TIMEOUT_S)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
-    lines = stdout.decode().strip().splitlines()
-    assert lines, f"the client printed nothing; stderr: {stderr.decode()}"
+    code, stdout, stderr = await run(node, str(CLIENT), address, timeout=RUN_TIMEOUT_S)
+    lines = stdout.strip().splitlines()
+    assert lines, f"the client printed nothing; stderr: {stderr}"
     results: dict[str, Any] = json.loads(lines[-1])
     assert results["ok"], f"the client failed: {results}"
-    assert process.returncode == 0, stderr.decode()
+    assert code == 0, stderr
     return results
 
 

@@ -9,6 +9,7 @@ import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import Sidecar
 from helpers import (
+    ClientOf,
     SidecarFactory,
     eventually,
     raw_channel,
@@ -230,10 +231,9 @@ async def test_registered_values_share_a_total_budget(make_sidecar: SidecarFacto
 
 
 async def test_an_assembly_too_large_to_send_fails_with_a_reason(
-    make_sidecar: SidecarFactory,
+    client_of: ClientOf,
 ) -> None:
-    sidecar = await make_sidecar(limits={"max_message_bytes": 8192})
-    async with dsp.connect(sidecar.address) as client:
+    async with client_of(limits={"max_message_bytes": 8192}) as client:
         for index in range(3):  # each registration fits in a message, the three together not
             await client.section(f"part-{index}", index, "p" * 3_000)
         error = await rejection(client.assemble())

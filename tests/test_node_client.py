@@ -8,7 +8,6 @@ does from the committed lockfiles. Missing any is a failure, not a skip: CI runs
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import dsh_system_prompt as dsp
 import pytest
 from dsh_system_prompt_server import Sidecar
 from helpers import BUILTIN_SECTIONS, IDENTITY, section_names
-from processes import free_port
+from processes import free_port, run
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "node"
 SETUP = "run `make node-deps` (builds clients/typescript, npm ci in examples/node) first"
@@ -47,24 +46,7 @@ async def run_example(address: str, cwd: Path) -> tuple[int, str, str]:
 
     Asynchronous on purpose: the in-process sidecar serves on this event loop.
     """
-    process = await asyncio.create_subprocess_exec(
-        *node_command(),
-        address,
-        cwd=cwd,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), TIMEOUT_S)
-    except TimeoutError:
-        process.kill()
-        out, err = await process.communicate()
-        pytest.fail(
-            f"the node client did not finish within {TIMEOUT_S}s\n"
-            f"stdout:\n{out.decode(errors='replace')}\nstderr:\n{err.decode(errors='replace')}"
-        )
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
+    return await run(*node_command(), address, cwd=cwd, timeout=TIMEOUT_S)
 
 
 def rendered_prompt(output: str) -> str:

@@ -11,7 +11,7 @@ import grpc
 import grpc.aio
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from helpers import SidecarFactory
+from helpers import ClientOf, SidecarFactory
 from processes import free_port, serve
 
 
@@ -31,11 +31,10 @@ def metric(text: str, name: str) -> float:
 
 
 async def test_metrics_report_sessions_registrations_latency_and_failures(
-    make_sidecar: SidecarFactory,
+    client_of: ClientOf,
 ) -> None:
     metrics_address = f"127.0.0.1:{free_port()}"
-    sidecar = await make_sidecar(metrics_listen=metrics_address)
-    async with dsp.connect(sidecar.address) as client:
+    async with client_of(metrics_listen=metrics_address) as client:
         await client.section("a", 1, "x")
         await client.section("broken", 2, lambda ctx: 1 / 0)
         with pytest.raises(dsp.SystemPromptError):
@@ -82,10 +81,9 @@ async def test_reflection_is_on_by_default_on_loopback(make_sidecar: SidecarFact
     assert "dsh.systemprompt.v1.SystemPromptService" in await list_services(sidecar.address)
 
 
-async def test_metrics_do_not_list_scope_keys_by_default(make_sidecar: SidecarFactory) -> None:
+async def test_metrics_do_not_list_scope_keys_by_default(client_of: ClientOf) -> None:
     metrics_address = f"127.0.0.1:{free_port()}"
-    sidecar = await make_sidecar(metrics_listen=metrics_address)
-    async with dsp.connect(sidecar.address) as client:
+    async with client_of(metrics_listen=metrics_address) as client:
         for _ in range(2):
             await client.assemble(scope="secret-customer-agent", report=True)
         text = await scrape(metrics_address)
@@ -93,10 +91,9 @@ async def test_metrics_do_not_list_scope_keys_by_default(make_sidecar: SidecarFa
     assert metric(text, "dsp_prefix_stable_ratio") == 1.0
 
 
-async def test_metrics_label_scopes_when_asked_to(make_sidecar: SidecarFactory) -> None:
+async def test_metrics_label_scopes_when_asked_to(client_of: ClientOf) -> None:
     metrics_address = f"127.0.0.1:{free_port()}"
-    sidecar = await make_sidecar(metrics_listen=metrics_address, metrics_key_labels=True)
-    async with dsp.connect(sidecar.address) as client:
+    async with client_of(metrics_listen=metrics_address, metrics_key_labels=True) as client:
         for _ in range(2):
             await client.assemble(scope="agent-1", report=True)
         text = await scrape(metrics_address)

@@ -75,6 +75,17 @@ async def raw_listener(sidecar: Sidecar, *features: str) -> AsyncIterator[RawLis
             session.cancel()
 
 
+@asynccontextmanager
+async def invoked(
+    sidecar: Sidecar, client: dsp.Client, *features: str
+) -> AsyncIterator[tuple[RawListener, asyncio.Future[dsp.PromptAssembly], pb.ListenerInvocation]]:
+    """A raw listener with `features`, invoked by an assembly of `client` (its tools TOOLS)."""
+    await client.tools(TOOLS)
+    async with raw_listener(sidecar, *features) as listener:
+        assembling, invocation = await listener.invoked_by(client)
+        yield listener, assembling, invocation
+
+
 async def test_a_session_learns_the_sidecars_version(sidecar: Sidecar) -> None:
     async with raw_channel(sidecar.address) as channel:
         session = raw_stub(channel).OpenSession()
@@ -94,10 +105,8 @@ async def test_a_listener_gets_only_the_features_both_sides_support(sidecar: Sid
 async def test_a_listener_that_declares_no_feature_gets_every_tool_in_full(
     sidecar: Sidecar, client: dsp.Client
 ) -> None:
-    await client.tools(TOOLS)
-    async with raw_listener(sidecar) as listener:
+    async with invoked(sidecar, client) as (listener, assembling, invocation):
         assert list(listener.registered.features) == []
-        assembling, invocation = await listener.invoked_by(client)
         slots = list(range(len(invocation.assembly.tools)))  # slots in a reply are always fine
         next_result = await listener.call_next(invocation, slots)
         assert list(next_result.tool_slots) == []
@@ -110,9 +119,7 @@ async def test_a_listener_that_declares_no_feature_gets_every_tool_in_full(
 async def test_a_listener_that_decodes_slots_gets_unchanged_tools_as_slots(
     sidecar: Sidecar, client: dsp.Client
 ) -> None:
-    await client.tools(TOOLS)
-    async with raw_listener(sidecar, "tool-slots") as listener:
-        assembling, invocation = await listener.invoked_by(client)
+    async with invoked(sidecar, client, "tool-slots") as (listener, assembling, invocation):
         next_result = await listener.call_next(invocation, [0, 1])
         assert list(next_result.tool_slots) == [0, 1]
         assert list(next_result.assembly.tools) == []
@@ -125,9 +132,7 @@ async def test_a_listener_that_decodes_slots_gets_unchanged_tools_as_slots(
 async def test_a_reply_with_a_slot_out_of_range_fails_that_listener(
     sidecar: Sidecar, client: dsp.Client
 ) -> None:
-    await client.tools(TOOLS)
-    async with raw_listener(sidecar, "tool-slots") as listener:
-        assembling, invocation = await listener.invoked_by(client)
+    async with invoked(sidecar, client, "tool-slots") as (listener, assembling, invocation):
         await listener.reply(invocation, tool_slots=[0, 7])
         with pytest.raises(dsp.SystemPromptError) as failure:
             await assembling
@@ -141,9 +146,7 @@ async def test_a_reply_with_a_slot_out_of_range_fails_that_listener(
 async def test_fresh_tools_that_do_not_match_the_minus_one_slots_are_rejected(
     sidecar: Sidecar, client: dsp.Client
 ) -> None:
-    await client.tools(TOOLS)
-    async with raw_listener(sidecar) as listener:
-        assembling, invocation = await listener.invoked_by(client)
+    async with invoked(sidecar, client) as (listener, assembling, invocation):
         # Two new tools announced by the slots, one sent.
         fresh = pb.PromptAssembly(tools=[pb.ToolSchema(name="c", parameters_json="{}")])
         await listener.reply(invocation, assembly=fresh, tool_slots=[-1, -1])

@@ -8,7 +8,7 @@ import dsh_system_prompt as dsp
 import grpc
 import pytest
 from dsh_system_prompt_server import Sidecar
-from helpers import ClientFactory, SidecarFactory, section_names, tool, tool_names
+from helpers import ClientFactory, ClientOf, SidecarFactory, section_names, tool, tool_names
 
 
 def provide_requests(sidecar: Sidecar, client: dsp.Client) -> int:
@@ -118,10 +118,9 @@ async def test_variable_provider_answering_none_is_recorded_as_no_value(
 
 
 async def test_dynamic_tools_with_known_names_feed_the_tool_order(
-    make_sidecar: SidecarFactory,
+    client_of: ClientOf,
 ) -> None:
-    sidecar = await make_sidecar(tool_order=["bash", dsp.TOOL_ORDER_REST, "grep"])
-    async with dsp.connect(sidecar.address) as client:
+    async with client_of(tool_order=["bash", dsp.TOOL_ORDER_REST, "grep"]) as client:
         await client.tools(
             lambda ctx: dsp.ToolProviderResult(
                 schemas=[tool("read"), tool("grep")], known_names=["bash", "grep", "read"]
@@ -172,10 +171,9 @@ async def test_hung_provider_fails_within_the_callers_deadline_and_the_next_work
 
 
 async def test_provider_timeout_from_config_names_the_provider(
-    make_sidecar: SidecarFactory,
+    client_of: ClientOf,
 ) -> None:
-    sidecar = await make_sidecar(provider_timeout_s=0.3)
-    async with dsp.connect(sidecar.address) as client:
+    async with client_of(provider_timeout_s=0.3) as client:
         scope = await client.scope("agent-1")
         await scope.variable("date", lambda ctx: asyncio.Event().wait())
         with pytest.raises(dsp.SystemPromptError) as failure:

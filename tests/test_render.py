@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import dsh_system_prompt as dsp
 import grpc
 import pytest
-from helpers import ClientFactory, SidecarFactory, failure, rejection
+from helpers import ClientFactory, ClientOf, SidecarFactory, failure, refusal, rejection
 
 HEADER = "Current runtime context. This snapshot supersedes earlier runtime-context snapshots."
 
@@ -116,32 +116,30 @@ async def test_a_group_followed_by_a_stray_brace_keeps_the_brace(render: Rendere
 # -- unknown and valueless variables --------------------------------------------------
 
 
+def unknown(variable: str, where: str, registered: str) -> str:
+    """The render failure for `variable`, unknown in `where`, with `registered` listed."""
+    named = "{{" + variable + "}}"
+    return f'unknown prompt variable "{named}" in {where}; registered variables: {registered}'
+
+
 async def test_an_unknown_variable_fails_listing_the_registered_ones(render: Renderer) -> None:
     message = await render.failure(sections=[("persona", "I am {{modle}}.")], model="m")
-    assert message == (
-        'unknown prompt variable "{{modle}}" in section "persona"; registered variables: model'
-    )
+    assert message == unknown("modle", 'section "persona"', "model")
 
 
 async def test_the_registered_variables_are_all_listed(render: Renderer) -> None:
     message = await render.failure(sections=[("persona", "{{nope}}")], cwd="/", model="m")
-    assert message == (
-        'unknown prompt variable "{{nope}}" in section "persona"; registered variables: cwd, model'
-    )
+    assert message == unknown("nope", 'section "persona"', "cwd, model")
 
 
 async def test_an_unknown_variable_with_none_registered_says_none(render: Renderer) -> None:
     message = await render.failure(sections=[("persona", "I am {{model}}.")])
-    assert message == (
-        'unknown prompt variable "{{model}}" in section "persona"; registered variables: (none)'
-    )
+    assert message == unknown("model", 'section "persona"', "(none)")
 
 
 async def test_a_valueless_variable_counts_as_registered(render: Renderer) -> None:
     message = await render.failure(sections=[("persona", "{{model}}")], cwd=None)
-    assert message == (
-        'unknown prompt variable "{{model}}" in section "persona"; registered variables: cwd'
-    )
+    assert message == unknown("model", 'section "persona"', "cwd")
 
 
 @pytest.mark.parametrize("name", ["constructor", "hasownproperty", "valueof", "proto"])
@@ -149,10 +147,7 @@ async def test_object_prototype_names_are_unknown_unless_registered(
     render: Renderer, name: str
 ) -> None:
     message = await render.failure(sections=[("persona", f"{{{{{name}}}}}")])
-    assert message == (
-        f'unknown prompt variable "{{{{{name}}}}}" in section "persona";'
-        " registered variables: (none)"
-    )
+    assert message == unknown(name, 'section "persona"', "(none)")
 
 
 async def test_a_registered_constructor_variable_is_replaced(render: Renderer) -> None:
@@ -278,9 +273,7 @@ async def test_contexts_stay_out_of_the_prompt_and_sections_out_of_the_snapshot(
 
 async def test_an_unknown_variable_in_a_context_names_the_context(render: Renderer) -> None:
     message = await render.failure(contexts=[("policy", "Mode: {{mode}}.")])
-    assert message == (
-        'unknown prompt variable "{{mode}}" in context "policy"; registered variables: (none)'
-    )
+    assert message == unknown("mode", 'context "policy"', "(none)")
 
 
 async def test_a_valueless_variable_in_a_context_names_the_context(render: Renderer) -> None:
@@ -318,26 +311,21 @@ async def test_the_sidecar_returns_the_assembly_it_rendered(client: dsp.Client) 
     assert rendered.context_snapshot == dsp.render_context_snapshot(rendered.assembly)
 
 
-async def test_the_configured_persona_is_interpolated(make_sidecar: SidecarFactory) -> None:
-    sidecar = await make_sidecar(persona="You run on {{model}}.", include_harness_identity=False)
-    async with dsp.connect(sidecar.address) as client:
+async def test_the_configured_persona_is_interpolated(client_of: ClientOf) -> None:
+    async with client_of(persona="You run on {{model}}.", include_harness_identity=False) as client:
         await client.variable("model", "deepseek-v4")
         rendered = await client.render()
     assert rendered.prompt == "You run on deepseek-v4."
 
 
 async def test_a_persona_referencing_an_unregistered_variable_fails_to_render(
-    make_sidecar: SidecarFactory,
+    client_of: ClientOf,
 ) -> None:
-    sidecar = await make_sidecar(persona="You run on {{model}}.")
-    async with dsp.connect(sidecar.address) as client:
+    async with client_of(persona="You run on {{model}}.") as client:
         with pytest.raises(dsp.RenderError) as caught:
             await client.render()
         assembly = await client.assemble()  # assembling alone does not interpolate
-    assert caught.value.message == (
-        'unknown prompt variable "{{model}}" in section "deployment:persona";'
-        " registered variables: (none)"
-    )
+    assert caught.value.message == unknown("model", 'section "deployment:persona"', "(none)")
     assert assembly.sections[1] == dsp.AssembledSection(
         dsp.PERSONA_SECTION, "You run on {{model}}."
     )
@@ -374,10 +362,8 @@ async def test_a_static_context_with_a_malformed_reference_is_refused_at_registr
     client: dsp.Client,
 ) -> None:
     error = await rejection(client.context("policy", 1, "Mode: {{ mode }}."))
-    assert failure(error) == (
-        grpc.StatusCode.FAILED_PRECONDITION,
-        "RENDER_FAILED",
-        'malformed prompt variable reference "{{ mode }}" in context "policy"',
+    assert failure(error) == refusal(
+        "RENDER_FAILED", 'malformed prompt variable reference "{{ mode }}" in context "policy"'
     )
     assert (await client.render()).context_snapshot == ""
 

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import dsh_system_prompt as dsp
 import grpc
 import pytest
 from helpers import (
     IDENTITY,
     ClientFactory,
-    SidecarFactory,
+    ClientOf,
+    chain,
     context,
     context_names,
     failure,
+    refusal,
     rejection,
     section,
     section_names,
@@ -22,14 +26,30 @@ from helpers import (
 IDENTITY_SECTION = "harness:identity"
 
 
+@dataclass(frozen=True)
+class Shared:
+    """Two sessions, each with a handle on the scope "agent-1"."""
+
+    first: dsp.Client
+    second: dsp.Client
+    one: dsp.Scope  # first's
+    two: dsp.Scope  # second's
+
+
+@pytest.fixture
+async def shared(connect: ClientFactory) -> Shared:
+    first, second = await connect(), await connect()
+    one, two = await first.scope("agent-1"), await second.scope("agent-1")
+    return Shared(first=first, second=second, one=one, two=two)
+
+
 # -- shadowing ------------------------------------------------------------------------
 
 
 async def test_a_scoped_persona_shadows_the_configured_one_for_that_scope(
-    make_sidecar: SidecarFactory,
+    client_of: ClientOf,
 ) -> None:
-    sidecar = await make_sidecar(persona="Global persona.")
-    async with dsp.connect(sidecar.address) as client:
+    async with client_of(persona="Global persona.") as client:
         agent = await client.scope("agent-1")
         await agent.section(dsp.PERSONA_SECTION, dsp.PERSONA_ORDER, "Agent persona.")
         scoped = await client.assemble(scope="agent-1")
@@ -132,9 +152,7 @@ async def test_disposing_a_shadowing_section_restores_the_global_one(client: dsp
 
 
 async def test_a_child_sees_its_parents_and_grandparents_layers(client: dsp.Client) -> None:
-    grandparent = await client.scope("org")
-    parent = await client.scope("team", parent="org")
-    child = await client.scope("worker", parent="team")
+    grandparent, parent, child = await chain(client)
     await client.section("global", 10, "g")
     await grandparent.section("org", 20, "o")
     await parent.section("team", 30, "t")
@@ -144,9 +162,7 @@ async def test_a_child_sees_its_parents_and_grandparents_layers(client: dsp.Clie
 
 
 async def test_a_parent_does_not_see_its_childs_layer(client: dsp.Client) -> None:
-    grandparent = await client.scope("org")
-    parent = await client.scope("team", parent="org")
-    child = await client.scope("worker", parent="team")
+    grandparent, parent, child = await chain(client)
     await grandparent.section("org", 20, "o")
     await parent.section("team", 30, "t")
     await child.section("worker", 40, "w")
@@ -155,9 +171,7 @@ async def test_a_parent_does_not_see_its_childs_layer(client: dsp.Client) -> Non
 
 
 async def test_the_nearest_layer_wins_a_section_name(client: dsp.Client) -> None:
-    grandparent = await client.scope("org")
-    parent = await client.scope("team", parent="org")
-    child = await client.scope("worker", parent="team")
+    grandparent, parent, child = await chain(client)
     await client.section("who", 10, "global")
     await grandparent.section("who", 10, "org")
     await parent.section("who", 10, "team")
@@ -169,9 +183,7 @@ async def test_the_nearest_layer_wins_a_section_name(client: dsp.Client) -> None
 
 
 async def test_the_nearest_layer_wins_a_variable_and_a_context(client: dsp.Client) -> None:
-    grandparent = await client.scope("org")
-    parent = await client.scope("team", parent="org")
-    await client.scope("worker", parent="team")
+    grandparent, parent, _ = await chain(client)
     await grandparent.variable("mode", "org")
     await parent.variable("mode", "team")
     await grandparent.context("policy", 1, "org")
@@ -182,19 +194,16 @@ async def test_the_nearest_layer_wins_a_variable_and_a_context(client: dsp.Clien
 
 
 async def test_a_child_gets_its_ancestors_tools(client: dsp.Client) -> None:
-    grandparent = await client.scope("org")
-    parent = await client.scope("team", parent="org")
-    await client.scope("worker", parent="team")
+    grandparent, parent, _ = await chain(client)
     await grandparent.tools([tool("org_tool")])
     await parent.tools([tool("team_tool")])
     assert tool_names(await client.assemble(scope="worker")) == ["org_tool", "team_tool"]
 
 
 async def test_a_scoped_persona_in_a_parent_applies_to_its_children(
-    make_sidecar: SidecarFactory,
+    client_of: ClientOf,
 ) -> None:
-    sidecar = await make_sidecar(persona="Global persona.")
-    async with dsp.connect(sidecar.address) as client:
+    async with client_of(persona="Global persona.") as client:
         team = await client.scope("team")
         await client.scope("worker", parent="team")
         await team.section(dsp.PERSONA_SECTION, 0, "Team persona.")
@@ -326,16 +335,11 @@ async def test_disposing_a_scope_keeps_global_registrations(client: dsp.Client) 
     assert assembly.variables == {"mode": "global"}
 
 
-async def test_disposing_a_scope_keeps_another_handles_registrations(
-    connect: ClientFactory,
-) -> None:
-    first, second = await connect(), await connect()
-    mine = await first.scope("agent-1")
-    theirs = await second.scope("agent-1")
-    await mine.section("mine", 10, "mine")
-    await theirs.section("theirs", 20, "theirs")
-    await mine.dispose()
-    assert section_names(await second.assemble(scope="agent-1"))[2:] == ["theirs"]
+async def test_disposing_a_scope_keeps_another_handles_registrations(shared: Shared) -> None:
+    await shared.one.section("mine", 10, "mine")
+    await shared.two.section("theirs", 20, "theirs")
+    await shared.one.dispose()
+    assert section_names(await shared.second.assemble(scope="agent-1"))[2:] == ["theirs"]
 
 
 async def test_disposing_a_scope_twice_is_harmless(client: dsp.Client) -> None:
@@ -381,38 +385,27 @@ async def test_closing_the_session_disposes_its_scoped_registrations(
 # -- two sessions, one key ------------------------------------------------------------
 
 
-async def test_two_sessions_opening_one_key_share_its_layer(connect: ClientFactory) -> None:
-    first, second = await connect(), await connect()
-    one = await first.scope("agent-1")
-    two = await second.scope("agent-1")
-    await one.section("one", 10, "1")
-    await two.section("two", 20, "2")
-    assert section_names(await first.assemble(scope="agent-1"))[2:] == ["one", "two"]
+async def test_two_sessions_opening_one_key_share_its_layer(shared: Shared) -> None:
+    await shared.one.section("one", 10, "1")
+    await shared.two.section("two", 20, "2")
+    assert section_names(await shared.first.assemble(scope="agent-1"))[2:] == ["one", "two"]
 
 
-async def test_two_sessions_opening_one_key_share_its_names(connect: ClientFactory) -> None:
-    first, second = await connect(), await connect()
-    one = await first.scope("agent-1")
-    two = await second.scope("agent-1")
-    await one.section("rules", 10, "1")
-    error = await rejection(two.section("rules", 20, "2"))
-    assert failure(error) == (
-        grpc.StatusCode.ALREADY_EXISTS,
-        "DUPLICATE_NAME",
-        'prompt section "rules" is already registered in this scope',
+async def test_two_sessions_opening_one_key_share_its_names(shared: Shared) -> None:
+    await shared.one.section("rules", 10, "1")
+    error = await rejection(shared.two.section("rules", 20, "2"))
+    assert failure(error) == refusal(
+        "DUPLICATE_NAME", 'prompt section "rules" is already registered in this scope'
     )
 
 
 async def test_one_sessions_end_leaves_the_others_registrations_in_the_shared_scope(
-    connect: ClientFactory,
+    shared: Shared,
 ) -> None:
-    first, second = await connect(), await connect()
-    one = await first.scope("agent-1")
-    two = await second.scope("agent-1")
-    await one.section("one", 10, "1")
-    await two.section("two", 20, "2")
-    await first.close()
-    assert section_names(await second.assemble(scope="agent-1"))[2:] == ["two"]
+    await shared.one.section("one", 10, "1")
+    await shared.two.section("two", 20, "2")
+    await shared.first.close()
+    assert section_names(await shared.second.assemble(scope="agent-1"))[2:] == ["two"]
 
 
 async def test_two_handles_of_one_session_on_one_key_dispose_separately(

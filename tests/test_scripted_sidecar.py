@@ -25,6 +25,7 @@ from scripted import (
     Peer,
     Script,
     ScriptedSidecar,
+    Silent,
     connect,
     fail,
     invocation,
@@ -45,22 +46,6 @@ def provide(call_id: int, key: str, fields_json: str = "") -> pb.OpenSessionResp
     )
 
 
-class Silent(Script):
-    """Takes every stream and never answers on it."""
-
-    def open_session(self, peer: Peer) -> Iterator[pb.OpenSessionResponse]:
-        peer.wait_end()
-        yield from ()
-
-    def listen(self, peer: Peer) -> Iterator[pb.ListenResponse]:
-        peer.wait_end()
-        yield from ()
-
-    def watch(self, peer: Peer) -> Iterator[pb.WatchChangesResponse]:
-        peer.wait_end()
-        yield from ()
-
-
 class SilentAfterOpening(Script):
     """Opens sessions, then never answers a unary call."""
 
@@ -75,7 +60,7 @@ class SilentAfterOpening(Script):
 async def test_a_session_the_sidecar_never_confirms_fails_connect_within_the_call_timeout(
     scripted: ScriptedSidecar,
 ) -> None:
-    scripted.script = Silent()
+    scripted.script = Silent("open_session", "listen", "watch")
     started = time.monotonic()
     error = await rejection(connect(scripted), within=HANG_S)
     assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "SIDECAR_UNAVAILABLE")
@@ -247,12 +232,7 @@ async def test_an_error_with_a_huge_message_still_arrives_with_a_code_and_reason
 async def test_a_listener_the_sidecar_never_confirms_fails_within_the_call_timeout(
     scripted: ScriptedSidecar,
 ) -> None:
-    class SilentListener(Script):
-        def listen(self, peer: Peer) -> Iterator[pb.ListenResponse]:
-            peer.wait_end()
-            yield from ()
-
-    scripted.script = SilentListener()
+    scripted.script = Silent("listen")
     async with connect(scripted) as client:
         error = await rejection(client.on_assemble(_pass_through), within=HANG_S)
         assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "SIDECAR_UNAVAILABLE")
@@ -481,12 +461,7 @@ def missed(first: int, count: int, resync: int) -> pb.WatchChangesResponse:
 async def test_a_change_stream_the_sidecar_never_confirms_fails_within_the_call_timeout(
     scripted: ScriptedSidecar,
 ) -> None:
-    class SilentWatch(Script):
-        def watch(self, peer: Peer) -> Iterator[pb.WatchChangesResponse]:
-            peer.wait_end()
-            yield from ()
-
-    scripted.script = SilentWatch()
+    scripted.script = Silent("watch")
     async with connect(scripted) as client:
         error = await rejection(client.watch_changes(), within=HANG_S)
     assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "SIDECAR_UNAVAILABLE")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import dsh_system_prompt as dsp
 import grpc
@@ -10,10 +11,11 @@ import pytest
 from helpers import (
     IDENTITY,
     ClientFactory,
-    SidecarFactory,
+    ClientOf,
     context,
     context_names,
     failure,
+    refusal,
     rejection,
     section,
     section_names,
@@ -42,9 +44,8 @@ async def test_the_harness_identity_sits_at_order_minus_100(client: dsp.Client) 
     assert section_names(assembly)[:3] == ["just-before", IDENTITY_SECTION, "just-after"]
 
 
-async def test_the_persona_comes_from_the_config(make_sidecar: SidecarFactory) -> None:
-    sidecar = await make_sidecar(persona="You are a careful reviewer.")
-    async with dsp.connect(sidecar.address) as client:
+async def test_the_persona_comes_from_the_config(client_of: ClientOf) -> None:
+    async with client_of(persona="You are a careful reviewer.") as client:
         assembly = await client.assemble()
     assert assembly.sections == [
         section(IDENTITY_SECTION, IDENTITY),
@@ -69,10 +70,9 @@ async def test_a_section_at_order_zero_follows_the_earlier_registered_persona(
 
 
 async def test_include_harness_identity_false_omits_only_the_identity(
-    make_sidecar: SidecarFactory,
+    client_of: ClientOf,
 ) -> None:
-    sidecar = await make_sidecar(include_harness_identity=False, persona="Persona.")
-    async with dsp.connect(sidecar.address) as client:
+    async with client_of(include_harness_identity=False, persona="Persona.") as client:
         await client.section("rules", 10, "Be precise.")
         assembly = await client.assemble()
     assert assembly.sections == [
@@ -99,27 +99,30 @@ async def test_a_global_section_named_like_a_built_in_is_a_duplicate(client: dsp
 # -- ordering -------------------------------------------------------------------------
 
 
-async def test_sections_are_sorted_by_ascending_order(client: dsp.Client) -> None:
-    await client.section("thirty", 30, "3")
-    await client.section("ten", 10, "1")
-    await client.section("twenty", 20, "2")
+async def added(
+    client: dsp.Client, kind: Literal["section", "context"], *parts: tuple[str, float]
+) -> list[str]:
+    """Register `parts` (name, order) of `kind` in turn; the names the assembly then
+    lists of that kind, the built-in sections left out."""
+    for name, order in parts:
+        await getattr(client, kind)(name, order, f"{name} text")
     assembly = await client.assemble()
-    assert section_names(assembly)[2:] == ["ten", "twenty", "thirty"]
+    return section_names(assembly)[2:] if kind == "section" else context_names(assembly)
+
+
+async def test_sections_are_sorted_by_ascending_order(client: dsp.Client) -> None:
+    ordered = await added(client, "section", ("thirty", 30), ("ten", 10), ("twenty", 20))
+    assert ordered == ["ten", "twenty", "thirty"]
 
 
 async def test_fractional_orders_sort_numerically(client: dsp.Client) -> None:
-    await client.section("two", 2, "2")
-    await client.section("one-and-a-half", 1.5, "1.5")
-    await client.section("one", 1, "1")
-    assembly = await client.assemble()
-    assert section_names(assembly)[2:] == ["one", "one-and-a-half", "two"]
+    ordered = await added(client, "section", ("two", 2), ("one-and-a-half", 1.5), ("one", 1))
+    assert ordered == ["one", "one-and-a-half", "two"]
 
 
 async def test_sections_with_equal_order_keep_registration_order(client: dsp.Client) -> None:
-    for name in ("bravo", "alpha", "charlie"):
-        await client.section(name, 150, name)
-    assembly = await client.assemble()
-    assert section_names(assembly)[2:] == ["bravo", "alpha", "charlie"]
+    ordered = await added(client, "section", ("bravo", 150), ("alpha", 150), ("charlie", 150))
+    assert ordered == ["bravo", "alpha", "charlie"]
 
 
 async def test_negative_orders_come_before_the_persona(client: dsp.Client) -> None:
@@ -171,8 +174,7 @@ async def test_a_duplicate_global_section_is_rejected_with_the_override_hint(
 ) -> None:
     await client.section("rules", 10, "first")
     error = await rejection(client.section("rules", 20, "second"))
-    assert failure(error) == (
-        grpc.StatusCode.ALREADY_EXISTS,
+    assert failure(error) == refusal(
         "DUPLICATE_NAME",
         'prompt section "rules" is already registered'
         " (for a per-agent override, register through that agent's scope instead)",
@@ -193,20 +195,16 @@ async def test_a_duplicate_section_in_a_scope_is_rejected_in_this_scope(
     scope = await client.scope("agent-1")
     await scope.section("rules", 10, "first")
     error = await rejection(scope.section("rules", 20, "second"))
-    assert failure(error) == (
-        grpc.StatusCode.ALREADY_EXISTS,
-        "DUPLICATE_NAME",
-        'prompt section "rules" is already registered in this scope',
+    assert failure(error) == refusal(
+        "DUPLICATE_NAME", 'prompt section "rules" is already registered in this scope'
     )
 
 
 @pytest.mark.parametrize("order", NON_FINITE)
 async def test_a_non_finite_section_order_is_rejected(client: dsp.Client, order: float) -> None:
     error = await rejection(client.section("bad-order", order, "text"))
-    assert failure(error) == (
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "INVALID_ORDER",
-        'prompt section "bad-order" order must be a finite number',
+    assert failure(error) == refusal(
+        "INVALID_ORDER", 'prompt section "bad-order" order must be a finite number'
     )
 
 
@@ -216,10 +214,8 @@ async def test_a_non_finite_section_order_is_rejected_in_a_scope(
 ) -> None:
     scope = await client.scope("agent-1")
     error = await rejection(scope.section("bad-order", order, "text"))
-    assert failure(error) == (
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "INVALID_ORDER",
-        'prompt section "bad-order" order must be a finite number',
+    assert failure(error) == refusal(
+        "INVALID_ORDER", 'prompt section "bad-order" order must be a finite number'
     )
 
 
@@ -296,8 +292,7 @@ async def test_two_complete_sections_reject_the_assembly(client: dsp.Client) -> 
     await client.section("first", 1, "One.", complete=True)
     await client.section("second", 2, "Two.", complete=True)
     error = await rejection(client.assemble())
-    assert failure(error) == (
-        grpc.StatusCode.FAILED_PRECONDITION,
+    assert failure(error) == refusal(
         "MULTIPLE_COMPLETE_SECTIONS",
         'multiple complete prompt sections are active: "first", "second"',
     )
@@ -380,18 +375,13 @@ async def test_contexts_are_separate_from_sections(client: dsp.Client) -> None:
 
 
 async def test_contexts_are_sorted_by_ascending_order(client: dsp.Client) -> None:
-    await client.context("late", 30, "3")
-    await client.context("early", -10, "1")
-    await client.context("middle", 0, "2")
-    assembly = await client.assemble()
-    assert context_names(assembly) == ["early", "middle", "late"]
+    ordered = await added(client, "context", ("late", 30), ("early", -10), ("middle", 0))
+    assert ordered == ["early", "middle", "late"]
 
 
 async def test_contexts_with_equal_order_keep_registration_order(client: dsp.Client) -> None:
-    for name in ("bravo", "alpha", "charlie"):
-        await client.context(name, 7, name)
-    assembly = await client.assemble()
-    assert context_names(assembly) == ["bravo", "alpha", "charlie"]
+    ordered = await added(client, "context", ("bravo", 7), ("alpha", 7), ("charlie", 7))
+    assert ordered == ["bravo", "alpha", "charlie"]
 
 
 async def test_a_duplicate_global_context_is_rejected_with_the_override_hint(
@@ -399,8 +389,7 @@ async def test_a_duplicate_global_context_is_rejected_with_the_override_hint(
 ) -> None:
     await client.context("policy", 1, "first")
     error = await rejection(client.context("policy", 2, "second"))
-    assert failure(error) == (
-        grpc.StatusCode.ALREADY_EXISTS,
+    assert failure(error) == refusal(
         "DUPLICATE_NAME",
         'prompt context "policy" is already registered'
         " (for a per-agent override, register through that agent's scope instead)",
@@ -413,10 +402,8 @@ async def test_a_duplicate_context_in_a_scope_is_rejected_in_this_scope(
     scope = await client.scope("agent-1")
     await scope.context("policy", 1, "first")
     error = await rejection(scope.context("policy", 2, "second"))
-    assert failure(error) == (
-        grpc.StatusCode.ALREADY_EXISTS,
-        "DUPLICATE_NAME",
-        'prompt context "policy" is already registered in this scope',
+    assert failure(error) == refusal(
+        "DUPLICATE_NAME", 'prompt context "policy" is already registered in this scope'
     )
 
 
@@ -431,10 +418,8 @@ async def test_a_section_and_a_context_may_share_a_name(client: dsp.Client) -> N
 @pytest.mark.parametrize("order", NON_FINITE)
 async def test_a_non_finite_context_order_is_rejected(client: dsp.Client, order: float) -> None:
     error = await rejection(client.context("bad-order", order, "text"))
-    assert failure(error) == (
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "INVALID_ORDER",
-        'prompt context "bad-order" order must be a finite number',
+    assert failure(error) == refusal(
+        "INVALID_ORDER", 'prompt context "bad-order" order must be a finite number'
     )
 
 
@@ -564,10 +549,9 @@ async def test_a_suppressed_assembly_renders_an_empty_context_snapshot(
 
 
 async def test_include_runtime_context_false_removes_every_context(
-    make_sidecar: SidecarFactory,
+    client_of: ClientOf,
 ) -> None:
-    sidecar = await make_sidecar(include_runtime_context=False)
-    async with dsp.connect(sidecar.address) as client:
+    async with client_of(include_runtime_context=False) as client:
         await client.context("policy", 1, "Mode: plan.")
         scope = await client.scope("agent-1")
         await scope.context("agent-policy", 2, "Agent mode.")
@@ -577,10 +561,9 @@ async def test_include_runtime_context_false_removes_every_context(
 
 
 async def test_include_runtime_context_false_still_validates_context_registrations(
-    make_sidecar: SidecarFactory,
+    client_of: ClientOf,
 ) -> None:
-    sidecar = await make_sidecar(include_runtime_context=False)
-    async with dsp.connect(sidecar.address) as client:
+    async with client_of(include_runtime_context=False) as client:
         await client.context("policy", 1, "Mode: plan.")
         error = await rejection(client.context("policy", 2, "again"))
     assert error.code == grpc.StatusCode.ALREADY_EXISTS

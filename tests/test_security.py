@@ -15,7 +15,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server import Sidecar
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helpers import SidecarFactory, raw_channel, raw_stub, section_names
+from helpers import SidecarFactory, raw_channel, raw_stub, rejection, section_names
 from processes import serve, sidecar_command
 
 Next = Callable[[], Awaitable[dsp.PromptAssembly]]
@@ -79,19 +79,17 @@ async def test_without_a_token_every_call_is_unauthenticated(
     make_sidecar: SidecarFactory, token_file: str
 ) -> None:
     sidecar = await make_sidecar(auth_token_file=token_file)
-    with pytest.raises(dsp.SystemPromptError) as failure:
-        await dsp.connect(sidecar.address)
-    assert failure.value.code == grpc.StatusCode.UNAUTHENTICATED
+    error = await rejection(dsp.connect(sidecar.address))
+    assert error.code == grpc.StatusCode.UNAUTHENTICATED
 
 
 async def test_a_wrong_token_is_unauthenticated(
     make_sidecar: SidecarFactory, token_file: str
 ) -> None:
     sidecar = await make_sidecar(auth_token_file=token_file)
-    with pytest.raises(dsp.SystemPromptError) as failure:
-        await dsp.connect(sidecar.address, token="not-the-token")
-    assert failure.value.code == grpc.StatusCode.UNAUTHENTICATED
-    assert "bearer token" in str(failure.value)
+    error = await rejection(dsp.connect(sidecar.address, token="not-the-token"))
+    assert error.code == grpc.StatusCode.UNAUTHENTICATED
+    assert "bearer token" in str(error)
 
 
 async def test_the_right_token_opens_sessions_streams_and_calls(
@@ -139,11 +137,10 @@ async def test_health_answers_without_a_token_for_the_platforms_probes(
 
 async def test_serve_takes_the_token_file_flag(token_file: str) -> None:
     async with serve("--listen", "127.0.0.1:0", "--auth-token-file", token_file) as served:
-        with pytest.raises(dsp.SystemPromptError) as failure:
-            await dsp.connect(served.address)
+        error = await rejection(dsp.connect(served.address))
         async with dsp.connect(served.address, token=TOKEN) as client:
             await client.assemble()
-    assert failure.value.code == grpc.StatusCode.UNAUTHENTICATED
+    assert error.code == grpc.StatusCode.UNAUTHENTICATED
 
 
 async def test_tls_serves_a_client_that_trusts_the_ca(
@@ -164,9 +161,8 @@ async def test_tls_refuses_a_plaintext_client(
     sidecar = await make_sidecar(
         tls_cert_file=str(certificates.server_cert), tls_key_file=str(certificates.server_key)
     )
-    with pytest.raises(dsp.SystemPromptError) as failure:
-        await dsp.connect(sidecar.address)
-    assert failure.value.code == grpc.StatusCode.UNAVAILABLE
+    error = await rejection(dsp.connect(sidecar.address))
+    assert error.code == grpc.StatusCode.UNAVAILABLE
 
 
 async def test_mutual_tls_requires_a_client_certificate(
@@ -178,8 +174,7 @@ async def test_mutual_tls_requires_a_client_certificate(
         tls_client_ca_file=str(certificates.ca),
     )
     address = sidecar.address.replace("127.0.0.1", "localhost")
-    with pytest.raises(dsp.SystemPromptError):
-        await dsp.connect(address, tls=certificates.client_tls(with_client_cert=False))
+    await rejection(dsp.connect(address, tls=certificates.client_tls(with_client_cert=False)))
     async with dsp.connect(address, tls=certificates.client_tls(with_client_cert=True)) as client:
         await client.assemble()
 

@@ -19,6 +19,7 @@ from helpers import (
     context_names,
     eventually,
     next_events,
+    one_of_each,
     raw_channel,
     raw_stub,
     section_names,
@@ -456,20 +457,7 @@ async def test_every_disposal_emits_an_unregistered_change_event(
     connect: ClientFactory,
 ) -> None:
     watcher, owner = await connect(), await connect()
-
-    async def listener(
-        assembly: dsp.PromptAssembly, context: dsp.AssembleContext, next: object
-    ) -> dsp.PromptAssembly:
-        return assembly
-
-    offs = [
-        await owner.section("s", 10, "x"),
-        await owner.context("c", 1, "y"),
-        await owner.tools([tool("bash")]),
-        await owner.variable("v", "z"),
-        await owner.suppress_runtime_context(),
-        await owner.on_assemble(listener),
-    ]
+    offs = await one_of_each(owner, owner)
     scope = await owner.scope("agent-1")
     changes = await watcher.watch_changes()
 
@@ -487,7 +475,7 @@ async def test_every_disposal_emits_an_unregistered_change_event(
         ("listener", "unregistered"),
         ("scope", "unregistered"),
     ]
-    assert (events[0].name, events[3].name) == ("s", "v")
+    assert (events[0].name, events[3].name) == ("rules", "model")
 
 
 async def test_closing_a_client_emits_an_unregistered_event_for_each_of_its_registrations(

@@ -6,7 +6,7 @@ import dsh_system_prompt as dsp
 import grpc
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import Sidecar
-from helpers import ClientFactory, raw_channel, raw_stub, tool
+from helpers import ClientFactory, raw_channel, raw_stub, scope_tree, tool
 
 
 def by_name(snapshot: dsp.Snapshot) -> dict[str, dsp.RegistrationInfo]:
@@ -79,9 +79,7 @@ async def test_values_are_listed_only_when_asked_for(client: dsp.Client) -> None
 async def test_a_scope_filter_keeps_its_layer_and_with_ancestors_the_chain(
     client: dsp.Client,
 ) -> None:
-    team = await client.scope("team")
-    agent = await client.scope("agent-1", parent="team")
-    other = await client.scope("agent-2")
+    team, agent, other = await scope_tree(client)
     await client.section("global", 1, "g")
     await team.section("team-rules", 1, "t")
     await agent.section("agent-rules", 1, "a")

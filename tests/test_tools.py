@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import dsh_system_prompt as dsp
 import grpc
 import pytest
-from helpers import ClientFactory, SidecarFactory, failure, rejection, tool, tool_names
+from helpers import ClientFactory, SidecarFactory, failure, refusal, rejection, tool, tool_names
 
 REST = dsp.TOOL_ORDER_REST
 
@@ -29,11 +30,6 @@ async def ordered(make_sidecar: SidecarFactory) -> AsyncIterator[Ordered]:
     yield open_client
     for client in clients:
         await client.close()
-
-
-def unknown_order_name(message: str) -> tuple[grpc.StatusCode, str, str]:
-    """The whole failure of an assembly whose tool order names an unregistered tool."""
-    return grpc.StatusCode.FAILED_PRECONDITION, "UNKNOWN_TOOL_ORDER_NAME", message
 
 
 # -- static lists ---------------------------------------------------------------------
@@ -140,8 +136,9 @@ async def test_tool_order_listing_unregistered_tools_rejects_the_assembly(ordere
     client = await ordered(["ghost", "bash", REST, "wraith"])
     await client.tools([tool("todo_write"), tool("bash")])
     error = await rejection(client.assemble())
-    assert failure(error) == unknown_order_name(
-        'toolOrder lists unregistered tools "ghost", "wraith"; known tools: bash, todo_write'
+    assert failure(error) == refusal(
+        "UNKNOWN_TOOL_ORDER_NAME",
+        'toolOrder lists unregistered tools "ghost", "wraith"; known tools: bash, todo_write',
     )
 
 
@@ -149,16 +146,16 @@ async def test_one_unregistered_tool_is_named_in_the_singular(ordered: Ordered) 
     client = await ordered(["ghost", REST])
     await client.tools([tool("bash")])
     error = await rejection(client.assemble())
-    assert failure(error) == unknown_order_name(
-        'toolOrder lists unregistered tool "ghost"; known tools: bash'
+    assert failure(error) == refusal(
+        "UNKNOWN_TOOL_ORDER_NAME", 'toolOrder lists unregistered tool "ghost"; known tools: bash'
     )
 
 
 async def test_with_nothing_known_the_known_tools_are_none(ordered: Ordered) -> None:
     client = await ordered(["ghost", REST])
     error = await rejection(client.assemble())
-    assert failure(error) == unknown_order_name(
-        'toolOrder lists unregistered tool "ghost"; known tools: (none)'
+    assert failure(error) == refusal(
+        "UNKNOWN_TOOL_ORDER_NAME", 'toolOrder lists unregistered tool "ghost"; known tools: (none)'
     )
 
 
@@ -213,8 +210,9 @@ async def test_a_scoped_providers_known_names_count_only_in_that_scope(ordered: 
     await scope.tools([tool("agent_tool")])
     assert tool_names(await client.assemble(scope="agent-1")) == ["agent_tool"]
     error = await rejection(client.assemble())
-    assert failure(error) == unknown_order_name(
-        'toolOrder lists unregistered tool "agent_tool"; known tools: (none)'
+    assert failure(error) == refusal(
+        "UNKNOWN_TOOL_ORDER_NAME",
+        'toolOrder lists unregistered tool "agent_tool"; known tools: (none)',
     )
 
 
@@ -224,8 +222,7 @@ async def test_a_scoped_providers_known_names_count_only_in_that_scope(ordered: 
 async def test_a_tool_named_like_the_rest_entry_rejects_the_assembly(client: dsp.Client) -> None:
     await client.tools(lambda ctx: [tool("bash"), tool(REST)])
     error = await rejection(client.assemble())
-    assert failure(error) == (
-        grpc.StatusCode.FAILED_PRECONDITION,
+    assert failure(error) == refusal(
         "RESERVED_TOOL_NAME",
         'tool provider returned reserved tool name "<unlisted-tools>"'
         " (reserved for toolOrder's rest entry)",
@@ -256,6 +253,13 @@ async def test_the_rest_entry_constant_is_the_reserved_name() -> None:
 # -- parameters as JSON ---------------------------------------------------------------
 
 
+async def through_the_sidecar(client: dsp.Client, parameters: dict[str, Any]) -> dict[str, Any]:
+    """`parameters` as they come back in an assembly, registered as a tool's."""
+    await client.tools([dsp.ToolSchema("tool", "the tool", parameters)])
+    (returned,) = (await client.assemble()).tools
+    return returned.parameters
+
+
 async def test_parameters_keep_their_key_order(client: dsp.Client) -> None:
     parameters = {
         "type": "object",
@@ -267,9 +271,8 @@ async def test_parameters_keep_their_key_order(client: dsp.Client) -> None:
         },
         "additionalProperties": False,
     }
-    await client.tools([dsp.ToolSchema("ordered", "keys in order", parameters)])
-    (returned,) = (await client.assemble()).tools
-    assert json.dumps(returned.parameters) == json.dumps(parameters)
+    returned = await through_the_sidecar(client, parameters)
+    assert json.dumps(returned) == json.dumps(parameters)
 
 
 async def test_integer_parameters_stay_integers(client: dsp.Client) -> None:
@@ -278,19 +281,17 @@ async def test_integer_parameters_stay_integers(client: dsp.Client) -> None:
         "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9007199254740993}},
         "maxProperties": 3,
     }
-    await client.tools([dsp.ToolSchema("count", "integers", parameters)])
-    (returned,) = (await client.assemble()).tools
-    n = returned.parameters["properties"]["n"]
+    returned = await through_the_sidecar(client, parameters)
+    n = returned["properties"]["n"]
     assert type(n["minimum"]) is int
     assert n["maximum"] == 9007199254740993
-    assert type(returned.parameters["maxProperties"]) is int
+    assert type(returned["maxProperties"]) is int
 
 
 async def test_float_parameters_stay_floats(client: dsp.Client) -> None:
     parameters = {"type": "number", "multipleOf": 0.5, "minimum": 1.0}
-    await client.tools([dsp.ToolSchema("half", "floats", parameters)])
-    (returned,) = (await client.assemble()).tools
-    assert json.dumps(returned.parameters) == json.dumps(parameters)
+    returned = await through_the_sidecar(client, parameters)
+    assert json.dumps(returned) == json.dumps(parameters)
 
 
 async def test_parameters_keep_unicode_nulls_and_nesting(client: dsp.Client) -> None:
@@ -300,10 +301,9 @@ async def test_parameters_keep_unicode_nulls_and_nesting(client: dsp.Client) -> 
         "default": None,
         "enum": [[1, [2, {"deep": True}]], "x"],
     }
-    await client.tools([dsp.ToolSchema("odd", "odd values", parameters)])
-    (returned,) = (await client.assemble()).tools
-    assert returned.parameters == parameters
-    assert json.dumps(returned.parameters) == json.dumps(parameters)
+    returned = await through_the_sidecar(client, parameters)
+    assert returned == parameters
+    assert json.dumps(returned) == json.dumps(parameters)
 
 
 async def test_empty_parameters_come_back_empty(client: dsp.Client) -> None:
@@ -371,8 +371,7 @@ async def test_a_static_tool_list_with_the_reserved_name_is_refused_at_registrat
     client: dsp.Client,
 ) -> None:
     error = await rejection(client.tools([tool("bash"), tool(REST)]))
-    assert failure(error) == (
-        grpc.StatusCode.FAILED_PRECONDITION,
+    assert failure(error) == refusal(
         "RESERVED_TOOL_NAME",
         'tool provider returned reserved tool name "<unlisted-tools>"'
         " (reserved for toolOrder's rest entry)",
@@ -384,19 +383,13 @@ async def test_a_static_tool_with_an_empty_name_is_refused_at_registration(
     client: dsp.Client,
 ) -> None:
     error = await rejection(client.tools([dsp.ToolSchema("", "nameless", {})]))
-    assert failure(error) == (
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "INVALID_NAME",
-        "tool names must be non-empty",
-    )
+    assert failure(error) == refusal("INVALID_NAME", "tool names must be non-empty")
     assert tool_names(await client.assemble()) == []
 
 
 async def test_a_tool_with_an_empty_name_rejects_the_assembly(client: dsp.Client) -> None:
     await client.tools(lambda ctx: [dsp.ToolSchema("", "nameless", {})])
     error = await rejection(client.assemble())
-    assert failure(error) == (
-        grpc.StatusCode.FAILED_PRECONDITION,
-        "INVARIANT_VIOLATION",
-        "assembled tool names must be non-empty",
+    assert failure(error) == refusal(
+        "INVARIANT_VIOLATION", "assembled tool names must be non-empty"
     )

@@ -16,6 +16,7 @@ from helpers import (
     next_events,
     raw_channel,
     raw_stub,
+    refusal,
     rejection,
     section,
     tool,
@@ -145,9 +146,8 @@ async def test_an_update_to_the_reserved_tool_name_is_refused(client: dsp.Client
 async def test_a_dynamic_registration_is_not_updatable(client: dsp.Client) -> None:
     cwd = await client.section("cwd", 10, lambda ctx: "/tmp")
     error = await rejection(cwd.update("/home"))
-    assert failure(error) == (
-        grpc.StatusCode.FAILED_PRECONDITION,
-        dsp.Reason.NOT_UPDATABLE,
+    assert failure(error) == refusal(
+        "NOT_UPDATABLE",
         'section "cwd" cannot be updated: its value comes from a dynamic provider,'
         " which already gives the latest one",
     )

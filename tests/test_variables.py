@@ -5,7 +5,7 @@ from __future__ import annotations
 import dsh_system_prompt as dsp
 import grpc
 import pytest
-from helpers import ClientFactory, failure, rejection
+from helpers import ClientFactory, chain, failure, refusal, rejection
 
 
 @pytest.mark.parametrize("name", ["a", "model", "cwd", "m2", "git_state", "a_1_b", "x__"])
@@ -33,8 +33,7 @@ async def test_a_name_matching_the_pattern_is_accepted(client: dsp.Client, name:
 )
 async def test_a_name_not_matching_the_pattern_is_rejected(client: dsp.Client, name: str) -> None:
     error = await rejection(client.variable(name, "value"))
-    assert failure(error) == (
-        grpc.StatusCode.INVALID_ARGUMENT,
+    assert failure(error) == refusal(
         "INVALID_VARIABLE_NAME",
         f'invalid prompt variable name "{name}" (must match /^[a-z][a-z0-9_]*$/)',
     )
@@ -43,8 +42,7 @@ async def test_a_name_not_matching_the_pattern_is_rejected(client: dsp.Client, n
 async def test_an_invalid_name_is_rejected_in_a_scope_too(client: dsp.Client) -> None:
     scope = await client.scope("agent-1")
     error = await rejection(scope.variable("Not Valid", "value"))
-    assert failure(error) == (
-        grpc.StatusCode.INVALID_ARGUMENT,
+    assert failure(error) == refusal(
         "INVALID_VARIABLE_NAME",
         'invalid prompt variable name "Not Valid" (must match /^[a-z][a-z0-9_]*$/)',
     )
@@ -58,10 +56,8 @@ async def test_a_rejected_variable_leaves_nothing_behind(client: dsp.Client) -> 
 async def test_a_duplicate_global_variable_is_rejected(client: dsp.Client) -> None:
     await client.variable("model", "deepseek-v4")
     error = await rejection(client.variable("model", "other"))
-    assert failure(error) == (
-        grpc.StatusCode.ALREADY_EXISTS,
-        "DUPLICATE_NAME",
-        'prompt variable "model" is already registered',
+    assert failure(error) == refusal(
+        "DUPLICATE_NAME", 'prompt variable "model" is already registered'
     )
 
 
@@ -196,16 +192,14 @@ async def test_a_shadowing_variable_keeps_the_shadowed_names_position(client: ds
 
 
 async def test_a_nearer_layer_shadows_keeping_the_farthest_position(client: dsp.Client) -> None:
-    grandparent = await client.scope("grandparent")
-    parent = await client.scope("parent", parent="grandparent")
-    child = await client.scope("child", parent="parent")
+    grandparent, parent, child = await chain(client)
     await grandparent.variable("shared", "g")
     await grandparent.variable("g_only", "g")
     await parent.variable("p_only", "p")
     await parent.variable("shared", "p")
     await child.variable("shared", "c")
     await client.variable("global_only", "0")
-    assembly = await client.assemble(scope="child")
+    assembly = await client.assemble(scope="worker")
     assert list(assembly.variables.items()) == [
         ("global_only", "0"),
         ("shared", "c"),

@@ -8,7 +8,15 @@ import dsh_system_prompt as dsp
 import grpc
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import Sidecar
-from helpers import ClientFactory, SidecarFactory, eventually, next_events, raw_channel, raw_stub
+from helpers import (
+    ClientFactory,
+    SidecarFactory,
+    eventually,
+    next_events,
+    raw_channel,
+    raw_stub,
+    scope_tree,
+)
 from processes import free_port, serve
 
 View = dict[str, tuple[str, str, str | None, str]]
@@ -151,9 +159,7 @@ async def watcher_snapshot_when_ready(client: dsp.Client) -> dsp.Snapshot:
 async def test_a_scope_filter_delivers_its_layer_and_with_ancestors_its_chain(
     client: dsp.Client,
 ) -> None:
-    team = await client.scope("team")
-    agent = await client.scope("agent-1", parent="team")
-    other = await client.scope("agent-2")
+    team, agent, other = await scope_tree(client)
     own = await client.watch_changes("agent-1")
     chain = await client.watch_changes("agent-1", ancestors=True, kinds=["section", "variable"])
     for registrar in (client, team, agent, other):

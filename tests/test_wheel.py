@@ -3,7 +3,6 @@ and both the wheel and the sdist carry the contract and the licence."""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from processes import serve
+from processes import run, serve
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO = "dsh/systemprompt/v1/system_prompt.proto"
@@ -113,17 +112,8 @@ def test_the_client_install_pulls_no_server_dependency(client_venv: Path) -> Non
 
 async def test_the_installed_client_talks_to_the_installed_sidecar(client_venv: Path) -> None:
     async with serve("--listen", "127.0.0.1:0") as served:
-        process = await asyncio.create_subprocess_exec(
-            client_venv / "bin" / "python",
-            "-c",
-            _CLIENT,
-            served.address,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(process.communicate(), 60)
-    assert (process.returncode, err.decode()) == (0, "")
-    assert out.decode() == "Installed client, hello.\n"
+        ran = await run(client_venv / "bin" / "python", "-c", _CLIENT, served.address, timeout=60)
+    assert ran == (0, "Installed client, hello.\n", "")
 
 
 def test_the_command_without_the_server_extra_says_what_to_install(client_venv: Path) -> None:
