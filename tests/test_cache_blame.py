@@ -12,9 +12,12 @@ Next = Callable[..., Awaitable[dsp.PromptAssembly]]
 
 
 async def stability(
-    client: dsp.Client, layout: dsp.PrefixLayout | None = None, **fields: object
+    client: dsp.Client,
+    scope: str | None = None,
+    layout: dsp.PrefixLayout | None = None,
+    **fields: object,
 ) -> dsp.PrefixStability:
-    return (await report_of(client, layout=layout, **fields)).stability
+    return (await report_of(client, scope, layout=layout, **fields)).stability
 
 
 @pytest.mark.parametrize("layout", ["tools-first", "system-first"])

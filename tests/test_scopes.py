@@ -151,21 +151,21 @@ async def test_disposing_a_shadowing_section_restores_the_global_one(client: dsp
 # -- parent chains --------------------------------------------------------------------
 
 
+async def layer_sections(client: dsp.Client) -> None:
+    """The chain org > team > worker, each with a section named for its layer."""
+    for order, layer in enumerate(await chain(client), start=2):
+        await layer.section(layer.key, order * 10, layer.key[0])
+
+
 async def test_a_child_sees_its_parents_and_grandparents_layers(client: dsp.Client) -> None:
-    grandparent, parent, child = await chain(client)
     await client.section("global", 10, "g")
-    await grandparent.section("org", 20, "o")
-    await parent.section("team", 30, "t")
-    await child.section("worker", 40, "w")
+    await layer_sections(client)
     assembly = await client.assemble(scope="worker")
     assert section_names(assembly)[2:] == ["global", "org", "team", "worker"]
 
 
 async def test_a_parent_does_not_see_its_childs_layer(client: dsp.Client) -> None:
-    grandparent, parent, child = await chain(client)
-    await grandparent.section("org", 20, "o")
-    await parent.section("team", 30, "t")
-    await child.section("worker", 40, "w")
+    await layer_sections(client)
     assert section_names(await client.assemble(scope="team"))[2:] == ["org", "team"]
     assert section_names(await client.assemble(scope="org"))[2:] == ["org"]
 

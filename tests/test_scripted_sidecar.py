@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import dsh_system_prompt as dsp
@@ -36,6 +36,15 @@ from scripted import (
 )
 
 grpc_max_workers = 32  # pytest-grpc: each open stream of the scripted sidecar holds a thread
+
+
+async def failing(
+    scripted: ScriptedSidecar, script: Script, call: Callable[[dsp.Client], Awaitable[object]]
+) -> dsp.SystemPromptError:
+    """What `call`, by a client of `scripted` playing `script`, fails with (within HANG_S)."""
+    scripted.script = script
+    async with connect(scripted) as client:
+        return await rejection(call(client), within=HANG_S)
 
 
 def provide(call_id: int, key: str, fields_json: str = "") -> pb.OpenSessionResponse:
@@ -169,9 +178,7 @@ async def test_a_registration_the_sidecar_never_answers_fails_and_the_session_is
 async def test_an_assembly_the_sidecar_never_answers_fails_at_its_timeout(
     scripted: ScriptedSidecar,
 ) -> None:
-    scripted.script = SilentAfterOpening()
-    async with connect(scripted) as client:
-        error = await rejection(client.assemble(timeout=0.3), within=HANG_S)
+    error = await failing(scripted, SilentAfterOpening(), lambda c: c.assemble(timeout=0.3))
     assert error.code == grpc.StatusCode.DEADLINE_EXCEEDED
     assert error.reason == "UNKNOWN"
 
@@ -195,9 +202,11 @@ class Refuses(Script):
 async def test_an_error_without_error_info_has_the_reason_unknown(
     scripted: ScriptedSidecar,
 ) -> None:
-    scripted.script = Refuses(grpc.StatusCode.FAILED_PRECONDITION, "no reason given", None)
-    async with connect(scripted) as client:
-        error = await rejection(client.assemble(), within=HANG_S)
+    error = await failing(
+        scripted,
+        Refuses(grpc.StatusCode.FAILED_PRECONDITION, "no reason given", None),
+        lambda c: c.assemble(),
+    )
     assert (error.code, error.reason, error.message) == (
         grpc.StatusCode.FAILED_PRECONDITION,
         "UNKNOWN",
@@ -208,9 +217,11 @@ async def test_an_error_without_error_info_has_the_reason_unknown(
 async def test_an_unavailable_error_without_a_reason_is_sidecar_unavailable(
     scripted: ScriptedSidecar,
 ) -> None:
-    scripted.script = Refuses(grpc.StatusCode.UNAVAILABLE, "a proxy says no", None)
-    async with connect(scripted) as client:
-        error = await rejection(client.assemble(), within=HANG_S)
+    error = await failing(
+        scripted,
+        Refuses(grpc.StatusCode.UNAVAILABLE, "a proxy says no", None),
+        lambda c: c.assemble(),
+    )
     assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "SIDECAR_UNAVAILABLE")
 
 
@@ -247,9 +258,7 @@ async def test_a_listener_stream_that_does_not_start_with_registered_is_a_protoc
             yield invocation(1)
             peer.wait_end()
 
-    scripted.script = InvokesFirst()
-    async with connect(scripted) as client:
-        error = await rejection(client.on_assemble(_pass_through), within=HANG_S)
+    error = await failing(scripted, InvokesFirst(), lambda c: c.on_assemble(_pass_through))
     assert error.reason == "PROTOCOL_ERROR"
 
 
@@ -461,9 +470,7 @@ def missed(first: int, count: int, resync: int) -> pb.WatchChangesResponse:
 async def test_a_change_stream_the_sidecar_never_confirms_fails_within_the_call_timeout(
     scripted: ScriptedSidecar,
 ) -> None:
-    scripted.script = Silent("watch")
-    async with connect(scripted) as client:
-        error = await rejection(client.watch_changes(), within=HANG_S)
+    error = await failing(scripted, Silent("watch"), lambda c: c.watch_changes())
     assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "SIDECAR_UNAVAILABLE")
 
 

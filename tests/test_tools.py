@@ -112,13 +112,8 @@ async def test_unlisted_tools_go_to_the_rest_entry_sorted_by_name(ordered: Order
     client = await ordered(["todo_write", REST, "bash"])
     await client.tools([tool("read"), tool("bash"), tool("todo_write")])
     await client.tools([tool("grep"), tool("edit")])
-    assert tool_names(await client.assemble()) == [
-        "todo_write",
-        "edit",
-        "grep",
-        "read",
-        "bash",
-    ]
+    names = tool_names(await client.assemble())
+    assert names == ["todo_write", "edit", "grep", "read", "bash"]
 
 
 async def test_a_rest_entry_alone_sorts_every_tool_by_name(ordered: Ordered) -> None:
@@ -330,12 +325,8 @@ async def test_scoped_and_global_tools_are_sorted_together(client: dsp.Client) -
     await client.tools([tool("read"), tool("bash")])
     agent = await client.scope("agent-1")
     await agent.tools([tool("grep"), tool("aardvark")])
-    assert tool_names(await client.assemble(scope="agent-1")) == [
-        "aardvark",
-        "bash",
-        "grep",
-        "read",
-    ]
+    names = tool_names(await client.assemble(scope="agent-1"))
+    assert names == ["aardvark", "bash", "grep", "read"]
 
 
 async def test_scoped_tools_follow_the_tool_order(ordered: Ordered) -> None:
@@ -343,12 +334,8 @@ async def test_scoped_tools_follow_the_tool_order(ordered: Ordered) -> None:
     await client.tools([tool("bash"), tool("read")])
     agent = await client.scope("agent-1")
     await agent.tools([tool("todo_write"), tool("edit")])
-    assert tool_names(await client.assemble(scope="agent-1")) == [
-        "todo_write",
-        "edit",
-        "read",
-        "bash",
-    ]
+    names = tool_names(await client.assemble(scope="agent-1"))
+    assert names == ["todo_write", "edit", "read", "bash"]
 
 
 async def test_global_providers_come_before_scoped_ones_for_equal_names(
