@@ -61,8 +61,18 @@ def start_to_serving(tag: str) -> tuple[float, float, int]:
     running, as the runtime records it) to SERVING; VmRSS (KiB) of the sidecar 3 s later."""
     name, port = f"dsp-bench-{uuid.uuid4().hex[:8]}", free_port()
     started = time.perf_counter()
-    podman("run", "--detach", "--name", name, "--read-only", "--cap-drop", "ALL",
-           "--publish", f"127.0.0.1:{port}:50051", tag)  # fmt: skip
+    podman(
+        "run",
+        "--detach",
+        "--name",
+        name,
+        "--read-only",
+        "--cap-drop",
+        "ALL",
+        "--publish",
+        f"127.0.0.1:{port}:50051",
+        tag,
+    )
     try:
         while not serving(f"127.0.0.1:{port}"):
             if time.perf_counter() - started > 60:
@@ -121,17 +131,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="record bench/image.json")
     args = parser.parse_args(argv)
     figures = measure(args.image, args.runs)
-    print(f"image {figures['image']}: {figures['image_mib']} MiB, {figures['added_mib']} MiB "
-          f"over its base {figures['base']} ({figures['base_mib']} MiB)")  # fmt: skip
+    print(
+        f"image {figures['image']}: {figures['image_mib']} MiB, {figures['added_mib']} MiB "
+        f"over its base {figures['base']} ({figures['base_mib']} MiB)"
+    )
     for label, key in (
         ("podman run", "run_to_serving_s"),
         ("container start", "start_to_serving_s"),
     ):
         timing = figures[key]
-        print(f"{label} to SERVING: {timing['median']} s median of {timing['runs']} "
-              f"({timing['min']}-{timing['max']} s)")  # fmt: skip
-    print(f"idle RSS of the sidecar in the container: {figures['idle_rss_mib']} MiB "
-          f"(load average {figures['load_average_1m']} on {figures['cpus']} CPUs)")  # fmt: skip
+        print(
+            f"{label} to SERVING: {timing['median']} s median of {timing['runs']} "
+            f"({timing['min']}-{timing['max']} s)"
+        )
+    print(
+        f"idle RSS of the sidecar in the container: {figures['idle_rss_mib']} MiB "
+        f"(load average {figures['load_average_1m']} on {figures['cpus']} CPUs)"
+    )
     if args.write:
         (HERE / "image.json").write_text(json.dumps(figures, indent=2) + "\n")
     return 0

@@ -199,10 +199,21 @@ class Pod:
         for target, source in (mounts or {}).items():
             extra += ["--volume", f"{source}:{target}:ro"]
         return [
-            "podman", "run", "--rm", "--interactive", "--pod", self.pod, "--name", container,
-            *create_flags(agent, self.spec, self.sources), *extra,
-            "--entrypoint", command[0], image(), *command[1:],
-        ]  # fmt: skip
+            "podman",
+            "run",
+            "--rm",
+            "--interactive",
+            "--pod",
+            self.pod,
+            "--name",
+            container,
+            *create_flags(agent, self.spec, self.sources),
+            *extra,
+            "--entrypoint",
+            command[0],
+            image(),
+            *command[1:],
+        ]
 
     def restart_sidecar(self) -> None:
         """The container killed (SIGKILL, as an OOM kill would) and started again, its
@@ -231,9 +242,17 @@ def build_pod(file: str, folder: Path, made: Cleanup) -> Pod:
     assert config is not None, f"{file} mounts no ConfigMap"
     sidecar = sidecar_spec(spec)
     container = Container(f"{pod}-{SIDECAR}")
-    podman("create", "--pod", pod, "--name", container.name,
-           *create_flags(sidecar, spec, sources), *entrypoint(sidecar), image(),
-           *sidecar.get("args", []))  # fmt: skip
+    podman(
+        "create",
+        "--pod",
+        pod,
+        "--name",
+        container.name,
+        *create_flags(sidecar, spec, sources),
+        *entrypoint(sidecar),
+        image(),
+        *sidecar.get("args", []),
+    )
     made.containers.append(container.name)
     podman("start", container.name)
     built = Pod(file, spec, pod, container, config, sources)

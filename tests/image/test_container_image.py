@@ -15,8 +15,14 @@ from kube import ConfigMapFolder, config_files, create_flags, empty_dir, pod_spe
 SOCKET = "unix:/run/dsp/dsp.sock"
 # What the runtime itself writes into a container: the mount points of the files it binds
 # over /etc and the marker it leaves in /run. Anything else in `podman diff` is the image's.
-RUNTIME_WRITES = {"/etc", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/run",
-                  "/run/.containerenv"}  # fmt: skip
+RUNTIME_WRITES = {
+    "/etc",
+    "/etc/hosts",
+    "/etc/hostname",
+    "/etc/resolv.conf",
+    "/run",
+    "/run/.containerenv",
+}
 PROJECT_LIMIT_MIB = 64  # what the image may add over its base (issue 23)
 
 
@@ -52,8 +58,12 @@ def test_the_healthcheck_follows_the_socket_the_manifest_names(
     container = run(made, "health-unix", *manifest_flags(made, tmp_path))
     container.wait_serving(SOCKET)
     assert healthy(container)
-    assert container.exec("dsh-system-prompt", "health", "--address", "127.0.0.1:50051",
-                          "--timeout", "1").returncode != 0  # fmt: skip
+    assert (
+        container.exec(
+            "dsh-system-prompt", "health", "--address", "127.0.0.1:50051", "--timeout", "1"
+        ).returncode
+        != 0
+    )
 
 
 def manifest_flags(made: Cleanup, folder: Path) -> list[str]:
@@ -128,10 +138,16 @@ def test_the_project_adds_at_most_64_mib_over_its_base() -> None:
 
 
 def test_the_image_carries_no_installer_tests_or_caches(made: Cleanup) -> None:
-    found = podman("run", "--rm", "--entrypoint", "sh", image(), "-c",
-                   "ls /opt/venv/bin; find /opt/venv -name tests -o -name '*.pyi'"
-                   " -o -name 'pip*' -o -name setuptools",
-                   ).stdout.split()  # fmt: skip
+    found = podman(
+        "run",
+        "--rm",
+        "--entrypoint",
+        "sh",
+        image(),
+        "-c",
+        "ls /opt/venv/bin; find /opt/venv -name tests -o -name '*.pyi'"
+        " -o -name 'pip*' -o -name setuptools",
+    ).stdout.split()
     for unwanted in ("pip", "pip3", "setuptools", "tests"):
         assert not [path for path in found if path.rsplit("/", 1)[-1] == unwanted], found
     assert not [path for path in found if path.endswith(".pyi")], found
