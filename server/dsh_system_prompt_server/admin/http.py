@@ -31,6 +31,7 @@ from ..rpc.addresses import is_loopback
 from ..rpc.state import ServerState
 from ..telemetry.logs import logger
 from . import views
+from .live_prompt import PromptWatcher
 
 COOKIE = "dsp_admin"
 MAX_STREAMS = 16  # live views open at once; more is 503 (each holds a change subscription)
@@ -287,7 +288,7 @@ class Pages:
     def _live(self, view: str, query: Any) -> Live:
         state = self._state
         if view == "prompt":
-            watcher = views.PromptWatcher(state, _scope(state, query))
+            watcher = PromptWatcher(state, _scope(state, query))
 
             async def prompt() -> str:
                 return render("prompt.html", data=await watcher.view())

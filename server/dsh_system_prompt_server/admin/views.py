@@ -1,4 +1,5 @@
-"""What the admin page shows, read from the running sidecar: plain values, no HTML.
+"""What the admin page shows of scopes, cache history and sessions, read from the running
+sidecar: plain values, no HTML (the live prompt's view is `live_prompt.py`'s).
 
 Nothing here changes the registry. Session and registration ids are
 capabilities (whoever knows one can register or dispose as its session), so
@@ -10,10 +11,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
-
-from dsh_system_prompt_core import RenderFailure, interpolate
 
 from ..registry import (
     SIDECAR_OWNER,
@@ -21,20 +20,15 @@ from ..registry import (
     Kind,
     Origin,
     OriginKind,
-    PartKey,
-    PartKind,
     Registration,
-    RegistryError,
     ToolSet,
 )
 from ..registry.filters import owner_label
 from ..registry.limits import value_bytes
 from ..registry.model import ContextRegistration, ListenerRegistration, SectionRegistration
 from ..reports.history import Break, HistoryEntry, HistoryKey, KeyHistory
-from ..reports.report import build_report
-from ..reports.values import PartPrint, Previous, Size, Stability
+from ..reports.values import Size
 from ..rpc.state import ServerState
-from .live_prompt import static_assembly
 
 GLOBAL_LABEL = "(global)"
 
@@ -148,173 +142,6 @@ def _value_size(value: object) -> str:
     if isinstance(value, Dynamic):
         return "at each assembly"
     return ""
-
-
-# -- the prompt of a scope ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PromptPart:
-    kind: str  # section, tool or context
-    name: str
-    origin: str  # the colour: builtin, global, scope, ancestor, listener
-    source: str  # where it came from, in words
-    text: str  # as the model reads it (a tool: its JSON)
-    size: str
-    dynamic: bool
-    change: str  # since the previous prompt this page saw: "", "new", "changed", "recomputed"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What the last change did to the prompt-cache prefix."""
-
-    broke: bool
-    first_changed: str
-    reason: str
-    stable: str
-    recomputed: str
-    diff: str
-
-
-@dataclass(frozen=True)
-class PromptView:
-    scope: str | None
-    label: str
-    chain: list[str]
-    opened: bool  # a handle is open on the scope (else it assembles as the global scope)
-    revision: int
-    layout: str
-    tokenizer: str
-    listeners: list[str]  # run by a real assembly, never by the page
-    parts: list[PromptPart] = field(default_factory=list)  # the prefix in layout order, then
-    # the runtime context
-    totals: list[tuple[str, str]] = field(default_factory=list)
-    verdict: Verdict | None = None  # None for the first prompt this page saw
-    error: str = ""
-
-
-class PromptWatcher:
-    """The prompt of one scope as it changes, each compared with the one before."""
-
-    def __init__(self, state: ServerState, scope: str | None) -> None:
-        self._state = state
-        self._scope = scope
-        self._previous: Previous | None = None
-        self._view: PromptView | None = None
-
-    def version(self) -> int:
-        return self._state.registry.revision
-
-    async def view(self) -> PromptView:
-        """The prompt now; the same view again while nothing changed."""
-        if self._view is not None and self._view.revision == self.version():
-            return self._view
-        self._view = await self._build()
-        return self._view
-
-    async def _build(self) -> PromptView:
-        state, scope = self._state, self._scope
-        registry = state.registry
-        view = PromptView(
-            scope=scope, label=scope if scope is not None else GLOBAL_LABEL,
-            chain=registry.scope_chain(scope),
-            opened=scope is None or scope in registry.scope_keys(),
-            revision=registry.revision, layout=state.prefix_layout.value,
-            tokenizer=state.tokenizer.name if state.tokenizer else "",
-            listeners=[_listener_name(e) for e in registry.plan(scope).listeners],
-        )  # fmt: skip
-        try:
-            static = await static_assembly(registry, scope)
-        except RegistryError as error:
-            return replace(view, error=error.message)
-        assembly = static.assembly
-        report, current = build_report(
-            assembly, state.tokenizer, state.prefix_layout, self._previous
-        )
-        verdict = None if self._previous is None else _verdict(report.stability)
-        before = _fingerprints(self._previous)
-        self._previous = current
-        parts = [
-            _prompt_part(part, current, assembly.variables, static.placeholders)
-            for part, _ in report.parts
-        ]
-        if before is not None:
-            stable = {part.key for part, kept in report.parts if kept}
-            parts = [
-                replace(shown, change=_change(part, stable, before))
-                for shown, (part, _) in zip(parts, report.parts, strict=True)
-            ]
-        totals = [
-            ("system prompt", size_text(report.prompt)),
-            ("tools", size_text(report.tools)),
-            ("runtime context", size_text(report.context_snapshot)),
-            ("prefix (tools and system prompt)", size_text(report.stability.prefix)),
-        ]
-        return replace(
-            view, revision=static.revision, parts=parts, totals=totals, verdict=verdict,
-            error=report.render_error,
-        )  # fmt: skip
-
-
-def _listener_name(entry: ListenerRegistration) -> str:
-    where = "everywhere" if entry.scope is None or entry.global_ else f'scope "{entry.scope}"'
-    return f'listener "{entry.name}" ({where})' if entry.name else f"listener ({where})"
-
-
-def _fingerprints(previous: Previous | None) -> dict[PartKey, str] | None:
-    """Each part's fingerprint in the previous prompt (None before the first)."""
-    if previous is None:
-        return None
-    prints = {part.key: part.fingerprint for part in previous.parts}
-    prints.update({(PartKind.CONTEXT, name): print_ for name, print_ in previous.contexts.items()})
-    return prints
-
-
-def _change(part: PartPrint, stable: set[PartKey], before: dict[PartKey, str]) -> str:
-    """What happened to a part since the previous prompt; "recomputed": the same text,
-    after the first change of the prefix, so the model server computes it again."""
-    if part.key not in before:
-        return "new"
-    if before[part.key] != part.fingerprint:
-        return "changed"
-    return "" if part.key in stable or part.kind is PartKind.CONTEXT else "recomputed"
-
-
-def _prompt_part(
-    part: PartPrint,
-    laid_out: Previous,
-    variables: dict[str, str | None],
-    placeholders: frozenset[PartKey],
-) -> PromptPart:
-    if part.kind is PartKind.CONTEXT:
-        try:
-            text = interpolate(part.raw, variables, f'context "{part.name}"')
-        except RenderFailure:
-            text = part.raw
-    else:
-        text = laid_out.text[part.start : part.end]
-    return PromptPart(
-        kind=part.kind,
-        name=part.name,
-        origin=origin_class(part.origin),
-        source=part.origin.describe(),
-        text=text,
-        size=size_text(Size(part.bytes, part.tokens)),
-        dynamic=part.key in placeholders,
-        change="",
-    )
-
-
-def _verdict(stability: Stability) -> Verdict:
-    return Verdict(
-        broke=bool(stability.reason),
-        first_changed=stability.first_changed,
-        reason=stability.reason,
-        stable=size_text(Size(stability.stable_bytes, stability.stable_tokens)),
-        recomputed=size_text(stability.recomputed),
-        diff=stability.diff,
-    )
 
 
 # -- the cache history of a scope or report key ---------------------------------------
@@ -464,6 +291,14 @@ def _clock(at: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(at))
 
 
+# -- named for the page --------------------------------------------------------------
+
+
+def listener_name(entry: ListenerRegistration) -> str:
+    where = "everywhere" if entry.scope is None or entry.global_ else f'scope "{entry.scope}"'
+    return f'listener "{entry.name}" ({where})' if entry.name else f"listener ({where})"
+
+
 # -- sessions and health --------------------------------------------------------------
 
 
@@ -498,7 +333,7 @@ def sessions_view(state: ServerState, address: str, started: float) -> SessionsV
                 registrations=", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
                 or "none",
                 listeners=[
-                    _listener_name(e) for e in entries if isinstance(e, ListenerRegistration)
+                    listener_name(e) for e in entries if isinstance(e, ListenerRegistration)
                 ],
                 providers=[_provider(e) for e in entries if isinstance(e.value, Dynamic)],
                 provide_requests=session.provide_requests,

@@ -1,7 +1,8 @@
 """Prompt-cache awareness in plain Python: what a prompt's stable prefix is and who broke it.
 
 Belongs here: the report of one assembly (provenance, sizes, prefix stability), the blame of
-a break, the bounded diff of the first changed part, the history per key and the tokenizers.
-Nothing here knows about gRPC. It may import `registry/` only; `rpc/`, `admin/` and
-`sidecar/` import it.
+a break, the bounded diff of the first changed part, the history per key, the one call that
+reports an assembly and keeps it (`reporter`), a scope's live prompt of static parts
+(`live_prompt`) and the tokenizers. Nothing here knows about gRPC. It may import `registry/`
+only; `telemetry/`, `rpc/`, `admin/` and `sidecar/` import it.
 """
