@@ -403,9 +403,15 @@ func (c *conn) update(ctx context.Context, r *registration, request *pb.UpdateRe
 	c.mu.Lock()
 	request.SessionId, request.RegistrationId = sessionID, r.id
 	c.mu.Unlock()
-	reply, err := c.rpc.Update(ctx, request)
+	callCtx, cancel := context.WithTimeout(ctx, c.callTimeout)
+	defer cancel()
+	reply, err := c.rpc.Update(callCtx, request)
 	if err != nil {
-		return 0, fromRPC(err)
+		err = answerError(err, callCtx, "Update", c.callTimeout)
+		if isNoAnswer(err) {
+			c.restart() // it may have happened there: a new session makes the value this client holds
+		}
+		return 0, err
 	}
 	if c.holds(r) {
 		apply() // not disposed meanwhile

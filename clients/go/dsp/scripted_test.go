@@ -34,6 +34,8 @@ type script struct {
 	opened func(n int) *pb.OpenSessionResponse
 	// register answers RegisterSection; nil: a fresh registration id.
 	register func(ctx context.Context, request *pb.RegisterSectionRequest) (*pb.RegisterSectionResponse, error)
+	// silentUpdates and silentDisposals leave Update and Dispose unanswered.
+	silentUpdates, silentDisposals atomic.Bool
 	// assemble answers Assemble; nil: an empty assembly.
 	assemble func(ctx context.Context, request *pb.AssembleRequest) (*pb.AssembleResponse, error)
 	// listen serves a Listen stream after its start; nil: ListenerRegistered, then reads until the end.
@@ -129,8 +131,20 @@ func (s *script) RegisterSection(ctx context.Context, request *pb.RegisterSectio
 	return &pb.RegisterSectionResponse{RegistrationId: s.id("registration-")}, nil
 }
 
-func (s *script) Dispose(context.Context, *pb.DisposeRequest) (*pb.DisposeResponse, error) {
+func (s *script) Dispose(ctx context.Context, _ *pb.DisposeRequest) (*pb.DisposeResponse, error) {
+	if s.silentDisposals.Load() {
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	return &pb.DisposeResponse{}, nil
+}
+
+func (s *script) Update(ctx context.Context, _ *pb.UpdateRequest) (*pb.UpdateResponse, error) {
+	if s.silentUpdates.Load() {
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	return &pb.UpdateResponse{Revision: 2}, nil
 }
 
 func (s *script) Assemble(ctx context.Context, request *pb.AssembleRequest) (*pb.AssembleResponse, error) {
@@ -753,4 +767,27 @@ func TestAProvideCallOfAKindThisClientDoesNotKnowIsAnsweredWithAnError(t *testin
 	if answer := session.provided(t, 5*time.Second); answer.GetValues()[0].GetError() == nil {
 		t.Fatalf("an unknown kind: %v", answer)
 	}
+}
+
+func TestAnUpdateOrDisposalTheSidecarNeverAnswersEndsTheSession(t *testing.T) {
+	s := &script{sessions: make(chan *scriptedSession, 8)}
+	client := connectScripted(t, serveScript(t, s))
+	first := <-s.sessions
+	handle := must[*dsp.Handle[string]](t)(client.Section(bg, "s", 1, "Old."))
+	other := must[*dsp.Handle[string]](t)(client.Section(bg, "t", 2, "T."))
+	s.silentUpdates.Store(true)
+	_, err := handle.Update(bg, "New.")
+	wantError(t, err, codes.Unavailable, dsp.ReasonSidecarUnavailable)
+	<-first.done // it may have happened there: the session is made again
+	second := <-s.sessions
+	waitFor(t, "the new session", func() bool { return client.Connected() && client.SessionID() == second.id })
+	s.silentUpdates.Store(false)
+	must[uint64](t)(handle.Update(bg, "New."))
+
+	s.silentDisposals.Store(true)
+	err = other.Dispose(bg)
+	wantError(t, err, codes.Unavailable, dsp.ReasonSidecarUnavailable)
+	<-second.done
+	third := <-s.sessions
+	waitFor(t, "the third session", func() bool { return client.Connected() && client.SessionID() == third.id })
 }
