@@ -65,6 +65,22 @@ def test_the_admin_page_reads_the_state_not_the_servicer() -> None:
     assert servicer == []
 
 
+def test_the_servicer_builds_nothing_but_its_own_fields() -> None:
+    tree = ast.parse((PACKAGE / "rpc" / "service.py").read_text(encoding="utf-8"))
+    init = next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__"
+    )
+    parameters = {argument.arg for argument in init.args.args[1:]}
+    assigned = [
+        statement.value.id
+        for statement in init.body
+        if isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Name)
+    ]
+    assert len(assigned) == len(init.body) and set(assigned) <= parameters, ast.unparse(init)
+
+
 def test_the_top_level_holds_at_most_eight_modules_and_folders() -> None:
     entries = [
         p.name for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()

@@ -106,9 +106,15 @@ async def start_sidecar(
     _log.info("serving on %s (tls=%s, auth=%s, tracing=%s)", address,
               bool(config.security.tls_cert_file), auth, tracing is not None)  # fmt: skip
     return Sidecar(
-        server=server, state=state, health=health, metrics=metrics, address=address,
-        config=config, tracing=tracing, admin=admin,
-    )  # fmt: skip
+        server=server,
+        state=state,
+        health=health,
+        metrics=metrics,
+        address=address,
+        config=config,
+        tracing=tracing,
+        admin=admin,
+    )
 
 
 def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None) -> int:
