@@ -28,11 +28,8 @@ from .model import (
     ToolSet,
 )
 from .provenance import Origin, OriginKind, Origins, PartKey, PartKind, Step, Trace
-from .registry import (
-    Registry,
-    RegistrySettings,
-    new_id,
-)
+from .registry import Registry, new_id
+from .settings import RegistrySettings
 from .tool_order import validate_tool_order
 
 __all__ = [

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from dsh_system_prompt_core import TOOL_ORDER_REST, Reason
 
 from . import errors
 from .callback_cache import MISSING, CallbackCache, combined
 from .invariants import validate
+from .layers import Layer
 from .limits import Limits
 from .model import (
     AssembleContext,
@@ -37,6 +38,8 @@ from .tool_order import check_known, order_tools
 
 # Seconds left to answer, or None without a limit; asked anew at every call.
 Timeout = Callable[[], float | None]
+R = TypeVar("R", bound=Registration[Any])
+Ordered = TypeVar("Ordered", SectionRegistration, ContextRegistration)
 
 
 @dataclass(slots=True)
@@ -97,6 +100,54 @@ class Plan:
         if len(complete) > 1:
             raise errors.multiple_complete(entry.name for entry in complete)
         return complete[0] if complete else None
+
+
+def plan_of(
+    revision: int,
+    chain: list[str],
+    layers: Sequence[Layer],
+    include_runtime_context: bool,
+    listeners: list[ListenerRegistration],
+) -> Plan:
+    """The plan over `layers`, farthest first: the global one, then the chain's scopes
+    down to the assembly's own; `listeners` are those admitted for `chain`, in order."""
+    suppressed = not include_runtime_context or any(layer.suppressors for layer in layers)
+    return Plan(
+        revision=revision,
+        chain=chain,
+        suppressed=suppressed,
+        variables=list(_merged(layer.variables for layer in layers).values()),
+        sections=_sorted(_merged(layer.sections for layer in layers)),
+        contexts=[] if suppressed else _sorted(_merged(layer.contexts for layer in layers)),
+        tools=[tools for layer in layers for tools in layer.tools.values()],
+        listeners=listeners,
+    )
+
+
+def _merged(layers: Iterable[dict[str, R]]) -> dict[str, R]:
+    # Farther layers first: a nearer layer's entry replaces the value but keeps
+    # the position where the name first appeared.
+    merged: dict[str, R] = {}
+    for layer in layers:
+        merged.update(layer)
+    return merged
+
+
+def _sorted(merged: dict[str, Ordered]) -> list[Ordered]:
+    return sorted(merged.values(), key=lambda entry: entry.order)
+
+
+def time_left(limit: float, deadline: float | None) -> Timeout:
+    """Each provider's or listener's time: `limit`, within the event-loop time `deadline`."""
+
+    def remaining() -> float:
+        if deadline is None:
+            return limit
+        left = deadline - asyncio.get_running_loop().time()
+        # Leave the caller time to receive an error that names the culprit.
+        return max(0.0, min(limit, left - min(0.1, left * 0.1)))
+
+    return remaining
 
 
 async def run(

@@ -57,6 +57,39 @@ class Layer:
         )
 
 
+class Layers:
+    """The global layer and one per scope that holds something, made on first use."""
+
+    def __init__(self) -> None:
+        self.global_ = Layer()
+        self._scoped: dict[str, Layer] = {}
+
+    def of(self, scope: str | None) -> Layer:
+        """The layer of `scope` (None: the global one), made if it has none yet."""
+        if scope is None:
+            return self.global_
+        layer = self._scoped.get(scope)
+        if layer is None:
+            layer = self._scoped[scope] = Layer()
+        return layer
+
+    def along(self, chain: list[str]) -> list[Layer]:
+        """The global layer, then the layers of the chain's scopes, farthest first."""
+        return [self.global_, *(self._scoped[k] for k in reversed(chain) if k in self._scoped)]
+
+    def remover(self, scope: str | None, remove: Remover) -> Remover:
+        """`remove`, then forget the layer of `scope` once it holds nothing more."""
+        if scope is None:
+            return remove
+
+        def unlink() -> None:
+            remove()
+            if self._scoped[scope].is_empty():
+                del self._scoped[scope]
+
+        return unlink
+
+
 def _insert(entries: dict[str, E], key: str, entry: E) -> Remover:
     entries[key] = entry
 

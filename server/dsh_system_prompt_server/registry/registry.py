@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import math
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Collection
 from typing import Any, TypedDict, TypeVar
 
 from dsh_system_prompt_core import (
@@ -17,19 +14,18 @@ from dsh_system_prompt_core import (
     HARNESS_IDENTITY_TEXT,
     PERSONA_ORDER,
     PERSONA_SECTION,
-    TOOL_ORDER_REST,
     Reason,
-    RenderFailure,
-    check_template,
     is_variable_name,
 )
 
 from . import assembly, errors
+from .admission import Admission, StaticValue, check_text_template
 from .callback_cache import CallbackCache
 from .changes import ChangeFeed
 from .filters import Filter, public_ref, value_fingerprint
-from .layers import Layer, Remover, ScopeTree
-from .limits import Limits, quota_exceeded, value_bytes
+from .layers import Layers, Remover, ScopeTree
+from .limits import Limits
+from .listener_index import ListenerIndex
 from .model import (
     SIDECAR_OWNER,
     Action,
@@ -48,29 +44,12 @@ from .model import (
     ToolsRegistration,
     VariableRegistration,
 )
+from .settings import RegistrySettings, settings_keys
 
 _PLANS_KEPT = 1024  # scopes whose plan is remembered between assemblies
 _UPDATABLE = frozenset({Kind.SECTION, Kind.CONTEXT, Kind.VARIABLE, Kind.TOOLS})
 
-# What an update may put in place of a static value: text, a variable's None, tools.
-StaticValue = str | None | ToolSet
-
-
 E = TypeVar("E", bound=Registration[Any])
-Ordered = TypeVar("Ordered", SectionRegistration, ContextRegistration)
-
-
-@dataclass(frozen=True)
-class RegistrySettings:
-    """The registry's part of the sidecar config (the spec's defaults)."""
-
-    persona: str = ""
-    include_harness_identity: bool = True
-    include_runtime_context: bool = True
-    tool_order: tuple[str, ...] | None = None
-    provider_timeout_s: float = 5.0
-    limits: Limits = field(default_factory=Limits)
-    change_history: int = 1024  # change events kept for watchers that resume
 
 
 def new_id() -> str:
@@ -93,21 +72,15 @@ class Registry:
     def __init__(self, settings: RegistrySettings | None = None) -> None:
         self.settings = settings or RegistrySettings()
         self.changes = ChangeFeed(self.settings.change_history)
-        self._global = Layer()
-        self._scoped: dict[str, Layer] = {}
+        self._layers = Layers()
         self._scopes = ScopeTree()
         self._entries: dict[str, Registration[Any]] = {}
         self._by_owner: dict[str, dict[str, Registration[Any]]] = {}
         self._unlinks: dict[str, Remover] = {}  # by entry id: takes it out of where it lives
-        # (owner, provider key) of live dynamic entries: a session answers by key, so one each.
-        self._provider_keys: set[tuple[str, str]] = set()
-        self._total_bytes = 0  # what sessions registered, against limits.max_total_bytes
-        self._listeners_everywhere: dict[str, ListenerRegistration] = {}
-        self._listeners_by_scope: dict[str, dict[str, ListenerRegistration]] = {}
-        self._listener_count = 0
+        self._admission = Admission(self.settings.limits)
+        self._listeners = ListenerIndex()
         self._plans: OrderedDict[str | None, assembly.Plan] = OrderedDict()
         self.callbacks = CallbackCache()  # answers of callbacks that may be cached
-        self.limits = self.settings.limits
         self._builtins: dict[str, SectionRegistration] = {}
         if self.settings.include_harness_identity:
             self._add_builtin(
@@ -123,7 +96,7 @@ class Registry:
         key. Either moves the revision, so no plan or cached response outlives it.
         """
         old, self.settings = self.settings, settings
-        self.limits = settings.limits
+        self._admission.limits = settings.limits
         self.changes.history = settings.change_history
         before = settings_keys(old)
         changed = [key for key, value in settings_keys(settings).items() if before[key] != value]
@@ -145,6 +118,11 @@ class Registry:
     def revision(self) -> int:
         return self.changes.revision
 
+    @property
+    def limits(self) -> Limits:
+        """The limits in force (reloaded with the settings)."""
+        return self._admission.limits
+
     # -- registration -----------------------------------------------------------------
 
     def register_section(
@@ -158,10 +136,14 @@ class Registry:
     ) -> SectionRegistration:
         """Add a section to the global layer or the layer of scope handle `handle`."""
         scope_handle = self._handle(owner, handle)
-        layer = self._layer_for(scope_handle)
-        self._check_named("prompt section", name, order, layer.sections, scope_handle)
-        self._check_value(owner, f'prompt section "{name}" text', text)
-        _check_template(text, f'section "{name}"')
+        layer = self._layers.of(_key(scope_handle))
+        self._admission.check_named(
+            "prompt section", name, order, layer.sections, _key(scope_handle)
+        )
+        self._admission.check_value(
+            owner, self._owned(owner), f'prompt section "{name}" text', text
+        )
+        check_text_template(text, f'section "{name}"')
         entry = SectionRegistration(
             **self._fields(owner, Kind.SECTION, scope_handle, name),
             value=text,
@@ -169,7 +151,7 @@ class Registry:
             complete=complete,
         )
         return self._added(
-            entry, scope_handle, self._in_layer(entry.scope, layer.add_section(entry))
+            entry, scope_handle, self._layers.remover(entry.scope, layer.add_section(entry))
         )
 
     def register_context(
@@ -177,17 +159,21 @@ class Registry:
     ) -> ContextRegistration:
         """Add a runtime context to the global layer or a scope's layer."""
         scope_handle = self._handle(owner, handle)
-        layer = self._layer_for(scope_handle)
-        self._check_named("prompt context", name, order, layer.contexts, scope_handle)
-        self._check_value(owner, f'prompt context "{name}" text', text)
-        _check_template(text, f'context "{name}"')
+        layer = self._layers.of(_key(scope_handle))
+        self._admission.check_named(
+            "prompt context", name, order, layer.contexts, _key(scope_handle)
+        )
+        self._admission.check_value(
+            owner, self._owned(owner), f'prompt context "{name}" text', text
+        )
+        check_text_template(text, f'context "{name}"')
         entry = ContextRegistration(
             **self._fields(owner, Kind.CONTEXT, scope_handle, name),
             value=text,
             order=order,
         )
         return self._added(
-            entry, scope_handle, self._in_layer(entry.scope, layer.add_context(entry))
+            entry, scope_handle, self._layers.remover(entry.scope, layer.add_context(entry))
         )
 
     def register_variable(
@@ -195,19 +181,21 @@ class Registry:
     ) -> VariableRegistration:
         """Add a variable, referenced from text as {{name}}."""
         scope_handle = self._handle(owner, handle)
-        layer = self._layer_for(scope_handle)
+        layer = self._layers.of(_key(scope_handle))
         self.limits.check_name("prompt variable", name)
         if not is_variable_name(name):
             raise errors.invalid_variable_name(name)
         if name in layer.variables:
             raise errors.duplicate_entry("prompt variable", name, _key(scope_handle))
-        self._check_value(owner, f'prompt variable "{name}" value', value)
+        self._admission.check_value(
+            owner, self._owned(owner), f'prompt variable "{name}" value', value
+        )
         entry = VariableRegistration(
             **self._fields(owner, Kind.VARIABLE, scope_handle, name),
             value=value,
         )
         return self._added(
-            entry, scope_handle, self._in_layer(entry.scope, layer.add_variable(entry))
+            entry, scope_handle, self._layers.remover(entry.scope, layer.add_variable(entry))
         )
 
     def register_tools(
@@ -216,27 +204,24 @@ class Registry:
         """Add a tool provider (any number per layer)."""
         scope_handle = self._handle(owner, handle)
         self.limits.check_name("tool provider", name)
-        if isinstance(source, ToolSet):
-            self.limits.check_tools(source)
-            _check_tool_names(source)
-        self._check_provider_key(owner, source)
-        self._check_quota(owner)
-        self.limits.check_total(self._total_bytes, value_bytes(source))
+        self._admission.check_tools(owner, self._owned(owner), source)
         entry = ToolsRegistration(
             **self._fields(owner, Kind.TOOLS, scope_handle, name),
             value=source,
         )
-        layer = self._layer_for(scope_handle)
-        return self._added(entry, scope_handle, self._in_layer(entry.scope, layer.add_tools(entry)))
+        layer = self._layers.of(_key(scope_handle))
+        return self._added(
+            entry, scope_handle, self._layers.remover(entry.scope, layer.add_tools(entry))
+        )
 
     def suppress_runtime_context(self, owner: str, handle: str | None) -> Registration[None]:
         """Suppress runtime context for a scope (or everywhere) until disposed."""
         scope_handle = self._handle(owner, handle)
-        self._check_quota(owner)
+        self._admission.check_quota(self._owned(owner))
         entry = Registration[None](**self._fields(owner, Kind.SUPPRESSOR, scope_handle), value=None)
-        layer = self._layer_for(scope_handle)
+        layer = self._layers.of(_key(scope_handle))
         return self._added(
-            entry, scope_handle, self._in_layer(entry.scope, layer.add_suppressor(entry))
+            entry, scope_handle, self._layers.remover(entry.scope, layer.add_suppressor(entry))
         )
 
     def add_listener(
@@ -254,24 +239,16 @@ class Registry:
         `cache`, its result is reused for the same input while the policy allows."""
         scope_handle = self._handle(owner, handle)
         self.limits.check_name("listener", name)
-        self._check_quota(owner)
-        listeners = len(self._listeners_everywhere) + sum(
-            map(len, self._listeners_by_scope.values())
-        )
-        if listeners >= self.limits.max_listeners:
-            raise quota_exceeded(f"the sidecar already has {listeners} listeners, its limit")
-        self._listener_count += 1
+        self._admission.check_quota(self._owned(owner))
+        self._admission.check_listeners(len(self._listeners))
         entry = ListenerRegistration(
             **self._fields(owner, Kind.LISTENER, scope_handle, name),
             value=host,
             global_=global_,
-            position=-self._listener_count if prepend else self._listener_count,
+            position=self._listeners.next_position(prepend),
             cache=cache,
         )
-        if entry.scope is None or global_:
-            self._listeners_everywhere[entry.id] = entry
-        else:
-            self._listeners_by_scope.setdefault(entry.scope, {})[entry.id] = entry
+        self._listeners.add(entry)
         return self._added(entry, scope_handle, functools.partial(self._unlink_listener, entry))
 
     def open_scope(self, owner: str, key: str, parent: str | None = None) -> ScopeHandle:
@@ -279,7 +256,7 @@ class Registry:
         self.limits.check_name("scope", key)
         if parent is not None:
             self.limits.check_name("scope", parent)
-        self._check_quota(owner)
+        self._admission.check_quota(self._owned(owner))
         self._scopes.check_open(key, parent)
         self._scopes.open(key, parent)
         handle = ScopeHandle(
@@ -321,12 +298,10 @@ class Registry:
             raise errors.not_found()
         if entry.kind not in _UPDATABLE or isinstance(entry.value, Dynamic):
             raise errors.not_updatable(entry.kind.value, entry.name)
-        self._check_update(entry, value)
+        self._admission.check_update(entry, value)
         if entry.value == value:
             return entry
-        growth = value_bytes(value) - value_bytes(entry.value)
-        self.limits.check_total(self._total_bytes, max(0, growth))
-        self._total_bytes += growth
+        self._admission.grow(entry, value)
         self._replace_value(entry, value)
         return entry
 
@@ -336,27 +311,6 @@ class Registry:
         entry.fingerprint = value_fingerprint(entry.kind, value)
         self._publish(entry, Action.UPDATED)
 
-    def _check_update(self, entry: Registration[Any], value: StaticValue) -> None:
-        """The checks registration makes of a value of the entry's kind."""
-        label = f'{entry.kind.value} "{entry.name}"' if entry.name else entry.kind.value
-        if entry.kind is Kind.TOOLS:
-            if not isinstance(value, ToolSet):
-                raise errors.wrong_value_kind(label, "a tool result")
-            self.limits.check_tools(value)
-            _check_tool_names(value)
-            return
-        if value is None and entry.kind is Kind.VARIABLE:
-            return
-        if not isinstance(value, str):
-            wanted = "a value or no value" if entry.kind is Kind.VARIABLE else "a text"
-            raise errors.wrong_value_kind(label, wanted)
-        noun = {Kind.SECTION: "prompt section", Kind.CONTEXT: "prompt context"}.get(entry.kind)
-        if noun is None:
-            self.limits.check_text(f'prompt variable "{entry.name}" value', value)
-            return
-        self.limits.check_text(f'{noun} "{entry.name}" text', value)
-        _check_template(value, f'{entry.kind.value} "{entry.name}"')
-
     def _remove(self, entry: Registration[Any]) -> None:
         if isinstance(entry, ScopeHandle):
             for child in reversed(list(entry.children.values())):
@@ -364,26 +318,17 @@ class Registry:
         entry.disposed = True
         del self._entries[entry.id]
         del self._by_owner[entry.owner][entry.id]
-        if isinstance(entry.value, Dynamic):
-            self._provider_keys.discard((entry.owner, entry.value.key))
         if entry.handle is not None:
             parent = self._entries.get(entry.handle)
             if isinstance(parent, ScopeHandle):
                 parent.children.pop(entry.id, None)
         self._unlinks.pop(entry.id)()
-        if entry.owner != SIDECAR_OWNER:
-            self._total_bytes -= value_bytes(entry.value)
+        self._admission.released(entry)
         self._publish(entry, Action.UNREGISTERED)
 
     def _unlink_listener(self, entry: ListenerRegistration) -> None:
         entry.value.disposed()
-        if self._listeners_everywhere.pop(entry.id, None) is not None:
-            return
-        assert entry.scope is not None
-        scoped = self._listeners_by_scope[entry.scope]
-        del scoped[entry.id]
-        if not scoped:
-            del self._listeners_by_scope[entry.scope]
+        self._listeners.remove(entry)
 
     # -- assembly ---------------------------------------------------------------------
 
@@ -409,7 +354,7 @@ class Registry:
 
         With `track`, the result's `origins` say where each part came from.
         """
-        timeout = self._timeout(deadline)
+        timeout = assembly.time_left(self.settings.provider_timeout_s, deadline)
         return await assembly.run(
             plan, context, self.settings.tool_order, self.limits, timeout, track, self.callbacks
         )
@@ -436,39 +381,14 @@ class Registry:
 
     def _make_plan(self, scope: str | None) -> assembly.Plan:
         chain = self._scopes.chain(scope)
-        layers = [self._global, *(self._scoped[k] for k in reversed(chain) if k in self._scoped)]
-        suppressed = not self.settings.include_runtime_context or any(
-            layer.suppressors for layer in layers
+        layers = self._layers.along(chain)
+        return assembly.plan_of(
+            self.revision,
+            chain,
+            layers,
+            self.settings.include_runtime_context,
+            self._listeners.admitted(chain),
         )
-        return assembly.Plan(
-            revision=self.revision,
-            chain=chain,
-            suppressed=suppressed,
-            variables=list(_merged(layer.variables for layer in layers).values()),
-            sections=_sorted(_merged(layer.sections for layer in layers)),
-            contexts=[] if suppressed else _sorted(_merged(layer.contexts for layer in layers)),
-            tools=[tools for layer in layers for tools in layer.tools.values()],
-            listeners=self._admitted_listeners(chain),
-        )
-
-    def _admitted_listeners(self, chain: list[str]) -> list[ListenerRegistration]:
-        admitted = list(self._listeners_everywhere.values())
-        for key in chain:
-            admitted.extend(self._listeners_by_scope.get(key, {}).values())
-        admitted.sort(key=lambda entry: entry.position)
-        return admitted
-
-    def _timeout(self, deadline: float | None) -> Callable[[], float | None]:
-        limit = self.settings.provider_timeout_s
-
-        def remaining() -> float:
-            if deadline is None:
-                return limit
-            left = deadline - asyncio.get_running_loop().time()
-            # Leave the caller time to receive an error that names the culprit.
-            return max(0.0, min(limit, left - min(0.1, left * 0.1)))
-
-        return remaining
 
     # -- cached callback answers -------------------------------------------------------
 
@@ -528,14 +448,6 @@ class Registry:
             )
         return entry
 
-    def _layer_for(self, handle: ScopeHandle | None) -> Layer:
-        if handle is None:
-            return self._global
-        layer = self._scoped.get(handle.name)
-        if layer is None:
-            layer = self._scoped[handle.name] = Layer()
-        return layer
-
     def _fields(
         self, owner: str, kind: Kind, handle: ScopeHandle | None, name: str = ""
     ) -> _RegistrationFields:
@@ -555,62 +467,17 @@ class Registry:
             id=new_id(), owner=SIDECAR_OWNER, kind=Kind.SECTION, scope=None, handle=None,
             name=name, value=text, order=order,
         )  # fmt: skip
-        self._builtins[name] = self._added(entry, None, self._global.add_section(entry))
+        self._builtins[name] = self._added(entry, None, self._layers.global_.add_section(entry))
 
-    def _check_value(self, owner: str, what: str, value: str | Dynamic | None) -> None:
-        if isinstance(value, str):
-            self.limits.check_text(what, value)
-        self._check_provider_key(owner, value)
-        self._check_quota(owner)
-        self.limits.check_total(self._total_bytes, value_bytes(value))
-
-    def _check_provider_key(self, owner: str, value: object) -> None:
-        if isinstance(value, Dynamic) and (owner, value.key) in self._provider_keys:
-            raise errors.duplicate_provider_key(value.key)
-
-    def _check_quota(self, owner: str) -> None:
-        owned = len(self._by_owner.get(owner, ()))
-        if owned >= self.limits.max_registrations_per_session:
-            raise quota_exceeded(
-                f"this session already has {owned} registrations, the limit per session"
-            )
-
-    def _check_named(
-        self,
-        noun: str,
-        name: str,
-        order: float,
-        existing: dict[str, SectionRegistration] | dict[str, ContextRegistration],
-        handle: ScopeHandle | None,
-    ) -> None:
-        if not name:
-            raise errors.empty_name(noun)
-        self.limits.check_name(noun, name)
-        if not math.isfinite(order):
-            raise errors.invalid_order(noun, name)
-        if name in existing:
-            raise errors.duplicate_entry(noun, name, _key(handle))
-
-    def _in_layer(self, scope: str | None, remove: Remover) -> Remover:
-        """`remove`, then forget the layer of `scope` once it holds nothing more."""
-        if scope is None:
-            return remove
-
-        def unlink() -> None:
-            remove()
-            if self._scoped[scope].is_empty():
-                del self._scoped[scope]
-
-        return unlink
+    def _owned(self, owner: str) -> int:
+        """How many live registrations `owner` has (against its quota)."""
+        return len(self._by_owner.get(owner, ()))
 
     def _added(self, entry: E, handle: ScopeHandle | None, unlink: Remover) -> E:
         self._entries[entry.id] = entry
         self._unlinks[entry.id] = unlink
         self._by_owner.setdefault(entry.owner, {})[entry.id] = entry
-        if isinstance(entry.value, Dynamic):
-            self._provider_keys.add((entry.owner, entry.value.key))
-        if entry.owner != SIDECAR_OWNER:  # the config's own sections are not the budget's
-            self._total_bytes += value_bytes(entry.value)
+        self._admission.admitted(entry)
         if handle is not None:
             handle.children[entry.id] = entry
         entry.fingerprint = value_fingerprint(entry.kind, entry.value)
@@ -624,45 +491,5 @@ class Registry:
         )
 
 
-def _check_tool_names(tools: ToolSet) -> None:
-    # A static tool that no assembly can ship would fail every assembly that sees it.
-    for tool in tools.schemas:
-        if not tool.name:
-            raise errors.empty_name("tool")
-        if tool.name == TOOL_ORDER_REST:
-            raise errors.reserved_tool_name(TOOL_ORDER_REST)
-
-
-def _check_template(text: str | Dynamic, where: str) -> None:
-    if isinstance(text, str):
-        try:
-            check_template(text, where)
-        except RenderFailure as error:
-            raise errors.malformed_template(str(error)) from None
-
-
 def _key(handle: ScopeHandle | None) -> str | None:
     return None if handle is None else handle.name
-
-
-def _merged(layers: Iterable[dict[str, E]]) -> dict[str, E]:
-    # Farther layers first: a nearer layer's entry replaces the value but keeps
-    # the position where the name first appeared.
-    merged: dict[str, E] = {}
-    for layer in layers:
-        merged.update(layer)
-    return merged
-
-
-def _sorted(merged: dict[str, Ordered]) -> list[Ordered]:
-    return sorted(merged.values(), key=lambda entry: entry.order)
-
-
-def settings_keys(settings: RegistrySettings) -> dict[str, object]:
-    """The settings by config key (`limits.max_tools` for a limit), as reload compares them."""
-    flat: dict[str, object] = {
-        f.name: getattr(settings, f.name) for f in fields(settings) if f.name != "limits"
-    }
-    for limit in fields(settings.limits):
-        flat[f"limits.{limit.name}"] = getattr(settings.limits, limit.name)
-    return flat

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from ..registry import Limits
-from ..registry.registry import settings_keys
+from ..registry.settings import settings_keys
 from ..telemetry.logs import LOGGER_NAME, logger
 from .app import Sidecar, state_settings
 from .config import ConfigError, ServerLimits, SidecarConfig

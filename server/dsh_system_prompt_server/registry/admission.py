@@ -1,0 +1,148 @@
+"""What the registry admits: names, values and templates checked, quotas and the byte budget.
+
+Every check runs before the registry changes anything, so a refused registration
+or update leaves no trace. `Admission` holds what the checks count across
+registrations: the bytes registered against `limits.max_total_bytes`, and the
+provider keys live per session (a session answers by key, so one each).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dsh_system_prompt_core import TOOL_ORDER_REST, RenderFailure, check_template
+
+from . import errors
+from .limits import Limits, quota_exceeded, value_bytes
+from .model import (
+    SIDECAR_OWNER,
+    ContextRegistration,
+    Dynamic,
+    Kind,
+    Registration,
+    SectionRegistration,
+    ToolSet,
+)
+
+# What an update may put in place of a static value: text, a variable's None, tools.
+StaticValue = str | None | ToolSet
+
+
+class Admission:
+    """The limits in force, and what they are counted against."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.total_bytes = 0  # what sessions registered, against limits.max_total_bytes
+        # (owner, provider key) of live dynamic entries: a session answers by key, so one each.
+        self._provider_keys: set[tuple[str, str]] = set()
+
+    def check_named(
+        self,
+        noun: str,
+        name: str,
+        order: float,
+        existing: dict[str, SectionRegistration] | dict[str, ContextRegistration],
+        scope: str | None,
+    ) -> None:
+        """A section's or context's name and order, unique in its layer (`scope`)."""
+        if not name:
+            raise errors.empty_name(noun)
+        self.limits.check_name(noun, name)
+        if not math.isfinite(order):
+            raise errors.invalid_order(noun, name)
+        if name in existing:
+            raise errors.duplicate_entry(noun, name, scope)
+
+    def check_value(self, owner: str, owned: int, what: str, value: str | Dynamic | None) -> None:
+        """A text or variable value of `owner`, who has `owned` registrations already."""
+        if isinstance(value, str):
+            self.limits.check_text(what, value)
+        self.check_provider_key(owner, value)
+        self.check_quota(owned)
+        self.limits.check_total(self.total_bytes, value_bytes(value))
+
+    def check_tools(self, owner: str, owned: int, source: ToolSet | Dynamic) -> None:
+        """A tool provider of `owner`: static schemas within limits, then quota and budget."""
+        if isinstance(source, ToolSet):
+            self.limits.check_tools(source)
+            check_tool_names(source)
+        self.check_provider_key(owner, source)
+        self.check_quota(owned)
+        self.limits.check_total(self.total_bytes, value_bytes(source))
+
+    def check_provider_key(self, owner: str, value: object) -> None:
+        if isinstance(value, Dynamic) and (owner, value.key) in self._provider_keys:
+            raise errors.duplicate_provider_key(value.key)
+
+    def check_quota(self, owned: int) -> None:
+        """A session with `owned` registrations may make one more."""
+        if owned >= self.limits.max_registrations_per_session:
+            raise quota_exceeded(
+                f"this session already has {owned} registrations, the limit per session"
+            )
+
+    def check_listeners(self, listeners: int) -> None:
+        """The sidecar, with `listeners` installed, may install one more."""
+        if listeners >= self.limits.max_listeners:
+            raise quota_exceeded(f"the sidecar already has {listeners} listeners, its limit")
+
+    def check_update(self, entry: Registration[Any], value: StaticValue) -> None:
+        """The checks registration makes of a value of the entry's kind."""
+        label = f'{entry.kind.value} "{entry.name}"' if entry.name else entry.kind.value
+        if entry.kind is Kind.TOOLS:
+            if not isinstance(value, ToolSet):
+                raise errors.wrong_value_kind(label, "a tool result")
+            self.limits.check_tools(value)
+            check_tool_names(value)
+            return
+        if value is None and entry.kind is Kind.VARIABLE:
+            return
+        if not isinstance(value, str):
+            wanted = "a value or no value" if entry.kind is Kind.VARIABLE else "a text"
+            raise errors.wrong_value_kind(label, wanted)
+        noun = {Kind.SECTION: "prompt section", Kind.CONTEXT: "prompt context"}.get(entry.kind)
+        if noun is None:
+            self.limits.check_text(f'prompt variable "{entry.name}" value', value)
+            return
+        self.limits.check_text(f'{noun} "{entry.name}" text', value)
+        check_text_template(value, f'{entry.kind.value} "{entry.name}"')
+
+    def grow(self, entry: Registration[Any], value: StaticValue) -> None:
+        """Count the change in size of replacing the entry's value, or refuse it."""
+        growth = value_bytes(value) - value_bytes(entry.value)
+        self.limits.check_total(self.total_bytes, max(0, growth))
+        self.total_bytes += growth
+
+    def admitted(self, entry: Registration[Any]) -> None:
+        """Count a registration in: its provider key, and its bytes (the config's are free)."""
+        if isinstance(entry.value, Dynamic):
+            self._provider_keys.add((entry.owner, entry.value.key))
+        if entry.owner != SIDECAR_OWNER:
+            self.total_bytes += value_bytes(entry.value)
+
+    def released(self, entry: Registration[Any]) -> None:
+        """Count a disposed registration out."""
+        if isinstance(entry.value, Dynamic):
+            self._provider_keys.discard((entry.owner, entry.value.key))
+        if entry.owner != SIDECAR_OWNER:
+            self.total_bytes -= value_bytes(entry.value)
+
+
+def check_tool_names(tools: ToolSet) -> None:
+    # A static tool that no assembly can ship would fail every assembly that sees it.
+    for tool in tools.schemas:
+        if not tool.name:
+            raise errors.empty_name("tool")
+        if tool.name == TOOL_ORDER_REST:
+            raise errors.reserved_tool_name(TOOL_ORDER_REST)
+
+
+def check_text_template(text: str | Dynamic, where: str) -> None:
+    """A static text's template must parse; a provider's text is checked when rendered."""
+    if isinstance(text, str):
+        try:
+            check_template(text, where)
+        except RenderFailure as error:
+            raise errors.malformed_template(str(error)) from None
