@@ -11,13 +11,9 @@ from ..reports.history import HistoryKey
 from ..reports.reporter import Reporter
 from ..reports.values import Layout
 from ..telemetry.metrics import Metrics
-from .convert import (
-    assemble_response,
-    context_from_proto,
-    history_key_from_proto,
-    layout_from_proto,
-    report_to_proto,
-)
+from .convert import context_from_proto
+from .encoding import assemble_response
+from .report_messages import history_key_from_proto, layout_from_proto, report_to_proto
 from .response_cache import ResponseCache, reuse_key
 
 

@@ -1,15 +1,16 @@
-"""Registry values <-> protobuf messages: every message and enum mapping of the server."""
+"""Registry values <-> protobuf messages: requests, provider calls, change events, listings.
+
+The assembly's encodings are in `encoding`, the reports' messages in `report_messages`.
+"""
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
-from google.protobuf.message import Message
 
 from ..registry import (
     SIDECAR_OWNER,
@@ -23,10 +24,7 @@ from ..registry import (
     Filter,
     Kind,
     Missed,
-    Origin,
-    OriginKind,
     Part,
-    PartKind,
     ProvidedValue,
     ProviderCall,
     ProviderHost,
@@ -40,104 +38,9 @@ from ..registry import (
 )
 from ..registry.limits import Limits, value_bytes
 from ..registry.model import ContextRegistration, SectionRegistration
-from ..reports.history import HistoryEntry, HistoryKey, KeyHistory
-from ..reports.values import Layout, Report, Size
+from .encoding import assembly_to_proto, tool_to_proto
 from .json_text import load_json
 from .status import bad_request
-
-
-def assembly_to_proto(assembly: Assembly) -> pb.PromptAssembly:
-    """The assembly as a message, from cached encodings of its immutable parts and tools.
-
-    Parts and tools repeat from one assembly to the next, so each is encoded
-    once; the message is then parsed from their concatenation (a message's
-    encoding is the concatenation of its fields' encodings).
-    """
-    return pb.PromptAssembly.FromString(assembly_encoding(assembly))
-
-
-def assembly_encoding(assembly: Assembly) -> bytes:
-    """The assembly's PromptAssembly encoding, joined from its parts' cached encodings."""
-    encoded = [
-        *map(_section_field, assembly.sections),
-        *map(_context_field, assembly.contexts),
-        *map(_tool_field, assembly.tools),
-        *map(_variable_field, assembly.variables.items()),
-    ]
-    return b"".join(encoded)
-
-
-_RESPONSE = pb.AssembleResponse.DESCRIPTOR.fields_by_name
-_RESPONSE_ASSEMBLY, _RESPONSE_RENDERED, _RESPONSE_REPORT = (
-    _RESPONSE[name].number for name in ("assembly", "rendered", "report")
-)
-_RESPONSE_REVISION_KEY = _RESPONSE["revision"].number << 3  # a varint field
-_RESPONSE_CACHEABLE_KEY = _RESPONSE["cacheable"].number << 3  # a varint (bool) field
-
-
-def assemble_response(
-    assembly: Assembly,
-    revision: int,
-    rendered: pb.RenderedPrompt | None = None,
-    report: pb.AssemblyReport | None = None,
-    cacheable: bool = False,
-) -> bytes:
-    """An AssembleResponse's encoding, written directly: no message is built for the
-    assembly, and gRPC sends the bytes as they are (handlers.passthrough)."""
-    payload = assembly_encoding(assembly)
-    out = [_varint(_RESPONSE_ASSEMBLY << 3 | 2), _varint(len(payload)), payload]
-    if rendered is not None:
-        out.append(_field(_RESPONSE_RENDERED, rendered))
-    if revision:
-        out += [_varint(_RESPONSE_REVISION_KEY), _varint(revision)]
-    if report is not None:
-        out.append(_field(_RESPONSE_REPORT, report))
-    if cacheable:
-        out += [_varint(_RESPONSE_CACHEABLE_KEY), _varint(1)]
-    return b"".join(out)
-
-
-_SECTIONS, _CONTEXTS, _TOOLS, _VARIABLES = (
-    pb.PromptAssembly.DESCRIPTOR.fields_by_name[name].number
-    for name in ("sections", "contexts", "tools", "variables")
-)
-
-
-@functools.lru_cache(maxsize=16_384)
-def _section_field(part: Part) -> bytes:
-    return _field(_SECTIONS, pb.AssembledSection(name=part.name, text=part.text))
-
-
-@functools.lru_cache(maxsize=16_384)
-def _context_field(part: Part) -> bytes:
-    return _field(_CONTEXTS, pb.AssembledContext(name=part.name, text=part.text))
-
-
-@functools.lru_cache(maxsize=16_384)
-def _tool_field(tool: Tool) -> bytes:
-    return _field(_TOOLS, tool_to_proto(tool))
-
-
-@functools.lru_cache(maxsize=16_384)
-def _variable_field(item: tuple[str, str | None]) -> bytes:
-    name, value = item
-    variable = pb.Variable(name=name) if value is None else pb.Variable(name=name, value=value)
-    return _field(_VARIABLES, variable)
-
-
-def _field(number: int, message: Message) -> bytes:
-    """`message` encoded as length-delimited field `number`: key, length, bytes."""
-    payload = message.SerializeToString()
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def assembly_from_proto(
@@ -188,12 +91,6 @@ def tools_from_slots(
     return tools
 
 
-def tool_to_proto(tool: Tool) -> pb.ToolSchema:
-    return pb.ToolSchema(
-        name=tool.name, description=tool.description, parameters_json=tool.parameters_json
-    )
-
-
 def tool_from_proto(message: pb.ToolSchema) -> Tool:
     check_parameters(message.name, message.parameters_json)
     return Tool(message.name, message.description, message.parameters_json)
@@ -221,121 +118,6 @@ def check_parameters(name: str, parameters_json: str) -> None:
     parameters = load_json(parameters_json, f'tool "{name}" parameters', constants=False)
     if not isinstance(parameters, dict):
         raise bad_request(Reason.INVALID_JSON, f'tool "{name}" parameters must be a JSON object')
-
-
-_SOURCE_KINDS = {
-    OriginKind.BUILTIN: pb.SOURCE_KIND_BUILTIN,
-    OriginKind.GLOBAL: pb.SOURCE_KIND_GLOBAL,
-    OriginKind.SCOPE: pb.SOURCE_KIND_SCOPE,
-    OriginKind.LISTENER: pb.SOURCE_KIND_LISTENER,
-}
-_PART_KINDS = {
-    PartKind.TOOL: pb.PART_KIND_TOOL,
-    PartKind.SECTION: pb.PART_KIND_SECTION,
-    PartKind.CONTEXT: pb.PART_KIND_CONTEXT,
-}
-
-
-def report_to_proto(report: Report, key: HistoryKey) -> pb.AssemblyReport:
-    stability = report.stability
-    return pb.AssemblyReport(
-        tokenizer=report.tokenizer,
-        parts=[
-            pb.PartReport(
-                kind=_PART_KINDS[part.kind],
-                name=part.name,
-                source=source_to_proto(part.origin),
-                bytes=part.bytes,
-                tokens=part.tokens,
-                fingerprint=part.fingerprint,
-                stable=stable,
-            )
-            for part, stable in report.parts
-        ],
-        tools=size_to_proto(report.tools),
-        prompt=size_to_proto(report.prompt),
-        context_snapshot=size_to_proto(report.context_snapshot),
-        stability=pb.PrefixStability(
-            has_previous=stability.has_previous,
-            stable_bytes=stability.stable_bytes,
-            stable_tokens=stability.stable_tokens,
-            prefix=size_to_proto(stability.prefix),
-            first_changed=stability.first_changed,
-            reason=stability.reason,
-            recomputed=size_to_proto(stability.recomputed),
-            messages_recomputed=stability.messages_recomputed,
-            diff=stability.diff,
-            previous_evicted=stability.previous_evicted,
-        ),
-        variables=[
-            pb.VariableReport(name=name, source=source_to_proto(origin))
-            for name, origin in report.variables
-        ],
-        render_error=report.render_error,
-        prefix_layout=_LAYOUTS[report.layout],
-        history_key=key.describe(),
-    )
-
-
-_LAYOUTS = {Layout.TOOLS_FIRST: pb.PREFIX_LAYOUT_TOOLS_FIRST,
-            Layout.SYSTEM_FIRST: pb.PREFIX_LAYOUT_SYSTEM_FIRST}  # fmt: skip
-
-
-def layout_from_proto(value: int, default: Layout) -> Layout:
-    """The requested prefix layout; unspecified (or unknown to this sidecar) is `default`."""
-    return next((layout for layout, wire in _LAYOUTS.items() if wire == value), default)
-
-
-def history_key_from_proto(scope: str, report_key: str) -> HistoryKey:
-    """The caller's report_key when it names one, else the scope."""
-    if report_key:
-        return HistoryKey("key", report_key)
-    return HistoryKey("scope", scope or None)
-
-
-def history_entry_to_proto(entry: HistoryEntry) -> pb.CacheHistoryEntry:
-    return pb.CacheHistoryEntry(
-        sequence=entry.sequence,
-        revision=entry.revision,
-        prefix_layout=_LAYOUTS[entry.layout],
-        has_previous=entry.has_previous,
-        first_changed=entry.first_changed,
-        reason=entry.reason,
-        prefix=size_to_proto(entry.prefix),
-        stable_bytes=entry.stable_bytes,
-        stable_tokens=entry.stable_tokens,
-        recomputed=size_to_proto(entry.recomputed),
-        observed_cached_tokens=entry.observed_cached_tokens,
-        observed_prompt_tokens=entry.observed_prompt_tokens,
-    )
-
-
-def history_to_proto(key: HistoryKey, kept: KeyHistory | None, evicted: bool) -> pb.CacheHistory:
-    """A key's history; an unknown key has an empty one."""
-    if kept is None:
-        return pb.CacheHistory(key=key.describe(), recomputed=pb.Size(), evicted=evicted)
-    return pb.CacheHistory(
-        key=key.describe(),
-        reports=kept.reports,
-        breaks=kept.breaks,
-        breakers=[pb.PartBreaks(part=part, count=count) for part, count in kept.top_breakers()],
-        recomputed=pb.Size(bytes=kept.recomputed_bytes, tokens=kept.recomputed_tokens),
-        recent=[history_entry_to_proto(entry) for entry in kept.recent],
-    )
-
-
-def source_to_proto(origin: Origin) -> pb.Source:
-    return pb.Source(
-        kind=_SOURCE_KINDS[origin.kind],
-        scope=origin.scope or "",
-        ancestor_depth=origin.depth,
-        listener=origin.listener,
-        description=origin.describe(),
-    )
-
-
-def size_to_proto(size: Size) -> pb.Size:
-    return pb.Size(bytes=size.bytes, tokens=size.tokens)
 
 
 # -- registration requests ------------------------------------------------------------

@@ -14,14 +14,16 @@ from google.protobuf.message import Message
 from ..registry import Failure, Registration
 from .assembler import history_key
 from .convert import (
-    history_entry_to_proto,
-    history_to_proto,
     text_from_proto,
     tools_from_proto,
     update_value_from_proto,
     variable_from_proto,
 )
 from .gate import Gate
+from .report_messages import (
+    history_entry_to_proto,
+    history_to_proto,
+)
 from .state import ServerState
 from .status import abort
 from .streams.sessions import Session

@@ -25,11 +25,11 @@ from ...telemetry.metrics import Metrics
 from ...telemetry.tracing import Tracing, hop
 from ..convert import (
     assembly_from_proto,
-    assembly_to_proto,
     assembly_to_slotted_proto,
     cache_from_proto,
     context_to_proto,
 )
+from ..encoding import assembly_to_proto
 from .broker import Broker, Ended, Replies, Stream
 from .outbox import Outbox, OutboxLimits
 from .sessions import Sessions

@@ -16,7 +16,9 @@ from ...reports.history import HistoryKey
 from ...reports.live_prompt import LivePrompt
 from ...reports.tokens import Tokenizer
 from ...reports.values import Layout
-from ..convert import assembly_to_proto, change_to_proto, report_to_proto
+from ..convert import change_to_proto
+from ..encoding import assembly_to_proto
+from ..report_messages import report_to_proto
 
 MAX_CHANGES_LISTED = 64  # per message; the rest of a burst is counted, not listed
 

@@ -32,10 +32,10 @@ from ..convert import (
     batch_to_proto,
     change_to_proto,
     filter_from_proto,
-    layout_from_proto,
     registration_to_proto,
 )
 from ..gate import Gate
+from ..report_messages import layout_from_proto
 from .broker import Stream
 from .peers import PeerCounts
 from .prompt_watch import PromptWatch

@@ -1,0 +1,111 @@
+"""The assembly's wire encodings: PromptAssembly and AssembleResponse joined from
+cached encodings of the immutable parts and tools, not built message by message."""
+
+from __future__ import annotations
+
+import functools
+
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from google.protobuf.message import Message
+
+from ..registry import Assembly, Part, Tool
+
+
+def assembly_to_proto(assembly: Assembly) -> pb.PromptAssembly:
+    """The assembly as a message, from cached encodings of its immutable parts and tools.
+
+    Parts and tools repeat from one assembly to the next, so each is encoded
+    once; the message is then parsed from their concatenation (a message's
+    encoding is the concatenation of its fields' encodings).
+    """
+    return pb.PromptAssembly.FromString(assembly_encoding(assembly))
+
+
+def assembly_encoding(assembly: Assembly) -> bytes:
+    """The assembly's PromptAssembly encoding, joined from its parts' cached encodings."""
+    encoded = [
+        *map(_section_field, assembly.sections),
+        *map(_context_field, assembly.contexts),
+        *map(_tool_field, assembly.tools),
+        *map(_variable_field, assembly.variables.items()),
+    ]
+    return b"".join(encoded)
+
+
+_RESPONSE = pb.AssembleResponse.DESCRIPTOR.fields_by_name
+_RESPONSE_ASSEMBLY, _RESPONSE_RENDERED, _RESPONSE_REPORT = (
+    _RESPONSE[name].number for name in ("assembly", "rendered", "report")
+)
+_RESPONSE_REVISION_KEY = _RESPONSE["revision"].number << 3  # a varint field
+_RESPONSE_CACHEABLE_KEY = _RESPONSE["cacheable"].number << 3  # a varint (bool) field
+
+
+def assemble_response(
+    assembly: Assembly,
+    revision: int,
+    rendered: pb.RenderedPrompt | None = None,
+    report: pb.AssemblyReport | None = None,
+    cacheable: bool = False,
+) -> bytes:
+    """An AssembleResponse's encoding, written directly: no message is built for the
+    assembly, and gRPC sends the bytes as they are (handlers.passthrough)."""
+    payload = assembly_encoding(assembly)
+    out = [_varint(_RESPONSE_ASSEMBLY << 3 | 2), _varint(len(payload)), payload]
+    if rendered is not None:
+        out.append(_field(_RESPONSE_RENDERED, rendered))
+    if revision:
+        out += [_varint(_RESPONSE_REVISION_KEY), _varint(revision)]
+    if report is not None:
+        out.append(_field(_RESPONSE_REPORT, report))
+    if cacheable:
+        out += [_varint(_RESPONSE_CACHEABLE_KEY), _varint(1)]
+    return b"".join(out)
+
+
+_SECTIONS, _CONTEXTS, _TOOLS, _VARIABLES = (
+    pb.PromptAssembly.DESCRIPTOR.fields_by_name[name].number
+    for name in ("sections", "contexts", "tools", "variables")
+)
+
+
+@functools.lru_cache(maxsize=16_384)
+def _section_field(part: Part) -> bytes:
+    return _field(_SECTIONS, pb.AssembledSection(name=part.name, text=part.text))
+
+
+@functools.lru_cache(maxsize=16_384)
+def _context_field(part: Part) -> bytes:
+    return _field(_CONTEXTS, pb.AssembledContext(name=part.name, text=part.text))
+
+
+@functools.lru_cache(maxsize=16_384)
+def _tool_field(tool: Tool) -> bytes:
+    return _field(_TOOLS, tool_to_proto(tool))
+
+
+@functools.lru_cache(maxsize=16_384)
+def _variable_field(item: tuple[str, str | None]) -> bytes:
+    name, value = item
+    variable = pb.Variable(name=name) if value is None else pb.Variable(name=name, value=value)
+    return _field(_VARIABLES, variable)
+
+
+def _field(number: int, message: Message) -> bytes:
+    """`message` encoded as length-delimited field `number`: key, length, bytes."""
+    payload = message.SerializeToString()
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def tool_to_proto(tool: Tool) -> pb.ToolSchema:
+    return pb.ToolSchema(
+        name=tool.name, description=tool.description, parameters_json=tool.parameters_json
+    )

@@ -1,0 +1,123 @@
+"""Prompt-cache reports and histories as messages: parts, sources, sizes, stability."""
+
+from __future__ import annotations
+
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+
+from ..registry import Origin, OriginKind, PartKind
+from ..reports.history import HistoryEntry, HistoryKey, KeyHistory
+from ..reports.values import Layout, Report, Size
+
+_SOURCE_KINDS = {
+    OriginKind.BUILTIN: pb.SOURCE_KIND_BUILTIN,
+    OriginKind.GLOBAL: pb.SOURCE_KIND_GLOBAL,
+    OriginKind.SCOPE: pb.SOURCE_KIND_SCOPE,
+    OriginKind.LISTENER: pb.SOURCE_KIND_LISTENER,
+}
+_PART_KINDS = {
+    PartKind.TOOL: pb.PART_KIND_TOOL,
+    PartKind.SECTION: pb.PART_KIND_SECTION,
+    PartKind.CONTEXT: pb.PART_KIND_CONTEXT,
+}
+
+
+def report_to_proto(report: Report, key: HistoryKey) -> pb.AssemblyReport:
+    stability = report.stability
+    return pb.AssemblyReport(
+        tokenizer=report.tokenizer,
+        parts=[
+            pb.PartReport(
+                kind=_PART_KINDS[part.kind],
+                name=part.name,
+                source=source_to_proto(part.origin),
+                bytes=part.bytes,
+                tokens=part.tokens,
+                fingerprint=part.fingerprint,
+                stable=stable,
+            )
+            for part, stable in report.parts
+        ],
+        tools=size_to_proto(report.tools),
+        prompt=size_to_proto(report.prompt),
+        context_snapshot=size_to_proto(report.context_snapshot),
+        stability=pb.PrefixStability(
+            has_previous=stability.has_previous,
+            stable_bytes=stability.stable_bytes,
+            stable_tokens=stability.stable_tokens,
+            prefix=size_to_proto(stability.prefix),
+            first_changed=stability.first_changed,
+            reason=stability.reason,
+            recomputed=size_to_proto(stability.recomputed),
+            messages_recomputed=stability.messages_recomputed,
+            diff=stability.diff,
+            previous_evicted=stability.previous_evicted,
+        ),
+        variables=[
+            pb.VariableReport(name=name, source=source_to_proto(origin))
+            for name, origin in report.variables
+        ],
+        render_error=report.render_error,
+        prefix_layout=_LAYOUTS[report.layout],
+        history_key=key.describe(),
+    )
+
+
+_LAYOUTS = {Layout.TOOLS_FIRST: pb.PREFIX_LAYOUT_TOOLS_FIRST,
+            Layout.SYSTEM_FIRST: pb.PREFIX_LAYOUT_SYSTEM_FIRST}  # fmt: skip
+
+
+def layout_from_proto(value: int, default: Layout) -> Layout:
+    """The requested prefix layout; unspecified (or unknown to this sidecar) is `default`."""
+    return next((layout for layout, wire in _LAYOUTS.items() if wire == value), default)
+
+
+def history_key_from_proto(scope: str, report_key: str) -> HistoryKey:
+    """The caller's report_key when it names one, else the scope."""
+    if report_key:
+        return HistoryKey("key", report_key)
+    return HistoryKey("scope", scope or None)
+
+
+def history_entry_to_proto(entry: HistoryEntry) -> pb.CacheHistoryEntry:
+    return pb.CacheHistoryEntry(
+        sequence=entry.sequence,
+        revision=entry.revision,
+        prefix_layout=_LAYOUTS[entry.layout],
+        has_previous=entry.has_previous,
+        first_changed=entry.first_changed,
+        reason=entry.reason,
+        prefix=size_to_proto(entry.prefix),
+        stable_bytes=entry.stable_bytes,
+        stable_tokens=entry.stable_tokens,
+        recomputed=size_to_proto(entry.recomputed),
+        observed_cached_tokens=entry.observed_cached_tokens,
+        observed_prompt_tokens=entry.observed_prompt_tokens,
+    )
+
+
+def history_to_proto(key: HistoryKey, kept: KeyHistory | None, evicted: bool) -> pb.CacheHistory:
+    """A key's history; an unknown key has an empty one."""
+    if kept is None:
+        return pb.CacheHistory(key=key.describe(), recomputed=pb.Size(), evicted=evicted)
+    return pb.CacheHistory(
+        key=key.describe(),
+        reports=kept.reports,
+        breaks=kept.breaks,
+        breakers=[pb.PartBreaks(part=part, count=count) for part, count in kept.top_breakers()],
+        recomputed=pb.Size(bytes=kept.recomputed_bytes, tokens=kept.recomputed_tokens),
+        recent=[history_entry_to_proto(entry) for entry in kept.recent],
+    )
+
+
+def source_to_proto(origin: Origin) -> pb.Source:
+    return pb.Source(
+        kind=_SOURCE_KINDS[origin.kind],
+        scope=origin.scope or "",
+        ancestor_depth=origin.depth,
+        listener=origin.listener,
+        description=origin.describe(),
+    )
+
+
+def size_to_proto(size: Size) -> pb.Size:
+    return pb.Size(bytes=size.bytes, tokens=size.tokens)
