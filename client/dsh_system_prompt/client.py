@@ -1,16 +1,15 @@
-"""connect(), the client, scope handles and disposers."""
+"""connect(), the client and scope handles; registering and its handles are in `_registrar`."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
+from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, FEATURE_TOOL_SLOTS
 
 from ._cache_history import (
     CacheHistory,
@@ -19,262 +18,42 @@ from ._cache_history import (
     history_from_proto,
     usage_from,
 )
-from ._callback_cache import Cache
 from ._changes import WATCH_FEATURES, ChangeStream
 from ._channel import TLS, default_address, open_channel
 from ._connection import CALL_TIMEOUT_S, Connection, not_ready, open_when_ready
-from ._convert import (
-    assembly_from_proto,
-    context_to_proto,
-    layout_to_proto,
-    report_from_proto,
-    tools_to_proto,
-)
-from ._listeners import Listener, label, listener_name
+from ._convert import assembly_from_proto, context_to_proto, layout_to_proto, report_from_proto
 from ._prompts import PromptStream
-from ._replay import Contribution, ListenerRegistration, Registration, ScopeHandle
-from ._snapshots import change_filter, list_registrations
-from ._updates import update_for
-from .errors import invalid_value
-from .types import (
-    AssembleContext,
-    ChangeKind,
-    PrefixLayout,
-    PromptAssembly,
-    RenderedPrompt,
-    Snapshot,
-    ToolProviderResult,
-    ToolSchema,
+from ._registrar import (
+    Disposer,
+    Handle,
+    ListenerHandle,
+    TextProvider,
+    TextSource,
+    ToolsProvider,
+    ToolsSource,
+    VariableProvider,
+    VariableSource,
+    _Registrar,
 )
+from ._replay import ScopeHandle
+from ._snapshots import change_filter, list_registrations
+from .types import ChangeKind, PrefixLayout, PromptAssembly, RenderedPrompt, Snapshot
 
-TextProvider = Callable[[AssembleContext], str | Awaitable[str]]
-"""A dynamic section or context: asked for its text at every assembly."""
-VariableProvider = Callable[[AssembleContext], str | None | Awaitable[str | None]]
-"""A dynamic variable: asked for its value (None: no value) at every assembly."""
-ToolsProvider = Callable[[AssembleContext], ToolProviderResult | list[ToolSchema] | Awaitable[Any]]
-"""Dynamic tools: asked for a list or a ToolProviderResult at every assembly."""
-TextSource = str | TextProvider
-VariableSource = str | None | VariableProvider
-ToolsSource = list[ToolSchema] | ToolProviderResult | ToolsProvider
-
-
-class Disposer:
-    """`await off()` disposes one registration; calling it again does nothing."""
-
-    def __init__(self, dispose: Callable[[], Awaitable[None]]) -> None:
-        self._dispose = dispose
-        self._done = False
-
-    @property
-    def disposed(self) -> bool:
-        return self._done
-
-    async def __call__(self) -> None:
-        if self._done:
-            return
-        self._done = True
-        await self._dispose()
-
-    async def __aenter__(self) -> Disposer:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self()
-
-
-class Handle(Disposer):
-    """A static registration's handle: `await off()` disposes it, like any disposer,
-    and `await off.update(value)` replaces its value in place.
-
-    Only the value changes (a section's or context's text, a variable's value
-    or None, a tool list or ToolProviderResult); its name, order and owner stay.
-    Other clients' assemblies see the old value or the new one, never neither,
-    and watchers get one `updated` event. After a reconnect the latest value
-    is what is registered again.
-    """
-
-    def __init__(self, connection: Connection, record: Contribution[Any]) -> None:
-        super().__init__(lambda: connection.dispose(record))
-        self._connection = connection
-        self._record = record
-
-    async def update(self, value: Any, timeout: float | None = None) -> int:
-        """Replace the value; returns the registry's revision after the update.
-
-        Raises like a registration would for a bad value; NOT_UPDATABLE for a
-        registration made with a provider; while the connection is down, fails
-        fast with UNAVAILABLE or waits up to `timeout` for the reconnect.
-        """
-        return await self._connection.update(
-            self._record, update_for(self._record.request, value), timeout
-        )
-
-    async def invalidate(self) -> None:
-        """Drop the sidecar's cached answers of this registration's provider (one made
-        with `cache=`): assemblies that start once this returns ask it again. Nothing
-        to do for a static value or a provider asked every time."""
-        await self._connection.invalidate(self._record)
-
-
-class ListenerHandle(Disposer):
-    """A listener's handle: `await off()` removes it, and `await off.invalidate()` drops
-    the sidecar's cached results of a listener installed with `cache=`."""
-
-    def __init__(self, connection: Connection, record: ListenerRegistration) -> None:
-        super().__init__(lambda: connection.dispose(record))
-        self._connection = connection
-        self._record = record
-
-    async def invalidate(self) -> None:
-        """Assemblies that start once this returns invoke the listener again."""
-        await self._connection.invalidate(self._record)
-
-
-class _Registrar:
-    """The registration methods shared by the client (global layer) and scope handles."""
-
-    def __init__(self, connection: Connection, scope: ScopeHandle | None) -> None:
-        self._connection = connection
-        self._stub = connection.stub
-        self._scope = scope
-
-    async def section(
-        self,
-        name: str,
-        order: float,
-        text: TextSource,
-        *,
-        complete: bool = False,
-        cache: Cache | None = None,
-    ) -> Handle:
-        """Contribute a prompt section; `text` is a string or a provider of one (with
-        `cache`, a provider whose answer the sidecar may reuse: see `Cache`)."""
-        request = pb.RegisterSectionRequest(name=name, order=_order(order), complete=complete)
-        labelled = f'section provider "{name}"'
-        source = _with_text(request, self._source(text, "text", labelled, cache))
-        record = Contribution(request=request, rpc=self._stub.RegisterSection)
-        return await self._register_value(record, source)
-
-    async def context(
-        self, name: str, order: float, text: TextSource, *, cache: Cache | None = None
-    ) -> Handle:
-        """Contribute an ordered runtime context; `text` is a string or a provider
-        (`cache` as for `section`)."""
-        request = pb.RegisterContextRequest(name=name, order=_order(order))
-        labelled = f'context provider "{name}"'
-        source = _with_text(request, self._source(text, "text", labelled, cache))
-        record = Contribution(request=request, rpc=self._stub.RegisterContext)
-        return await self._register_value(record, source)
-
-    async def suppress_runtime_context(self) -> Disposer:
-        """Suppress runtime context here until the returned disposer runs."""
-        request = pb.SuppressRuntimeContextRequest()
-        rpc = self._stub.SuppressRuntimeContext
-        return await self._register(Contribution(request=request, rpc=rpc))
-
-    async def tools(
-        self, provider: ToolsSource, *, name: str | None = None, cache: Cache | None = None
-    ) -> Handle:
-        """Contribute tool schemas: a list, a ToolProviderResult, or a provider of one.
-
-        `name` labels a provider in errors, reports and traces (default: its function name);
-        `cache` as for `section`.
-        """
-        request = pb.RegisterToolsRequest()
-        source = None
-        if callable(provider):
-            request.name = name or label(getattr(provider, "__qualname__", ""))
-            source = self._dynamic(provider, f'tools provider "{request.name}"', cache)
-            request.dynamic.CopyFrom(source)
-        else:
-            _no_cache(cache)
-            request.result.CopyFrom(tools_to_proto(provider))
-        record = Contribution(request=request, rpc=self._stub.RegisterTools)
-        return await self._register_value(record, source)
-
-    async def variable(
-        self, name: str, value: VariableSource, *, cache: Cache | None = None
-    ) -> Handle:
-        """Contribute {{name}}: a value, None (no value), or a provider of either
-        (`cache` as for `section`)."""
-        request = pb.RegisterVariableRequest(name=name)
-        labelled = f'variable provider "{name}"'
-        if value is None:
-            _no_cache(cache)
-        source = None if value is None else self._source(value, "value", labelled, cache)
-        if source is None:
-            request.no_value.SetInParent()
-        elif isinstance(source, str):
-            request.value = source
-        else:
-            request.dynamic.CopyFrom(source)
-        record = Contribution(request=request, rpc=self._stub.RegisterVariable)
-        return await self._register_value(record, source)
-
-    async def on_assemble(
-        self,
-        listener: Listener,
-        prepend: bool = False,
-        global_: bool = False,
-        *,
-        name: str | None = None,
-        cache: Cache | None = None,
-    ) -> ListenerHandle:
-        """Install a waterfall listener: `async def listener(assembly, context, next)`.
-
-        `name` labels it in errors, reports and traces (default: its function name).
-        With `cache`, the sidecar may reuse its result for the same input assembly
-        instead of invoking it (see `Cache`; `await handle.invalidate()` drops it).
-        """
-        start = pb.ListenStart(
-            prepend=prepend,
-            name=name or listener_name(listener),
-            features=[FEATURE_TOOL_SLOTS, FEATURE_CALLBACK_CACHE],
-        )
-        if cache is not None:
-            start.cache.CopyFrom(cache.to_proto())
-        setattr(start, "global", global_)  # a Python keyword as a field name
-        record = ListenerRegistration(
-            start=start, listener=listener, stub=self._stub, on_lost=self._connection.restart
-        )
-        await self._make(record, None)
-        return ListenerHandle(self._connection, record)
-
-    def _source(
-        self, value: object, field: str, labelled: str, cache: Cache | None = None
-    ) -> str | pb.Dynamic:
-        """A text or value as sent: the string itself, or its provider's key here
-        (`labelled` names the provider in traces: `section provider "cwd"`)."""
-        if callable(value):
-            return self._dynamic(value, labelled, cache)
-        _no_cache(cache)
-        if not isinstance(value, str):
-            raise invalid_value(f"{field} must be a str or a callable, not {type(value).__name__}")
-        return value
-
-    def _dynamic(self, provider: Any, labelled: str, cache: Cache | None) -> pb.Dynamic:
-        dynamic = pb.Dynamic(provider_key=self._connection.providers.add(provider, labelled))
-        if cache is not None:
-            dynamic.cache.CopyFrom(cache.to_proto())
-        return dynamic
-
-    async def _register(
-        self, record: Registration, source: str | pb.Dynamic | None = None
-    ) -> Disposer:
-        await self._make(record, source)
-        return Disposer(lambda: self._connection.dispose(record))
-
-    async def _register_value(
-        self, record: Contribution[Any], source: str | pb.Dynamic | None
-    ) -> Handle:
-        await self._make(record, source)
-        return Handle(self._connection, record)
-
-    async def _make(self, record: Registration, source: str | pb.Dynamic | None) -> None:
-        record.scope = self._scope
-        if isinstance(source, pb.Dynamic):
-            record.provider_key = source.provider_key
-        await self._connection.register(record)
+# The registering names stay importable from here, where they always were.
+__all__ = [
+    "Client",
+    "Disposer",
+    "Handle",
+    "ListenerHandle",
+    "Scope",
+    "TextProvider",
+    "TextSource",
+    "ToolsProvider",
+    "ToolsSource",
+    "VariableProvider",
+    "VariableSource",
+    "connect",
+]
 
 
 class Scope(_Registrar):
@@ -582,37 +361,8 @@ def connect(
     return _Connecting(address or default_address(), name, options)
 
 
-class _TextRequest(Protocol):
-    """A section or context request: its text is a string or a provider's."""
-
-    text: str
-
-    @property
-    def dynamic(self) -> pb.Dynamic: ...
-
-
-def _with_text(request: _TextRequest, source: str | pb.Dynamic) -> str | pb.Dynamic:
-    if isinstance(source, str):
-        request.text = source
-    else:
-        request.dynamic.CopyFrom(source)
-    return source
-
-
 def _assembly(reply: pb.AssembleResponse) -> PromptAssembly:
     assembly = assembly_from_proto(reply.assembly)
     if reply.HasField("report"):
         assembly.report = report_from_proto(reply.report)
     return assembly
-
-
-def _no_cache(cache: Cache | None) -> None:
-    """`cache=` is for providers: a static value is never asked for anyway."""
-    if cache is not None:
-        raise invalid_value("cache= applies to a provider (a callable), not to a static value")
-
-
-def _order(order: float) -> float:
-    if isinstance(order, bool) or not isinstance(order, int | float):
-        raise invalid_value(f"order must be a number, not {type(order).__name__}")
-    return float(order)
