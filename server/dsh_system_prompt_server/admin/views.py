@@ -12,15 +12,14 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..registry import (
     SIDECAR_OWNER,
+    AnyRegistration,
     Dynamic,
     Kind,
     Origin,
     OriginKind,
-    Registration,
     ToolSet,
 )
 from ..registry.filters import owner_label
@@ -108,7 +107,7 @@ def owner_names(state: ServerState) -> dict[str, str]:
     return names
 
 
-def _registration(entry: Registration[Any], owners: dict[str, str]) -> RegistrationRow:
+def _registration(entry: AnyRegistration, owners: dict[str, str]) -> RegistrationRow:
     order = ""
     if isinstance(entry, SectionRegistration | ContextRegistration):
         order = f"{entry.order:g}"
@@ -127,7 +126,7 @@ def _registration(entry: Registration[Any], owners: dict[str, str]) -> Registrat
     )
 
 
-def _mode(entry: Registration[Any]) -> str:
+def _mode(entry: AnyRegistration) -> str:
     if entry.kind in (Kind.LISTENER, Kind.SUPPRESSOR, Kind.SCOPE):
         return ""
     return "dynamic" if isinstance(entry.value, Dynamic) else "static"
@@ -363,7 +362,7 @@ def sessions_view(state: ServerState, address: str, started: float) -> SessionsV
     return SessionsView(health, _failures(state), rows)
 
 
-def _provider(entry: Registration[Any]) -> str:
+def _provider(entry: AnyRegistration) -> str:
     where = f'scope "{entry.scope}"' if entry.scope is not None else "global"
     name = f' "{entry.name}"' if entry.name else ""
     return f"{entry.kind.value}{name} ({where})"

@@ -11,6 +11,7 @@ from .limits import Limits
 from .model import (
     SIDECAR_OWNER,
     Action,
+    AnyRegistration,
     AssembleContext,
     Assembly,
     CachePolicy,
@@ -26,6 +27,7 @@ from .model import (
     Registration,
     Tool,
     ToolSet,
+    ValueRegistration,
 )
 from .provenance import Origin, OriginKind, Origins, PartKey, PartKind, Step, Trace
 from .registry import Registry, new_id
@@ -35,6 +37,7 @@ from .tool_order import validate_tool_order
 __all__ = [
     "SIDECAR_OWNER",
     "Action",
+    "AnyRegistration",
     "AssembleContext",
     "Assembly",
     "CachePolicy",
@@ -69,6 +72,7 @@ __all__ = [
     "Tool",
     "ToolSet",
     "Trace",
+    "ValueRegistration",
     "new_id",
     "owner_label",
     "public_ref",

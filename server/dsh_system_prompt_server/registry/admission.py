@@ -9,7 +9,6 @@ provider keys live per session (a session answers by key, so one each).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from dsh_system_prompt_core import TOOL_ORDER_REST, RenderFailure, check_template
 
@@ -17,10 +16,10 @@ from . import errors
 from .limits import Limits, quota_exceeded, value_bytes
 from .model import (
     SIDECAR_OWNER,
+    AnyRegistration,
     ContextRegistration,
     Dynamic,
     Kind,
-    Registration,
     SectionRegistration,
     ToolSet,
 )
@@ -88,7 +87,7 @@ class Admission:
         if listeners >= self.limits.max_listeners:
             raise quota_exceeded(f"the sidecar already has {listeners} listeners, its limit")
 
-    def check_update(self, entry: Registration[Any], value: StaticValue) -> None:
+    def check_update(self, entry: AnyRegistration, value: StaticValue) -> None:
         """The checks registration makes of a value of the entry's kind."""
         label = f'{entry.kind.value} "{entry.name}"' if entry.name else entry.kind.value
         if entry.kind is Kind.TOOLS:
@@ -109,20 +108,20 @@ class Admission:
         self.limits.check_text(f'{noun} "{entry.name}" text', value)
         check_text_template(value, f'{entry.kind.value} "{entry.name}"')
 
-    def grow(self, entry: Registration[Any], value: StaticValue) -> None:
+    def grow(self, entry: AnyRegistration, value: StaticValue) -> None:
         """Count the change in size of replacing the entry's value, or refuse it."""
         growth = value_bytes(value) - value_bytes(entry.value)
         self.limits.check_total(self.total_bytes, max(0, growth))
         self.total_bytes += growth
 
-    def admitted(self, entry: Registration[Any]) -> None:
+    def admitted(self, entry: AnyRegistration) -> None:
         """Count a registration in: its provider key, and its bytes (the config's are free)."""
         if isinstance(entry.value, Dynamic):
             self._provider_keys.add((entry.owner, entry.value.key))
         if entry.owner != SIDECAR_OWNER:
             self.total_bytes += value_bytes(entry.value)
 
-    def released(self, entry: Registration[Any]) -> None:
+    def released(self, entry: AnyRegistration) -> None:
         """Count a disposed registration out."""
         if isinstance(entry.value, Dynamic):
             self._provider_keys.discard((entry.owner, entry.value.key))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from dsh_system_prompt_core import TOOL_ORDER_REST, Reason
 
@@ -25,11 +25,11 @@ from .model import (
     ProvidedValue,
     ProviderCall,
     ProviderHost,
-    Registration,
     SectionRegistration,
     Tool,
     ToolSet,
     ToolsRegistration,
+    ValueRegistration,
     VariableRegistration,
 )
 from .origins import entry_origin, record_changes, snapshot
@@ -38,7 +38,7 @@ from .tool_order import check_known, order_tools
 
 # Seconds left to answer, or None without a limit; asked anew at every call.
 Timeout = Callable[[], float | None]
-R = TypeVar("R", bound=Registration[Any])
+R = TypeVar("R", bound=ValueRegistration)
 Ordered = TypeVar("Ordered", SectionRegistration, ContextRegistration)
 
 
@@ -59,7 +59,7 @@ class Plan:
     contexts: list[ContextRegistration]
     tools: list[ToolsRegistration]
     listeners: list[ListenerRegistration]
-    dynamic: list[tuple[Registration[Any], Dynamic]] = field(init=False)
+    dynamic: list[tuple[ValueRegistration, Dynamic]] = field(init=False)
     is_static: bool = field(init=False)
     # The listeners after the last one that cannot be cached: their result is kept
     # for their input, under `tail_policy`.
@@ -70,7 +70,7 @@ class Plan:
     result: Assembly | None = None
 
     def __post_init__(self) -> None:
-        entries: list[Registration[Any]] = [
+        entries: list[ValueRegistration] = [
             *self.variables,
             *self.sections,
             *self.contexts,
@@ -223,7 +223,7 @@ async def _run(
     return result
 
 
-def _registered_origins(plan: Plan, values: Mapping[Registration[Any], ProvidedValue]) -> Origins:
+def _registered_origins(plan: Plan, values: Mapping[ValueRegistration, ProvidedValue]) -> Origins:
     origins: Origins = {}
     for kind, entries in (
         (PartKind.VARIABLE, plan.variables),
@@ -240,9 +240,9 @@ def _registered_origins(plan: Plan, values: Mapping[Registration[Any], ProvidedV
 
 
 def _dynamic_calls(
-    plan: Plan, answered: Mapping[Registration[Any], ProvidedValue]
-) -> dict[ProviderHost, list[tuple[Registration[Any], ProviderCall]]]:
-    calls: dict[ProviderHost, list[tuple[Registration[Any], ProviderCall]]] = {}
+    plan: Plan, answered: Mapping[ValueRegistration, ProvidedValue]
+) -> dict[ProviderHost, list[tuple[ValueRegistration, ProviderCall]]]:
+    calls: dict[ProviderHost, list[tuple[ValueRegistration, ProviderCall]]] = {}
     for entry, value in plan.dynamic:
         if not entry.disposed and entry not in answered:
             calls.setdefault(value.host, []).append((entry, entry.provider_call(value.key)))
@@ -262,7 +262,7 @@ class _Cached:
     def __post_init__(self) -> None:
         self.generation = self.callbacks.generation
 
-    def answers(self, values: dict[Registration[Any], ProvidedValue]) -> None:
+    def answers(self, values: dict[ValueRegistration, ProvidedValue]) -> None:
         """Fill `values` with the kept answers of cacheable providers."""
         for entry, value in self.plan.dynamic:
             if value.cache is not None:
@@ -272,8 +272,8 @@ class _Cached:
                 if answer is not MISSING:
                     values[entry] = answer  # type: ignore[assignment]
 
-    def keep_answer(self, entry: Registration[Any], answer: ProvidedValue) -> None:
-        policy = entry.value.cache
+    def keep_answer(self, entry: ValueRegistration, answer: ProvidedValue) -> None:
+        policy = entry.value.cache if isinstance(entry.value, Dynamic) else None
         if policy is not None:
             self.callbacks.keep_answer(
                 entry.id, policy, self.context, self.plan.revision, self.generation, answer
@@ -303,10 +303,10 @@ class _Cached:
 
 async def _evaluate(
     plan: Plan, context: AssembleContext, timeout: Timeout, cached: _Cached | None = None
-) -> dict[Registration[Any], ProvidedValue]:
+) -> dict[ValueRegistration, ProvidedValue]:
     """Ask each host once, all hosts at the same time; the first failure wins.
     Providers whose answer is cached are not asked."""
-    values: dict[Registration[Any], ProvidedValue] = {}
+    values: dict[ValueRegistration, ProvidedValue] = {}
     if cached is not None:
         cached.answers(values)
     by_host = _dynamic_calls(plan, values)
@@ -332,7 +332,7 @@ async def _evaluate(
     return values
 
 
-def _check_provided(values: Mapping[Registration[Any], ProvidedValue], limits: Limits) -> None:
+def _check_provided(values: Mapping[ValueRegistration, ProvidedValue], limits: Limits) -> None:
     """Provided values obey the limits registered ones do."""
     for entry, value in values.items():
         try:
@@ -348,7 +348,7 @@ def _check_provided(values: Mapping[Registration[Any], ProvidedValue], limits: L
 
 
 def _resolved(
-    entry: Registration[Any], values: Mapping[Registration[Any], ProvidedValue]
+    entry: ValueRegistration, values: Mapping[ValueRegistration, ProvidedValue]
 ) -> object:
     """The entry's value in this assembly: as registered, or as its provider answered
     (None when it was not asked: disposed while the assembly ran)."""
@@ -357,14 +357,14 @@ def _resolved(
 
 def _text(
     entry: SectionRegistration | ContextRegistration,
-    values: Mapping[Registration[Any], ProvidedValue],
+    values: Mapping[ValueRegistration, ProvidedValue],
 ) -> str:
     text = _resolved(entry, values)
     return text if isinstance(text, str) else ""
 
 
 def _variable(
-    entry: VariableRegistration, values: Mapping[Registration[Any], ProvidedValue]
+    entry: VariableRegistration, values: Mapping[ValueRegistration, ProvidedValue]
 ) -> str | None:
     value = _resolved(entry, values)
     return value if isinstance(value, str) else None
@@ -372,7 +372,7 @@ def _variable(
 
 def _collect_tools(
     providers: list[ToolsRegistration],
-    values: Mapping[Registration[Any], ProvidedValue],
+    values: Mapping[ValueRegistration, ProvidedValue],
     tool_order: Sequence[str] | None,
 ) -> list[Tool]:
     collected: list[Tool] = []

@@ -4,22 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from dsh_system_prompt_core import Reason
 
 from .errors import RegistryError, Status
 from .model import (
+    AnyRegistration,
     ContextRegistration,
-    Registration,
     SectionRegistration,
+    SuppressorRegistration,
     ToolsRegistration,
     VariableRegistration,
 )
 
 # Takes back out what one insert put in.
 Remover = Callable[[], None]
-E = TypeVar("E", bound=Registration[Any])
+E = TypeVar("E", bound=AnyRegistration)
 
 
 @dataclass(eq=False)
@@ -34,7 +35,7 @@ class Layer:
     contexts: dict[str, ContextRegistration] = field(default_factory=dict)
     variables: dict[str, VariableRegistration] = field(default_factory=dict)
     tools: dict[str, ToolsRegistration] = field(default_factory=dict)
-    suppressors: dict[str, Registration[None]] = field(default_factory=dict)
+    suppressors: dict[str, SuppressorRegistration] = field(default_factory=dict)
 
     def add_section(self, entry: SectionRegistration) -> Remover:
         return _insert(self.sections, entry.name, entry)
@@ -48,7 +49,7 @@ class Layer:
     def add_tools(self, entry: ToolsRegistration) -> Remover:
         return _insert(self.tools, entry.id, entry)
 
-    def add_suppressor(self, entry: Registration[None]) -> Remover:
+    def add_suppressor(self, entry: SuppressorRegistration) -> Remover:
         return _insert(self.suppressors, entry.id, entry)
 
     def is_empty(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from .provenance import Origins, Trace
 
@@ -205,8 +205,19 @@ class ContextRegistration(Registration[str | Dynamic]):
     order: float
 
 
-VariableRegistration = Registration[str | Dynamic | None]
-ToolsRegistration = Registration[ToolSet | Dynamic]
+@dataclass(eq=False, kw_only=True)
+class VariableRegistration(Registration[str | Dynamic | None]):
+    """A variable: its value, no value (None), or the provider of either."""
+
+
+@dataclass(eq=False, kw_only=True)
+class ToolsRegistration(Registration[ToolSet | Dynamic]):
+    """A tool provider: a static tool set or the provider of one."""
+
+
+@dataclass(eq=False, kw_only=True)
+class SuppressorRegistration(Registration[None]):
+    """Runtime context suppressed in its layer while it lives."""
 
 
 @dataclass(eq=False, kw_only=True)
@@ -220,7 +231,15 @@ class ListenerRegistration(Registration[ListenerHost]):
 class ScopeHandle(Registration[None]):
     """A session's handle on a scope key; registrations made through it die with it."""
 
-    children: dict[str, Registration[Any]] = field(default_factory=dict)
+    children: dict[str, AnyRegistration] = field(default_factory=dict)
+
+
+# A registration whose value is static or given by a dynamic provider.
+ValueRegistration = (
+    SectionRegistration | ContextRegistration | VariableRegistration | ToolsRegistration
+)
+# One registration of any kind, each kind its own class.
+AnyRegistration = ValueRegistration | ListenerRegistration | ScopeHandle | SuppressorRegistration
 
 
 @dataclass(frozen=True, slots=True)

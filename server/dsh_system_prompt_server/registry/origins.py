@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from .model import SIDECAR_OWNER, Assembly, Registration
+from .model import SIDECAR_OWNER, AnyRegistration, Assembly
 from .provenance import Origin, OriginKind, Origins, PartKind, Values
 
 
-def entry_origin(entry: Registration[Any], chain: list[str]) -> Origin:
+def entry_origin(entry: AnyRegistration, chain: list[str]) -> Origin:
     """Where a registration's part comes from, seen from the scope `chain[0]`."""
     if entry.owner == SIDECAR_OWNER:
         return Origin(kind=OriginKind.BUILTIN)

@@ -6,7 +6,7 @@ import functools
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Collection
-from typing import Any, TypedDict, TypeVar
+from typing import TypedDict, TypeVar
 
 from dsh_system_prompt_core import (
     HARNESS_IDENTITY_ORDER,
@@ -29,6 +29,7 @@ from .listener_index import ListenerIndex
 from .model import (
     SIDECAR_OWNER,
     Action,
+    AnyRegistration,
     AssembleContext,
     Assembly,
     CachePolicy,
@@ -37,9 +38,9 @@ from .model import (
     Kind,
     ListenerHost,
     ListenerRegistration,
-    Registration,
     ScopeHandle,
     SectionRegistration,
+    SuppressorRegistration,
     ToolSet,
     ToolsRegistration,
     VariableRegistration,
@@ -49,7 +50,7 @@ from .settings import RegistrySettings, settings_keys
 _PLANS_KEPT = 1024  # scopes whose plan is remembered between assemblies
 _UPDATABLE = frozenset({Kind.SECTION, Kind.CONTEXT, Kind.VARIABLE, Kind.TOOLS})
 
-E = TypeVar("E", bound=Registration[Any])
+E = TypeVar("E", bound=AnyRegistration)
 
 
 def new_id() -> str:
@@ -74,8 +75,8 @@ class Registry:
         self.changes = ChangeFeed(self.settings.change_history)
         self._layers = Layers()
         self._scopes = ScopeTree()
-        self._entries: dict[str, Registration[Any]] = {}
-        self._by_owner: dict[str, dict[str, Registration[Any]]] = {}
+        self._entries: dict[str, AnyRegistration] = {}
+        self._by_owner: dict[str, dict[str, AnyRegistration]] = {}
         self._unlinks: dict[str, Remover] = {}  # by entry id: takes it out of where it lives
         self._admission = Admission(self.settings.limits)
         self._listeners = ListenerIndex()
@@ -214,11 +215,13 @@ class Registry:
             entry, scope_handle, self._layers.remover(entry.scope, layer.add_tools(entry))
         )
 
-    def suppress_runtime_context(self, owner: str, handle: str | None) -> Registration[None]:
+    def suppress_runtime_context(self, owner: str, handle: str | None) -> SuppressorRegistration:
         """Suppress runtime context for a scope (or everywhere) until disposed."""
         scope_handle = self._handle(owner, handle)
         self._admission.check_quota(self._owned(owner))
-        entry = Registration[None](**self._fields(owner, Kind.SUPPRESSOR, scope_handle), value=None)
+        entry = SuppressorRegistration(
+            **self._fields(owner, Kind.SUPPRESSOR, scope_handle), value=None
+        )
         layer = self._layers.of(_key(scope_handle))
         return self._added(
             entry, scope_handle, self._layers.remover(entry.scope, layer.add_suppressor(entry))
@@ -285,7 +288,7 @@ class Registry:
 
     # -- updates ----------------------------------------------------------------------
 
-    def update(self, owner: str, registration_id: str, value: StaticValue) -> Registration[Any]:
+    def update(self, owner: str, registration_id: str, value: StaticValue) -> AnyRegistration:
         """Replace the static value of one of `owner`'s registrations, in place.
 
         Only the value changes (name, order, layer, owner and id stay), so the
@@ -305,13 +308,13 @@ class Registry:
         self._replace_value(entry, value)
         return entry
 
-    def _replace_value(self, entry: Registration[Any], value: StaticValue) -> None:
+    def _replace_value(self, entry: AnyRegistration, value: StaticValue) -> None:
         """Put `value` in the entry's place (its fingerprint with it) and say so."""
         entry.value = value
         entry.fingerprint = value_fingerprint(entry.kind, value)
         self._publish(entry, Action.UPDATED)
 
-    def _remove(self, entry: Registration[Any]) -> None:
+    def _remove(self, entry: AnyRegistration) -> None:
         if isinstance(entry, ScopeHandle):
             for child in reversed(list(entry.children.values())):
                 self._remove(child)
@@ -408,7 +411,7 @@ class Registry:
 
     # -- inspection -------------------------------------------------------------------
 
-    def registrations(self, owner: str | None = None) -> list[Registration[Any]]:
+    def registrations(self, owner: str | None = None) -> list[AnyRegistration]:
         """Every live registration (of `owner`, when given), oldest first."""
         if owner is None:
             return list(self._entries.values())
@@ -425,7 +428,7 @@ class Registry:
         """A test of (kind, layer) against `wanted`, on the scope tree as it is when asked."""
         return wanted.matcher(self._scopes.chain)
 
-    def listing(self, wanted: Filter) -> list[Registration[Any]]:
+    def listing(self, wanted: Filter) -> list[AnyRegistration]:
         """The live registrations `wanted` keeps, oldest first (the built-ins first)."""
         keeps = self.keeps(wanted)
         return [entry for entry in self._entries.values() if keeps(entry.kind, entry.scope)]
@@ -484,7 +487,7 @@ class Registry:
         self._publish(entry, Action.REGISTERED)
         return entry
 
-    def _publish(self, entry: Registration[Any], action: Action) -> None:
+    def _publish(self, entry: AnyRegistration, action: Action) -> None:
         fingerprint = "" if action is Action.UNREGISTERED else entry.fingerprint
         self.changes.publish(
             entry.kind, action, entry.name, entry.scope, public_ref(entry.id), fingerprint

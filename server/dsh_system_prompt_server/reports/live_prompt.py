@@ -16,13 +16,13 @@ from typing import Any
 from dsh_system_prompt_core import TOOL_ORDER_REST
 
 from ..registry import (
+    AnyRegistration,
     AssembleContext,
     Assembly,
     Dynamic,
     Kind,
     PartKey,
     PartKind,
-    Registration,
     Registry,
     Tool,
     ToolSet,
@@ -99,7 +99,7 @@ def _placeheld(entry: Any, tool_order: Sequence[str] | None) -> Any:
     return dataclasses.replace(entry, value=placeholder(entry, tool_order))
 
 
-def placeholder(entry: Registration[Any], tool_order: Sequence[str] | None) -> str | ToolSet:
+def placeholder(entry: AnyRegistration, tool_order: Sequence[str] | None) -> str | ToolSet:
     """What stands for a dynamic value: a text naming it, or one tool naming the provider."""
     label = (
         f'<dynamic {entry.kind.value} "{entry.name}">'

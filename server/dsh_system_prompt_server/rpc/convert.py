@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
@@ -15,6 +14,7 @@ from dsh_system_prompt_core import Reason
 from ..registry import (
     SIDECAR_OWNER,
     Action,
+    AnyRegistration,
     AssembleContext,
     Assembly,
     CachePolicy,
@@ -28,7 +28,6 @@ from ..registry import (
     ProvidedValue,
     ProviderCall,
     ProviderHost,
-    Registration,
     ServiceError,
     Status,
     Tool,
@@ -335,7 +334,7 @@ def filter_from_proto(message: pb.ChangeFilter, limits: Limits) -> Filter:
 
 
 def registration_to_proto(
-    entry: Registration[Any], owner: str, with_value: bool
+    entry: AnyRegistration, owner: str, with_value: bool
 ) -> pb.RegistrationInfo:
     """One registration as a listing shows it; its value only when asked for."""
     builtin = entry.owner == SIDECAR_OWNER

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from google.protobuf.message import Message
 
-from ..registry import Failure, Registration
+from ..registry import AnyRegistration, Failure
 from .assembler import history_key
 from .convert import (
     text_from_proto,
@@ -70,7 +70,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def RegisterSection(
         self, request: pb.RegisterSectionRequest, context: Context
     ) -> pb.RegisterSectionResponse:
-        def register(session: Session, handle: str | None) -> Registration[Any]:
+        def register(session: Session, handle: str | None) -> AnyRegistration:
             text = text_from_proto(request, session)
             return self._state.registry.register_section(
                 session.id, handle, request.name, request.order, text, request.complete
@@ -81,7 +81,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def RegisterContext(
         self, request: pb.RegisterContextRequest, context: Context
     ) -> pb.RegisterContextResponse:
-        def register(session: Session, handle: str | None) -> Registration[Any]:
+        def register(session: Session, handle: str | None) -> AnyRegistration:
             text = text_from_proto(request, session)
             return self._state.registry.register_context(
                 session.id, handle, request.name, request.order, text
@@ -92,7 +92,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def SuppressRuntimeContext(
         self, request: pb.SuppressRuntimeContextRequest, context: Context
     ) -> pb.SuppressRuntimeContextResponse:
-        def register(session: Session, handle: str | None) -> Registration[Any]:
+        def register(session: Session, handle: str | None) -> AnyRegistration:
             return self._state.registry.suppress_runtime_context(session.id, handle)
 
         reply = pb.SuppressRuntimeContextResponse
@@ -101,7 +101,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def RegisterTools(
         self, request: pb.RegisterToolsRequest, context: Context
     ) -> pb.RegisterToolsResponse:
-        def register(session: Session, handle: str | None) -> Registration[Any]:
+        def register(session: Session, handle: str | None) -> AnyRegistration:
             tools = tools_from_proto(request, session)
             return self._state.registry.register_tools(session.id, handle, tools, request.name)
 
@@ -110,7 +110,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def RegisterVariable(
         self, request: pb.RegisterVariableRequest, context: Context
     ) -> pb.RegisterVariableResponse:
-        def register(session: Session, handle: str | None) -> Registration[Any]:
+        def register(session: Session, handle: str | None) -> AnyRegistration:
             value = variable_from_proto(request, session)
             return self._state.registry.register_variable(session.id, handle, request.name, value)
 
@@ -220,7 +220,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         self,
         context: Context,
         request: _Owned,
-        register: Callable[[Session, str | None], Registration[Any]],
+        register: Callable[[Session, str | None], AnyRegistration],
         reply: Callable[..., Reply],
     ) -> Reply:
         """Run one registration for the request's session and scope handle."""
