@@ -28,7 +28,7 @@ func main() {
 	must(agent.Variable(ctx, "model", "deepseek-v4"))
 	must(agent.Tools(ctx, dsp.ToolProviderResult{Schemas: []dsp.ToolSchema{{
 		Name: "read_file", Description: "Read a file.",
-		Parameters: []byte(`{"type":"object","properties":{"path":{"type":"string"}}}`),
+		ParametersJSON: `{"type":"object","properties":{"path":{"type":"string"}}}`,
 	}}}))
 	fmt.Println("registered; Ctrl-C to leave")
 	last, down := "", false

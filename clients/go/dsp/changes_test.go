@@ -132,7 +132,7 @@ func TestSnapshotListsRegistrationsWithTheirValues(t *testing.T) {
 	scope := must[*dsp.Scope](t)(client.Scope(bg, "go-listed"))
 	must[*dsp.Handle[string]](t)(scope.Section(bg, "listed", 5, "Listed."))
 	must[*dsp.Handle[dsp.ToolProviderResult]](t)(scope.Tools(bg, dsp.ToolProviderResult{
-		Schemas: []dsp.ToolSchema{{Name: "t", Parameters: []byte(`{}`)}}, KnownNames: []string{"t", "u"},
+		Schemas: []dsp.ToolSchema{{Name: "t", ParametersJSON: `{}`}}, KnownNames: []string{"t", "u"},
 	}))
 	snapshot := must[*dsp.Snapshot](t)(client.Snapshot(bg, dsp.InScope("go-listed", false), dsp.WithValues()))
 	if len(snapshot.Registrations) != 3 || snapshot.Revision == 0 || snapshot.Incarnation == "" {

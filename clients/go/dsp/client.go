@@ -190,7 +190,7 @@ func (c *Client) Scope(ctx context.Context, key string, opts ...ScopeOption) (*S
 	r.make = func(ctx context.Context, sessionID, _ string) (string, *listenerStream, error) {
 		request.SessionId = sessionID
 		reply, err := c.c.rpc.OpenScope(ctx, request)
-		return reply.GetScopeId(), nil, answerError(err, ctx, "OpenScope", c.c.callTimeout)
+		return reply.GetScopeId(), nil, answerError(err, "OpenScope", c.c.callTimeout)
 	}
 	if err := c.c.register(ctx, r); err != nil {
 		return nil, err
@@ -355,7 +355,7 @@ func (r *registrar) ToolsFunc(ctx context.Context, tools ToolsFunc) (*Handle[Too
 // checkTools refuses parameters that are not JSON before anything is sent.
 func checkTools(tools ToolProviderResult) error {
 	for _, tool := range tools.Schemas {
-		if len(tool.Parameters) > 0 && !json.Valid(tool.Parameters) {
+		if len(tool.ParametersJSON) > 0 && !json.Valid([]byte(tool.ParametersJSON)) {
 			return invalid("tool %q: parameters are not JSON", tool.Name)
 		}
 	}
@@ -469,7 +469,7 @@ func register[I scoped, O registered](ctx context.Context, r *registrar, request
 		setSession(request, sessionID, scopeID)
 		reply, err := call(ctx, request)
 		if err != nil {
-			return "", nil, answerError(err, ctx, "a registration", r.c.callTimeout)
+			return "", nil, answerError(err, "a registration", r.c.callTimeout)
 		}
 		return reply.GetRegistrationId(), nil, nil
 	}

@@ -371,7 +371,7 @@ func (c *conn) dispose(ctx context.Context, r *registration) error {
 	callCtx, cancel := context.WithTimeout(ctx, c.callTimeout)
 	defer cancel()
 	_, err := c.rpc.Dispose(callCtx, request)
-	err = answerError(err, callCtx, "Dispose", c.callTimeout)
+	err = answerError(err, "Dispose", c.callTimeout)
 	if isNoAnswer(err) {
 		c.restart() // it may still be registered there: a new session drops it
 	}
@@ -407,7 +407,7 @@ func (c *conn) update(ctx context.Context, r *registration, request *pb.UpdateRe
 	defer cancel()
 	reply, err := c.rpc.Update(callCtx, request)
 	if err != nil {
-		err = answerError(err, callCtx, "Update", c.callTimeout)
+		err = answerError(err, "Update", c.callTimeout)
 		if isNoAnswer(err) {
 			c.restart() // it may have happened there: a new session makes the value this client holds
 		}

@@ -1,7 +1,6 @@
 package dsp
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -197,12 +196,14 @@ func errDown() *Error {
 
 // answerError is the error of a call the sidecar answers at once, bounded by
 // the call timeout: our own deadline passing means the sidecar is not answering.
-func answerError(err error, ctx context.Context, what string, timeout time.Duration) error {
+func answerError(err error, what string, timeout time.Duration) error {
 	if err == nil {
 		return nil
 	}
 	failure := fromRPC(err).(*Error)
-	if failure.Code == codes.DeadlineExceeded && failure.Reason == ReasonUnknown && ctx.Err() != nil {
+	// The sidecar's own timeouts carry a reason; without one, the deadline was
+	// this call's (the sidecar may say so a moment before the client's timer does).
+	if failure.Code == codes.DeadlineExceeded && failure.Reason == ReasonUnknown {
 		return noAnswer(what, timeout)
 	}
 	return failure

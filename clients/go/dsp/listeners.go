@@ -304,15 +304,11 @@ func (s *listenerStream) close() {
 type sentTools struct {
 	originals []*pb.ToolSchema
 	slots     bool
-	index     map[string]int
+	index     map[ToolSchema]int // the first slot of each original, built on first use
 }
 
 func newSentTools(originals []*pb.ToolSchema, slots bool) *sentTools {
 	return &sentTools{originals: originals, slots: slots}
-}
-
-func toolKey(name, description, parameters string) string {
-	return name + "\x00" + description + "\x00" + parameters
 }
 
 // encode is assembly as a message, its unchanged invocation tools as slots when in effect.
@@ -320,29 +316,28 @@ func (t *sentTools) encode(assembly *Assembly) (*pb.PromptAssembly, []int32, err
 	if assembly == nil {
 		return nil, nil, invalid("a listener must return an assembly, not nil")
 	}
-	message := assemblyToProto(assembly)
 	if !t.slots || len(t.originals) == 0 {
-		return message, nil, nil
+		return assemblyToProto(assembly), nil, nil
 	}
 	if t.index == nil {
-		t.index = make(map[string]int, len(t.originals))
+		t.index = make(map[ToolSchema]int, len(t.originals))
 		for i := len(t.originals) - 1; i >= 0; i-- {
-			o := t.originals[i]
-			t.index[toolKey(o.GetName(), o.GetDescription(), o.GetParametersJson())] = i
+			t.index[toolFromProto(t.originals[i])] = i
 		}
 	}
-	slots := make([]int32, len(message.Tools))
-	fresh := message.Tools[:0]
-	for i, tool := range message.Tools {
-		slot, found := t.index[toolKey(tool.GetName(), tool.GetDescription(), tool.GetParametersJson())]
+	slots := make([]int32, len(assembly.Tools))
+	fresh := []ToolSchema{}
+	for i, tool := range assembly.Tools {
+		slot, found := t.index[tool]
 		if !found {
 			slot = -1
 			fresh = append(fresh, tool)
 		}
 		slots[i] = int32(slot)
 	}
-	message.Tools = fresh
-	return message, slots, nil
+	withFresh := *assembly
+	withFresh.Tools = fresh
+	return assemblyToProto(&withFresh), slots, nil
 }
 
 // decode is an assembly the sidecar sent, with slots into this invocation's tools

@@ -110,13 +110,13 @@ func TestNextTwiceIsRefusedAndAnInvalidResultIsRejected(t *testing.T) {
 func TestToolsPassThroughListenersAsSlotsAndStayByteIdentical(t *testing.T) {
 	client := connect(t, shared(t))
 	scope := must[*dsp.Scope](t)(client.Scope(bg, "go-tools"))
-	schema := []byte(`{"type": "object",  "properties": {"b": {}, "a": {}}}`)
+	schema := `{"type": "object",  "properties": {"b": {}, "a": {}}}`
 	must[*dsp.Handle[dsp.ToolProviderResult]](t)(scope.Tools(bg, dsp.ToolProviderResult{Schemas: []dsp.ToolSchema{
-		{Name: "bash", Description: "Run a command.", Parameters: schema},
-		{Name: "todo", Description: "Keep a list.", Parameters: []byte(`{}`)},
+		{Name: "bash", Description: "Run a command.", ParametersJSON: schema},
+		{Name: "todo", Description: "Keep a list.", ParametersJSON: `{}`},
 	}}))
 	must[*dsp.Handle[dsp.ToolProviderResult]](t)(scope.ToolsFunc(bg, func(_ context.Context, a dsp.AssembleContext) (dsp.ToolProviderResult, error) {
-		return dsp.ToolProviderResult{Schemas: []dsp.ToolSchema{{Name: "dynamic", Parameters: []byte(`{"x":1}`)}}}, nil
+		return dsp.ToolProviderResult{Schemas: []dsp.ToolSchema{{Name: "dynamic", ParametersJSON: `{"x":1}`}}}, nil
 	}))
 	must[*dsp.Registration](t)(scope.OnAssemble(bg, func(_ context.Context, a *dsp.Assembly, _ dsp.AssembleContext, next *dsp.Next) (*dsp.Assembly, error) {
 		a.Tools = append(a.Tools, dsp.ToolSchema{Name: "added", Description: "By a listener."})
@@ -136,8 +136,8 @@ func TestToolsPassThroughListenersAsSlotsAndStayByteIdentical(t *testing.T) {
 	}))
 	assembly := must[*dsp.Assembly](t)(client.Assemble(bg, dsp.ForScope("go-tools")))
 	equal(t, toolNames(assembly), []string{"added", "bash", "dynamic", "todo"})
-	if string(assembly.Tools[1].Parameters) != string(schema) || string(assembly.Tools[2].Parameters) != `{"x":1}` {
-		t.Fatalf("tool schemas are byte-identical through the listeners: %s", assembly.Tools[1].Parameters)
+	if assembly.Tools[1].ParametersJSON != schema || assembly.Tools[2].ParametersJSON != `{"x":1}` {
+		t.Fatalf("tool schemas are byte-identical through the listeners: %s", assembly.Tools[1].ParametersJSON)
 	}
 }
 

@@ -2,7 +2,6 @@ package dsp_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -26,17 +25,17 @@ func TestStaticAndDynamicPartsAssembleAndRender(t *testing.T) {
 		mode, ok := a.Get("mode").(string)
 		return mode, ok, nil
 	}))
-	params := json.RawMessage(`{"type":"object","properties":{"n":{"type":"integer"}}}`)
+	params := `{"type":"object","properties":{"n":{"type":"integer"}}}`
 	must[*dsp.Handle[dsp.ToolProviderResult]](t)(client.Tools(bg, dsp.ToolProviderResult{
-		Schemas: []dsp.ToolSchema{{Name: "zeta", Description: "z", Parameters: params}, {Name: "alpha", Description: "a"}},
+		Schemas: []dsp.ToolSchema{{Name: "zeta", Description: "z", ParametersJSON: params}, {Name: "alpha", Description: "a"}},
 	}))
 
 	assembly := must[*dsp.Assembly](t)(client.Assemble(bg, dsp.WithFields(map[string]any{"who": "alice", "mode": "fast"})))
 	equal(t, names(assembly.Sections), []string{"rules", "who"})
 	equal(t, names(assembly.Contexts), []string{"mode"})
 	equal(t, toolNames(assembly), []string{"alpha", "zeta"})
-	if string(assembly.Tools[1].Parameters) != string(params) {
-		t.Fatalf("tool parameters changed on the way: %s", assembly.Tools[1].Parameters)
+	if assembly.Tools[1].ParametersJSON != params {
+		t.Fatalf("tool parameters changed on the way: %s", assembly.Tools[1].ParametersJSON)
 	}
 	if got := text(assembly, "who"); got != "You help alice." {
 		t.Fatalf("dynamic section: %q", got)
@@ -171,7 +170,7 @@ func TestErrorsCarryCodeReasonAndTheRegistrysWords(t *testing.T) {
 			return err
 		}, codes.FailedPrecondition, dsp.ReasonReservedToolName, ""},
 		{"tool JSON", func() error {
-			_, err := client.Tools(bg, dsp.ToolProviderResult{Schemas: []dsp.ToolSchema{{Name: "t", Parameters: json.RawMessage("{")}}})
+			_, err := client.Tools(bg, dsp.ToolProviderResult{Schemas: []dsp.ToolSchema{{Name: "t", ParametersJSON: "{"}}})
 			return err
 		}, codes.InvalidArgument, dsp.ReasonInvalidValue, ""},
 	}
@@ -294,15 +293,15 @@ func TestAUnixSocketAddressAndAStaticToolUpdate(t *testing.T) {
 	startSidecar(t, nil, "--listen", "unix:"+path)
 	client := connect(t, &sidecar{address: "unix:" + path})
 	tools := must[*dsp.Handle[dsp.ToolProviderResult]](t)(client.Tools(bg, dsp.ToolProviderResult{
-		Schemas: []dsp.ToolSchema{{Name: "old", Parameters: []byte(`{}`)}},
+		Schemas: []dsp.ToolSchema{{Name: "old", ParametersJSON: `{}`}},
 	}))
-	must[uint64](t)(tools.Update(bg, dsp.ToolProviderResult{Schemas: []dsp.ToolSchema{{Name: "new", Parameters: []byte(`{"a":1}`)}}}))
+	must[uint64](t)(tools.Update(bg, dsp.ToolProviderResult{Schemas: []dsp.ToolSchema{{Name: "new", ParametersJSON: `{"a":1}`}}}))
 	assembly := must[*dsp.Assembly](t)(client.Assemble(bg))
 	equal(t, toolNames(assembly), []string{"new"})
-	if string(assembly.Tools[0].Parameters) != `{"a":1}` {
-		t.Fatalf("the updated schema: %s", assembly.Tools[0].Parameters)
+	if assembly.Tools[0].ParametersJSON != `{"a":1}` {
+		t.Fatalf("the updated schema: %s", assembly.Tools[0].ParametersJSON)
 	}
-	_, err := tools.Update(bg, dsp.ToolProviderResult{Schemas: []dsp.ToolSchema{{Name: "bad", Parameters: []byte(`{`)}}})
+	_, err := tools.Update(bg, dsp.ToolProviderResult{Schemas: []dsp.ToolSchema{{Name: "bad", ParametersJSON: `{`}}})
 	if failure(t, err).Reason != dsp.ReasonInvalidValue {
 		t.Fatalf("parameters that are not JSON are refused before sending: %v", err)
 	}

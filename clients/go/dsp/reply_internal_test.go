@@ -57,7 +57,7 @@ func TestTheReplyDecoderAgreesWithTheGeneratedCode(t *testing.T) {
 	}
 }
 
-func TestTheReplyDecoderRefusesTruncatedBytesAndKeepsNoneOfTheBuffer(t *testing.T) {
+func TestTheReplyDecoderRefusesTruncatedBytesAndSharesNoMemoryWithTheBuffer(t *testing.T) {
 	data, _ := proto.Marshal(&pb.AssembleResponse{Assembly: &pb.PromptAssembly{
 		Tools: []*pb.ToolSchema{{Name: "a", ParametersJson: "{}"}, {Name: "b", ParametersJson: "[]"}},
 	}})
@@ -71,8 +71,7 @@ func TestTheReplyDecoderRefusesTruncatedBytesAndKeepsNoneOfTheBuffer(t *testing.
 	for i := range data {
 		data[i] = 0 // gRPC may reuse its buffer
 	}
-	first := append(decoded.assembly.Tools[0].Parameters, '!')
-	if string(decoded.assembly.Tools[1].Parameters) != "[]" || string(first) != "{}!" || decoded.assembly.Tools[0].Name != "a" {
+	if decoded.assembly.Tools[1].ParametersJSON != "[]" || decoded.assembly.Tools[0].ParametersJSON != "{}" || decoded.assembly.Tools[0].Name != "a" {
 		t.Fatalf("the decoded reply shares memory it should not: %+v", decoded.assembly.Tools)
 	}
 }

@@ -357,7 +357,7 @@ func TestARegistrationTheSidecarNeverAnswersFailsAndTheSessionIsMadeAgain(t *tes
 	s.register = func(ctx context.Context, _ *pb.RegisterSectionRequest) (*pb.RegisterSectionResponse, error) {
 		if silent.Load() {
 			<-ctx.Done()
-			return nil, ctx.Err()
+			return nil, status.FromContextError(ctx.Err()).Err()
 		}
 		return &pb.RegisterSectionResponse{RegistrationId: "r"}, nil
 	}

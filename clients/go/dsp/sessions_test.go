@@ -107,7 +107,7 @@ func TestASidecarRestartReplaysEverythingAndThePromptIsByteIdentical(t *testing.
 	unset := must[*dsp.VariableHandle](t)(client.Variable(bg, "unset", "soon gone"))
 	must[uint64](t)(unset.Unset(bg))
 	must[*dsp.Handle[dsp.ToolProviderResult]](t)(client.Tools(bg, dsp.ToolProviderResult{
-		Schemas: []dsp.ToolSchema{{Name: "tool", Description: "d", Parameters: []byte(`{"type": "object"}`)}},
+		Schemas: []dsp.ToolSchema{{Name: "tool", Description: "d", ParametersJSON: `{"type": "object"}`}},
 	}))
 	scope := must[*dsp.Scope](t)(client.Scope(bg, "agent", dsp.WithParent("team")))
 	must[*dsp.Handle[string]](t)(scope.Section(bg, "scoped", 30, "Scoped."))
@@ -141,8 +141,8 @@ func TestASidecarRestartReplaysEverythingAndThePromptIsByteIdentical(t *testing.
 	if !unsetFound {
 		t.Fatalf("the unset variable after the replay: %+v", after.Assembly.Variables)
 	}
-	if string(after.Assembly.Tools[0].Parameters) != `{"type": "object"}` {
-		t.Fatalf("tool parameters, byte for byte: %s", after.Assembly.Tools[0].Parameters)
+	if after.Assembly.Tools[0].ParametersJSON != `{"type": "object"}` {
+		t.Fatalf("tool parameters, byte for byte: %s", after.Assembly.Tools[0].ParametersJSON)
 	}
 	check(t, scope.Dispose(bg)) // a handle from before the restart still works
 	equal(t, names(must[*dsp.Assembly](t)(client.Assemble(bg, dsp.ForScope("agent"))).Sections), []string{"static", "dynamic", "listener"})

@@ -38,9 +38,11 @@ type Part struct {
 type ToolSchema struct {
 	Name        string
 	Description string
-	// Parameters is the JSON Schema object of the tool's parameters, kept as the
-	// exact bytes given: byte-identical schemas keep a model server's prompt cache warm.
-	Parameters json.RawMessage
+	// ParametersJSON is the JSON Schema object of the tool's parameters, as JSON
+	// text kept byte for byte as given: byte-identical schemas keep a model
+	// server's prompt cache warm ("" sends "{}"). json.RawMessage(ParametersJSON)
+	// embeds it in a request to a model server.
+	ParametersJSON string
 }
 
 // ToolProviderResult is what a tool provider answers.
@@ -92,7 +94,7 @@ func partsFromProto[M interface {
 }
 
 func toolFromProto(m *pb.ToolSchema) ToolSchema {
-	return ToolSchema{Name: m.GetName(), Description: m.GetDescription(), Parameters: json.RawMessage(m.GetParametersJson())}
+	return ToolSchema{Name: m.GetName(), Description: m.GetDescription(), ParametersJSON: m.GetParametersJson()}
 }
 
 func toolsFromProto(messages []*pb.ToolSchema) []ToolSchema {
@@ -117,7 +119,7 @@ func assemblyFromProto(m *pb.PromptAssembly) *Assembly {
 }
 
 func toolToProto(t ToolSchema) *pb.ToolSchema {
-	parameters := string(t.Parameters)
+	parameters := t.ParametersJSON
 	if parameters == "" {
 		parameters = "{}" // the contract requires JSON; no parameters is the empty object
 	}
