@@ -18,7 +18,7 @@ import (
 // next.Tail(assembly)), post-process what next.Call returned, or return an
 // assembly of its own without calling next. ctx ends when the sidecar abandons
 // the invocation. An error fails the assembly (LISTENER_FAILED) with its message.
-type Listener func(ctx context.Context, assembly *Assembly, context AssembleContext, next *Next) (*Assembly, error)
+type Listener func(ctx context.Context, assembly *Assembly, info AssembleContext, next *Next) (*Assembly, error)
 
 // Next hands an assembly to the rest of the waterfall, once per invocation.
 type Next struct {
@@ -277,11 +277,11 @@ func (s *listenerStream) call(running *invocation, message *pb.ListenerInvocatio
 	if err != nil {
 		return nil, err
 	}
-	context, err := contextFromProto(message.GetContext())
+	info, err := contextFromProto(message.GetContext())
 	if err != nil {
 		return nil, err
 	}
-	return s.listener(running.ctx, assembly, context, next)
+	return s.listener(running.ctx, assembly, info, next)
 }
 
 func (s *listenerStream) send(message *pb.ListenRequest) {
