@@ -172,15 +172,7 @@ async def run(
         if not plan.is_static:
             return result
         plan.result = result
-    return copy(plan.result)
-
-
-def copy(assembly: Assembly) -> Assembly:
-    """A new assembly sharing the immutable parts and tools."""
-    return Assembly(
-        list(assembly.sections), list(assembly.contexts), list(assembly.tools),
-        dict(assembly.variables),
-    )  # fmt: skip
+    return plan.result.copy()
 
 
 async def _run(
@@ -193,14 +185,14 @@ async def _run(
     callbacks: CallbackCache | None = None,
 ) -> Assembly:
     complete = plan.complete_section()
-    cached = None if callbacks is None else _Cached(callbacks, plan, context)
+    cached = None if callbacks is None else _Cached(callbacks=callbacks, plan=plan, context=context)
     values = await _evaluate(plan, context, timeout, cached)
     _check_provided(values, limits)
-    sections = [Part(e.name, _text(e, values)) for e in plan.sections]
+    sections = [Part(name=e.name, text=_text(e, values)) for e in plan.sections]
     tools = _collect_tools(plan.tools, values, tool_order)
     assembly = Assembly(
         sections=sections,
-        contexts=[Part(e.name, _text(e, values)) for e in plan.contexts],
+        contexts=[Part(name=e.name, text=_text(e, values)) for e in plan.contexts],
         tools=tools,
         variables={e.name: _variable(e, values) for e in plan.variables},
     )
@@ -211,7 +203,7 @@ async def _run(
         trace.record("", snapshot(assembly))
     result = await _waterfall(plan.listeners, assembly, context, timeout, origins, trace, cached)
     if complete is not None:
-        result.sections = [Part(complete.name, _text(complete, values))]
+        result.sections = [Part(name=complete.name, text=_text(complete, values))]
         if origins is not None:
             origins[(PartKind.SECTION, complete.name)] = entry_origin(complete, plan.chain)
     if plan.suppressed:

@@ -74,7 +74,12 @@ class CallbackCache:
     ) -> None:
         """Keep a provider's answer, unless an invalidation came since `generation`."""
         key = ("answer", entry_id, context_key(policy, context))
-        self._put(key, revision, generation, _Kept((entry_id,), value, self._expiry(policy)))
+        self._put(
+            key,
+            revision,
+            generation,
+            _Kept(owners=(entry_id,), value=value, expires=self._expiry(policy)),
+        )
 
     def result(
         self,
@@ -90,7 +95,7 @@ class CallbackCache:
         if kept is None or kept.given != given:
             return None
         assert isinstance(kept.value, Assembly)
-        return _copy(kept.value)
+        return kept.value.copy()
 
     def keep_result(
         self,
@@ -103,7 +108,12 @@ class CallbackCache:
         result: Assembly,
     ) -> None:
         key = ("waterfall", listener_ids, context_key(policy, context))
-        kept = _Kept(listener_ids, _copy(result), self._expiry(policy), _copy(given))
+        kept = _Kept(
+            owners=listener_ids,
+            value=result.copy(),
+            expires=self._expiry(policy),
+            given=given.copy(),
+        )
         self._put(key, revision, generation, kept)
 
     def invalidate(self, registration_ids: Iterable[str]) -> None:
@@ -154,10 +164,3 @@ def combined(policies: Sequence[CachePolicy]) -> CachePolicy:
         by_context=any(policy.by_context for policy in policies),
         ttl_s=min(ttls) if ttls else None,
     )
-
-
-def _copy(assembly: Assembly) -> Assembly:
-    return Assembly(
-        list(assembly.sections), list(assembly.contexts), list(assembly.tools),
-        dict(assembly.variables),
-    )  # fmt: skip

@@ -149,7 +149,11 @@ class Subscription:
     def _report_gap(self) -> Missed:
         assert self._gap_from is not None
         latest = self._feed.revision
-        gap = Missed(self._gap_from, latest - self._gap_from + 1, latest)
+        gap = Missed(
+            first_revision=self._gap_from,
+            count=latest - self._gap_from + 1,
+            resync_revision=latest,
+        )
         self._gap_from, self._detached, self._seen = None, None, latest
         self._feed.move(self, latest + 1)
         return gap
@@ -179,7 +183,15 @@ class ChangeFeed:
         fingerprint: str = "",
     ) -> ChangeEvent:
         self.revision += 1
-        event = ChangeEvent(self.revision, kind, action, name, scope, ref, fingerprint)
+        event = ChangeEvent(
+            revision=self.revision,
+            kind=kind,
+            action=action,
+            name=name,
+            scope=scope,
+            ref=ref,
+            fingerprint=fingerprint,
+        )
         self._log.append(event)
         self._trim()
         if self._waiting and self._waker is None:

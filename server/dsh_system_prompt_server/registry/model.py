@@ -65,6 +65,15 @@ class Assembly:
     origins: Origins | None = None
     trace: Trace | None = None
 
+    def copy(self) -> Assembly:
+        """A new assembly sharing the immutable parts and tools (not the provenance)."""
+        return Assembly(
+            sections=list(self.sections),
+            contexts=list(self.contexts),
+            tools=list(self.tools),
+            variables=dict(self.variables),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class AssembleContext:
@@ -191,7 +200,7 @@ class Registration(Generic[V]):
     fingerprint: str = ""  # of the static value (filters.value_fingerprint); "" if none
 
     def provider_call(self, key: str) -> ProviderCall:
-        return ProviderCall(key, self.kind, self.name, self.scope)
+        return ProviderCall(key=key, kind=self.kind, name=self.name, scope=self.scope)
 
 
 @dataclass(eq=False, kw_only=True)

@@ -65,7 +65,7 @@ class LivePrompt:
         plan = self._registry.plan(self._scope)
         tool_order = self._registry.settings.tool_order
         assembly = await self._registry.run(
-            static_view(plan, tool_order), AssembleContext(self._scope), track=True
+            static_view(plan, tool_order), AssembleContext(scope=self._scope), track=True
         )
         report, current = build_report(assembly, self._tokenizer, layout, self._previous)
         before, self._previous = self._previous, current
@@ -110,7 +110,8 @@ def placeholder(entry: AnyRegistration, tool_order: Sequence[str] | None) -> str
         return label
     # It may know any name the tool order lists: the order is not refused for it.
     known = tuple(name for name in tool_order or () if name != TOOL_ORDER_REST)
-    return ToolSet((Tool(label, PLACEHOLDER_TOOL_DESCRIPTION, "{}"),), (label, *known))
+    tool = Tool(name=label, description=PLACEHOLDER_TOOL_DESCRIPTION, parameters_json="{}")
+    return ToolSet(schemas=(tool,), known_names=(label, *known))
 
 
 def _placeholders(plan: Plan, tool_order: Sequence[str] | None) -> list[PartKey]:

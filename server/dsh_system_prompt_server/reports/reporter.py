@@ -55,7 +55,8 @@ class Reporter:
         """Report `assembly` (tracked, of `revision`) against the key's last report, and keep it."""
         previous, evicted = self.history.previous(key)
         report, current = build_report(assembly, self.tokenizer, layout, previous, evicted)
-        return Reported(key, report, self.history.remember(key, report, current, revision))
+        remembered = self.history.remember(key, report, current, revision)
+        return Reported(key=key, report=report, remembered=remembered)
 
     def observe(self, key: HistoryKey, cached: int, prompt: int | None) -> HistoryEntry:
         """Attach the model server's usage to the key's latest report; REPORT_NOT_FOUND

@@ -14,7 +14,6 @@ from dsh_system_prompt_core import Reason
 from ..registry import (
     SIDECAR_OWNER,
     Action,
-    AnyRegistration,
     AssembleContext,
     Assembly,
     CachePolicy,
@@ -36,7 +35,7 @@ from ..registry import (
     public_ref,
 )
 from ..registry.limits import Limits, value_bytes
-from ..registry.model import ContextRegistration, SectionRegistration
+from ..registry.model import AnyRegistration, ContextRegistration, SectionRegistration
 from .encoding import assembly_to_proto, tool_to_proto
 from .json_text import load_json
 from .status import bad_request
@@ -48,8 +47,8 @@ def assembly_from_proto(
     """An assembly from a client (a listener's reply): new tools' JSON checked like any
     registration; with `slots`, unchanged tools are those of `sent`, not re-read."""
     return Assembly(
-        sections=[Part(s.name, s.text) for s in message.sections],
-        contexts=[Part(c.name, c.text) for c in message.contexts],
+        sections=[Part(name=s.name, text=s.text) for s in message.sections],
+        contexts=[Part(name=c.name, text=c.text) for c in message.contexts],
         tools=tools_from_slots(slots, message.tools, sent)
         if slots
         else [tool_from_proto(t) for t in message.tools],
@@ -64,8 +63,13 @@ def assembly_to_slotted_proto(
     index = {id(tool): position for position, tool in enumerate(sent)}
     slots = [index.get(id(tool), -1) for tool in assembly.tools]
     fresh = [tool for tool, slot in zip(assembly.tools, slots, strict=True) if slot < 0]
-    message = assembly_to_proto(Assembly(assembly.sections, assembly.contexts, fresh,
-                                         assembly.variables))  # fmt: skip
+    sending = Assembly(
+        sections=assembly.sections,
+        contexts=assembly.contexts,
+        tools=fresh,
+        variables=assembly.variables,
+    )
+    message = assembly_to_proto(sending)
     return message, slots
 
 
@@ -92,12 +96,16 @@ def tools_from_slots(
 
 def tool_from_proto(message: pb.ToolSchema) -> Tool:
     check_parameters(message.name, message.parameters_json)
-    return Tool(message.name, message.description, message.parameters_json)
+    return Tool(
+        name=message.name,
+        description=message.description,
+        parameters_json=message.parameters_json,
+    )
 
 
 def toolset_from_proto(message: pb.ToolProviderResult) -> ToolSet:
     known = tuple(message.known_names.names) if message.HasField("known_names") else None
-    return ToolSet(tuple(tool_from_proto(t) for t in message.schemas), known)
+    return ToolSet(schemas=tuple(tool_from_proto(t) for t in message.schemas), known_names=known)
 
 
 def context_to_proto(context: AssembleContext) -> pb.AssembleContext:
@@ -109,7 +117,7 @@ def context_from_proto(message: pb.AssembleContext) -> AssembleContext:
         fields = load_json(message.fields_json, "assemble fields")
         if not isinstance(fields, dict):
             raise bad_request(Reason.INVALID_JSON, "assemble fields must be a JSON object")
-    return AssembleContext(message.scope or None, message.fields_json)
+    return AssembleContext(scope=message.scope or None, fields_json=message.fields_json)
 
 
 def check_parameters(name: str, parameters_json: str) -> None:
@@ -165,7 +173,7 @@ def update_value_from_proto(request: pb.UpdateRequest) -> str | None | ToolSet:
 def dynamic_from_proto(dynamic: pb.Dynamic, host: ProviderHost) -> Dynamic:
     if not dynamic.provider_key:
         raise bad_request(Reason.MISSING_VALUE, "a dynamic provider needs a provider_key")
-    return Dynamic(host, dynamic.provider_key, cache_from_proto(dynamic.cache))
+    return Dynamic(host=host, key=dynamic.provider_key, cache=cache_from_proto(dynamic.cache))
 
 
 _CACHE_DEPENDENCIES = {pb.CACHE_DEPENDENCY_REVISION: False, pb.CACHE_DEPENDENCY_CONTEXT: True}
@@ -330,7 +338,7 @@ def filter_from_proto(message: pb.ChangeFilter, limits: Limits) -> Filter:
     """A watch's or listing's filter; kinds this sidecar does not know are ignored."""
     limits.check_name("scope", message.scope)
     kinds = frozenset(_KINDS_BY_WIRE[k] for k in message.kinds if k in _KINDS_BY_WIRE)
-    return Filter(message.scope or None, message.ancestors, kinds)
+    return Filter(scope=message.scope or None, ancestors=message.ancestors, kinds=kinds)
 
 
 def registration_to_proto(

@@ -74,8 +74,8 @@ def layout_from_proto(value: int, default: Layout) -> Layout:
 def history_key_from_proto(scope: str, report_key: str) -> HistoryKey:
     """The caller's report_key when it names one, else the scope."""
     if report_key:
-        return HistoryKey("key", report_key)
-    return HistoryKey("scope", scope or None)
+        return HistoryKey(kind="key", name=report_key)
+    return HistoryKey(kind="scope", name=scope or None)
 
 
 def history_entry_to_proto(entry: HistoryEntry) -> pb.CacheHistoryEntry:
