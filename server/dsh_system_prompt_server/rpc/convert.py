@@ -36,7 +36,7 @@ from ..registry import (
 )
 from ..registry.limits import Limits, value_bytes
 from ..registry.model import AnyRegistration, ContextRegistration, SectionRegistration
-from .encoding import assembly_to_proto, tool_to_proto
+from .encoding import tool_to_proto
 from .json_text import load_json
 from .status import bad_request
 
@@ -54,23 +54,6 @@ def assembly_from_proto(
         else [tool_from_proto(t) for t in message.tools],
         variables={v.name: v.value if v.HasField("value") else None for v in message.variables},
     )
-
-
-def assembly_to_slotted_proto(
-    assembly: Assembly, sent: Sequence[Tool]
-) -> tuple[pb.PromptAssembly, list[int]]:
-    """`assembly` for a client that holds `sent`: its tools among them go as slots."""
-    index = {id(tool): position for position, tool in enumerate(sent)}
-    slots = [index.get(id(tool), -1) for tool in assembly.tools]
-    fresh = [tool for tool, slot in zip(assembly.tools, slots, strict=True) if slot < 0]
-    sending = Assembly(
-        sections=assembly.sections,
-        contexts=assembly.contexts,
-        tools=fresh,
-        variables=assembly.variables,
-    )
-    message = assembly_to_proto(sending)
-    return message, slots
 
 
 def tools_from_slots(

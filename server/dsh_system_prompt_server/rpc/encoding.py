@@ -92,7 +92,11 @@ def _variable_field(item: tuple[str, str | None]) -> bytes:
 
 def _field(number: int, message: Message) -> bytes:
     """`message` encoded as length-delimited field `number`: key, length, bytes."""
-    payload = message.SerializeToString()
+    return delimited(number, message.SerializeToString())
+
+
+def delimited(number: int, payload: bytes) -> bytes:
+    """`payload` (a message's encoding) as length-delimited field `number`."""
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 

@@ -2,7 +2,8 @@
 
 The generated `add_..._to_server` serializes every response message; Assemble's
 responses are encoded by the service itself (cached ones once, for every caller),
-so its serializer writes `bytes` as they are.
+and so are a listener stream's invocations, so their serializers write `bytes` as
+they are.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 
 SERVICE = pb.DESCRIPTOR.services_by_name["SystemPromptService"]
-PREENCODED = frozenset({"Assemble"})  # methods whose servicer may return encoded bytes
+# Methods whose servicer may return (or write) encoded bytes.
+PREENCODED = frozenset({"Assemble", "Listen", "OpenSession"})
 
 
 def passthrough(response: Message | bytes) -> bytes:

@@ -44,7 +44,9 @@ class Stream(Protocol[Out_contra]):
         """The next request, or grpc.aio.EOF once the client has closed its side."""
         ...
 
-    async def write(self, message: Out_contra) -> None: ...
+    async def write(self, message: Out_contra | bytes) -> None:
+        """Write a message, or its encoding on a method whose serializer passes bytes on."""
+        ...
 
     def peer(self) -> str:
         """The peer's address as gRPC names it, e.g. `ipv4:127.0.0.1:53210` or `unix:`."""
@@ -93,7 +95,7 @@ class Broker(ABC, Generic[In, Out, H]):
         first = await stream.read()
         if not isinstance(first, self.request) or not first.HasField("start"):
             raise bad_request(Reason.BAD_STREAM, self.must_start)
-        outbox = Outbox(stream.write, self.outbox_limits, self.peer_name(first))
+        outbox: Outbox[Out] = Outbox(stream.write, self.outbox_limits, self.peer_name(first))
         with gate.call():
             host, confirmation = self.open(first, outbox, stream.peer())
         try:

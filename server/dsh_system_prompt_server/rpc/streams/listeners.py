@@ -23,13 +23,8 @@ from ...registry import (
 )
 from ...telemetry.metrics import Metrics
 from ...telemetry.tracing import Tracing, hop
-from ..convert import (
-    assembly_from_proto,
-    assembly_to_slotted_proto,
-    cache_from_proto,
-    context_to_proto,
-)
-from ..encoding import assembly_to_proto
+from ..convert import assembly_from_proto, cache_from_proto, context_to_proto
+from . import encoded
 from .broker import Broker, Ended, Replies, Stream
 from .outbox import Outbox, OutboxLimits
 from .sessions import Sessions
@@ -132,44 +127,33 @@ class ListenerStream:
     ) -> Assembly:
         if self.ended.is_set():
             raise self._unavailable()
-        invocation = pb.ListenerInvocation(
-            invocation_id=next(self._invocation_ids),
-            assembly=assembly_to_proto(assembly),
-            context=context_to_proto(context),
+        head = pb.ListenerInvocation(
+            invocation_id=next(self._invocation_ids), context=context_to_proto(context)
         )
         # The hop's span holds the rest of the chain too: listeners nest as they run.
-        with hop(self._tracing, f'listener "{self.name}"', invocation.trace_context):
-            return await self._run(invocation, assembly.tools, next_, timeout)
+        with hop(self._tracing, f'listener "{self.name}"', head.trace_context):
+            message = encoded.invocation(head, assembly)
+            return await self._run(head.invocation_id, message, assembly.tools, next_, timeout)
 
     async def _run(
         self,
-        invocation: pb.ListenerInvocation,
+        invocation_id: int,
+        invocation: bytes,
         sent: Sequence[Tool],  # what the client holds: its replies refer to these by slot
         next_: NextFn,
         timeout: float | None,
     ) -> Assembly:
-        invocation_id = invocation.invocation_id
         self._replies.open(invocation_id)
         try:
-            self._send(pb.ListenResponse(invocation=invocation))
+            self._send(invocation)
             reply = await self._receive(invocation_id, timeout)
             if reply.WhichOneof("kind") == "next":
                 handed = self._decode(reply.next.assembly, reply.next.tool_slots, sent)
                 returned = await next_(handed)
                 if reply.next.tail:
                     return returned
-                message, slots = (
-                    assembly_to_slotted_proto(returned, sent)
-                    if self._tool_slots
-                    else (assembly_to_proto(returned), [])
-                )
-                self._send(
-                    pb.ListenResponse(
-                        next_result=pb.ListenerNextResult(
-                            invocation_id=invocation_id, assembly=message, tool_slots=slots
-                        )
-                    )
-                )
+                held = sent if self._tool_slots else None
+                self._send(encoded.next_result(invocation_id, returned, held))
                 reply = await self._receive(invocation_id, timeout)
             return self._final(reply, sent)
         except BaseException:
@@ -224,7 +208,7 @@ class ListenerStream:
         except Failure as error:  # the listener broke the protocol, like a provider would
             raise self._failed(error.message) from None
 
-    def _send(self, message: pb.ListenResponse) -> None:
+    def _send(self, message: pb.ListenResponse | bytes) -> None:
         """Queue `message` on the stream (its outbox writes it; this never waits)."""
         if self.ended.is_set() or not self.outbox.send(message):
             raise self._unavailable()

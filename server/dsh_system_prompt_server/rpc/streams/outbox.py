@@ -38,25 +38,26 @@ class OutboxLimits:
 
 
 class Outbox(Generic[M]):
-    """A stream's outgoing messages; `run()` writes them until the stream ends or stalls."""
+    """A stream's outgoing messages (or their encodings, which gRPC writes as they are);
+    `run()` writes queued ones until the stream ends or stalls."""
 
     def __init__(
-        self, write: Callable[[M], Awaitable[None]], limits: OutboxLimits, peer: str
+        self, write: Callable[[M | bytes], Awaitable[None]], limits: OutboxLimits, peer: str
     ) -> None:
         self._write = write
         self._limits = limits
         self._peer = peer
-        self._queue: deque[tuple[M, int]] = deque()
+        self._queue: deque[tuple[M | bytes, int]] = deque()
         self._queued_bytes = 0
         self._ready = asyncio.Event()
         self.stalled = asyncio.Event()
         self.stall_reason = ""
 
-    def send(self, message: M) -> bool:
+    def send(self, message: M | bytes) -> bool:
         """Queue `message`; False (and nothing queued) once the peer has stalled."""
         if self.stalled.is_set():
             return False
-        size = message.ByteSize()
+        size = len(message) if isinstance(message, bytes) else message.ByteSize()
         if self._queue and self._queued_bytes + size > self._limits.max_bytes:
             self._stall(f"it left more than {self._limits.max_bytes} bytes unread")
             return False
@@ -64,6 +65,14 @@ class Outbox(Generic[M]):
         self._queued_bytes += size
         self._ready.set()
         return True
+
+    async def write(self, message: M | bytes) -> bool:
+        """Write `message` now and wait for it, for a stream that writes one message at a
+        time (a watch); False once the peer has stalled."""
+        if self.stalled.is_set():
+            return False
+        await self._written(message)
+        return not self.stalled.is_set()
 
     async def run(self) -> None:
         """Write queued messages in order; return as soon as the peer stalls."""
@@ -74,7 +83,6 @@ class Outbox(Generic[M]):
             pump.cancel()
 
     async def _pump(self) -> None:
-        timeout = self._limits.write_timeout_s
         while not self.stalled.is_set():
             if not self._queue:
                 self._ready.clear()
@@ -82,11 +90,16 @@ class Outbox(Generic[M]):
                 continue
             message, size = self._queue.popleft()
             self._queued_bytes -= size
-            try:
-                async with asyncio.timeout(timeout):
-                    await self._write(message)
-            except TimeoutError:
-                self._stall(f"it did not read a message within {timeout:g}s")
+            await self._written(message)
+
+    async def _written(self, message: M | bytes) -> None:
+        """Write one message, bounded in time: a peer that does not take it has stalled."""
+        timeout = self._limits.write_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                await self._write(message)
+        except TimeoutError:
+            self._stall(f"it did not read a message within {timeout:g}s")
 
     def stall_error(self) -> ServiceError:
         """The status its stream ends with once stalled."""
