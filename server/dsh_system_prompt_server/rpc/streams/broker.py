@@ -5,17 +5,20 @@ outbox that bounds what its peer may leave unread and how long one write may tak
 ends at the first of: the peer closes its side or fails, what it opened ends on its own
 (a disposed listener), the peer stalls. Whatever the end, what it opened is closed; a
 stalled peer is then logged, counted (`dsp_stalled_peers_total{kind}`) and told
-RESOURCE_EXHAUSTED STREAM_STALLED. A callback stream (a session, a listener) also starts
-with a start message of its kind, and the replies it awaits are bounded in time
-(`Replies`). A rule about how a stream opens, ends, stalls or is bounded is changed here.
+RESOURCE_EXHAUSTED STREAM_STALLED (`stalled`). A callback stream (a session, a
+listener) starts with a start message of its kind (`Broker`), queues what it sends,
+and bounds in time the replies it awaits (`Replies`); a watch writes one message at a
+time (`write_all`). A rule about how a stream opens, ends, stalls or is bounded is
+changed here, or in the outbox.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc.aio
@@ -130,6 +133,15 @@ async def run(outbox: Outbox[Any], *work: Awaitable[object]) -> None:
     finally:
         for task in tasks:
             task.cancel()
+
+
+async def write_all(outbox: Outbox[Out], messages: AsyncGenerator[Out, None]) -> None:
+    """Write each of `messages` once the one before it is written (a watch's pace), until
+    they end or the peer stalls."""
+    async with contextlib.aclosing(messages):
+        async for message in messages:
+            if not await outbox.write(message):
+                return
 
 
 def stalled(metrics: Metrics, kind: str, label: str, outbox: Outbox[Any]) -> ServiceError:

@@ -9,23 +9,20 @@ prompt watch rebuilds the prompt once per burst of changes, at its own pace.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from dsh_system_prompt_core import Reason
 from google.protobuf.message import Message
 
-from ...registry import Filter, Registry, ServiceError, Status, Subscription
+from ...registry import Filter, Registry, Subscription
 from ...registry.changes import Missed
 from ...registry.limits import quota_exceeded
 from ...registry.model import ChangeEvent
 from ...reports.tokens import Tokenizer
 from ...reports.values import Layout
-from ...telemetry.logs import logger
 from ...telemetry.metrics import Metrics
 from ..convert import (
     batch_entry,
@@ -36,7 +33,8 @@ from ..convert import (
 )
 from ..gate import Gate
 from ..report_messages import layout_from_proto
-from .broker import Stream
+from .broker import Stream, stalled, write_all
+from .outbox import Outbox, OutboxLimits
 from .peers import PeerCounts
 from .prompt_watch import PromptWatch
 from .turns import Turns
@@ -51,7 +49,6 @@ MAX_BATCH_EVENTS = 512  # events per ChangeBatch (each event is bounded by the n
 
 Change = ChangeEvent | Missed  # what a change subscription reads
 Opened = TypeVar("Opened")
-_log = logger("watches")
 
 
 @dataclass(frozen=True)
@@ -129,30 +126,17 @@ class Watches:
         subscription: Subscription,
         responses: AsyncGenerator[Message, None],
     ) -> None:
-        """Write a watch's responses until its peer stops taking them (then close it):
-        STREAM_STALLED, raised, ends the call."""
+        """Write a watch's responses, each once the one before is written, until its peer
+        stops taking them (then close it): STREAM_STALLED, raised, ends the call."""
+        limits = OutboxLimits(write_timeout_s=self._registry.settings.provider_timeout_s)
+        outbox: Outbox[Message] = Outbox(stream.write, limits, "the watcher")
         try:
-            async with contextlib.aclosing(responses):
-                async for message in responses:
-                    if not await self._written(stream, message):
-                        break
+            await write_all(outbox, responses)
         finally:
             subscription.close()
             self.release(peer)
-        timeout = self._registry.settings.provider_timeout_s
-        _log.warning("closed a watcher that did not read an event within %gs", timeout)
-        self._metrics.peer_stalled("watcher")
-        stalled = f"the watcher was closed: it did not read an event within {timeout:g}s"
-        raise ServiceError(Status.RESOURCE_EXHAUSTED, Reason.STREAM_STALLED, stalled)
-
-    async def _written(self, stream: Stream[Message], message: Message) -> bool:
-        """Write `message`; False when the peer does not take it within provider_timeout_s."""
-        try:
-            async with asyncio.timeout(self._registry.settings.provider_timeout_s):
-                await stream.write(message)
-        except TimeoutError:
-            return False
-        return True
+        if outbox.stalled.is_set():
+            raise stalled(self._metrics, "watcher", peer, outbox)
 
     # -- change events ----------------------------------------------------------------
 
