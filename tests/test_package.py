@@ -107,3 +107,82 @@ def test_importing_the_package_loads_none_of_the_server_extra() -> None:
     probe = f"import sys, dsh_system_prompt_server; print([m for m in {extra} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _module_graph(root: Path) -> dict[str, set[str]]:
+    """Each module of the package at `root` (dotted, relative to it) and the package's
+    modules it imports, at run time or for type checking alike."""
+    paths = {
+        ".".join(p.relative_to(root).with_suffix("").parts).removesuffix("__init__").strip("."): p
+        for p in root.rglob("*.py")
+        if "gen" not in p.relative_to(root).parts
+    }
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        package = [part for part in package if part]
+        graph[module] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            base = package[: len(package) - (node.level - 1)]
+            target = ".".join((*base, *filter(None, (node.module or "").split("."))))
+            for alias in node.names:  # `from . import x` names a module, not the package
+                named = f"{target}.{alias.name}".strip(".")
+                graph[module].add(named if named in paths else target)
+        graph[module].discard(module)
+    return graph
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle of `graph` (the modules along it), or [] when there is none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> list[str]:
+        state[module] = 1
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state and (found := visit(target, [*path, target])):
+                return found
+        state[module] = 2
+        return []
+
+    for module in sorted(graph):
+        if module not in state and (found := visit(module, [module])):
+            return found
+    return []
+
+
+ROOT = PACKAGE.parent.parent
+SOURCES = (PACKAGE, ROOT / "client" / "dsh_system_prompt", ROOT / "core" / "dsh_system_prompt_core")
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    assert [_circle(_module_graph(root)) for root in SOURCES] == [[], [], []]
+
+
+def test_no_module_of_the_server_client_or_core_is_over_500_lines() -> None:
+    long = [
+        f"{path.relative_to(root.parent)}: {lines}"
+        for root in SOURCES
+        for path in root.rglob("*.py")
+        if "gen" not in path.relative_to(root).parts
+        and (lines := len(path.read_text(encoding="utf-8").splitlines())) > 500
+    ]
+    assert long == []
+
+
+def test_no_import_renames_a_name_of_the_project() -> None:
+    own = ("dsh_system_prompt", "dsh_system_prompt_core", "dsh_system_prompt_server")
+    renamed = [
+        f"{path.relative_to(root.parent)}:{node.lineno} {ast.unparse(node)}"
+        for root in SOURCES
+        for path in root.rglob("*.py")
+        if "gen" not in path.relative_to(root).parts
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom)
+        and (node.level or (node.module or "").split(".")[0] in own)
+        and any(alias.asname for alias in node.names)
+    ]
+    assert renamed == []
