@@ -1,0 +1,201 @@
+package dsp_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"dsh.dev/dsh-system-prompt/clients/go/dsp"
+	pb "dsh.dev/dsh-system-prompt/clients/go/gen/dsh/systemprompt/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Scripted sidecars that misbehave on change streams, updates and disposals.
+
+func TestAChangeStreamTheSidecarNeverConfirmsFailsWithinTheCallTimeout(t *testing.T) {
+	s := &script{watch: func(_ int, _ *pb.WatchChangesRequest, stream pb.SystemPromptService_WatchChangesServer) error {
+		<-stream.Context().Done()
+		return nil
+	}}
+	client := connectScripted(t, serveScript(t, s))
+	_, err := client.WatchChanges(bg)
+	wantError(t, err, codes.Unavailable, dsp.ReasonSidecarUnavailable)
+	client.Close()
+	nothingLeft(t, s)
+}
+
+func missed(first, count, resync uint64) *pb.WatchChangesResponse {
+	return &pb.WatchChangesResponse{Incarnation: "i", Kind: &pb.WatchChangesResponse_Missed{Missed: &pb.ChangesMissed{
+		FirstMissedRevision: first, Count: count, ResyncRevision: resync,
+	}}}
+}
+
+func batch(missedAfter *pb.ChangesMissed, events ...*pb.WatchChangesResponse) *pb.WatchChangesResponse {
+	b := &pb.ChangeBatch{Missed: missedAfter}
+	for _, e := range events {
+		b.Events = append(b.Events, e.GetEvent())
+	}
+	return &pb.WatchChangesResponse{Incarnation: "i", Kind: &pb.WatchChangesResponse_Batch{Batch: b}}
+}
+
+// watchScript sends messages after subscribing at revision 1, then holds the stream open.
+func watchScript(messages ...*pb.WatchChangesResponse) *script {
+	return &script{watch: func(n int, _ *pb.WatchChangesRequest, stream pb.SystemPromptService_WatchChangesServer) error {
+		_ = stream.Send(subscribed(1, "i"))
+		for _, m := range messages {
+			_ = stream.Send(m)
+		}
+		<-stream.Context().Done()
+		return nil
+	}}
+}
+
+func TestBatchesAndGapsAreDeliveredAsEventsInOrder(t *testing.T) {
+	s := watchScript(
+		batch(&pb.ChangesMissed{FirstMissedRevision: 4, Count: 3, ResyncRevision: 6}, changeEvent(2, "a"), changeEvent(3, "b")),
+		changeEvent(7, "c"), missed(8, 1, 8), changeEvent(9, "d"),
+	)
+	client := connectScripted(t, serveScript(t, s))
+	changes := must[*dsp.ChangeStream](t)(client.WatchChanges(bg))
+	defer changes.Close()
+	var got []string
+	for len(got) < 6 {
+		change, err := changes.Next(within(t, 5*time.Second))
+		check(t, err)
+		switch c := change.(type) {
+		case dsp.ChangeEvent:
+			got = append(got, c.Name)
+		case dsp.ChangesMissed:
+			got = append(got, fmt.Sprintf("missed %d-%d", c.FirstRevision, c.ResyncRevision))
+		}
+	}
+	equal(t, got, []string{"a", "b", "missed 4-6", "c", "missed 8-8", "d"})
+	if changes.LastRevision() != 9 {
+		t.Fatalf("the last revision: %d", changes.LastRevision())
+	}
+}
+
+func TestChangesOutOfOrderEndTheStreamWithAProtocolError(t *testing.T) {
+	for name, messages := range map[string][]*pb.WatchChangesResponse{
+		"a revision going back": {changeEvent(3, "a"), changeEvent(2, "b")},
+		"a gap before the last": {changeEvent(3, "a"), missed(2, 1, 3)},
+		"a second subscribed":   {changeEvent(2, "a"), subscribed(2, "i")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			client := connectScripted(t, serveScript(t, watchScript(messages...)))
+			changes := must[*dsp.ChangeStream](t)(client.WatchChanges(bg))
+			_, err := changes.Next(within(t, 5*time.Second))
+			check(t, err)
+			_, err = changes.Next(within(t, 5*time.Second))
+			wantError(t, err, codes.Internal, dsp.ReasonProtocolError)
+			if _, err := changes.Next(bg); err == nil {
+				t.Fatal("the stream goes on after a protocol error")
+			}
+		})
+	}
+}
+
+func TestAChangeStreamTheSidecarEndsResumesAfterTheLastEventDelivered(t *testing.T) {
+	requests := make(chan *pb.WatchChangesRequest, 4)
+	s := &script{watch: func(n int, request *pb.WatchChangesRequest, stream pb.SystemPromptService_WatchChangesServer) error {
+		requests <- request
+		_ = stream.Send(subscribed(1, "i"))
+		if n == 1 {
+			_ = stream.Send(changeEvent(2, "before"))
+			return nil // ended with OK, as a draining sidecar does
+		}
+		_ = stream.Send(changeEvent(3, "after"))
+		<-stream.Context().Done()
+		return nil
+	}}
+	client := connectScripted(t, serveScript(t, s))
+	changes := must[*dsp.ChangeStream](t)(client.WatchChanges(bg))
+	defer changes.Close()
+	if first := nextEvent(t, changes); first.Name != "before" {
+		t.Fatalf("first: %+v", first)
+	}
+	if second := nextEvent(t, changes); second.Name != "after" {
+		t.Fatalf("after the resume: %+v", second)
+	}
+	<-requests
+	resumed := <-requests
+	if resumed.AfterRevision == nil || *resumed.AfterRevision != 2 || resumed.GetIncarnation() != "i" {
+		t.Fatalf("the resume asks for what came after revision 2 of incarnation i: %v", resumed)
+	}
+	if len(resumed.GetFeatures()) != 1 || resumed.GetFeatures()[0] != "change-batches" {
+		t.Fatalf("the watch lists its features: %v", resumed.GetFeatures())
+	}
+}
+
+func TestAClientClosedWhileItsChangeStreamResumesEndsTheStream(t *testing.T) {
+	s := &script{watch: func(n int, _ *pb.WatchChangesRequest, stream pb.SystemPromptService_WatchChangesServer) error {
+		if n == 1 {
+			_ = stream.Send(subscribed(1, "i"))
+			return nil
+		}
+		return status.Error(codes.Unavailable, "still restarting")
+	}}
+	client := connectScripted(t, serveScript(t, s))
+	changes := must[*dsp.ChangeStream](t)(client.WatchChanges(bg))
+	ended := make(chan error, 1)
+	go func() {
+		_, err := changes.Next(bg)
+		ended <- err
+	}()
+	waitFor(t, "the resumes", func() bool { return s.watches.Load() >= 2 })
+	client.Close()
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Fatal("Next returned a change")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Next still waits after Close")
+	}
+	nothingLeft(t, s)
+}
+
+func TestAProvideCallOfAKindThisClientDoesNotKnowIsAnsweredWithAnError(t *testing.T) {
+	s := &script{sessions: make(chan *scriptedSession, 4)}
+	client := connectScripted(t, serveScript(t, s))
+	session := <-s.sessions
+	var key string
+	s.register = func(_ context.Context, r *pb.RegisterSectionRequest) (*pb.RegisterSectionResponse, error) {
+		key = r.GetDynamic().GetProviderKey()
+		return &pb.RegisterSectionResponse{RegistrationId: "r"}, nil
+	}
+	must[*dsp.Handle[string]](t)(client.SectionFunc(bg, "d", 1, func(context.Context, dsp.AssembleContext) (string, error) {
+		return "D.", nil
+	}))
+	request := provide(1, "", key)
+	request.GetProvide().Calls[0].Kind = pb.ProviderKind(99) // a newer sidecar's kind
+	session.send(t, request)
+	if answer := session.provided(t, 5*time.Second); answer.GetValues()[0].GetError() == nil {
+		t.Fatalf("an unknown kind: %v", answer)
+	}
+}
+
+func TestAnUpdateOrDisposalTheSidecarNeverAnswersEndsTheSession(t *testing.T) {
+	s := &script{sessions: make(chan *scriptedSession, 8)}
+	client := connectScripted(t, serveScript(t, s))
+	first := <-s.sessions
+	handle := must[*dsp.Handle[string]](t)(client.Section(bg, "s", 1, "Old."))
+	other := must[*dsp.Handle[string]](t)(client.Section(bg, "t", 2, "T."))
+	s.silentUpdates.Store(true)
+	_, err := handle.Update(bg, "New.")
+	wantError(t, err, codes.Unavailable, dsp.ReasonSidecarUnavailable)
+	<-first.done // it may have happened there: the session is made again
+	second := <-s.sessions
+	waitFor(t, "the new session", func() bool { return client.Connected() && client.SessionID() == second.id })
+	s.silentUpdates.Store(false)
+	must[uint64](t)(handle.Update(bg, "New."))
+
+	s.silentDisposals.Store(true)
+	err = other.Dispose(bg)
+	wantError(t, err, codes.Unavailable, dsp.ReasonSidecarUnavailable)
+	<-second.done
+	third := <-s.sessions
+	waitFor(t, "the third session", func() bool { return client.Connected() && client.SessionID() == third.id })
+}
