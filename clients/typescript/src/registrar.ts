@@ -1,0 +1,276 @@
+/** The registration methods the client and scope handles share, their value types and disposers. */
+
+import { create, type DescMessage, type MessageShape } from "@bufbuild/protobuf";
+import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
+import { answerError, Connection, type Registration } from "./connection.js";
+import { toolsToProto } from "./convert.js";
+import { invalid } from "./errors.js";
+import { FEATURE_TOOL_SLOTS, label, ListenerStream, type Listener } from "./listeners.js";
+import type { Provider } from "./providers.js";
+import type { Method } from "./rpc.js";
+import { updateFor, type UpdatableRequest } from "./updates.js";
+import type { AssembleContext, ToolProviderResult, ToolSchemaLike } from "./types.js";
+
+/** A section's or context's text: a string, or a provider of one evaluated at each assembly. */
+export type TextSource = string | ((context: AssembleContext) => string | Promise<string>);
+
+/** A variable's value: a string, undefined (no value), or a provider of either. */
+export type VariableSource =
+  | string
+  | undefined
+  | null
+  | ((context: AssembleContext) => string | undefined | null | Promise<string | undefined | null>);
+
+/** Tool schemas: a list, a ToolProviderResult, or a provider of either. */
+export type ToolsSource =
+  | ToolSchemaLike[]
+  | ToolProviderResult
+  | ((
+      context: AssembleContext,
+    ) => ToolProviderResult | ToolSchemaLike[] | Promise<ToolProviderResult | ToolSchemaLike[]>);
+
+/** A prompt section in the original API's object form. */
+export interface PromptSection {
+  name: string;
+  order: number;
+  text: TextSource;
+  /** This section becomes the exact, complete prompt. */
+  complete?: boolean | undefined;
+}
+
+/** A runtime context in the original API's object form. */
+export interface PromptContext {
+  name: string;
+  order: number;
+  text: TextSource;
+}
+
+/** Where a listener runs in the waterfall, and which assemblies it sees. */
+export interface ListenerOptions {
+  /** Run before the listeners registered earlier. */
+  prepend?: boolean | undefined;
+  /** Installed through a scope: see every assembly anyway. */
+  global?: boolean | undefined;
+}
+
+/** `await off()` disposes one registration; calling it again does nothing. */
+export interface Disposer {
+  (): Promise<void>;
+  /** True once it has run. */
+  readonly disposed: boolean;
+}
+
+/**
+ * A static registration's handle: `await off()` disposes it, like any disposer, and
+ * `await off.update(value)` replaces its value in place.
+ *
+ * Only the value changes (a section's or context's text, a variable's value or
+ * undefined, a tool list or ToolProviderResult); its name, order and owner stay.
+ * Other clients' assemblies see the old value or the new one, never neither, and
+ * watchers get one `updated` event. After a reconnect the latest value is what is
+ * registered again.
+ */
+export interface Handle extends Disposer {
+  /**
+   * Replace the value; resolves to the registry's revision after the update.
+   * Rejects like a registration would for a bad value; NOT_UPDATABLE for a
+   * registration made with a provider; while the connection is down, fails fast
+   * with UNAVAILABLE or waits up to `timeoutMs` for the reconnect.
+   */
+  update(value: unknown, options?: { timeoutMs?: number | undefined }): Promise<number>;
+}
+
+export function disposer(dispose: () => Promise<void>): Disposer {
+  let done = false;
+  const off = async (): Promise<void> => {
+    if (done) return;
+    done = true;
+    await dispose();
+  };
+  Object.defineProperty(off, "disposed", { get: () => done });
+  return off as Disposer;
+}
+
+export function handle(connection: Connection, registration: Registration, request: UpdatableRequest): Handle {
+  const off = disposer(() => connection.dispose(registration)) as Disposer & Partial<Handle>;
+  off.update = async (value, options) => {
+    const update = updateFor(request, value);
+    return connection.update(registration, update.request, update.apply, options?.timeoutMs);
+  };
+  return off as Handle;
+}
+
+/** The registration methods shared by the client (global layer) and scope handles. */
+export class Registrar {
+  protected readonly connection: Connection;
+  readonly #scope: Registration | undefined;
+
+  protected constructor(connection: Connection, scope: Registration | undefined) {
+    this.connection = connection;
+    this.#scope = scope;
+  }
+
+  /** Contribute a prompt section; `text` is a string or a provider of one. */
+  section(name: string, order: number, text: TextSource, options?: { complete?: boolean }): Promise<Handle>;
+  /** Contribute a prompt section, in the original API's object form. */
+  section(section: PromptSection): Promise<Handle>;
+  section(
+    first: string | PromptSection,
+    order?: number,
+    text?: TextSource,
+    options?: { complete?: boolean },
+  ): Promise<Handle> {
+    const section = typeof first === "string" ? { name: first, order, text, ...options } : first;
+    return this.#guard(() => {
+      const request = create(pb.RegisterSectionRequestSchema, {
+        name: section.name,
+        order: checkOrder(section.order),
+        complete: section.complete ?? false,
+      });
+      const key = this.#text(section.text, (source) => {
+        request.textSource = source;
+      });
+      return this.#registerValue(pb.SystemPromptService.method.registerSection, request, key);
+    });
+  }
+
+  /** Contribute an ordered runtime context; `text` is a string or a provider of one. */
+  context(name: string, order: number, text: TextSource): Promise<Handle>;
+  /** Contribute a runtime context, in the original API's object form. */
+  context(context: PromptContext): Promise<Handle>;
+  context(first: string | PromptContext, order?: number, text?: TextSource): Promise<Handle> {
+    const context = typeof first === "string" ? { name: first, order, text } : first;
+    return this.#guard(() => {
+      const request = create(pb.RegisterContextRequestSchema, {
+        name: context.name,
+        order: checkOrder(context.order),
+      });
+      const key = this.#text(context.text, (source) => {
+        request.textSource = source;
+      });
+      return this.#registerValue(pb.SystemPromptService.method.registerContext, request, key);
+    });
+  }
+
+  /** Suppress runtime context here until the returned disposer runs. */
+  async suppressRuntimeContext(): Promise<Disposer> {
+    const request = create(pb.SuppressRuntimeContextRequestSchema);
+    const registration = await this.#register(pb.SystemPromptService.method.suppressRuntimeContext, request);
+    return disposer(() => this.connection.dispose(registration));
+  }
+
+  /** Contribute tool schemas: a list, a ToolProviderResult, or a provider of either. */
+  tools(provider: ToolsSource): Promise<Handle> {
+    return this.#guard(() => {
+      const request = create(pb.RegisterToolsRequestSchema);
+      let key: string | undefined;
+      if (typeof provider === "function") {
+        key = this.connection.providers.add(provider as Provider);
+        request.source = { case: "dynamic", value: create(pb.DynamicSchema, { providerKey: key }) };
+        request.name = label(provider.name);
+      } else {
+        request.source = { case: "result", value: toolsToProto(provider) };
+      }
+      return this.#registerValue(pb.SystemPromptService.method.registerTools, request, key);
+    });
+  }
+
+  /** Contribute {{name}}: a value, undefined (no value), or a provider of either. */
+  variable(name: string, value: VariableSource): Promise<Handle> {
+    return this.#guard(() => {
+      const request = create(pb.RegisterVariableRequestSchema, { name });
+      let key: string | undefined;
+      if (typeof value === "function") {
+        key = this.connection.providers.add(value as Provider);
+        request.valueSource = { case: "dynamic", value: create(pb.DynamicSchema, { providerKey: key }) };
+      } else if (value === undefined || value === null) {
+        request.valueSource = { case: "noValue", value: create(pb.NoValueSchema) };
+      } else if (typeof value === "string") {
+        request.valueSource = { case: "value", value };
+      } else {
+        throw invalid(`value must be a string, undefined or a function, not ${typeof value}`);
+      }
+      return this.#registerValue(pb.SystemPromptService.method.registerVariable, request, key);
+    });
+  }
+
+  /**
+   * Install a waterfall listener: `(assembly, context, next) => assembly`.
+   * See {@link Listener} for next() and tail calls.
+   */
+  async onAssemble(listener: Listener, options: ListenerOptions = {}): Promise<Disposer> {
+    const start = create(pb.ListenStartSchema, {
+      prepend: options.prepend ?? false,
+      global: options.global ?? false,
+      name: label(listener.name || "anonymous"),
+      features: [FEATURE_TOOL_SLOTS], // this client decodes slot-encoded tools in next() results
+    });
+    const registration: Registration = {
+      registrationId: "",
+      scope: this.#scope,
+      make: async (rpc, sessionId, scopeId, timeoutMs) => {
+        start.sessionId = sessionId;
+        start.scopeId = scopeId;
+        const stream = new ListenerStream(rpc, listener, () => this.connection.restart());
+        return { id: await stream.start(start, timeoutMs), stream };
+      },
+    };
+    await this.connection.register(registration);
+    return disposer(() => this.connection.dispose(registration));
+  }
+
+  async #guard(register: () => Promise<Handle>): Promise<Handle> {
+    return register(); // an argument error surfaces as a rejected promise, like every other
+  }
+
+  #text(
+    text: TextSource | undefined,
+    set: (source: { case: "text"; value: string } | { case: "dynamic"; value: pb.Dynamic }) => void,
+  ): string | undefined {
+    if (typeof text === "function") {
+      const key = this.connection.providers.add(text as Provider);
+      set({ case: "dynamic", value: create(pb.DynamicSchema, { providerKey: key }) });
+      return key;
+    }
+    if (typeof text !== "string") throw invalid(`text must be a string or a function, not ${typeof text}`);
+    set({ case: "text", value: text });
+    return undefined;
+  }
+
+  async #registerValue<I extends DescMessage, O extends DescMessage>(
+    method: Method<I, O>,
+    request: MessageShape<I> & UpdatableRequest,
+    providerKey?: string,
+  ): Promise<Handle> {
+    return handle(this.connection, await this.#register(method, request, providerKey), request);
+  }
+
+  async #register<I extends DescMessage, O extends DescMessage>(
+    method: Method<I, O>,
+    request: MessageShape<I> & { sessionId: string; scopeId: string },
+    providerKey?: string,
+  ): Promise<Registration> {
+    const registration: Registration = {
+      registrationId: "",
+      scope: this.#scope,
+      providerKey,
+      make: async (rpc, sessionId, scopeId, timeoutMs) => {
+        request.sessionId = sessionId;
+        request.scopeId = scopeId;
+        try {
+          const reply = await rpc.unary(method, request, new Date(Date.now() + timeoutMs));
+          return { id: (reply as unknown as { registrationId: string }).registrationId };
+        } catch (error) {
+          throw answerError(error, method.name, timeoutMs);
+        }
+      },
+    };
+    await this.connection.register(registration);
+    return registration;
+  }
+}
+
+export function checkOrder(order: unknown): number {
+  if (typeof order !== "number") throw invalid(`order must be a number, not ${typeof order}`);
+  return order;
+}
