@@ -229,9 +229,13 @@ class Pages:
         fragment = await live.render()
         events = URL.build(path=f"/events/{view}", query=request.query)
         html = render(
-            "page.html", view=view, views=VIEWS, fragment=fragment, events=str(events),
+            "page.html",
+            view=view,
+            views=VIEWS,
+            fragment=fragment,
+            events=str(events),
             controls=self._controls(view, request.query),
-        )  # fmt: skip
+        )
         return web.Response(text=html, content_type="text/html")
 
     async def events(self, request: web.Request) -> web.StreamResponse:

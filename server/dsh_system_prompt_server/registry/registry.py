@@ -466,10 +466,8 @@ class Registry:
 
     def _add_builtin(self, name: str, order: float, text: str) -> None:
         # The sidecar's own sections come from its config, not from a session: no limits.
-        entry = SectionRegistration(
-            id=new_id(), owner=SIDECAR_OWNER, kind=Kind.SECTION, scope=None, handle=None,
-            name=name, value=text, order=order,
-        )  # fmt: skip
+        fields = self._fields(SIDECAR_OWNER, Kind.SECTION, None, name)
+        entry = SectionRegistration(**fields, value=text, order=order)
         self._builtins[name] = self._added(entry, None, self._layers.global_.add_section(entry))
 
     def _owned(self, owner: str) -> int:

@@ -164,8 +164,9 @@ class ReportHistory:
         kept = self._keys.get(key)
         if kept is None or not kept.recent:
             return None
-        entry = replace(kept.recent[-1], observed_cached_tokens=cached,
-                        observed_prompt_tokens=prompt)  # fmt: skip
+        entry = replace(
+            kept.recent[-1], observed_cached_tokens=cached, observed_prompt_tokens=prompt
+        )
         kept.recent[-1] = entry
         self.version += 1
         return entry

@@ -62,8 +62,10 @@ def report_to_proto(report: Report, key: HistoryKey) -> pb.AssemblyReport:
     )
 
 
-_LAYOUTS = {Layout.TOOLS_FIRST: pb.PREFIX_LAYOUT_TOOLS_FIRST,
-            Layout.SYSTEM_FIRST: pb.PREFIX_LAYOUT_SYSTEM_FIRST}  # fmt: skip
+_LAYOUTS = {
+    Layout.TOOLS_FIRST: pb.PREFIX_LAYOUT_TOOLS_FIRST,
+    Layout.SYSTEM_FIRST: pb.PREFIX_LAYOUT_SYSTEM_FIRST,
+}
 
 
 def layout_from_proto(value: int, default: Layout) -> Layout:

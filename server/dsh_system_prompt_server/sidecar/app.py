@@ -103,8 +103,13 @@ async def start_sidecar(
     await server.start()
     for name in ("", SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    _log.info("serving on %s (tls=%s, auth=%s, tracing=%s)", address,
-              bool(config.security.tls_cert_file), auth, tracing is not None)  # fmt: skip
+    _log.info(
+        "serving on %s (tls=%s, auth=%s, tracing=%s)",
+        address,
+        bool(config.security.tls_cert_file),
+        auth,
+        tracing is not None,
+    )
     return Sidecar(
         server=server,
         state=state,

@@ -126,9 +126,10 @@ def _add_client_commands(commands: Any) -> None:
     )
     watch.add_argument("--json", action="store_true", help="one JSON object per line")
     watch.add_argument(
-        "--prompt", action="store_true",
+        "--prompt",
+        action="store_true",
         help="show the scope's prompt at each change, with the prompt-cache verdict",
-    )  # fmt: skip
+    )
     listing = commands.add_parser("ls", help="list the registrations (kind, name, owner, size)")
     listing.add_argument("--json", action="store_true", help="print the listing as JSON")
     listing.add_argument("--values", action="store_true", help="include the static values")
@@ -146,9 +147,12 @@ def _add_client_commands(commands: Any) -> None:
     health = commands.add_parser("health", help="check the sidecar's gRPC health (exit 0: SERVING)")
     health.add_argument("--service", default="", help="service name (default: the whole server)")
     for name, parser in (
-        ("assemble", assemble), ("watch", watch), ("health", health), ("cache-history", history),
+        ("assemble", assemble),
+        ("watch", watch),
+        ("health", health),
+        ("cache-history", history),
         ("ls", listing),
-    ):  # fmt: skip
+    ):
         add_connection_options(parser)
         parser.set_defaults(run=lambda args, name=name: run(name, args))
     render.set_defaults(run=lambda args: run("render", args))

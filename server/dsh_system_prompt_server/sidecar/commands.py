@@ -73,8 +73,7 @@ def run(command: str, args: argparse.Namespace) -> int:
 
 async def assemble(args: argparse.Namespace) -> int:
     fields = dict(_field(item) for item in args.field or ())
-    report = {"report": args.report, "report_key": args.report_key,
-              "prefix_layout": args.prefix_layout}  # fmt: skip
+    report = dict(report=args.report, report_key=args.report_key, prefix_layout=args.prefix_layout)
     async with _connect(args) as client:
         if args.json:
             assembly = await client.assemble(args.scope, fields, timeout=args.timeout, **report)
@@ -84,11 +83,11 @@ async def assemble(args: argparse.Namespace) -> int:
             print(json.dumps(shown, ensure_ascii=False, indent=2))
             return EXIT_OK
         if args.report:  # no render asked: the report itself says whether one would fail
-            reported = await client.assemble(args.scope, fields, timeout=args.timeout,
-                                             **report)  # fmt: skip
+            reported = await client.assemble(args.scope, fields, timeout=args.timeout, **report)
             if reported.report is None:
-                raise CommandError("the sidecar answered without the report asked for",
-                                   EXIT_REFUSED)  # fmt: skip
+                raise CommandError(
+                    "the sidecar answered without the report asked for", EXIT_REFUSED
+                )
             return _show_report(reported.report)
         rendered = await client.render(args.scope, fields, timeout=args.timeout)
     _show_prompt(rendered.prompt, rendered.context_snapshot, rendered.assembly, args)
@@ -151,11 +150,15 @@ async def list_registrations(args: argparse.Namespace) -> int:
         table.add_column(column, justify="right" if column in ("order", "bytes") else "left")
     for info in snapshot.registrations:
         table.add_row(
-            info.kind, info.name, info.scope or "(global)",
+            info.kind,
+            info.name,
+            info.scope or "(global)",
             "" if info.order is None else f"{info.order:g}",
-            _value_kind(info), str(info.size_bytes), info.fingerprint,
+            _value_kind(info),
+            str(info.size_bytes),
+            info.fingerprint,
             f"{info.owner} [{info.owner_label}]",
-        )  # fmt: skip
+        )
     console = _console() if sys.stdout.isatty() else Console(width=200, no_color=True)
     console.print(table, markup=False)
     return EXIT_OK
@@ -243,15 +246,19 @@ def _not_an_assembly() -> CommandError:
 
 
 _COMMANDS = {
-    "assemble": assemble, "watch": watch, "health": health, "cache-history": cache_history,
+    "assemble": assemble,
+    "watch": watch,
+    "health": health,
+    "cache-history": cache_history,
     "ls": list_registrations,
-}  # fmt: skip
+}
 
 
 def _connect(args: argparse.Namespace) -> Any:
     token = _read(args.auth_token_file).decode().strip() if args.auth_token_file else None
-    return dsp.connect(args.address, client_name="dsh-system-prompt-cli", token=token,
-                       tls=_tls(args))  # fmt: skip
+    return dsp.connect(
+        args.address, client_name="dsh-system-prompt-cli", token=token, tls=_tls(args)
+    )
 
 
 def _tls(args: argparse.Namespace) -> dsp.TLS | None:
@@ -353,8 +360,10 @@ def _verdict(report: dsp.AssemblyReport) -> list[str]:
         sizes += " (bytes only: no tokenizer configured)"
     key = report.history_key
     if stability.previous_evicted:
-        return [f"prefix: {sizes}; the earlier reports of {key} were evicted to make room for"
-                " other keys (raise report_keys): nothing to compare with"]  # fmt: skip
+        return [
+            f"prefix: {sizes}; the earlier reports of {key} were evicted to make room for"
+            " other keys (raise report_keys): nothing to compare with"
+        ]
     if not stability.has_previous:
         return [f"prefix: {sizes}; first report for {key}, nothing to compare with yet"]
     if not stability.reason:
@@ -363,8 +372,9 @@ def _verdict(report: dsp.AssemblyReport) -> list[str]:
     if stability.stable_tokens is not None:
         stable += f" ({stability.stable_tokens} tokens)"
     recomputed = stability.recomputed
-    cost = (f"{recomputed.tokens} prefix tokens" if recomputed.tokens is not None
-            else f"{recomputed.bytes} prefix bytes")  # fmt: skip
+    cost = f"{recomputed.bytes} prefix bytes"
+    if recomputed.tokens is not None:
+        cost = f"{recomputed.tokens} prefix tokens"
     return [
         f"prefix: {stable}; cache broken by {stability.reason}",
         f"cost: {cost} recomputed, and every message after the prefix",
@@ -383,25 +393,29 @@ def _show_history(history: dsp.CacheHistory) -> None:
     console.print(
         f"{history.key}: {history.reports} reported, {history.breaks} broke the prefix;"
         f" {total} prefix {unit} recomputed in total",
-        highlight=False, markup=False,
-    )  # fmt: skip
+        highlight=False,
+        markup=False,
+    )
     for part, count in history.breakers:
         breaks = f"{count} break" + ("" if count == 1 else "s")
         console.print(f"  {part}: {breaks}", highlight=False, markup=False)
     table = Table(title="recent reports, oldest first", title_justify="left")
-    for column in ("#", "rev", "first changed", "reason", f"stable {unit}",
-                   f"recomputed {unit}", "observed cached"):  # fmt: skip
+    columns = ["#", "rev", "first changed", "reason", f"stable {unit}", f"recomputed {unit}"]
+    for column in [*columns, "observed cached"]:
         left = column in ("first changed", "reason")
         table.add_column(column, justify="left" if left else "right")
     for entry in history.recent:
         stable = entry.stable_tokens if unit == "tokens" else entry.stable_bytes
         recomputed = entry.recomputed.tokens if unit == "tokens" else entry.recomputed.bytes
         table.add_row(
-            str(entry.sequence), str(entry.revision),
+            str(entry.sequence),
+            str(entry.revision),
             entry.first_changed or ("—" if entry.has_previous else "(first)"),
-            entry.reason, str(stable), str(recomputed),
+            entry.reason,
+            str(stable),
+            str(recomputed),
             "" if entry.observed_cached_tokens is None else str(entry.observed_cached_tokens),
-        )  # fmt: skip
+        )
     console.print(table)
 
 
@@ -409,10 +423,18 @@ def _event_json(event: dsp.ChangeEvent | dsp.ChangesMissed | dsp.ChangesResynced
     if isinstance(event, dsp.ChangesMissed):
         return {"missed": event.count, "resync_revision": event.resync_revision}
     if isinstance(event, dsp.ChangesResynced):
-        return {"resynced": event.reason, "revision": event.snapshot.revision,
-                "registrations": len(event.snapshot.registrations)}  # fmt: skip
-    return {"revision": event.revision, "kind": event.kind, "action": event.action,
-            "name": event.name, "scope": event.scope}  # fmt: skip
+        return {
+            "resynced": event.reason,
+            "revision": event.snapshot.revision,
+            "registrations": len(event.snapshot.registrations),
+        }
+    return {
+        "revision": event.revision,
+        "kind": event.kind,
+        "action": event.action,
+        "name": event.name,
+        "scope": event.scope,
+    }
 
 
 def _event_text(event: dsp.ChangeEvent | dsp.ChangesMissed | dsp.ChangesResynced) -> str:
@@ -468,6 +490,9 @@ def _prompt_json(change: dsp.PromptChange) -> dict[str, Any]:
 def _tool_json(value: object) -> object:
     # Tools inside listed values: their JSON shape, as `assemble --json` prints them.
     if isinstance(value, dsp.ToolSchema):
-        return {"name": value.name, "description": value.description,
-                "parameters": value.parameters}  # fmt: skip
+        return {
+            "name": value.name,
+            "description": value.description,
+            "parameters": value.parameters,
+        }
     raise TypeError(f"not JSON: {type(value).__name__}")

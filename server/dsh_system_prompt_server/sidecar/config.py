@@ -145,27 +145,29 @@ def parse_config(raw: dict[str, Any]) -> SidecarConfig:
     reflection = raw.get("reflection")
     if reflection is not None and not isinstance(reflection, bool):
         raise ConfigError(f"config key 'reflection' must be a bool, not {reflection!r}")
-    return _checked(SidecarConfig(
-        registry=registry,
-        server_limits=ServerLimits(**_counts(limits_table, ServerLimits())),
-        security=Security(**{f.name: _path(raw, f.name) for f in fields(Security)}),
-        shutdown_grace_s=_seconds(raw, "shutdown_grace_s", 5.0, allow_zero=True),
-        dead_peer_timeout_s=_seconds(raw, "dead_peer_timeout_s", 20.0),
-        watch_buffer=_count(raw, "watch_buffer", 1024),
-        prompt_coalesce_s=_seconds(raw, "prompt_coalesce_s", 0.1, allow_zero=True),
-        watch_coalesce_s=_watch_coalesce(raw),
-        reflection=reflection,
-        log_level=log_level,
-        log_format="json" if log_format == "json" else "text",
-        metrics_listen=_typed(raw, "metrics_listen", str, "") or None,
-        metrics_key_labels=_typed(raw, "metrics_key_labels", bool, False),
-        tokenizer=_tokenizer(raw),
-        report_history=_count(raw, "report_history", 8),
-        report_keys=_count(raw, "report_keys", 1024),
-        prefix_layout=_layout(raw),
-        admin_listen=_typed(raw, "admin_listen", str, "") or None,
-        admin_allow_remote=_typed(raw, "admin_allow_remote", bool, False),
-    ))  # fmt: skip
+    return _checked(
+        SidecarConfig(
+            registry=registry,
+            server_limits=ServerLimits(**_counts(limits_table, ServerLimits())),
+            security=Security(**{f.name: _path(raw, f.name) for f in fields(Security)}),
+            shutdown_grace_s=_seconds(raw, "shutdown_grace_s", 5.0, allow_zero=True),
+            dead_peer_timeout_s=_seconds(raw, "dead_peer_timeout_s", 20.0),
+            watch_buffer=_count(raw, "watch_buffer", 1024),
+            prompt_coalesce_s=_seconds(raw, "prompt_coalesce_s", 0.1, allow_zero=True),
+            watch_coalesce_s=_watch_coalesce(raw),
+            reflection=reflection,
+            log_level=log_level,
+            log_format="json" if log_format == "json" else "text",
+            metrics_listen=_typed(raw, "metrics_listen", str, "") or None,
+            metrics_key_labels=_typed(raw, "metrics_key_labels", bool, False),
+            tokenizer=_tokenizer(raw),
+            report_history=_count(raw, "report_history", 8),
+            report_keys=_count(raw, "report_keys", 1024),
+            prefix_layout=_layout(raw),
+            admin_listen=_typed(raw, "admin_listen", str, "") or None,
+            admin_allow_remote=_typed(raw, "admin_allow_remote", bool, False),
+        )
+    )
 
 
 def with_overrides(config: SidecarConfig, **overrides: Any) -> SidecarConfig:
@@ -251,8 +253,11 @@ def _check_security(security: Security) -> None:
         _check_pem("tls_cert_file", cert, lambda context: context.load_verify_locations(cert))
         _check_pem("tls_key_file", key, lambda context: context.load_cert_chain(cert, key))
     if client_ca:
-        _check_pem("tls_client_ca_file", client_ca,
-                   lambda context: context.load_verify_locations(client_ca))  # fmt: skip
+        _check_pem(
+            "tls_client_ca_file",
+            client_ca,
+            lambda context: context.load_verify_locations(client_ca),
+        )
 
 
 def _check_token(path: str) -> None:

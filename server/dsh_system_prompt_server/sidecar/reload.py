@@ -26,14 +26,25 @@ _log = logger("reload")
 # Everything else needs a restart: it is bound into the server, its ports or its caches.
 LIVE_KEYS = frozenset(
     {
-        "persona", "include_harness_identity", "include_runtime_context", "tool_order",
-        "provider_timeout_s", "shutdown_grace_s", "watch_buffer", "log_level", "prefix_layout",
+        "persona",
+        "include_harness_identity",
+        "include_runtime_context",
+        "tool_order",
+        "provider_timeout_s",
+        "shutdown_grace_s",
+        "watch_buffer",
+        "log_level",
+        "prefix_layout",
         *(f"limits.{f.name}" for f in fields(Limits)),
-        "limits.max_sessions", "limits.max_sessions_per_peer", "limits.max_watchers",
-        "limits.max_watchers_per_peer", "change_history", "prompt_coalesce_s",
+        "limits.max_sessions",
+        "limits.max_sessions_per_peer",
+        "limits.max_watchers",
+        "limits.max_watchers_per_peer",
+        "change_history",
+        "prompt_coalesce_s",
         "watch_coalesce_s",
     }
-)  # fmt: skip
+)
 POLL_S = 1.0  # how often the config file is compared with what was loaded
 
 
@@ -71,14 +82,19 @@ def apply(sidecar: Sidecar, new: SidecarConfig, loaded: SidecarConfig) -> Reload
         running,
         registry=new.registry,
         server_limits=replace(
-            running.server_limits, max_sessions=limits.max_sessions,
-            max_sessions_per_peer=limits.max_sessions_per_peer, max_watchers=limits.max_watchers,
+            running.server_limits,
+            max_sessions=limits.max_sessions,
+            max_sessions_per_peer=limits.max_sessions_per_peer,
+            max_watchers=limits.max_watchers,
             max_watchers_per_peer=limits.max_watchers_per_peer,
         ),
-        shutdown_grace_s=new.shutdown_grace_s, watch_buffer=new.watch_buffer,
-        prompt_coalesce_s=new.prompt_coalesce_s, watch_coalesce_s=new.watch_coalesce_s,
-        log_level=new.log_level, prefix_layout=new.prefix_layout,
-    )  # fmt: skip
+        shutdown_grace_s=new.shutdown_grace_s,
+        watch_buffer=new.watch_buffer,
+        prompt_coalesce_s=new.prompt_coalesce_s,
+        watch_coalesce_s=new.watch_coalesce_s,
+        log_level=new.log_level,
+        prefix_layout=new.prefix_layout,
+    )
     sidecar.config = live
     sidecar.registry.reconfigure(live.registry)
     sidecar.state.reconfigure(state_settings(live))
@@ -107,8 +123,10 @@ class Reloader:
         except ConfigError as error:
             _log.error(
                 "config reload from %s (%s) failed, keeping the running config: %s",
-                self._path, why, error,
-            )  # fmt: skip
+                self._path,
+                why,
+                error,
+            )
             return None
         reloaded = apply(self._sidecar, new, self._loaded)
         self._loaded = new
@@ -117,8 +135,10 @@ class Reloader:
         for key in reloaded.need_restart:
             _log.warning(
                 "config key '%s' changed in %s but takes effect only at a restart:"
-                " the running value stays", key, self._path,
-            )  # fmt: skip
+                " the running value stays",
+                key,
+                self._path,
+            )
         return reloaded
 
     async def watch(self, interval: float = POLL_S) -> None:

@@ -37,9 +37,13 @@ class Session:
     """One client session; evaluates its dynamic providers over its stream."""
 
     def __init__(
-        self, session_id: str, client_name: str, outbox: Outbox[pb.OpenSessionResponse],
-        peer: str = "", tracing: Tracing | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        session_id: str,
+        client_name: str,
+        outbox: Outbox[pb.OpenSessionResponse],
+        peer: str = "",
+        tracing: Tracing | None = None,
+    ) -> None:
         self.id = session_id
         self.tracing = tracing
         self.client_name = client_name
