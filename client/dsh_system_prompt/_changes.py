@@ -30,8 +30,12 @@ from .types import ChangeEvent, ChangesMissed, ChangesResynced
 _FIRST_BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 2.0
 # A stream that breaks with one of these is resumed; any other status ends it with an error.
-_RESUMABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
-              grpc.StatusCode.DEADLINE_EXCEEDED}  # fmt: skip
+_RESUMABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+}
 
 ChangeItem = ChangeEvent | ChangesMissed | ChangesResynced
 # The watch features this client implements: a ChangeBatch holds several events.
@@ -180,8 +184,10 @@ class ChangeStream:
 
     def _missed(self, message: pb.ChangesMissed) -> ChangesMissed:
         first, count, resync = (
-            message.first_missed_revision, message.count, message.resync_revision,
-        )  # fmt: skip
+            message.first_missed_revision,
+            message.count,
+            message.resync_revision,
+        )
         if first <= self.last_revision or count < 1 or resync < first:
             raise self._broken(
                 f"missed {count} changes from {first} to {resync} after {self.last_revision}"

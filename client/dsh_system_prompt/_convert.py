@@ -82,8 +82,9 @@ def tools_to_proto(result: object) -> pb.ToolProviderResult:
 
 def toolset_from_proto(message: pb.ToolProviderResult) -> ToolProviderResult:
     known = list(message.known_names.names) if message.HasField("known_names") else None
-    return ToolProviderResult(schemas=[tool_from_proto(t) for t in message.schemas],
-                              known_names=known)  # fmt: skip
+    return ToolProviderResult(
+        schemas=[tool_from_proto(t) for t in message.schemas], known_names=known
+    )
 
 
 def tool_from_proto(message: pb.ToolSchema) -> ToolSchema:

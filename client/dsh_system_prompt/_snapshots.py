@@ -26,9 +26,10 @@ def change_filter(
 
 
 async def list_registrations(
-    stub: pb_grpc.SystemPromptServiceStub, request: pb.ListRegistrationsRequest,
+    stub: pb_grpc.SystemPromptServiceStub,
+    request: pb.ListRegistrationsRequest,
     timeout: float | None = None,
-) -> Snapshot:  # fmt: skip
+) -> Snapshot:
     """Read a whole listing (every batch) into one Snapshot."""
     revision, incarnation = 0, ""
     found: list[RegistrationInfo] = []

@@ -151,9 +151,12 @@ class Client(_Registrar):
         return history_from_proto(reply.history)
 
     async def report_usage(
-        self, usage: Mapping[str, Any] | Any, scope: str | None = None, *,
+        self,
+        usage: Mapping[str, Any] | Any,
+        scope: str | None = None,
+        *,
         report_key: str | None = None,
-    ) -> CacheHistoryEntry:  # fmt: skip
+    ) -> CacheHistoryEntry:
         """Tell the sidecar what the model server said about the last reported request.
 
         `usage` is the response's usage object (DeepSeek, Anthropic or OpenAI);
@@ -161,9 +164,11 @@ class Client(_Registrar):
         """
         read = usage_from(usage)
         request = pb.ReportUsageRequest(
-            scope=scope or "", report_key=report_key or "",
-            cached_tokens=read.cached_tokens, prompt_tokens=read.prompt_tokens,
-        )  # fmt: skip
+            scope=scope or "",
+            report_key=report_key or "",
+            cached_tokens=read.cached_tokens,
+            prompt_tokens=read.prompt_tokens,
+        )
         reply: pb.ReportUsageResponse = await self._connection.call(
             self._connection.stub.ReportUsage, request
         )
@@ -254,9 +259,12 @@ class Client(_Registrar):
     ) -> pb.AssembleResponse:
         context = context_to_proto(scope, fields)
         request = pb.AssembleRequest(
-            context=context, render=render, report=report.wanted,
-            report_key=report.key or "", prefix_layout=layout_to_proto(report.layout),
-        )  # fmt: skip
+            context=context,
+            render=render,
+            report=report.wanted,
+            report_key=report.key or "",
+            prefix_layout=layout_to_proto(report.layout),
+        )
         reply: pb.AssembleResponse = await self._connection.call(
             self._connection.stub.Assemble, request, timeout=timeout
         )
