@@ -75,3 +75,16 @@ export async function failure(promise: Promise<unknown>): Promise<dsp.SystemProm
   }
   throw new Error("expected a SystemPromptError, but the call succeeded");
 }
+
+/** The SystemPromptError `promise` rejects with within `ms` (a hang fails the test). */
+export async function bounded(promise: Promise<unknown>, ms = 5_000): Promise<dsp.SystemPromptError> {
+  let timer: NodeJS.Timeout | undefined;
+  const hang = new Promise<never>((_resolve, reject) => {
+    timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms: the client hangs`)), ms);
+  });
+  try {
+    return await Promise.race([failure(promise), hang]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
