@@ -68,6 +68,9 @@ class Plan:
     # Every callback declared a policy; this is them together (None otherwise).
     policy: CachePolicy | None = field(init=False)
     result: Assembly | None = None
+    # The rpc layer's per-part encodings and renderings of this plan's assemblies
+    # (rpc/part_caches.py): a change makes a new plan, so none outlives its parts.
+    part_caches: object = None
 
     def __post_init__(self) -> None:
         entries: list[ValueRegistration] = [

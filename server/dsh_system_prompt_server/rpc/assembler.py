@@ -4,13 +4,14 @@ and encoded, and never bigger than the sidecar sends."""
 from __future__ import annotations
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from dsh_system_prompt_core import Reason, RenderFailure, render_context_snapshot, render_prompt
+from dsh_system_prompt_core import Reason, RenderFailure
 
 from ..registry import Assembly, Limits, Registry, RegistryError, ServiceError, Status
 from ..reports.history import HistoryKey
 from ..reports.reporter import Reporter
 from ..reports.values import Layout
 from ..telemetry.metrics import Metrics
+from . import part_caches
 from .convert import context_from_proto
 from .encoding import assemble_response
 from .report_messages import history_key_from_proto, layout_from_proto, report_to_proto
@@ -44,8 +45,12 @@ class Assembler:
         assembly = await self._registry.run(plan, context, deadline, track=request.report)
         # before rendering: a report names a failing part, never fails
         report = self._report(request, plan.revision, assembly, layout) if request.report else None
-        rendered = _rendered(assembly) if request.render else None
-        response = assemble_response(assembly, plan.revision, rendered, report, plan.is_static)
+        caches = part_caches.of(plan)
+        rendered = _rendered(assembly, caches) if request.render else None
+        payload = caches.encoding(assembly)
+        response = assemble_response(
+            assembly, plan.revision, rendered, report, plan.is_static, payload
+        )
         self._check_sendable(len(response), report is not None)
         if key is not None:
             self.responses.put(key, response)
@@ -80,11 +85,13 @@ def history_key(limits: Limits, scope: str, report_key: str) -> HistoryKey:
     return history_key_from_proto(scope, report_key)
 
 
-def _rendered(assembly: Assembly) -> pb.RenderedPrompt:
-    """The rendered prompt and snapshot; RENDER_FAILED when a section cannot be."""
+def _rendered(assembly: Assembly, caches: part_caches.PartCaches) -> pb.RenderedPrompt:
+    """The rendered prompt and snapshot (from the plan's kept texts of unchanged parts);
+    RENDER_FAILED when a section cannot be."""
     try:
         return pb.RenderedPrompt(
-            prompt=render_prompt(assembly), context_snapshot=render_context_snapshot(assembly)
+            prompt=caches.render_prompt(assembly),
+            context_snapshot=caches.render_context_snapshot(assembly),
         )
     except RenderFailure as error:
         failure = RegistryError(Status.FAILED_PRECONDITION, Reason.RENDER_FAILED, str(error))

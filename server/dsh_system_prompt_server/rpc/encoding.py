@@ -24,10 +24,10 @@ def assembly_to_proto(assembly: Assembly) -> pb.PromptAssembly:
 def assembly_encoding(assembly: Assembly) -> bytes:
     """The assembly's PromptAssembly encoding, joined from its parts' cached encodings."""
     encoded = [
-        *map(_section_field, assembly.sections),
-        *map(_context_field, assembly.contexts),
-        *map(_tool_field, assembly.tools),
-        *map(_variable_field, assembly.variables.items()),
+        *map(section_field, assembly.sections),
+        *map(context_field, assembly.contexts),
+        *map(tool_field, assembly.tools),
+        *map(variable_field, assembly.variables.items()),
     ]
     return b"".join(encoded)
 
@@ -46,10 +46,13 @@ def assemble_response(
     rendered: pb.RenderedPrompt | None = None,
     report: pb.AssemblyReport | None = None,
     cacheable: bool = False,
+    payload: bytes | None = None,
 ) -> bytes:
     """An AssembleResponse's encoding, written directly: no message is built for the
-    assembly, and gRPC sends the bytes as they are (handlers.passthrough)."""
-    payload = assembly_encoding(assembly)
+    assembly, and gRPC sends the bytes as they are (handlers.passthrough); `payload` is
+    the assembly's encoding when the caller has it (part_caches)."""
+    if payload is None:
+        payload = assembly_encoding(assembly)
     out = [_varint(_RESPONSE_ASSEMBLY << 3 | 2), _varint(len(payload)), payload]
     if rendered is not None:
         out.append(_field(_RESPONSE_RENDERED, rendered))
@@ -69,22 +72,22 @@ _SECTIONS, _CONTEXTS, _TOOLS, _VARIABLES = (
 
 
 @functools.lru_cache(maxsize=16_384)
-def _section_field(part: Part) -> bytes:
+def section_field(part: Part) -> bytes:
     return _field(_SECTIONS, pb.AssembledSection(name=part.name, text=part.text))
 
 
 @functools.lru_cache(maxsize=16_384)
-def _context_field(part: Part) -> bytes:
+def context_field(part: Part) -> bytes:
     return _field(_CONTEXTS, pb.AssembledContext(name=part.name, text=part.text))
 
 
 @functools.lru_cache(maxsize=16_384)
-def _tool_field(tool: Tool) -> bytes:
+def tool_field(tool: Tool) -> bytes:
     return _field(_TOOLS, tool_to_proto(tool))
 
 
 @functools.lru_cache(maxsize=16_384)
-def _variable_field(item: tuple[str, str | None]) -> bytes:
+def variable_field(item: tuple[str, str | None]) -> bytes:
     name, value = item
     variable = pb.Variable(name=name) if value is None else pb.Variable(name=name, value=value)
     return _field(_VARIABLES, variable)

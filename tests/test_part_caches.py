@@ -1,0 +1,183 @@
+"""A dynamic plan's response joined from the plan's per-part encoding and render caches:
+byte for byte the canonical encoding of what a fresh assembly holds, and never a kept
+encoding or rendering of a part (or variable) that changed."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+
+import dsh_system_prompt as dsp
+import grpc
+import pytest
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh_system_prompt_server import Sidecar
+from helpers import IDENTITY, ClientFactory, raw_channel
+
+ASSEMBLE = "/dsh.systemprompt.v1.SystemPromptService/Assemble"
+Raw = grpc.aio.UnaryUnaryMultiCallable
+
+
+@pytest.fixture
+async def assemble_raw(sidecar: Sidecar) -> AsyncIterator[Raw]:
+    """Assemble, its response's bytes as the sidecar sent them."""
+    channel = raw_channel(sidecar.address)
+    yield channel.unary_unary(ASSEMBLE, request_serializer=pb.AssembleRequest.SerializeToString)
+    await channel.close()
+
+
+async def assembled(assemble_raw: Raw, scope: str = "") -> pb.AssembleResponse:
+    """A rendered assembly of `scope`, checked to be its canonical encoding (what the
+    response would be if it were built message by message, no cache)."""
+    request = pb.AssembleRequest(context=pb.AssembleContext(scope=scope), render=True)
+    raw: bytes = await assemble_raw(request)
+    response = pb.AssembleResponse.FromString(raw)
+    assert raw == response.SerializeToString()
+    return response
+
+
+def texts(response: pb.AssembleResponse) -> list[str]:
+    """The sections' texts but the defaults (the identity first, an empty one)."""
+    sections = [section.text for section in response.assembly.sections]
+    assert sections[0] == IDENTITY
+    return [text for text in sections[1:] if text]
+
+
+def prompt(*sections: str) -> str:
+    """The rendered prompt of the identity section and `sections`."""
+    return "\n\n".join((IDENTITY, *sections))
+
+
+def counting(label: str) -> dsp.TextSource:
+    """A provider whose answer changes at every call."""
+    counter = itertools.count()
+    return lambda context: f"{label} {next(counter)}"
+
+
+async def warmed(client: dsp.Client, assemble_raw: Raw) -> dsp.Handle:
+    """A static section beside a provided one, assembled once (the caches filled)."""
+    static = await client.section("static", 10, "Be brief.")
+    await client.section("clock", 20, lambda context: "Tick.")
+    await assembled(assemble_raw)
+    return static
+
+
+async def test_an_unchanged_dynamic_answer_is_answered_byte_identical(
+    client: dsp.Client, assemble_raw: Raw
+) -> None:
+    await warmed(client, assemble_raw)
+    again = await assembled(assemble_raw)
+    assert texts(again) == ["Be brief.", "Tick."]
+    assert again.rendered.prompt == prompt("Be brief.", "Tick.")
+
+
+async def test_a_changed_dynamic_answer_is_encoded_and_rendered_fresh(
+    client: dsp.Client, assemble_raw: Raw
+) -> None:
+    await client.section("static", 10, "Be brief.")
+    await client.section("clock", 20, counting("Tick"))
+    first, second = await assembled(assemble_raw), await assembled(assemble_raw)
+    assert texts(first) == ["Be brief.", "Tick 0"]
+    assert texts(second) == ["Be brief.", "Tick 1"]
+    assert second.rendered.prompt == prompt("Be brief.", "Tick 1")
+
+
+async def test_an_updated_static_part_of_a_dynamic_plan_is_served_fresh(
+    client: dsp.Client, assemble_raw: Raw
+) -> None:
+    await (await warmed(client, assemble_raw)).update("Be thorough.")
+    after = await assembled(assemble_raw)
+    assert texts(after) == ["Be thorough.", "Tick."]
+    assert after.rendered.prompt == prompt("Be thorough.", "Tick.")
+
+
+async def test_a_disposed_part_of_a_dynamic_plan_is_gone_from_encoding_and_rendering(
+    client: dsp.Client, assemble_raw: Raw
+) -> None:
+    await (await warmed(client, assemble_raw))()
+    after = await assembled(assemble_raw)
+    assert texts(after) == ["Tick."]
+    assert after.rendered.prompt == prompt("Tick.")
+
+
+async def test_a_new_registration_joins_a_dynamic_plans_response(
+    client: dsp.Client, assemble_raw: Raw
+) -> None:
+    await client.section("clock", 20, lambda context: "Tick.")
+    await assembled(assemble_raw)
+    await client.section("static", 10, "Be brief.")
+    await client.tools([dsp.ToolSchema("grep", "Search.", {"type": "object"})])
+    after = await assembled(assemble_raw)
+    assert texts(after) == ["Be brief.", "Tick."]
+    assert [tool.name for tool in after.assembly.tools] == ["grep"]
+
+
+async def test_a_changed_variable_re_renders_an_unchanged_section(
+    client: dsp.Client, assemble_raw: Raw
+) -> None:
+    await client.section("greeting", 10, "Hello {{user}}.")
+    await client.variable("user", counting("user"))
+    first, second = await assembled(assemble_raw), await assembled(assemble_raw)
+    assert first.rendered.prompt == prompt("Hello user 0.")
+    assert second.rendered.prompt == prompt("Hello user 1.")
+
+
+async def test_a_render_failure_is_not_kept_once_the_variable_has_a_value(
+    client: dsp.Client, assemble_raw: Raw
+) -> None:
+    answers = iter([None, "ada"])
+    await client.section("greeting", 10, "Hello {{user}}.")
+    await client.variable("user", lambda context: next(answers))
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await assembled(assemble_raw)
+    assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    after = await assembled(assemble_raw)
+    assert after.rendered.prompt == prompt("Hello ada.")
+
+
+async def test_a_re_parented_scope_is_served_its_new_parents_parts(
+    client: dsp.Client, connect: ClientFactory, assemble_raw: Raw
+) -> None:
+    team_a, team_b = await client.scope("team-a"), await client.scope("team-b")
+    await team_a.section("team", 10, "Team A's way.")
+    await team_b.section("team", 10, "Team B's way.")
+    other = await connect()
+    agent = await other.scope("agent-1", parent="team-a")
+    await agent.section("clock", 20, lambda context: "Tick.")
+    assert texts(await assembled(assemble_raw, "agent-1")) == ["Team A's way.", "Tick."]
+    await agent.dispose()  # the key is forgotten with its last handle, parent included
+    moved = await other.scope("agent-1", parent="team-b")
+    await moved.section("clock", 20, lambda context: "Tick.")
+    after = await assembled(assemble_raw, "agent-1")
+    assert texts(after) == ["Team B's way.", "Tick."]
+    assert after.rendered.prompt == prompt("Team B's way.", "Tick.")
+
+
+async def test_a_listener_that_reorders_adds_and_removes_parts_is_encoded_as_it_returned(
+    client: dsp.Client, assemble_raw: Raw
+) -> None:
+    calls = itertools.count()
+
+    async def shuffle(
+        assembly: dsp.PromptAssembly, context: dsp.AssembleContext, next_: dsp.Next
+    ) -> dsp.PromptAssembly:
+        result = await next_()
+        turn = next(calls)
+        if turn == 1:
+            result.sections[1:] = reversed(result.sections[1:])
+        elif turn == 2:
+            result.sections.append(dsp.AssembledSection("note", "Added."))
+        elif turn == 3:
+            result.sections = [part for part in result.sections if part.name != "a"]
+        return result
+
+    await client.section("a", 10, "First.")
+    await client.section("b", 20, "Second.")
+    await client.on_assemble(shuffle)
+    seen = [texts(await assembled(assemble_raw)) for _ in range(4)]
+    assert seen == [
+        ["First.", "Second."],
+        ["Second.", "First."],
+        ["First.", "Second.", "Added."],
+        ["Second."],
+    ]
