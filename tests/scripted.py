@@ -166,6 +166,12 @@ class Script:
         yield pb.WatchChangesResponse(subscribed=pb.WatchSubscribed(revision=10))
         yield from peer.outgoing()
 
+    def list_registrations(
+        self, request: pb.ListRegistrationsRequest
+    ) -> Iterator[pb.ListRegistrationsResponse]:
+        """A listing: nothing registered, at revision 10."""
+        yield pb.ListRegistrationsResponse(revision=10)
+
     def answer(self, method: str, request: Any, context: grpc.ServicerContext) -> Any:
         """A unary call's answer: a registration id, a scope id, or an empty reply."""
         reply = _REPLIES[method]()
@@ -249,6 +255,10 @@ class ScriptedSidecar(pb_grpc.SystemPromptServiceServicer):  # type: ignore[misc
         self.script.watchers.append(peer)
         self.script.watch_requests.append(request)
         yield from self.script.watch(peer)
+
+    def ListRegistrations(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.script.unary.append(("ListRegistrations", request))
+        yield from self.script.list_registrations(request)
 
     def _peer(self, requests: Iterator[Any] | None, context: grpc.ServicerContext) -> Peer:
         with self._lock:

@@ -21,6 +21,7 @@ from .assemble import (
 )
 from .callbacks import cached_callbacks, dynamic_sections, listeners
 from .harness import Budget, Harness, collect_garbage
+from .local_cache import local_cache_assemble, local_cache_staleness, ts_local_cache_assemble
 from .memory import memo_memory, session_memory
 from .scale import many_scopes, report_cost, throughput, unix_vs_tcp
 from .watches import change_fan_out, idle_watchers
@@ -33,6 +34,9 @@ ALL: dict[str, FigureFn] = {
     "client_assemble": client_assemble,
     "ts_client_assemble": ts_client_assemble,
     "go_client_assemble": go_client_assemble,
+    "local_cache_assemble": local_cache_assemble,
+    "ts_local_cache_assemble": ts_local_cache_assemble,
+    "local_cache_staleness": local_cache_staleness,
     "many_scopes": many_scopes,
     "report_cost": report_cost,
     "dynamic_sections": dynamic_sections,

@@ -49,8 +49,8 @@ async def dynamic_sections(h: Harness) -> list[Figure]:
     return [
         over_static(samples, key, label, "≤ static + {:g} round trips", limit, "dynamic sections")
         for key, label, limit in (
-            ("dynamic_1_session", "10 dynamic sections, 1 session", 1.4),
-            ("dynamic_5_sessions", "10 dynamic sections, 5 sessions", 2.5),
+            ("dynamic_1_session", "10 dynamic sections, 1 session", 1.6),
+            ("dynamic_5_sessions", "10 dynamic sections, 5 sessions", 3.5),
         )
     ]
 
@@ -97,10 +97,10 @@ async def listeners(h: Harness) -> list[Figure]:
         await probe.close()
     return [
         over_static(
-            samples, "before_next", "listener, before next() only", "≤ {:g} round trips", 1.4
+            samples, "before_next", "listener, before next() only", "≤ {:g} round trips", 1.6
         ),
         over_static(
-            samples, "post_processing", "listener, with post-processing", "≤ {:g} round trips", 2.6
+            samples, "post_processing", "listener, with post-processing", "≤ {:g} round trips", 2.8
         ),
     ]
 

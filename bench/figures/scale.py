@@ -155,7 +155,7 @@ async def throughput(h: Harness) -> list[Figure]:
             name="8 concurrent clients: assemblies/s / empty RPCs/s",
             value=round(value, 2),
             unit=X,
-            **at_least(value, 0.8),
+            **at_least(value, 0.85),
             display=f"{value:.2f}{X} ({rates['assemble']:,.0f} vs {rates['empty_rpc']:,.0f}/s)",
             details={
                 "assemblies_per_s": round(rates["assemble"]),

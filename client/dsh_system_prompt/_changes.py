@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 import grpc
@@ -66,8 +67,12 @@ class ChangeStream:
         stub: pb_grpc.SystemPromptServiceStub,
         request: pb.WatchChangesRequest,
         timeout: float,
+        on_break: Callable[[], None] | None = None,
+        on_resume: Callable[[], None] | None = None,
     ) -> None:
         self._stub = stub
+        self._on_break = on_break  # the stream broke: changes may pass unseen until...
+        self._on_resume = on_resume  # ...it is subscribed again
         self._request = request
         self._timeout = timeout  # for each subscription's confirmation
         self._call: WatchCall | None = None
@@ -93,7 +98,11 @@ class ChangeStream:
                 return self._pending.pop(0)
             message = self._batched.popleft() if self._batched else await self._read()
             if message is None:
+                if self._on_break is not None:
+                    self._on_break()
                 await self._resume()
+                if self._on_resume is not None:
+                    self._on_resume()
                 continue
             kind = message.WhichOneof("kind")
             if kind == "event":

@@ -22,6 +22,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_core import Reason
 from google.protobuf.message import Message
 
+from ._local_cache import LocalCache
 from ._providers import Providers
 from ._replay import Journal, ListenerRegistration, Registration, answer_error, send
 from ._session import Session
@@ -83,6 +84,7 @@ class Connection:
         self.journal = Journal()
         self.closed = False
         self.connected = asyncio.Event()
+        self.local: LocalCache | None = None  # connect(local_cache=True)'s
         self._session: Session | None = None
         self._reconnecting: asyncio.Task[None] | None = None
 
@@ -109,6 +111,8 @@ class Connection:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reconnecting
         await self.journal.release_all()
+        if self.local is not None:
+            await self.local.close()
         if self._session is not None:
             await self._session.end()
         await self.channel.close()
@@ -214,6 +218,7 @@ class Connection:
                 self.restart()  # it may be registered there: a new session drops it
             raise
         self.journal.keep(record)
+        self.wrote(record.revision)
 
     async def dispose(self, record: Registration) -> None:
         """Dispose `record` (and, for a scope, everything made through it)."""
@@ -227,13 +232,15 @@ class Connection:
     async def _dispose_on(self, session_id: str, record: Registration) -> None:
         request = pb.DisposeRequest(session_id=session_id, registration_id=record.registration_id)
         try:
-            await self.stub.Dispose(request, timeout=self.call_timeout)
+            reply = await self.stub.Dispose(request, timeout=self.call_timeout)
         except grpc.RpcError as rpc_error:
             error = answer_error(rpc_error, "Dispose", self.call_timeout)
             if isinstance(error, NoAnswer):
                 self.restart()  # it may still be registered there: a new session drops it
             if error.code != grpc.StatusCode.NOT_FOUND:  # NOT_FOUND: gone already
                 raise error from None
+            return
+        self.wrote(reply.revision)
 
     async def update(
         self, record: Registration, update: Update, timeout: float | None = None
@@ -245,7 +252,14 @@ class Connection:
         reply: pb.UpdateResponse = await self.call(self.stub.Update, update.request)
         if record in self.journal:  # not disposed meanwhile
             update.apply()
+        self.wrote(reply.revision)
         return reply.revision
+
+    def wrote(self, revision: int) -> None:
+        """This client changed the registry (its reply said `revision`, 0: not said): the
+        local cache serves nothing older (read-your-writes)."""
+        if self.local is not None:
+            self.local.wrote(revision)
 
     async def invalidate(self, record: Registration) -> None:
         """Drop the sidecar's cached answers of `record`'s provider or listener. Done

@@ -38,6 +38,9 @@ class Registered(Protocol):
     @property
     def registration_id(self) -> str: ...
 
+    @property
+    def revision(self) -> int: ...
+
 
 Request = TypeVar("Request", bound=Addressed)
 
@@ -49,6 +52,7 @@ class Registration(ABC):
     scope: Registration | None = None  # the scope handle it was made through
     provider_key: str | None = None  # its dynamic provider in this client
     registration_id: str = ""  # its id on the current session
+    revision: int = 0  # the registry's revision once it was made (0: not told)
 
     @abstractmethod
     async def make(self, session_id: str, timeout: float) -> str:
@@ -73,6 +77,7 @@ class Contribution(Registration, Generic[Request]):
         self.request.session_id = session_id
         self.request.scope_id = self.scope_id()
         reply = await self.rpc(self.request, timeout=timeout)
+        self.revision = reply.revision
         return reply.registration_id
 
 
@@ -86,6 +91,7 @@ class ScopeHandle(Registration):
     async def make(self, session_id: str, timeout: float) -> str:
         self.request.session_id = session_id
         reply = await self.rpc(self.request, timeout=timeout)
+        self.revision = reply.revision
         return reply.scope_id
 
 

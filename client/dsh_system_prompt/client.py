@@ -22,6 +22,7 @@ from ._changes import WATCH_FEATURES, ChangeStream
 from ._channel import TLS, default_address, open_channel
 from ._connection import CALL_TIMEOUT_S, Connection, not_ready, open_when_ready
 from ._convert import assembly_from_proto, context_to_proto, layout_to_proto, report_from_proto
+from ._local_cache import LocalCache
 from ._prompts import PromptStream
 from ._registrar import (
     Disposer,
@@ -119,8 +120,30 @@ class Client(_Registrar):
         compared with the last report of `report_key` (default: the scope) and
         laid out in `prefix_layout` (default: the sidecar's).
         """
+        local = self._connection.local
+        if local is not None and not report:
+            return await self._assemble_locally(local, scope, fields, timeout)
         report_ = _Report(report, report_key, prefix_layout)
         reply = await self._assemble(scope, fields, timeout, render=False, report=report_)
+        return _assembly(reply)
+
+    async def _assemble_locally(
+        self,
+        local: LocalCache,
+        scope: str | None,
+        fields: Mapping[str, Any] | None,
+        timeout: float | None,
+    ) -> PromptAssembly:
+        """The kept answer while it is the registry's; else asked for, and kept if it may be."""
+        context = context_to_proto(scope, fields)
+        key = (context.scope, context.fields_json)
+        if self._connection.connected.is_set():
+            kept = local.get(key)
+            if kept is not None:
+                return kept
+        epoch = local.epoch
+        reply = await self._assemble(scope, fields, timeout, render=False, report=_NO_REPORT)
+        local.put(epoch, key, reply)
         return _assembly(reply)
 
     async def render(
@@ -280,6 +303,9 @@ class _Report:
     layout: PrefixLayout | None
 
 
+_NO_REPORT = _Report(False, None, None)
+
+
 class _Connecting:
     """What connect() returns: await it, or use it with `async with`."""
 
@@ -307,6 +333,8 @@ class _Connecting:
         except BaseException:
             await channel.close()
             raise
+        if options.local_cache:
+            await _keep_locally(connection)
         return Client(connection)
 
     def __await__(self) -> Generator[Any, None, Client]:
@@ -333,6 +361,7 @@ class _ConnectOptions:
     wait_for_ready: bool
     timeout: float | None
     call_timeout: float
+    local_cache: bool
 
     def ready_timeout(self) -> float:
         return READY_TIMEOUT_S if self.timeout is None else self.timeout
@@ -350,6 +379,7 @@ def connect(
     wait_for_ready: bool = False,
     timeout: float | None = None,
     call_timeout: float = CALL_TIMEOUT_S,
+    local_cache: bool = False,
 ) -> _Connecting:
     """Open a session with the sidecar at `address` (HOST:PORT or unix:PATH; default
     `$DSP_ADDRESS`, else 127.0.0.1:50051).
@@ -363,10 +393,31 @@ def connect(
     at once (opening a session, listener or change stream, a registration, a
     disposal): past it the call fails UNAVAILABLE / SIDECAR_UNAVAILABLE and,
     for a registration or disposal, the client opens a new session and replays.
+    With `local_cache=True`, `assemble()` (without a report) of a scope whose plan
+    is all-static answers from a copy kept here, checked against the client's own
+    change stream (see docs/protocol.md, "The local cache").
     """
-    options = _ConnectOptions(token, tls, wait_for_ready, timeout, call_timeout)
+    options = _ConnectOptions(
+        token=token,
+        tls=tls,
+        wait_for_ready=wait_for_ready,
+        timeout=timeout,
+        call_timeout=call_timeout,
+        local_cache=local_cache,
+    )
     name = client_name or f"python-{os.getpid()}"
     return _Connecting(address or default_address(), name, options)
+
+
+async def _keep_locally(connection: Connection) -> None:
+    """Give `connection` its local cache, subscribed to every change."""
+    local = LocalCache(connection.stub, connection.call_timeout)
+    try:
+        await local.start()
+    except BaseException:
+        await connection.close()
+        raise
+    connection.local = local
 
 
 def _assembly(reply: pb.AssembleResponse) -> PromptAssembly:
