@@ -39,6 +39,12 @@ function resumable(error: ServiceError): boolean {
   return RESUMABLE.has(error.code) || (error.code === Code.INTERNAL && /^Received RST_STREAM/.test(error.details));
 }
 
+/** Told when a change stream breaks (changes may pass unseen) and when it is subscribed again. */
+export interface Gaps {
+  broke(): void;
+  resumed(): void;
+}
+
 /** The watch features this client implements: a ChangeBatch holds several events. */
 export const WATCH_FEATURES = ["change-batches"];
 
@@ -61,6 +67,7 @@ export class ChangeStream implements AsyncIterableIterator<ChangeItem>, Closable
   readonly #request: pb.WatchChangesRequest;
   readonly #timeoutMs: number;
   readonly #onClose: (stream: ChangeStream) => void;
+  readonly #gaps: Gaps | undefined;
   readonly #closing = new AbortController();
   #call: WatchCall | undefined;
   #messages: AsyncIterator<pb.WatchChangesResponse> | undefined;
@@ -70,8 +77,15 @@ export class ChangeStream implements AsyncIterableIterator<ChangeItem>, Closable
   #skipUntil = 0; // events up to this revision are in a resync's snapshot
   #closed = false;
 
-  private constructor(rpc: Rpc, request: pb.WatchChangesRequest, timeoutMs: number, onClose: (stream: ChangeStream) => void) {
+  private constructor(
+    rpc: Rpc,
+    request: pb.WatchChangesRequest,
+    timeoutMs: number,
+    onClose: (stream: ChangeStream) => void,
+    gaps: Gaps | undefined,
+  ) {
     this.#rpc = rpc;
+    this.#gaps = gaps;
     this.#request = request;
     this.#timeoutMs = timeoutMs;
     this.#onClose = onClose;
@@ -81,15 +95,16 @@ export class ChangeStream implements AsyncIterableIterator<ChangeItem>, Closable
 
   /**
    * Subscribe with `request`, confirmed within `timeoutMs` (a refusal rejects here);
-   * `onClose` hears when the stream is over for good.
+   * `onClose` hears when the stream is over for good, `gaps` when it breaks and resumes.
    */
   static async open(
     rpc: Rpc,
     request: pb.WatchChangesRequest,
     timeoutMs: number,
     onClose: (stream: ChangeStream) => void,
+    gaps?: Gaps,
   ): Promise<ChangeStream> {
-    const stream = new ChangeStream(rpc, request, timeoutMs, onClose);
+    const stream = new ChangeStream(rpc, request, timeoutMs, onClose, gaps);
     try {
       await stream.#subscribe();
     } catch (error) {
@@ -111,7 +126,9 @@ export class ChangeStream implements AsyncIterableIterator<ChangeItem>, Closable
       const message = this.#batched.shift() ?? (await this.#read());
       if (message === DONE) return { done: true, value: undefined };
       if (message === undefined) {
+        this.#gaps?.broke();
         if ((await this.#resume()) === DONE) return { done: true, value: undefined };
+        this.#gaps?.resumed();
         continue;
       }
       const kind = message.kind;

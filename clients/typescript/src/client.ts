@@ -8,6 +8,7 @@ import { ChangeStream, WATCH_FEATURES } from "./changes.js";
 import { answerError, CALL_TIMEOUT_MS, Connection, notReady, type Registration } from "./connection.js";
 import { assemblyFromProto, contextToProto, layoutToProto, reportFromProto } from "./convert.js";
 import { NoAnswer } from "./errors.js";
+import { cacheKey, LocalCache } from "./localCache.js";
 import { PromptStream } from "./prompts.js";
 import { disposer, Registrar, type Disposer } from "./registrar.js";
 import { openChannel, Rpc, type TlsOptions } from "./rpc.js";
@@ -87,6 +88,12 @@ export interface ConnectOptions {
   clientName?: string | undefined;
   /** grpc-js interceptors for every call and stream. */
   interceptors?: Interceptor[] | undefined;
+  /**
+   * Answer `assemble()` (without a report) of a scope whose plan is all-static from
+   * a copy kept in this client, checked against its own change stream (see
+   * docs/protocol.md, "The local cache"). Default false.
+   */
+  localCache?: boolean | undefined;
 }
 
 /** A handle on a scope key: registrations made through it land in that scope's layer. */
@@ -137,7 +144,8 @@ export class Client extends Registrar {
         request.sessionId = sessionId;
         try {
           const deadline = new Date(Date.now() + timeoutMs);
-          return { id: (await rpc.unary(pb.SystemPromptService.method.openScope, request, deadline)).scopeId };
+          const reply = await rpc.unary(pb.SystemPromptService.method.openScope, request, deadline);
+          return { id: reply.scopeId, revision: Number(reply.revision) };
         } catch (error) {
           throw answerError(error, "OpenScope", timeoutMs);
         }
@@ -155,7 +163,20 @@ export class Client extends Registrar {
    * `assembly.report` tells provenance, sizes and prefix stability.
    */
   async assemble(options: AssembleOptions = {}): Promise<PromptAssembly> {
+    const local = this.connection.local;
+    if (local !== undefined && !options.report) return this.#assembleLocally(local, options);
     return toAssembly(await this.#assemble(options, false));
+  }
+
+  /** The kept answer while it is the registry's; else asked for, and kept if it may be. */
+  async #assembleLocally(local: LocalCache, options: AssembleOptions): Promise<PromptAssembly> {
+    const key = cacheKey(contextToProto(options.scope, options.fields));
+    const kept = this.connection.connected ? local.get(key) : undefined;
+    if (kept !== undefined) return kept;
+    const epoch = local.epoch;
+    const reply = await this.#assemble(options, false);
+    local.put(epoch, key, reply);
+    return toAssembly(reply);
   }
 
   /** Assemble and render on the sidecar (rejects with a RenderError like renderPrompt). */
@@ -314,7 +335,18 @@ export async function connect(address?: string, options: ConnectOptions = {}): P
     }
     throw error;
   }
+  if (options.localCache) await keepLocally(connection);
   return new Client(connection);
+}
+
+/** Give `connection` its local cache, subscribed to every change. */
+async function keepLocally(connection: Connection): Promise<void> {
+  try {
+    connection.local = await LocalCache.open(connection.rpc, connection.callTimeoutMs);
+  } catch (error) {
+    await connection.close();
+    throw error;
+  }
 }
 
 function toAssembly(reply: pb.AssembleResponse): PromptAssembly {

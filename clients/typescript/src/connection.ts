@@ -15,6 +15,7 @@ import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import { Deferred, pause, within } from "./async.js";
 import { Code, NoAnswer, Reason, SystemPromptError, errorFromGrpc } from "./errors.js";
 import type { ListenerStream } from "./listeners.js";
+import type { LocalCache } from "./localCache.js";
 import { Providers } from "./providers.js";
 import type { Method, Rpc } from "./rpc.js";
 import { Session } from "./session.js";
@@ -22,7 +23,12 @@ import { Session } from "./session.js";
 /** One registration this client owns, and how to make it (again) for a session. */
 export interface Registration {
   /** Makes the registration on `sessionId` (in `scopeId`'s layer) within `timeoutMs`; resolves to its id. */
-  make(rpc: Rpc, sessionId: string, scopeId: string, timeoutMs: number): Promise<{ id: string; stream?: ListenerStream }>;
+  make(
+    rpc: Rpc,
+    sessionId: string,
+    scopeId: string,
+    timeoutMs: number,
+  ): Promise<{ id: string; stream?: ListenerStream; revision?: number }>;
   /** The scope handle it was made through. */
   scope?: Registration | undefined;
   providerKey?: string | undefined;
@@ -53,6 +59,8 @@ export class Connection {
   readonly registrations = new Set<Registration>();
   /** Change and prompt streams, closed with the client. */
   readonly streams = new Set<Closable>();
+  /** `connect(address, { localCache: true })`'s. */
+  local: LocalCache | undefined;
   #session: Session | undefined;
   #reconnecting: Promise<void> | undefined;
   #up = new Deferred<void>();
@@ -104,6 +112,7 @@ export class Connection {
     this.connected = false;
     this.#closing.abort();
     for (const stream of [...this.streams]) stream.close();
+    await this.local?.close();
     await this.#reconnecting?.catch(() => undefined);
     for (const registration of this.registrations) registration.stream?.close();
     await this.#session?.end();
@@ -242,15 +251,25 @@ export class Connection {
 
   /** Make a registration and keep it for replay; nothing is kept if it fails. */
   async register(registration: Registration): Promise<void> {
+    let revision: number | undefined;
     try {
       await this.ready();
-      await this.#make(registration, this.sessionId);
+      revision = await this.#make(registration, this.sessionId);
     } catch (error) {
       this.providers.remove(registration.providerKey);
       if (error instanceof NoAnswer) this.restart(); // it may be registered there: a new session drops it
       throw error;
     }
     this.registrations.add(registration);
+    this.wrote(revision);
+  }
+
+  /**
+   * This client changed the registry (its reply said `revision`; undefined: not said):
+   * the local cache serves nothing older (read-your-writes).
+   */
+  wrote(revision: number | undefined): void {
+    this.local?.wrote(revision);
   }
 
   /** Dispose `registration` (and, for a scope, everything made through it). */
@@ -280,6 +299,7 @@ export class Connection {
     request.registrationId = registration.registrationId;
     const reply = await this.call(pb.SystemPromptService.method.update, request);
     if (this.registrations.has(registration)) apply(); // not disposed meanwhile
+    this.wrote(Number(reply.revision));
     return Number(reply.revision);
   }
 
@@ -287,7 +307,8 @@ export class Connection {
     const request = create(pb.DisposeRequestSchema, { sessionId, registrationId: registration.registrationId });
     try {
       const deadline = new Date(Date.now() + this.callTimeoutMs);
-      await this.rpc.unary(pb.SystemPromptService.method.dispose, request, deadline);
+      const reply = await this.rpc.unary(pb.SystemPromptService.method.dispose, request, deadline);
+      this.wrote(Number(reply.revision));
     } catch (rpcError) {
       const error = answerError(rpcError, "Dispose", this.callTimeoutMs);
       if (error instanceof NoAnswer) this.restart(); // it may still be registered there: a new session drops it
@@ -302,11 +323,13 @@ export class Connection {
     registration.stream = undefined;
   }
 
-  async #make(registration: Registration, sessionId: string): Promise<void> {
+  /** Make `registration` on `sessionId`; resolves to the revision its reply said, if any. */
+  async #make(registration: Registration, sessionId: string): Promise<number | undefined> {
     const scopeId = registration.scope?.registrationId ?? "";
     const made = await registration.make(this.rpc, sessionId, scopeId, this.callTimeoutMs);
     registration.registrationId = made.id;
     registration.stream = made.stream;
+    return made.revision;
   }
 }
 

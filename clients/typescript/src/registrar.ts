@@ -100,6 +100,12 @@ export function handle(connection: Connection, registration: Registration, reque
   return off as Handle;
 }
 
+/** A registration's reply: its id, and the registry's revision after it. */
+interface Registered {
+  registrationId: string;
+  revision: bigint;
+}
+
 /** The registration methods shared by the client (global layer) and scope handles. */
 export class Registrar {
   protected readonly connection: Connection;
@@ -258,8 +264,8 @@ export class Registrar {
         request.sessionId = sessionId;
         request.scopeId = scopeId;
         try {
-          const reply = await rpc.unary(method, request, new Date(Date.now() + timeoutMs));
-          return { id: (reply as unknown as { registrationId: string }).registrationId };
+          const reply = (await rpc.unary(method, request, new Date(Date.now() + timeoutMs))) as unknown as Registered;
+          return { id: reply.registrationId, revision: Number(reply.revision) };
         } catch (error) {
           throw answerError(error, method.name, timeoutMs);
         }

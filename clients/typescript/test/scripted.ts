@@ -116,6 +116,7 @@ export class Peer<Req, Res> {
 export type SessionPeer = Peer<pb.OpenSessionRequest, pb.OpenSessionResponse>;
 export type ListenerPeer = Peer<pb.ListenRequest, pb.ListenResponse>;
 export type WatchPeer = Peer<pb.WatchChangesRequest, pb.WatchChangesResponse>;
+export type ListingPeer = Peer<pb.ListRegistrationsRequest, pb.ListRegistrationsResponse>;
 
 /** A unary call's error, with an ErrorInfo reason in grpc-status-details-bin when given. */
 export function failure(end: End): Partial<grpc.StatusObject> {
@@ -187,6 +188,12 @@ export class Script {
 
   async watch(peer: WatchPeer): Promise<void> {
     peer.send(create(pb.WatchChangesResponseSchema, { kind: { case: "subscribed", value: { revision: 10n } } }));
+  }
+
+  /** A listing: nothing registered, at revision 10. */
+  async listRegistrations(peer: ListingPeer): Promise<void> {
+    peer.send(create(pb.ListRegistrationsResponseSchema, { revision: 10n }));
+    peer.end();
   }
 
   /** A unary call's answer: a registration id, a scope id, or an empty reply; throw an End to fail it. */
@@ -350,6 +357,10 @@ export class ScriptedSidecar {
       if (method === "WatchChanges") {
         script.watchers.push(peer as unknown as WatchPeer);
         return script.watch(peer as unknown as WatchPeer);
+      }
+      if (method === "ListRegistrations") {
+        script.unary.push([method, request as { sessionId?: string }]);
+        return script.listRegistrations(peer as unknown as ListingPeer);
       }
       peer.end({ code: grpc.status.UNIMPLEMENTED, message: `the scripted sidecar does not serve ${method}` });
       return Promise.resolve();
