@@ -21,6 +21,12 @@ async def run_json(script: Path, *args: str) -> dict[str, Any]:
     return await run_command_json([_node(script), str(script), *args], TS_CLIENT, script.name)
 
 
+async def run_bench(script: str, address: str, iterations: int, warmup: int) -> dict[str, Any]:
+    """Run the client's `dist/bench/<script>` against `address`; what it measured."""
+    path = TS_CLIENT / "dist" / "bench" / script
+    return await run_json(path, address, str(iterations), str(warmup))
+
+
 async def run_command_json(argv: list[str], cwd: Path, what: str) -> dict[str, Any]:
     """Run `argv` in `cwd`; the JSON object it printed on its last line (`what` names it)."""
     process = await asyncio.create_subprocess_exec(

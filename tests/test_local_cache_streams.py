@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import dsh_system_prompt as dsp
 import grpc
+import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from helpers import eventually
 from scripted import CALL_TIMEOUT_S, WAIT_S, End, Peer, Script, ScriptedSidecar
@@ -61,59 +62,58 @@ async def rules(client: dsp.Client) -> str:
     return (await client.assemble()).sections[0].text
 
 
-async def kept_v1(scripted: ScriptedSidecar, client: dsp.Client) -> Cacheable:
-    """`client` keeps the scripted sidecar's v1, then its change stream breaks."""
-    script = scripted.script
-    assert isinstance(script, Cacheable)
-    await rules(client)
-    assert await rules(client) == "v1" and asked(script) == 1  # the second was kept
-    script.watchers[0].outbox.put(End(grpc.StatusCode.UNAVAILABLE, "cut"))
-    await eventually(lambda: len(script.watchers) == 2, "the stream resubscribes")
-    return script
+@pytest.fixture
+async def broken(scripted: ScriptedSidecar) -> AsyncIterator[tuple[Cacheable, dsp.Client]]:
+    """A caching client that kept the scripted sidecar's v1, whose change stream then
+    broke (its resubscription waits for `script.resume`)."""
+    script = scripted.script = Cacheable()
+    async with dsp.connect(scripted.address, call_timeout=CALL_TIMEOUT_S, local_cache=True) as c:
+        await rules(c)
+        assert await rules(c) == "v1" and asked(script) == 1  # the second was kept
+        script.watchers[0].outbox.put(End(grpc.StatusCode.UNAVAILABLE, "cut"))
+        await eventually(lambda: len(script.watchers) == 2, "the stream resubscribes")
+        yield script, c
+        script.resume.set()
+
+
+async def resynced_at_3(script: Cacheable) -> None:
+    """Let the stream resubscribe to another incarnation, whose revisions are below the
+    kept answer's, and resync from its listing."""
+    script.resumed = pb.WatchSubscribed(revision=3, incarnation="second", resync=True)
+    script.listing_revision = 3
+    script.resume.set()
+    await eventually(lambda: listed(script), "the resync's listing")
+    await asyncio.sleep(0)  # let the stream hand over its resync
 
 
 async def test_while_the_change_stream_is_down_no_kept_answer_is_served(
-    scripted: ScriptedSidecar,
+    broken: tuple[Cacheable, dsp.Client],
 ) -> None:
-    scripted.script = Cacheable()
-    async with dsp.connect(scripted.address, call_timeout=CALL_TIMEOUT_S, local_cache=True) as c:
-        script = await kept_v1(scripted, c)
-        script.text, script.revision = "v2", 11  # a change the broken stream does not bring
-        seen = await rules(c)
-        script.resume.set()
-    assert seen == "v2"
+    script, client = broken
+    script.text, script.revision = "v2", 11  # a change the broken stream does not bring
+    assert await rules(client) == "v2"
 
 
 async def test_after_a_resync_no_answer_kept_before_it_is_served(
-    scripted: ScriptedSidecar,
+    broken: tuple[Cacheable, dsp.Client],
 ) -> None:
-    scripted.script = Cacheable()
-    async with dsp.connect(scripted.address, call_timeout=CALL_TIMEOUT_S, local_cache=True) as c:
-        script = await kept_v1(scripted, c)
-        # another incarnation, whose revisions are below the kept answer's
-        script.resumed = pb.WatchSubscribed(revision=3, incarnation="second", resync=True)
-        script.listing_revision = 3
-        script.resume.set()
-        await eventually(lambda: listed(script), "the resync's listing")
-        await asyncio.sleep(0)  # let the stream hand over its resync
-        script.text, script.revision = "v2", 3
-        seen = await rules(c)
-    assert seen == "v2"
+    script, client = broken
+    await resynced_at_3(script)
+    script.text, script.revision = "v2", 3
+    assert await rules(client) == "v2"
 
 
 def listed(script: Script) -> bool:
     return any(method == "ListRegistrations" for method, _ in script.unary)
 
 
-async def test_after_a_resync_answers_are_kept_again(scripted: ScriptedSidecar) -> None:
-    scripted.script = Cacheable()
-    async with dsp.connect(scripted.address, call_timeout=CALL_TIMEOUT_S, local_cache=True) as c:
-        script = await kept_v1(scripted, c)
-        script.resumed = pb.WatchSubscribed(revision=3, incarnation="second", resync=True)
-        script.listing_revision = script.revision = 3
-        script.resume.set()
-        await eventually(lambda: listed(script), "the resync's listing")
-        await eventually(lambda: kept_again(script, c), "an answer kept at revision 3")
+async def test_after_a_resync_answers_are_kept_again(
+    broken: tuple[Cacheable, dsp.Client],
+) -> None:
+    script, client = broken
+    script.revision = 3
+    await resynced_at_3(script)
+    await eventually(lambda: kept_again(script, client), "an answer kept at revision 3")
 
 
 async def kept_again(script: Script, client: dsp.Client) -> bool:

@@ -106,12 +106,7 @@ async def client_assemble(h: Harness) -> list[Figure]:
 async def ts_client_assemble(h: Harness) -> list[Figure]:
     """The TypeScript client's assemble() vs Health.Check, both from one Node process."""
     iterations, warmup = h.budget.n(2000), h.budget.n(200)
-    measured = await node.run_json(
-        node.TS_CLIENT / "dist" / "bench" / "assemble.js",
-        h.sidecar.address,
-        str(iterations),
-        str(warmup),
-    )
+    measured = await node.run_bench("assemble.js", h.sidecar.address, iterations, warmup)
     samples = {name: Samples.of(measured[name]) for name in ("client_assemble", "empty_rpc")}
     return [
         p50_ratio(

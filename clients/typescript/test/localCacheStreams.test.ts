@@ -53,13 +53,21 @@ async function caching(): Promise<dsp.Client> {
   return dsp.connect(harness.sidecar.address, { callTimeoutMs: CALL_TIMEOUT_MS, localCache: true });
 }
 
-/** `client` keeps the scripted sidecar's v1, then its change stream breaks. */
-async function keptThenBroken(script: Cacheable, client: dsp.Client): Promise<void> {
-  await rules(client);
-  assert.equal(await rules(client), "v1");
-  assert.equal(asked(script), 1); // the second was kept
-  script.watchers[0]!.end({ code: grpc.status.UNAVAILABLE, message: "cut" });
-  await waitFor(() => script.watchers.length === 2, "the stream resubscribes");
+/** Run `check` with a client that kept the scripted sidecar's v1, whose change stream then broke (its resubscription waits for `script.resume()`). */
+async function withBroken(check: (script: Cacheable, client: dsp.Client) => Promise<void>): Promise<void> {
+  const script = harness.use(new Cacheable());
+  const client = await caching();
+  try {
+    await rules(client);
+    assert.equal(await rules(client), "v1");
+    assert.equal(asked(script), 1); // the second was kept
+    script.watchers[0]!.end({ code: grpc.status.UNAVAILABLE, message: "cut" });
+    await waitFor(() => script.watchers.length === 2, "the stream resubscribes");
+    await check(script, client);
+  } finally {
+    script.resume();
+    await client.close();
+  }
 }
 
 test("a repeated assemble of a cacheable scope makes no call", async () => {
@@ -74,24 +82,14 @@ test("a repeated assemble of a cacheable scope makes no call", async () => {
   }
 });
 
-test("while the change stream is down no kept answer is served", async () => {
-  const script = harness.use(new Cacheable());
-  const client = await caching();
-  try {
-    await keptThenBroken(script, client);
+test("while the change stream is down no kept answer is served", () =>
+  withBroken(async (script, client) => {
     [script.text, script.revision] = ["v2", 11]; // a change the broken stream does not bring
     assert.equal(await rules(client), "v2");
-  } finally {
-    script.resume();
-    await client.close();
-  }
-});
+  }));
 
-test("after a resync no answer kept before it is served", async () => {
-  const script = harness.use(new Cacheable());
-  const client = await caching();
-  try {
-    await keptThenBroken(script, client);
+test("after a resync no answer kept before it is served", () =>
+  withBroken(async (script, client) => {
     // another incarnation, whose revisions are below the kept answer's
     script.resumed = create(pb.WatchSubscribedSchema, { revision: 3n, incarnation: "second", resync: true });
     script.listingRevision = 3;
@@ -100,7 +98,4 @@ test("after a resync no answer kept before it is served", async () => {
     await new Promise((resolve) => setTimeout(resolve, 20)); // let the stream hand over its resync
     [script.text, script.revision] = ["v2", 3];
     assert.equal(await rules(client), "v2");
-  } finally {
-    await client.close();
-  }
-});
+  }));
