@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import echo, watchers
+from . import admin_views, echo, watchers
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = Path(tempfile.gettempdir()) / f"dsp-bench-{os.getpid()}"
@@ -82,6 +82,12 @@ async def start_watchers(address: str, count: int) -> ServerProcess:
     """`count` idle WatchChanges streams on `address`, read by a process of their own."""
     argv = [sys.executable, "-m", "bench.watchers", address, str(count)]
     return await _start(argv, watchers.READY, "watchers")
+
+
+async def start_admin_views(url: str, count: int) -> ServerProcess:
+    """`count` live admin views of the page at `url`, read by a process of their own."""
+    argv = [sys.executable, "-m", "bench.admin_views", url, str(count)]
+    return await _start(argv, admin_views.READY, "admin-views")
 
 
 # cli.py has no `if __name__ == "__main__"`; call its main() the way the script does.

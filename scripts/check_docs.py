@@ -27,6 +27,7 @@ from pathlib import Path
 
 from dsh_system_prompt_server import SidecarConfig
 from dsh_system_prompt_server.sidecar.cli import build_parser
+from dsh_system_prompt_server.sidecar.config import CREDENTIAL_KEYS
 from dsh_system_prompt_server.sidecar.reload import config_keys
 from dsh_system_prompt_server.telemetry.metrics import Metrics
 
@@ -226,9 +227,10 @@ def cli_flags() -> tuple[set[str], set[str]]:
 
 
 def config_key_names() -> set[str]:
-    """The config file's keys, `limits.x` also as plain `x` (the `[limits]` table's rows)."""
+    """The config file's keys, `limits.x` also as plain `x` (the `[limits]` table's rows),
+    and the keys of a `[[credentials]]` table."""
     keys = set(config_keys(SidecarConfig()))
-    return keys | {key.removeprefix("limits.") for key in keys}
+    return keys | {key.removeprefix("limits.") for key in keys} | CREDENTIAL_KEYS
 
 
 def metric_names() -> set[str]:

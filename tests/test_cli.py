@@ -258,6 +258,7 @@ def _bad_files(folder: Path) -> dict[str, Path]:
         ("auth_token_file", 'auth_token_file = "{directory}"'),
         ("auth_token_file", 'auth_token_file = "{latin1}"'),
         ("auth_token_file", 'auth_token_file = "{empty}"'),
+        ("auth_token_file", 'auth_token_file = "\\u0000"'),
         ("tls_cert_file", 'tls_cert_file = "{missing}"\ntls_key_file = "{garbage}"'),
         ("tls_cert_file", 'tls_cert_file = "{garbage}"\ntls_key_file = "{garbage}"'),
         ("tls_cert_file", 'tls_cert_file = "{directory}"\ntls_key_file = "{garbage}"'),
@@ -277,6 +278,15 @@ def test_a_bad_config_value_exits_2_naming_the_key_and_the_file(
     assert not named or named[0] in result.stderr
     assert "Traceback" not in result.stderr
     assert "listening on" not in result.stdout
+
+
+def test_a_config_file_that_is_not_utf8_exits_2_naming_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "sidecar.toml"
+    config.write_bytes(b'persona = "caf\xe9"\n')
+    result = _serve_once("--listen", "127.0.0.1:0", "--config", str(config))
+    assert result.returncode == 2, result.stderr
+    assert f"config file {config} is not UTF-8 text" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_a_metrics_port_in_use_exits_2_naming_the_key() -> None:

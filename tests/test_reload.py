@@ -8,8 +8,20 @@ import signal
 from pathlib import Path
 
 import dsh_system_prompt as dsp
-from dsh_system_prompt_server import Registry, RegistrySettings
-from helpers import eventually, section_names, tool, tool_names
+import grpc
+import pytest
+from dsh_system_prompt_server import Registry, RegistrySettings, load_config
+from dsh_system_prompt_server.registry import RegistryError
+from dsh_system_prompt_server.sidecar.reload import Reloader
+from helpers import (
+    ClientFactory,
+    SidecarFactory,
+    eventually,
+    rejection,
+    section_names,
+    tool,
+    tool_names,
+)
 from processes import Served, serve, serve_config
 
 ORDER = 'tool_order = ["b", "<unlisted-tools>", "a"]\n'
@@ -130,3 +142,61 @@ async def test_a_watcher_sees_a_reload_as_change_events(tmp_path: Path) -> None:
         await client.context("cwd", 1, "cwd: /work")
         assert (await client.assemble()).contexts == []
         assert section_names(await client.assemble())[0] == "harness:identity"
+
+
+async def test_a_config_file_read_mid_write_is_not_applied(
+    make_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    config = tmp_path / "sidecar.toml"
+    write(config, 'persona = "Before."\n')
+    sidecar = await make_sidecar(persona="Before.")
+    reloader = Reloader(sidecar, str(config), lambda: load_config(config))
+    write(config, "")  # `>` truncates first: one poll may see the file empty
+    assert reloader.poll() is None
+    assert (await sidecar.registry.assemble()).sections[-1].text == "Before."
+    write(config, 'persona = "After."\n')
+    assert reloader.poll() is None  # seen once: maybe still being written
+    assert reloader.poll() is not None
+    assert (await sidecar.registry.assemble()).sections[-1].text == "After."
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [b'persona = "caf\xe9"\n', b'auth_token_file = "\\u0000"\n'],
+    ids=["not-utf8", "nul-in-a-file-name"],
+)
+async def test_the_poller_logs_a_bad_edit_and_applies_the_next_good_one(
+    tmp_path: Path, bad: bytes
+) -> None:
+    config = tmp_path / "sidecar.toml"
+    async with serving(config, 'persona = "One."\n') as (served, client):
+        config.write_bytes(bad)
+        await eventually(lambda: "keeping the running config" in served.logs(), "the log line")
+        assert "Traceback" not in served.logs()
+        write(config, 'persona = "Two."\n')
+
+        async def applied() -> bool:
+            return await persona(client) == "Two."
+
+        await eventually(applied, "the next good edit", timeout=10)
+
+
+async def test_a_global_section_named_like_a_switched_off_builtin_is_refused(
+    make_sidecar: SidecarFactory, connect: ClientFactory
+) -> None:
+    sidecar = await make_sidecar(include_harness_identity=False)
+    client = await connect(sidecar.address)
+    error = await rejection(client.section("harness:identity", 0, "I am someone else."))
+    assert (error.code, error.reason) == (grpc.StatusCode.ALREADY_EXISTS, dsp.Reason.DUPLICATE_NAME)
+    assert "reserved for the built-in section" in str(error)
+
+
+async def test_the_identity_switch_can_go_off_on_and_off_again() -> None:
+    off = RegistrySettings(include_harness_identity=False)
+    registry = Registry(off)
+    with pytest.raises(RegistryError):
+        registry.register_section("session", None, "harness:identity", 0, "Someone else.")
+    registry.reconfigure(RegistrySettings())
+    assert (await registry.assemble()).sections[0].name == "harness:identity"
+    registry.reconfigure(off)
+    assert [s.name for s in (await registry.assemble()).sections] == [dsp.PERSONA_SECTION]

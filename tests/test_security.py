@@ -248,3 +248,22 @@ async def test_the_token_itself_stays_case_sensitive(
                 timeout=5,
             )
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_under_mutual_tls_a_client_certificate_names_its_credential(
+    make_sidecar: SidecarFactory, certificates: Certificates, token_file: str
+) -> None:
+    sidecar = await make_sidecar(
+        tls_cert_file=str(certificates.server_cert),
+        tls_key_file=str(certificates.server_key),
+        tls_client_ca_file=str(certificates.ca),
+        auth_token_file=token_file,
+        credentials=[{"name": "dashboard", "role": "reader", "client_certificate": "client"}],
+    )
+    address = sidecar.address.replace("127.0.0.1", "localhost")
+    async with dsp.connect(address, tls=certificates.client_tls(with_client_cert=True)) as client:
+        snapshot = await client.snapshot()  # no token: the certificate's CN is the credential
+        refused = await rejection(client.section("notes", 1, "A reader never writes."))
+    assert snapshot.revision > 0
+    assert refused.reason is dsp.Reason.PERMISSION_DENIED
+    assert 'credential "dashboard" (reader) may not register' in str(refused)

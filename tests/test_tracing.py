@@ -184,7 +184,7 @@ def test_tracing_is_off_unless_otel_variables_ask_for_an_exporter(
     tracing = tracing_from_env(environ)
     assert (tracing is not None) is on
     if tracing is not None:
-        tracing.shutdown()
+        tracing.provider.shutdown()
 
 
 # -- across processes: OTLP to a receiver on the official protos ------------------------
@@ -294,3 +294,38 @@ async def test_one_trace_spans_the_caller_the_sidecar_a_provider_and_a_listener_
 
         await eventually(lambda: spans() == CROSS_PROCESS_TREE, "the cross-process tree", 20)
     print("\n".join(spans()))  # the dump docs/operations.md shows
+
+
+@contextlib.asynccontextmanager
+async def silent_collector() -> AsyncIterator[str]:
+    """A TCP port that accepts connections and never answers: a collector that hangs."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+
+
+@pytest.mark.timeout(60)
+async def test_sigterm_ends_within_the_grace_period_when_the_collector_never_answers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = tmp_path / "sidecar.toml"
+    config.write_text("shutdown_grace_s = 1\n")
+    async with silent_collector() as endpoint:
+        with otlp_env(monkeypatch, endpoint):
+            monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "40")  # the exporter's own bound
+            async with serve("--listen", "127.0.0.1:0", "--config", str(config)) as served:
+                async with dsp.connect(served.address) as client:
+                    await client.assemble()  # a span to export
+                served.process.send_signal(signal.SIGTERM)
+                # Generous, yet far below the exporter's 40 s: the drain gave up on it.
+                assert await asyncio.wait_for(served.process.wait(), 20) == 0
+                assert "span export still pending" in served.logs()

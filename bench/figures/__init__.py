@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from ..report import Figure
+from .admin import admin_live_views
 from .assemble import (
     client_assemble,
     go_client_assemble,
@@ -48,6 +49,7 @@ ALL: dict[str, FigureFn] = {
     "idle_watchers": idle_watchers,
     "session_memory": session_memory,
     "memo_memory": memo_memory,
+    "admin_live_views": admin_live_views,
 }
 
 

@@ -107,3 +107,7 @@ class Reason(enum.StrEnum):
     """A peer did not read its stream in time, or left too much unread: it was closed."""
     RESPONSE_TOO_LARGE = "RESPONSE_TOO_LARGE"
     """An assembly (or its report) too large for one message of the configured size."""
+
+    # -- roles (PERMISSION_DENIED), added after the sizes ------------------------------
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    """The call's credential may not do this; the message names what it lacks."""

@@ -62,6 +62,7 @@ const (
 	ReasonUnknown                  Reason = "UNKNOWN"
 	ReasonStreamStalled            Reason = "STREAM_STALLED"
 	ReasonResponseTooLarge         Reason = "RESPONSE_TOO_LARGE"
+	ReasonPermissionDenied         Reason = "PERMISSION_DENIED"
 )
 
 // Error is every failure of this package: the gRPC status code, the stable

@@ -2,8 +2,9 @@
 
 Read-only by construction: only GET and HEAD are routed, anything else is 405
 before a handler runs, and no handler calls anything that changes the registry.
-With `auth_token_file`, every page asks for the token: `Authorization: Bearer
-<token>`, or a cookie the page sets after one visit with `?token=<token>`.
+With credentials configured, every page asks for an admin's or a reader's token:
+`Authorization: Bearer <token>`, or the cookie signing in sets (sign_in.py); a
+reader sees the Prompt and Cache views only with `values`, and of its scopes.
 Unless `admin_allow_remote`, only loopback Host names are served (a web page
 that rebinds its own name to 127.0.0.1 still cannot read this one).
 """
@@ -11,36 +12,35 @@ that rebinds its own name to 127.0.0.1 still cannot read this one).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
-import hmac
+import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jinja2
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 from yarl import URL
 
-from ..registry import Subscription
+from ..registry import ChangeEvent
 from ..rpc.addresses import is_loopback
+from ..rpc.auth import Authenticator
+from ..rpc.policy import ADMIN, Credential, Request, Role, Verb, decide
 from ..rpc.state import ServerState
 from ..telemetry.logs import logger
-from . import views
+from . import sign_in, views
+from .live import Live, LiveViews
 from .live_prompt import PromptWatcher
+from .paging import page_of
+from .render import render
+from .sign_in import SignIn
 
-COOKIE = "dsp_admin"
-MAX_STREAMS = 16  # live views open at once; more is 503 (each holds a change subscription)
-TICK_S = 0.5  # how often a live view looks for news besides registry changes
-KEEPALIVE_S = 15.0  # a comment line on a quiet stream, so a closed page is noticed
-SUBSCRIPTION_BUFFER = 64  # events; a gap only means "render again"
-WRITE_S = 10.0  # a live view whose page takes no data for this long is ended
 READ_ONLY = ("GET", "HEAD")
 VIEWS = ("scopes", "prompt", "cache", "sessions")
+PAGES = frozenset({"/", *(f"/{view}" for view in VIEWS)})
+CREDENTIAL = web.RequestKey("credential", Credential)  # the signed-in credential
 _HERE = Path(__file__).parent
 _log = logger("admin")
 
@@ -64,7 +64,7 @@ class AdminOptions:
 
     host: str
     port: int  # 0 for any free port
-    token: str | None = None  # the sidecar's bearer token: every page asks for it
+    authenticator: Authenticator | None = None  # the sidecar's credentials: pages ask for one
     tls: ssl.SSLContext | None = None  # the sidecar's certificate, when it serves TLS
     allow_remote: bool = False  # else only loopback Host names are served
 
@@ -86,35 +86,67 @@ class AdminServer:
 
 async def start_admin(state: ServerState, options: AdminOptions, grpc_address: str) -> AdminServer:
     """Serve the admin page as `options` say; OSError when it cannot listen."""
-    host, token, tls = options.host, options.token, options.tls
+    host, tls = options.host, options.tls
     closing = asyncio.Event()
-    app = make_app(state, grpc_address, token, options.allow_remote, closing, tls is not None)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+    runner, bound = await _listen(
+        host,
+        options.port,
+        tls,
+        lambda bound: make_app(
+            state,
+            grpc_address,
+            _sign_in(options.authenticator, state, bound, tls is not None),
+            options.allow_remote,
+            closing,
+        ),
+    )
+    address = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
+    url = f"{'https' if tls else 'http'}://{address}/"
+    _log.info("admin page on %s (auth=%s)", url, options.authenticator is not None)
+    return AdminServer(runner, address, url, closing)
+
+
+async def _listen(
+    host: str,
+    port: int,
+    tls: ssl.SSLContext | None,
+    app: Callable[[int], web.Application],
+) -> tuple[web.AppRunner, int]:
+    """Bind first (the sign-in cookie is bound to the port, 0 asks for any), then serve."""
+    sock = socket.create_server((host, port), family=_family(host), reuse_port=False)
+    bound = int(sock.getsockname()[1])
+    runner = web.AppRunner(app(bound), access_log=None, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, host, options.port, ssl_context=tls)
     try:
-        await site.start()
+        await web.SockSite(runner, sock, ssl_context=tls).start()
     except OSError:
         await runner.cleanup()
         raise
-    bound = runner.addresses[0][1]
-    address = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
-    url = f"{'https' if tls else 'http'}://{address}/"
-    _log.info("admin page on %s (auth=%s)", url, token is not None)
-    return AdminServer(runner, address, url, closing)
+    return runner, bound
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _sign_in(
+    authenticator: Authenticator | None, state: ServerState, port: int, secure: bool
+) -> SignIn | None:
+    if authenticator is None:
+        return None
+    return SignIn(authenticator, state.watches.incarnation, port, secure)
 
 
 def make_app(
     state: ServerState,
     grpc_address: str,
-    token: str | None,
+    signing: SignIn | None,
     allow_remote: bool,
     closing: asyncio.Event,
-    secure: bool = False,
 ) -> web.Application:
-    """The admin page's routes behind its guard (methods, Host, token)."""
+    """The admin page's routes behind its guard (methods, Host, credential)."""
     pages = Pages(state, grpc_address, closing)
-    app = web.Application(middlewares=[_guard(token, allow_remote, secure)], client_max_size=1024)
+    app = web.Application(middlewares=[_guard(signing, allow_remote)], client_max_size=1024)
     app.router.add_get("/", pages.home)
     for view in VIEWS:
         app.router.add_get(f"/{view}", pages.page)
@@ -129,10 +161,10 @@ async def _no_icon(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
-# -- the guard: methods, Host, token --------------------------------------------------
+# -- the guard: methods, Host, credential ---------------------------------------------
 
 
-def _guard(token: str | None, allow_remote: bool, secure: bool) -> Middleware:
+def _guard(signing: SignIn | None, allow_remote: bool) -> Middleware:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.method not in READ_ONLY:
@@ -141,56 +173,62 @@ def _guard(token: str | None, allow_remote: bool, secure: bool) -> Middleware:
             )
         if not allow_remote and not is_loopback(_host_name(request.host)):
             raise web.HTTPForbidden(text="the admin page answers only to loopback host names\n")
-        if token is None or request.path.startswith("/static/"):
+        if signing is None:
+            request[CREDENTIAL] = ADMIN
             return await handler(request)
-        return await _signed_in(request, handler, token, secure)
+        if request.path.startswith("/static/"):
+            return await handler(request)
+        return await _signed_in(request, handler, signing)
 
     return guard
 
 
-async def _signed_in(
-    request: web.Request, handler: Handler, token: str, secure: bool
-) -> web.StreamResponse:
-    """The page for a request that shows the token (header or cookie); else the sign-in
-    form. `?token=` sets the cookie and redirects to the address without it."""
-    cookie = _cookie_value(token)
+async def _signed_in(request: web.Request, handler: Handler, signing: SignIn) -> web.StreamResponse:
+    """The page for a request that presents a credential (header or cookie); else the
+    sign-in form. A token (the form's, at /sign-in, or `?token=` on a page) sets the
+    cookie and redirects to one of the page's own paths, without it."""
     given = request.query.get("token")
-    if given is not None:
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            return _login(request, "That token is not the sidecar's.")
-        target = request.rel_url.with_query(
-            {name: value for name, value in request.query.items() if name != "token"}
-        )
-        redirect = web.HTTPSeeOther(location=str(target))
-        redirect.set_cookie(COOKIE, cookie, httponly=True, samesite="Strict", secure=secure)
+    if request.path == sign_in.PATH or given is not None:
+        if request.path == sign_in.PATH:
+            goal = sign_in.next_of(request.query.get("next", ""), PAGES)
+        else:
+            goal = sign_in.target(request.path, request.query, PAGES)
+        redirect = signing.signed_in(given or "", goal)
+        if redirect is None:
+            return _login(goal, "That token is not one of the sidecar's credentials.")
         raise redirect
-    if _authorized(request, token, cookie):
-        return await handler(request)
-    return _login(request, "")
+    credential = signing.credential(request)
+    if credential is None:
+        if request.path.startswith("/events/"):
+            return web.Response(status=401, text="sign in on the page first\n")
+        return _login(sign_in.target(request.path, request.query, PAGES), "")
+    if credential.role is Role.AGENT:
+        raise web.HTTPForbidden(
+            text=f"{credential.describe()}: the admin page is for admin and reader credentials\n"
+        )
+    request[CREDENTIAL] = credential
+    return await handler(request)
 
 
-def _cookie_value(token: str) -> str:
-    # Not the token itself: a leaked cookie opens this page, never the gRPC API.
-    return hmac.new(token.encode(), b"dsh-system-prompt admin page", hashlib.sha256).hexdigest()
-
-
-def _authorized(request: web.Request, token: str, cookie: str) -> bool:
-    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
-        return True
-    return hmac.compare_digest(request.cookies.get(COOKIE, "").encode(), cookie.encode())
-
-
-def _login(request: web.Request, problem: str) -> web.Response:
-    if request.path.startswith("/events/"):
-        return web.Response(status=401, text="sign in on the page first\n")
-    html = render("login.html", problem=problem, action=request.path, query=request.query)
+def _login(goal: str, problem: str) -> web.Response:
+    html = render("login.html", problem=problem, action=sign_in.PATH, next=goal)
     return web.Response(
         status=401,
         text=html,
         content_type="text/html",
         headers={"WWW-Authenticate": 'Bearer realm="dsh-system-prompt admin"'},
     )
+
+
+def page_denial(credential: Credential, view: str, scope: str | None) -> str | None:
+    """Why `credential` may not see `view` (of `scope`), or None. The Prompt view is a
+    watched prompt; the Cache view shows a diff of prompt text, so it needs values too."""
+    if view in ("prompt", "cache"):
+        request = Request(verb=Verb.WATCH_PROMPT, scope=scope, values=True)
+    else:  # names, sizes and counts of every scope
+        request = Request(verb=Verb.LIST, every_scope=True)
+    denial = decide(credential, request)
+    return None if denial is None else denial.message
 
 
 def _host_name(host: str | None) -> str:
@@ -211,22 +249,21 @@ async def _add_security_headers(request: web.Request, response: web.StreamRespon
 
 
 class Pages:
-    """The page of each view, and its live stream of updates."""
+    """The page of each view, and its live stream of updates (live.py)."""
 
     def __init__(self, state: ServerState, grpc_address: str, closing: asyncio.Event) -> None:
         self._state = state
         self._address = grpc_address
-        self._closing = closing
         self._started = time.time()
-        self._streams = 0
+        self._live_views = LiveViews(state.registry.changes.subscribe, closing)
 
     async def home(self, request: web.Request) -> web.StreamResponse:
         raise web.HTTPFound(location="/scopes")
 
     async def page(self, request: web.Request) -> web.StreamResponse:
         view = request.path.strip("/")
-        live = self._live(view, request.query)
-        fragment = await live.render()
+        _check_view(request, view)
+        _, fragment = await self._live_views.fragment(self._live(view, request.query))
         events = URL.build(path=f"/events/{view}", query=request.query)
         html = render(
             "page.html",
@@ -243,84 +280,58 @@ class Pages:
         view = request.match_info["view"]
         if view not in VIEWS:
             raise web.HTTPNotFound()
-        if self._streams >= MAX_STREAMS:
-            raise web.HTTPServiceUnavailable(text=f"{MAX_STREAMS} live views open already\n")
+        _check_view(request, view)
         live = self._live(view, request.query)
+        client = (request.remote, request[CREDENTIAL].name)  # one browser, or one script
         if request.method == "HEAD":
+            self._live_views.admit(client)
             return web.Response(content_type="text/event-stream")
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        self._streams += 1
-        subscription = self._state.registry.changes.subscribe(SUBSCRIPTION_BUFFER)
-        changed = asyncio.Event()
-        follower = asyncio.create_task(_follow(subscription, changed))
-        try:
-            await response.prepare(request)
-            await self._stream(request, live, response, changed)
-        except (ConnectionError, TimeoutError):
-            pass  # the page went away, or stopped reading
-        finally:
-            follower.cancel()
-            subscription.close()
-            self._streams -= 1
-        return response
-
-    async def _stream(
-        self, request: web.Request, live: Live, response: web.StreamResponse, changed: asyncio.Event
-    ) -> None:
-        """Send the view whenever it changed, until the page or the sidecar goes away."""
-        sent: Hashable = object()
-        last_html = ""
-        quiet_since = time.monotonic()
-        while not self._closing.is_set():
-            if request.transport is None or request.transport.is_closing():
-                return
-            changed.clear()
-            version = live.version()
-            if version != sent:
-                sent = version
-                html = await live.render()
-                if html != last_html:
-                    last_html = html
-                    await _send(response, _event(html))
-                    quiet_since = time.monotonic()
-            if time.monotonic() - quiet_since > KEEPALIVE_S:
-                await _send(response, b": keepalive\n\n")
-                quiet_since = time.monotonic()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), TICK_S)
+        return await self._live_views.serve(request, live, client)
 
     def _live(self, view: str, query: Any) -> Live:
         state = self._state
         if view == "prompt":
-            watcher = PromptWatcher(state, _scope(state, query))
-
-            async def prompt() -> str:
-                return render("prompt.html", data=await watcher.view())
-
-            return Live(watcher.version, prompt)
+            return self._prompt(_scope(state, query))
         if view == "cache":
             key = views.cache_key(_scope(state, query), _bounded(state, query.get("key")))
 
-            async def cache() -> str:
-                return render("cache.html", data=views.cache_view(state, key))
+            async def cache() -> tuple[str, dict[str, Any]]:
+                return "cache.html", {"data": views.cache_view(state, key)}
 
-            return Live(lambda: state.reports.version, cache)
+            return Live(lambda: state.reports.version, cache, _never, ("cache", key))
         if view == "sessions":
 
-            async def sessions() -> str:
+            async def sessions() -> tuple[str, dict[str, Any]]:
                 data = views.sessions_view(state, self._address, self._started)
-                return render("sessions.html", data=data)
+                return "sessions.html", {"data": data}
 
             registry = state.registry
             return Live(
                 lambda: (registry.revision, len(state.sessions), state.reports.version),
                 sessions,
+                shared=("sessions",),
             )
+        number = _page_number(query.get("page"))
 
-        async def scopes() -> str:
-            return render("scopes.html", data=views.scopes_view(state))
+        async def scopes() -> tuple[str, dict[str, Any]]:
+            return "scopes.html", {"page": page_of(views.scopes_view(state), number)}
 
-        return Live(lambda: state.registry.revision, scopes)
+        return Live(lambda: state.registry.revision, scopes, shared=("scopes", number))
+
+    def _prompt(self, scope: str | None) -> Live:
+        """The Prompt view: its own watcher, and only the changes of the scope's chain."""
+        watcher = PromptWatcher(self._state, scope)
+        registry = self._state.registry
+
+        async def prompt() -> tuple[str, dict[str, Any]]:
+            return "prompt.html", {"data": await watcher.view()}
+
+        def concerns(event: ChangeEvent) -> bool:
+            if event.scope is None or scope is None:
+                return True  # the global layer, or a config key: in every prompt
+            return event.scope in registry.scope_chain(scope) or event.name == scope
+
+        return Live(lambda: 0, prompt, concerns)
 
     def _controls(self, view: str, query: Any) -> dict[str, Any]:
         """The pickers above a view: which scope, which report key."""
@@ -338,12 +349,20 @@ class Pages:
         return {}
 
 
-@dataclass
-class Live:
-    """A view that can say cheaply whether it may have changed, and render itself."""
+def _never(event: ChangeEvent) -> bool:
+    return False  # the cache history changes with reports, not registrations
 
-    version: Callable[[], Hashable]
-    render: Callable[[], Awaitable[str]]
+
+def _page_number(value: str | None) -> int:
+    return int(value) if value and value.isdigit() and len(value) < 10 else 1
+
+
+def _check_view(request: web.Request, view: str) -> None:
+    """403 when the request's credential may not see the view (of the scope it asks for)."""
+    credential: Credential = request[CREDENTIAL]
+    denial = page_denial(credential, view, request.query.get("scope") or None)
+    if denial is not None:
+        raise web.HTTPForbidden(text=denial + "\n")
 
 
 def _scope(state: ServerState, query: Any) -> str | None:
@@ -355,33 +374,3 @@ def _bounded(state: ServerState, value: str | None) -> str | None:
     if value is not None and len(value.encode()) > limit:
         raise web.HTTPBadRequest(text=f"a scope or report key is at most {limit} bytes\n")
     return value
-
-
-async def _follow(subscription: Subscription, changed: asyncio.Event) -> None:
-    """Set `changed` at every change event (a gap counts too: the view renders anew)."""
-    while True:
-        await subscription.next()
-        changed.set()
-
-
-async def _send(response: web.StreamResponse, data: bytes) -> None:
-    async with asyncio.timeout(WRITE_S):  # a page that stops reading costs one slot, briefly
-        await response.write(data)
-
-
-def _event(html: str) -> bytes:
-    data = "".join(f"data: {line}\n" for line in html.splitlines() or [""])
-    return f"event: update\n{data}\n".encode()
-
-
-_templates = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(_HERE / "templates"),
-    autoescape=True,  # every name and text on the page comes from a client
-    undefined=jinja2.StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
-
-
-def render(template: str, **values: Any) -> str:
-    return _templates.get_template(template).render(**values)

@@ -28,9 +28,10 @@ from .model import (
     Tool,
     ToolSet,
     ValueRegistration,
+    new_id,
 )
 from .provenance import Origin, OriginKind, Origins, PartKey, PartKind, Step, Trace
-from .registry import Registry, new_id
+from .registry import Registry
 from .settings import RegistrySettings
 from .tool_order import validate_tool_order
 

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import math
 
-from dsh_system_prompt_core import TOOL_ORDER_REST, RenderFailure, check_template
+from dsh_system_prompt_core import (
+    HARNESS_IDENTITY_SECTION,
+    PERSONA_SECTION,
+    TOOL_ORDER_REST,
+    RenderFailure,
+    check_template,
+)
 
 from . import errors
 from .limits import Limits, quota_exceeded, value_bytes
@@ -26,6 +32,9 @@ from .model import (
 
 # What an update may put in place of a static value: text, a variable's None, tools.
 StaticValue = str | None | ToolSet
+
+# Reserved in the global layer, even while the config switches one off: it may come back.
+BUILTIN_SECTIONS = frozenset({HARNESS_IDENTITY_SECTION, PERSONA_SECTION})
 
 
 class Admission:
@@ -53,6 +62,8 @@ class Admission:
             raise errors.invalid_order(noun, name)
         if name in existing:
             raise errors.duplicate_entry(noun, name, scope)
+        if scope is None and noun == "prompt section" and name in BUILTIN_SECTIONS:
+            raise errors.reserved_builtin(name)  # switched off now, it may come back at a reload
 
     def check_value(self, owner: str, owned: int, what: str, value: str | Dynamic | None) -> None:
         """A text or variable value of `owner`, who has `owned` registrations already."""

@@ -25,6 +25,7 @@ class Status(enum.Enum):
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
     CANCELLED = "CANCELLED"
     UNAUTHENTICATED = "UNAUTHENTICATED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
 
 
 class Failure(Exception):
@@ -58,6 +59,17 @@ def duplicate_entry(noun: str, name: str, scope: str | None) -> RegistryError:
     elif noun != "prompt variable":
         message += " (for a per-agent override, register through that agent's scope instead)"
     return RegistryError(Status.ALREADY_EXISTS, Reason.DUPLICATE_NAME, message)
+
+
+def reserved_builtin(name: str) -> RegistryError:
+    """A built-in section's name in the global layer while the config switches it off."""
+    return RegistryError(
+        Status.ALREADY_EXISTS,
+        Reason.DUPLICATE_NAME,
+        f'prompt section "{name}" is reserved for the built-in section (switched off in the'
+        " config, it comes back at a reload); for a per-agent override, register through"
+        " that agent's scope instead",
+    )
 
 
 def invalid_order(noun: str, name: str) -> RegistryError:

@@ -8,6 +8,7 @@ copying; the lists and the variable map of an `Assembly` are fresh per assembly.
 from __future__ import annotations
 
 import enum
+import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
@@ -262,3 +263,8 @@ class ChangeEvent:
     scope: str | None
     ref: str = ""  # the registration's public reference (filters.public_ref)
     fingerprint: str = ""  # its value's after the change; "" when gone or not static
+
+
+def new_id() -> str:
+    """An unguessable identifier for registrations and sessions."""
+    return secrets.token_urlsafe(18)

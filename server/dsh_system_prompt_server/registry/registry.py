@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Collection
 from typing import TypedDict, TypeVar
@@ -44,6 +43,7 @@ from .model import (
     ToolSet,
     ToolsRegistration,
     VariableRegistration,
+    new_id,
 )
 from .settings import RegistrySettings, settings_keys
 
@@ -51,11 +51,6 @@ _PLANS_KEPT = 1024  # scopes whose plan is remembered between assemblies
 _UPDATABLE = frozenset({Kind.SECTION, Kind.CONTEXT, Kind.VARIABLE, Kind.TOOLS})
 
 E = TypeVar("E", bound=AnyRegistration)
-
-
-def new_id() -> str:
-    """An unguessable identifier for registrations and sessions."""
-    return secrets.token_urlsafe(18)
 
 
 class _RegistrationFields(TypedDict):
@@ -436,6 +431,11 @@ class Registry:
     def scope_chain(self, scope: str | None) -> list[str]:
         """The scope, its parent, ... farthest ancestor last; empty for the global scope."""
         return self._scopes.chain(scope)
+
+    def handle_key(self, owner: str, handle: str) -> str | None:
+        """The scope key of `owner`'s scope handle `handle`; None when it holds no such one."""
+        entry = self._by_owner.get(owner, {}).get(handle)
+        return entry.name if isinstance(entry, ScopeHandle) else None
 
     # -- helpers ----------------------------------------------------------------------
 

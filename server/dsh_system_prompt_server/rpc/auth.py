@@ -1,25 +1,41 @@
-"""Bearer-token authentication for every RPC and stream."""
+"""Authentication and authorization of every RPC and stream.
+
+A call presents a credential by `authorization: Bearer <token>`, or, under
+mutual TLS, by its client certificate (its CN or a SAN names the credential);
+without one it is UNAUTHENTICATED. Then the policy (`policy.decide`) says whether
+that credential may make the request; if not, PERMISSION_DENIED with reason
+PERMISSION_DENIED and what it lacks. A stream is decided on its first message.
+A session is bound to the credential that opened it: calls naming it with
+another credential are refused, so a leaked session id is not a way around.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import hmac
-from collections.abc import Awaitable, Callable
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
 
-from ..registry import ServiceError, Status
+from ..registry import Registry, ServiceError, Status
+from .access import describe, session_of
+from .policy import Credential, decide
 from .status import abort
 
 # The platform's probes cannot send a token; health says nothing about the registry.
 EXEMPT_SERVICES = ("/grpc.health.v1.Health/",)
+SERVICE_PREFIX = "/dsh.systemprompt.v1.SystemPromptService/"
 _FIRST_MESSAGE_WAIT_S = 1.0
 _MESSAGE = "missing or invalid bearer token (send 'authorization: Bearer <token>')"
+# Where grpc puts a verified client certificate's names (grpc's auth context keys).
+_CERTIFICATE_NAMES = ("x509_common_name", "x509_subject_alternative_name")
 
 
 def read_token(path: str) -> str:
@@ -30,12 +46,59 @@ def read_token(path: str) -> str:
     return token
 
 
-# grpcio ships no typing, so its base classes are Any to mypy.
-class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Rejects calls without `authorization: Bearer <token>` (UNAUTHENTICATED)."""
+class Authenticator:
+    """Which credential a call presents; `update` takes a reloaded set."""
 
-    def __init__(self, token: str) -> None:
-        self._expected = token.encode()
+    def __init__(self, credentials: Sequence[Credential]) -> None:
+        self._tokens: list[tuple[bytes, Credential]] = []
+        self._certificates: dict[str, Credential] = {}
+        self.update(credentials)
+
+    def update(self, credentials: Sequence[Credential]) -> None:
+        """Use `credentials` from now on (their token files read now)."""
+        self._tokens = [(read_token(c.token_file).encode(), c) for c in credentials if c.token_file]
+        self._certificates = {c.client_certificate: c for c in credentials if c.client_certificate}
+
+    def token_of(self, name: str) -> tuple[bytes, Credential] | None:
+        """The token and credential named `name`, when it has a token."""
+        return next(((t, c) for t, c in self._tokens if c.name == name), None)
+
+    def by_token(self, token: bytes) -> Credential | None:
+        """The credential of `token`, compared in constant time with every known one."""
+        found = None
+        for known, credential in self._tokens:
+            if hmac.compare_digest(token, known):
+                found = credential
+        return found
+
+    def identify(
+        self, metadata: Iterable[tuple[str, Any]], peer: dict[Any, Any]
+    ) -> Credential | None:
+        """A bearer token's credential (a wrong token is None, whatever the certificate);
+        else the credential one of the client certificate's names is bound to."""
+        for key, value in metadata:
+            if key == "authorization":
+                given = value.encode() if isinstance(value, str) else value
+                scheme, _, token = given.partition(b" ")
+                # RFC 6750 (via RFC 7235): the scheme is case-insensitive, the token is not.
+                if scheme.lower() != b"bearer":
+                    return None
+                return self.by_token(token.strip(b" "))
+        for key in _CERTIFICATE_NAMES:
+            for name in peer.get(key) or ():
+                text = name.decode() if isinstance(name, bytes) else str(name)
+                if text in self._certificates:
+                    return self._certificates[text]
+        return None
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Every call but health's: its credential, then the policy on its request."""
+
+    def __init__(self, authenticator: Authenticator, registry: Registry) -> None:
+        self._authenticator = authenticator
+        self._registry = registry
+        self._session_owners: dict[str, str] = {}  # session id -> its credential's name
 
     async def intercept_service(
         self,
@@ -43,43 +106,147 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler_call_details: Any,
     ) -> Any:
         handler = await continuation(handler_call_details)
-        if handler is None or handler_call_details.method.startswith(EXEMPT_SERVICES):
+        method = str(handler_call_details.method)
+        if handler is None or method.startswith(EXEMPT_SERVICES):
             return handler
-        if self._authorized(handler_call_details.invocation_metadata or ()):
-            return handler
-        return _refusing(handler)
+        name = method.removeprefix(SERVICE_PREFIX) if method.startswith(SERVICE_PREFIX) else ""
+        return _wrapped(handler, _Call(self, name))
 
-    def _authorized(self, metadata: Any) -> bool:
-        for key, value in metadata:
-            if key == "authorization":
-                given = value.encode() if isinstance(value, str) else value
-                scheme, _, token = given.partition(b" ")
-                # RFC 6750 (via RFC 7235): the scheme is case-insensitive, the token is not.
-                return scheme.lower() == b"bearer" and hmac.compare_digest(
-                    token.strip(b" "), self._expected
-                )
-        return False
+    def credential(self, context: Any) -> Credential | None:
+        metadata = context.invocation_metadata() or ()
+        return self._authenticator.identify(metadata, context.auth_context() or {})
+
+    def denial(self, method: str, message: Any, credential: Credential) -> ServiceError | None:
+        """Why `credential` may not send `message` to `method`, or None."""
+        session = session_of(method, message)
+        owner = self._session_owners.get(session) if session else None
+        if owner is not None and owner != credential.name:
+            return _denied(
+                f"{credential.describe()} may not use a session opened by credential"
+                f' "{owner}": open its own'
+            )
+        request = describe(method, message, self._registry) if method else None
+        verdict = None if request is None else decide(credential, request)
+        return None if verdict is None else _denied(verdict.message)
+
+    def opened(self, session_id: str, credential: Credential) -> None:
+        self._session_owners[session_id] = credential.name
+
+    def closed(self, session_id: str) -> None:
+        self._session_owners.pop(session_id, None)
 
 
-def _refusing(handler: Any) -> Any:
-    """A handler of the same shape as `handler` that ends the call UNAUTHENTICATED."""
+class _Call:
+    """One method's checks, shared by every call of it."""
 
-    async def refuse(request: Any, context: Any) -> None:
-        if handler.request_streaming:
+    def __init__(self, interceptor: AuthInterceptor, method: str) -> None:
+        self.interceptor = interceptor
+        self.method = method
+
+    async def admitted(self, context: Any, streaming: bool) -> Credential:
+        credential = self.interceptor.credential(context)
+        if credential is not None:
+            return credential
+        if streaming:
             # Refusing before the client's first message lands can reach the client as
             # INTERNAL instead of this status (grpc/grpc#36066): wait for it, briefly.
             with contextlib.suppress(TimeoutError, grpc.RpcError):
                 await asyncio.wait_for(context.read(), _FIRST_MESSAGE_WAIT_S)
         await abort(context, ServiceError(Status.UNAUTHENTICATED, Reason.UNAUTHENTICATED, _MESSAGE))
 
+    async def check(self, context: Any, message: Any, credential: Credential) -> None:
+        denial = self.interceptor.denial(self.method, message, credential)
+        if denial is not None:
+            await abort(context, denial)
+
+
+def _denied(message: str) -> ServiceError:
+    return ServiceError(Status.PERMISSION_DENIED, Reason.PERMISSION_DENIED, message)
+
+
+def _wrapped(handler: Any, call: _Call) -> Any:
+    """`handler` with the call's credential and the policy checked before its behaviour."""
     options = {
         "request_deserializer": handler.request_deserializer,
         "response_serializer": handler.response_serializer,
     }
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(refuse, **options)
     if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(refuse, **options)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(refuse, **options)
-    return grpc.unary_unary_rpc_method_handler(refuse, **options)
+        behaviour = handler.stream_stream or handler.stream_unary
+        make = (
+            grpc.stream_stream_rpc_method_handler
+            if handler.response_streaming
+            else grpc.stream_unary_rpc_method_handler
+        )
+
+        async def streamed(requests: Any, context: Any) -> Any:
+            credential = await call.admitted(context, streaming=True)
+            checked = _CheckedStream(context, call, credential)
+            try:
+                return await behaviour(checked.requests(requests), checked)
+            finally:
+                checked.ended()
+
+        return make(streamed, **options)
+    behaviour = handler.unary_stream or handler.unary_unary
+    if handler.response_streaming and inspect.isasyncgenfunction(behaviour):
+
+        async def generated(request: Any, context: Any) -> AsyncIterator[Any]:
+            credential = await call.admitted(context, streaming=False)
+            await call.check(context, request, credential)
+            async for response in behaviour(request, context):
+                yield response
+
+        return grpc.unary_stream_rpc_method_handler(generated, **options)
+
+    async def unary(request: Any, context: Any) -> Any:
+        credential = await call.admitted(context, streaming=False)
+        await call.check(context, request, credential)
+        return await behaviour(request, context)
+
+    make = (
+        grpc.unary_stream_rpc_method_handler
+        if handler.response_streaming
+        else grpc.unary_unary_rpc_method_handler
+    )
+    return make(unary, **options)
+
+
+class _CheckedStream:
+    """A stream's context whose first message read is checked before the service sees it,
+    and whose SessionOpened binds the session to the credential."""
+
+    def __init__(self, context: Any, call: _Call, credential: Credential) -> None:
+        self._context = context
+        self._call = call
+        self._credential = credential
+        self._first = True
+        self._session = ""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    async def read(self) -> Any:
+        message = await self._context.read()
+        await self._checked(message)
+        return message
+
+    async def requests(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for message in requests:
+            await self._checked(message)
+            yield message
+
+    async def write(self, message: Any) -> None:
+        opened = isinstance(message, pb.OpenSessionResponse) and message.HasField("opened")
+        if opened and not self._session:
+            self._session = message.opened.session_id
+            self._call.interceptor.opened(self._session, self._credential)
+        await self._context.write(message)
+
+    async def _checked(self, message: Any) -> None:
+        if self._first and message is not grpc.aio.EOF:
+            self._first = False
+            await self._call.check(self._context, message, self._credential)
+
+    def ended(self) -> None:
+        if self._session:
+            self._call.interceptor.closed(self._session)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import ssl
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from ..rpc.addresses import (
     claim_unix_socket,
     host_and_port,
 )
-from ..rpc.auth import BearerTokenInterceptor, read_token
+from ..rpc.auth import Authenticator, AuthInterceptor
 from ..rpc.handlers import add_service
 from ..rpc.service import SystemPromptService
 from ..rpc.state import ServerState, StateSettings
@@ -32,7 +33,7 @@ from ..rpc.streams.watches import WatchSettings
 from ..telemetry.logs import logger
 from ..telemetry.metrics import Metrics
 from ..telemetry.tracing import Tracing
-from .config import ConfigError, SidecarConfig
+from .config import ConfigError, SidecarConfig, all_credentials
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SystemPromptService"].full_name
 HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
@@ -51,6 +52,7 @@ class Sidecar:
     config: SidecarConfig
     tracing: Tracing | None = None
     admin: AdminServer | None = None
+    authenticator: Authenticator | None = None  # None: no credentials, every caller an admin
 
     @property
     def registry(self) -> Registry:
@@ -61,12 +63,14 @@ class Sidecar:
         finish within the grace period, then end every session and stop."""
         await self.health.enter_graceful_shutdown()
         self.state.gate.close()
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + self.config.shutdown_grace_s
         finished = await self.state.gate.wait_idle(self.config.shutdown_grace_s)
         if not finished:
             _log.warning("calls still in flight after %ss: cancelled", self.config.shutdown_grace_s)
         await self.server.stop(grace=None)
-        if self.tracing is not None:
-            self.tracing.shutdown()  # export what is buffered before the process ends
+        if self.tracing is not None:  # export what is buffered, within what is left of the grace
+            await self.tracing.shutdown(max(0.0, ends - loop.time()))
         await self.close_admin()
         _log.info("stopped")
 
@@ -83,12 +87,14 @@ async def start_sidecar(
     """Start serving on `listen` (HOST:PORT, port 0 for any, or unix:PATH); with
     `tracing`, every call and every hop to a client is a span."""
     interceptors = [] if tracing is None else tracing.interceptors()
-    auth = bool(config.security.auth_token_file)
-    if config.security.auth_token_file:
-        interceptors.append(BearerTokenInterceptor(read_token(config.security.auth_token_file)))
+    registry = Registry(config.registry)
+    credentials = all_credentials(config)
+    authenticator = Authenticator(credentials) if credentials else None
+    if authenticator is not None:
+        interceptors.append(AuthInterceptor(authenticator, registry))
     server = grpc.aio.server(interceptors=interceptors, options=server_options(config))
     metrics = Metrics(key_labels=config.metrics_key_labels)
-    state = ServerState(Registry(config.registry), state_settings(config), metrics, tracing)
+    state = ServerState(registry, state_settings(config), metrics, tracing)
     add_service(SystemPromptService(state), server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -99,7 +105,9 @@ async def start_sidecar(
     if config.metrics_listen:
         _serve_metrics(metrics, config.metrics_listen)
     address = bound_address(listen, port)
-    admin = await _serve_admin(state, config, address) if config.admin_listen else None
+    admin = (
+        await _serve_admin(state, config, address, authenticator) if config.admin_listen else None
+    )
     await server.start()
     for name in ("", SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -107,7 +115,7 @@ async def start_sidecar(
         "serving on %s (tls=%s, auth=%s, tracing=%s)",
         address,
         bool(config.security.tls_cert_file),
-        auth,
+        authenticator is not None,
         tracing is not None,
     )
     return Sidecar(
@@ -119,6 +127,7 @@ async def start_sidecar(
         config=config,
         tracing=tracing,
         admin=admin,
+        authenticator=authenticator,
     )
 
 
@@ -166,15 +175,14 @@ def state_settings(config: SidecarConfig) -> StateSettings:
     )
 
 
-def admin_options(config: SidecarConfig) -> AdminOptions:
+def admin_options(config: SidecarConfig, authenticator: Authenticator | None) -> AdminOptions:
     """The admin page's part of the config (`admin_listen` is set)."""
     assert config.admin_listen is not None
     host, port = host_and_port(config.admin_listen)
-    token_file = config.security.auth_token_file
     return AdminOptions(
         host=host,
         port=port,
-        token=read_token(token_file) if token_file else None,
+        authenticator=authenticator,
         tls=_admin_tls(config),
         allow_remote=config.admin_allow_remote,
     )
@@ -190,9 +198,11 @@ def _admin_tls(config: SidecarConfig) -> ssl.SSLContext | None:
     return context
 
 
-async def _serve_admin(state: ServerState, config: SidecarConfig, address: str) -> AdminServer:
+async def _serve_admin(
+    state: ServerState, config: SidecarConfig, address: str, authenticator: Authenticator | None
+) -> AdminServer:
     try:
-        return await start_admin(state, admin_options(config), address)
+        return await start_admin(state, admin_options(config, authenticator), address)
     except OSError as error:
         why = "address in use" if error.errno == errno.EADDRINUSE else error.strerror or error
         raise ConfigError(

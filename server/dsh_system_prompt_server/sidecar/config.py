@@ -16,6 +16,7 @@ from ..registry import Limits, RegistryError, RegistrySettings, validate_tool_or
 from ..reports.tokens import TOKENIZERS
 from ..reports.values import DEFAULT_LAYOUT, Layout
 from ..rpc.addresses import AddressError, host_and_port, is_loopback
+from ..rpc.policy import ADMIN, Credential, Grants, Role
 
 T = TypeVar("T")
 LogFormat = Literal["text", "json"]
@@ -75,6 +76,7 @@ class SidecarConfig:
     prefix_layout: Layout = DEFAULT_LAYOUT  # the model server's prefix order, for reports
     admin_listen: str | None = None  # HOST:PORT of the read-only admin page; None: off
     admin_allow_remote: bool = False  # else admin_listen must be a loopback address
+    credentials: tuple[Credential, ...] = ()  # [[credentials]]: besides auth_token_file's admin
 
 
 _TOP_KEYS = {
@@ -101,7 +103,23 @@ _TOP_KEYS = {
     "admin_listen",
     "admin_allow_remote",
     "limits",
+    "credentials",
     *(f.name for f in fields(Security)),
+}
+_AGENT_GRANTS = {
+    "global": "global_layer",
+    "complete": "complete",
+    "global_listeners": "global_listeners",
+    "builtins": "builtins",
+}
+CREDENTIAL_KEYS = {
+    "name",
+    "role",
+    "token_file",
+    "client_certificate",
+    "scopes",
+    "values",
+    *_AGENT_GRANTS,
 }
 _LIMIT_KEYS = {f.name for f in (*fields(Limits), *fields(ServerLimits))}
 
@@ -115,6 +133,8 @@ def load_config(path: str | Path | None) -> SidecarConfig:
             raw = tomllib.load(file)
     except OSError as error:
         raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
+    except UnicodeDecodeError as error:  # tomllib decodes the bytes itself
+        raise ConfigError(f"config file {path} is not UTF-8 text ({error.reason})") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
     return parse_config(raw)
@@ -166,6 +186,7 @@ def parse_config(raw: dict[str, Any]) -> SidecarConfig:
             prefix_layout=_layout(raw),
             admin_listen=_typed(raw, "admin_listen", str, "") or None,
             admin_allow_remote=_typed(raw, "admin_allow_remote", bool, False),
+            credentials=_credentials(raw.get("credentials", [])),
         )
     )
 
@@ -207,7 +228,98 @@ def _checked(config: SidecarConfig) -> SidecarConfig:
     if config.admin_listen is not None:
         _check_admin(config)
     _check_security(config.security)
+    _check_credentials(config)
     return config
+
+
+def all_credentials(config: SidecarConfig) -> list[Credential]:
+    """Every credential: `auth_token_file`'s admin first, then [[credentials]]."""
+    token_file = config.security.auth_token_file
+    admin = [replace(ADMIN, token_file=token_file)] if token_file else []
+    return [*admin, *config.credentials]
+
+
+def auth_enabled(config: SidecarConfig) -> bool:
+    """Whether calls must present a credential (else every caller is an admin)."""
+    return bool(all_credentials(config))
+
+
+def _credentials(value: object) -> tuple[Credential, ...]:
+    if not isinstance(value, list) or not all(isinstance(entry, dict) for entry in value):
+        raise ConfigError("config key 'credentials' must be an array of tables ([[credentials]])")
+    return tuple(_credential(entry, f"credentials[{index}].") for index, entry in enumerate(value))
+
+
+def _credential(entry: dict[str, Any], prefix: str) -> Credential:
+    _no_unknown(entry, CREDENTIAL_KEYS, prefix)
+    name = _typed(entry, "name", str, "", prefix)
+    if not name:
+        raise ConfigError(f"config key '{prefix}name' must name the credential (logs and errors)")
+    roles = ", ".join(role.value for role in Role)
+    role_name = _typed(entry, "role", str, "", prefix)
+    if role_name not in {role.value for role in Role}:
+        raise ConfigError(f"config key '{prefix}role' must be one of {roles}, not {role_name!r}")
+    role = Role(role_name)
+    token_file = _typed(entry, "token_file", str, "", prefix) or None
+    certificate = _typed(entry, "client_certificate", str, "", prefix) or None
+    if bool(token_file) == bool(certificate):
+        raise ConfigError(
+            f"config key '{prefix}token_file': a credential is a token file or a"
+            " client_certificate name, exactly one of them"
+        )
+    return Credential(
+        name=name,
+        role=role,
+        grants=_grants(entry, role, prefix),
+        token_file=token_file,
+        client_certificate=certificate,
+    )
+
+
+def _grants(entry: dict[str, Any], role: Role, prefix: str) -> Grants:
+    allowed = {
+        Role.ADMIN: set(),
+        Role.AGENT: {"scopes", *_AGENT_GRANTS},
+        Role.READER: {"scopes", "values"},
+    }[role]
+    for key in ("scopes", "values", *_AGENT_GRANTS):
+        if key in entry and key not in allowed:
+            raise ConfigError(f"config key '{prefix}{key}' does not apply to role {role.value!r}")
+    scopes = entry.get("scopes", ["*"] if role is Role.READER else [])
+    if not isinstance(scopes, list) or not all(isinstance(p, str) and p for p in scopes):
+        raise ConfigError(f"config key '{prefix}scopes' must be a list of scope key patterns")
+    flags = {field: _typed(entry, key, bool, False, prefix) for key, field in _AGENT_GRANTS.items()}
+    return Grants(
+        scopes=tuple(scopes), values=_typed(entry, "values", bool, False, prefix), **flags
+    )
+
+
+def _check_credentials(config: SidecarConfig) -> None:
+    """Names and tokens that tell credentials apart; certificates only under mutual TLS."""
+    admin = config.security.auth_token_file
+    names = {ADMIN.name} if admin else set()
+    tokens = {_check_token("auth_token_file", admin): ADMIN.name} if admin else {}
+    for index, credential in enumerate(config.credentials):
+        prefix = f"credentials[{index}]."
+        if credential.name in names:
+            raise ConfigError(
+                f"config key '{prefix}name': {credential.name!r} names another"
+                " credential too ('admin' is auth_token_file's)"
+            )
+        names.add(credential.name)
+        if credential.client_certificate and not config.security.tls_client_ca_file:
+            raise ConfigError(
+                f"config key '{prefix}client_certificate' needs 'tls_client_ca_file': client"
+                " certificates are verified only under mutual TLS"
+            )
+        if credential.token_file:
+            token = _check_token(f"{prefix}token_file", credential.token_file)
+            if token in tokens:
+                raise ConfigError(
+                    f"config key '{prefix}token_file': the same token as"
+                    f" credential {tokens[token]!r}"
+                )
+            tokens[token] = credential.name
 
 
 def _check_admin(config: SidecarConfig) -> None:
@@ -231,8 +343,6 @@ def _check_admin(config: SidecarConfig) -> None:
 
 
 def _check_security(security: Security) -> None:
-    if security.auth_token_file:
-        _check_token(security.auth_token_file)
     cert, key, client_ca = (
         security.tls_cert_file,
         security.tls_key_file,
@@ -260,14 +370,15 @@ def _check_security(security: Security) -> None:
         )
 
 
-def _check_token(path: str) -> None:
-    data = _read("auth_token_file", path)
+def _check_token(key: str, path: str) -> str:
+    data = _read(key, path)
     try:
         token = data.decode("utf-8").strip()
     except UnicodeDecodeError:
-        raise ConfigError(f"config key 'auth_token_file': {path} is not UTF-8 text") from None
+        raise ConfigError(f"config key '{key}': {path} is not UTF-8 text") from None
     if not token:
-        raise ConfigError(f"config key 'auth_token_file': {path} is empty")
+        raise ConfigError(f"config key '{key}': {path} is empty")
+    return token
 
 
 def _check_pem(key: str, path: str, load: Callable[[ssl.SSLContext], None]) -> None:
@@ -285,6 +396,8 @@ def _read(key: str, path: str) -> bytes:
             return file.read()
     except OSError as error:
         raise ConfigError(f"config key '{key}': cannot read {path}: {error.strerror}") from None
+    except ValueError:  # a NUL in the path: no file can have that name
+        raise ConfigError(f"config key '{key}': {path!r} is not a file name") from None
 
 
 def _persona(raw: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ from ..registry import Limits
 from ..registry.settings import settings_keys
 from ..telemetry.logs import LOGGER_NAME, logger
 from .app import Sidecar, state_settings
-from .config import ConfigError, ServerLimits, SidecarConfig
+from .config import ConfigError, ServerLimits, SidecarConfig, all_credentials, auth_enabled
 
 _log = logger("reload")
 
@@ -43,8 +43,12 @@ LIVE_KEYS = frozenset(
         "change_history",
         "prompt_coalesce_s",
         "watch_coalesce_s",
+        "credentials",
+        "auth_token_file",
     }
 )
+# Live only while calls need a credential before and after: the check is bound into the server.
+AUTH_KEYS = frozenset({"credentials", "auth_token_file"})
 POLL_S = 1.0  # how often the config file is compared with what was loaded
 
 
@@ -95,18 +99,33 @@ def apply(sidecar: Sidecar, new: SidecarConfig, loaded: SidecarConfig) -> Reload
         log_level=new.log_level,
         prefix_layout=new.prefix_layout,
     )
+    auth_live = sidecar.authenticator is not None and auth_enabled(new)
+    if auth_live:
+        live = replace(
+            live,
+            credentials=new.credentials,
+            security=replace(live.security, auth_token_file=new.security.auth_token_file),
+        )
+    if sidecar.authenticator is not None and auth_live:
+        sidecar.authenticator.update(all_credentials(live))  # token files read again, too
     sidecar.config = live
     sidecar.registry.reconfigure(live.registry)
     sidecar.state.reconfigure(state_settings(live))
     logging.getLogger(LOGGER_NAME).setLevel(live.log_level.upper())
+    live_keys = LIVE_KEYS if auth_live else LIVE_KEYS - AUTH_KEYS
     return Reloaded(
-        applied=[key for key in changed if key in LIVE_KEYS],
-        need_restart=[key for key in changed if key not in LIVE_KEYS],
+        applied=[key for key in changed if key in live_keys],
+        need_restart=[key for key in changed if key not in live_keys],
     )
 
 
 class Reloader:
-    """Reloads `path` into a running sidecar, on demand and when the file changes."""
+    """Reloads `path` into a running sidecar, on demand and when the file changes.
+
+    The poller applies new contents only once two polls in a row read the same
+    bytes: a file being rewritten in place (`>` truncates first) is never applied
+    half written or empty. SIGHUP applies at once: the operator says it is done.
+    """
 
     def __init__(self, sidecar: Sidecar, path: str, load: Callable[[], SidecarConfig]) -> None:
         self._sidecar = sidecar
@@ -114,21 +133,27 @@ class Reloader:
         self._load = load
         self._loaded = sidecar.config
         self._seen = _fingerprint(path)
+        # New contents seen once (a digest, or None: unreadable), applied if seen again.
+        self._pending: tuple[str | None] | None = None
 
     def reload(self, why: str) -> Reloaded | None:
         """Load, validate and apply the file; None (and an error logged) when it is bad."""
-        self._seen = _fingerprint(self._path)
+        self._seen = before = _fingerprint(self._path)
         try:
             new = self._load()
         except ConfigError as error:
-            _log.error(
-                "config reload from %s (%s) failed, keeping the running config: %s",
-                self._path,
-                why,
-                error,
-            )
+            self._failed(why, str(error))
             return None
-        reloaded = apply(self._sidecar, new, self._loaded)
+        if _fingerprint(self._path) != before:  # rewritten while being read: the next poll
+            self._seen = None
+            _log.warning("config file %s changed while being read: not applied", self._path)
+            return None
+        try:
+            reloaded = apply(self._sidecar, new, self._loaded)
+        except Exception as error:  # a bug, but the running sidecar must go on serving
+            _log.exception("config reload from %s (%s) failed while applying", self._path, why)
+            self._failed(why, f"{type(error).__name__}: {error}")
+            return None
         self._loaded = new
         changed = ", ".join(reloaded.applied) or "nothing changed"
         _log.info("config reloaded from %s (%s): %s", self._path, why, changed)
@@ -141,17 +166,39 @@ class Reloader:
             )
         return reloaded
 
+    def _failed(self, why: str, error: str) -> None:
+        _log.error(
+            "config reload from %s (%s) failed, keeping the running config: %s",
+            self._path,
+            why,
+            error,
+        )
+
+    def poll(self) -> Reloaded | None:
+        """One look at the file: reload when it changed and reads the same as last look."""
+        current = _fingerprint(self._path)
+        if current == self._seen:
+            self._pending = None
+            return None
+        if self._pending != (current,):
+            self._pending = (current,)  # maybe mid-write: wait for it to read the same again
+            return None
+        self._pending = None
+        return self.reload("config file changed")
+
     async def watch(self, interval: float = POLL_S) -> None:
         """Reload whenever the file's contents change (a mounted ConfigMap swaps it)."""
         while True:
             await asyncio.sleep(interval)
-            if _fingerprint(self._path) != self._seen:
-                self.reload("config file changed")
+            try:
+                self.poll()
+            except Exception:  # the poller outlives any one bad look at the file
+                _log.exception("config poll of %s failed; polling on", self._path)
 
 
 def _fingerprint(path: str) -> str | None:
     """The file's contents' digest; None while it cannot be read."""
     try:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
+    except (OSError, ValueError):
         return None

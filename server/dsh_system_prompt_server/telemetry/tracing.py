@@ -8,8 +8,10 @@ sidecar installs no interceptor and its spans are `nullcontext()`s: nothing per 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import threading
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
@@ -51,9 +53,27 @@ class Tracing:
             propagate.inject(carrier)
             yield
 
-    def shutdown(self) -> None:
-        """Export what is buffered, then stop."""
-        self.provider.shutdown()
+    async def shutdown(self, timeout_s: float) -> bool:
+        """Export what is buffered, then stop; give up after `timeout_s` (a collector that
+        never answers would hold the exit for the exporter's own, longer, timeout).
+        False when it gave up: the spans still buffered are lost."""
+        done = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def shut() -> None:
+            try:
+                self.provider.shutdown()
+            finally:
+                loop.call_soon_threadsafe(done.set)
+
+        # A daemon thread, not the loop's executor: the process must not wait for it at exit.
+        threading.Thread(target=shut, name="tracing-shutdown", daemon=True).start()
+        try:
+            await asyncio.wait_for(done.wait(), timeout_s)
+        except TimeoutError:
+            _log.warning("span export still pending after %gs: dropped", timeout_s)
+            return False
+        return True
 
 
 def tracing_from_env(environ: Mapping[str, str] | None = None) -> Tracing | None:
@@ -68,7 +88,8 @@ def tracing_from_env(environ: Mapping[str, str] | None = None) -> Tracing | None
     resource = Resource.create()  # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: SERVICE}))
-    provider = TracerProvider(resource=resource)
+    # No exit hook: the drain shuts it down, bounded (the hook would wait unbounded).
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     _log.info("tracing: spans exported over OTLP/gRPC")
     return Tracing(provider)

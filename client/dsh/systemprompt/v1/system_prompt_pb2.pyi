@@ -364,6 +364,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """A peer did not read its stream in time, or left too much unread: its session or listener was closed (RESOURCE_EXHAUSTED)."""
     RESPONSE_TOO_LARGE: _ErrorReason.ValueType  # 41
     """An assembly (or its report) too large for one message of the configured maximum size (RESOURCE_EXHAUSTED)."""
+    PERMISSION_DENIED: _ErrorReason.ValueType  # 42
+    """The call's credential (its role, scopes and grants) may not do this; the
+    message names the credential and what it lacks (PERMISSION_DENIED).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The stable reason of a failure. The google.rpc.ErrorInfo detail of every
@@ -470,6 +474,10 @@ STREAM_STALLED: ErrorReason.ValueType  # 40
 """A peer did not read its stream in time, or left too much unread: its session or listener was closed (RESOURCE_EXHAUSTED)."""
 RESPONSE_TOO_LARGE: ErrorReason.ValueType  # 41
 """An assembly (or its report) too large for one message of the configured maximum size (RESOURCE_EXHAUSTED)."""
+PERMISSION_DENIED: ErrorReason.ValueType  # 42
+"""The call's credential (its role, scopes and grants) may not do this; the
+message names the credential and what it lacks (PERMISSION_DENIED).
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
 @_typing.final

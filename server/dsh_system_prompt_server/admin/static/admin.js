@@ -12,6 +12,13 @@ if (live && live.dataset.events && window.EventSource) {
     status.textContent = "live";
     status.className = "status";
   });
+  // The sidecar ends a live view after a while: it resumes on a click, not by itself.
+  source.addEventListener("idle", () => {
+    source.close();
+    status.textContent = "paused: click to resume";
+    status.className = "status off";
+    document.addEventListener("click", () => window.location.reload(), { once: true });
+  });
   source.addEventListener("error", () => {
     status.textContent = source.readyState === EventSource.CLOSED ? "disconnected" : "reconnecting";
     status.className = "status off";

@@ -1,0 +1,96 @@
+"""The admin page: what 16 live views over a large registry cost the other callers."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import dsh_system_prompt as dsp
+
+from .. import procs
+from ..report import Figure
+from ..stats import Operation, Samples, ratio
+from .harness import Harness, Probe
+
+
+async def admin_live_views(h: Harness) -> list[Figure]:
+    """Assemble p50 of another caller with 16 live admin views open over 10,000
+    registrations, a change every 50 ms, over the same with no view open."""
+    scopes, per_scope, views, count = 100, 100, 16, h.budget.n(400)
+    port = _free_port()
+    sidecar = await procs.start_sidecar(
+        config={
+            "admin_listen": f"127.0.0.1:{port}",
+            "limits": {"max_registrations_per_session": 20_000},
+        },
+        label="sidecar-admin-views",
+    )
+    try:
+        async with dsp.connect(sidecar.address, client_name="bench-admin-load") as loader:
+            for index in range(scopes):
+                scope = await loader.scope(f"scope-{index}")
+                for part in range(per_scope):
+                    await scope.section(f"s-{part}", part, f"Section {part} of scope {index}.")
+            churn = asyncio.create_task(_churn(loader))
+            probe = Probe.open(sidecar.address)
+            try:
+                calm = await _timed(probe.assemble("scope-1"), count)
+                viewing = await procs.start_admin_views(f"http://127.0.0.1:{port}", views)
+                try:
+                    viewed = await _timed(probe.assemble("scope-1"), count)
+                finally:
+                    await viewing.stop()
+                calm_after = await _timed(probe.assemble("scope-1"), count)
+            finally:
+                churn.cancel()
+                await probe.close()
+    finally:
+        await sidecar.stop()
+    baseline = (calm.p50 + calm_after.p50) / 2
+    slowdown = ratio(viewed.p50, baseline)
+    return [
+        Figure(
+            key="admin_live_views",
+            name="Assemble p50, 16 live admin views over 10,000 registrations / none",
+            value=round(slowdown, 2),
+            unit="x",
+            target="≤ 2x",
+            met=slowdown <= 2,
+            display=f"{slowdown:.2f}x ({viewed.p50 / 1e6:.2f} ms / {baseline / 1e6:.2f} ms)",
+            details={
+                "calm_before": calm.summary_us(),
+                "with_views": viewed.summary_us(),
+                "calm_after": calm_after.summary_us(),
+                "registrations": scopes * per_scope,
+                "views": "8 Scopes and 8 Prompt views (scope-N), read by a process of their "
+                "own from 4 loopback addresses; a section updated every 50 ms throughout",
+            },
+        )
+    ]
+
+
+async def _churn(client: dsp.Client) -> None:
+    """A change every 50 ms: the live views have something to show."""
+    handle = await (await client.scope("scope-0")).section("churn", 0, "churn 0")
+    index = 0
+    while True:
+        index += 1
+        await handle.update(f"churn {index}")
+        await asyncio.sleep(0.05)
+
+
+async def _timed(operation: Operation, count: int) -> Samples:
+    durations = []
+    for _ in range(count):
+        started = time.perf_counter_ns()
+        await operation()
+        durations.append(time.perf_counter_ns() - started)
+        await asyncio.sleep(0.005)  # a caller among others, not a flood
+    return Samples.of(durations)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
