@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import math
 from collections.abc import Awaitable, Callable
+from typing import Literal
 
 import dsh_system_prompt as dsp
 import grpc
@@ -188,3 +190,21 @@ def refusal(reason: str, message: str) -> tuple[grpc.StatusCode, str, str]:
 def failure(error: dsp.SystemPromptError) -> tuple[grpc.StatusCode, str, str]:
     """(code, reason, message): compare a whole failure in one assertion."""
     return error.code, error.reason, error.message
+
+
+NON_FINITE = [
+    pytest.param(math.nan, id="nan"),
+    pytest.param(math.inf, id="inf"),
+    pytest.param(-math.inf, id="-inf"),
+]
+
+
+async def added(
+    client: dsp.Client, kind: Literal["section", "context"], *parts: tuple[str, float]
+) -> list[str]:
+    """Register `parts` (name, order) of `kind` in turn; the names the assembly then
+    lists of that kind, the built-in sections left out."""
+    for name, order in parts:
+        await getattr(client, kind)(name, order, f"{name} text")
+    assembly = await client.assemble()
+    return section_names(assembly)[2:] if kind == "section" else context_names(assembly)

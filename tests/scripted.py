@@ -17,7 +17,7 @@ import contextlib
 import itertools
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
-from helpers import polled
+from helpers import polled, rejection
 
 CALL_TIMEOUT_S = 0.5  # the call_timeout of the clients tests connect
 HANG_S = 5.0  # a client call still running after this long has hung
@@ -347,3 +347,12 @@ async def left_behind(before: set[asyncio.Task[Any]]) -> set[asyncio.Task[Any]]:
 
     await polled(lambda: not alive(), timeout=1.0)  # cancelled tasks need a few loop turns
     return alive()
+
+
+async def failing(
+    scripted: ScriptedSidecar, script: Script, call: Callable[[dsp.Client], Awaitable[object]]
+) -> dsp.SystemPromptError:
+    """What `call`, by a client of `scripted` playing `script`, fails with (within HANG_S)."""
+    scripted.script = script
+    async with connect(scripted) as client:
+        return await rejection(call(client), within=HANG_S)

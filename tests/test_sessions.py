@@ -18,8 +18,6 @@ from helpers import (
     ClientFactory,
     context_names,
     eventually,
-    next_events,
-    one_of_each,
     raw_channel,
     raw_stub,
     section_names,
@@ -396,128 +394,6 @@ async def test_a_killed_clients_section_disappears(
     finally:
         await _reap(process)
     assert "doomed" not in [entry.name for entry in sidecar.registry.registrations()]
-
-
-# -- change events -------------------------------------------------------------------
-
-
-async def test_every_registration_emits_a_registered_change_event(
-    connect: ClientFactory,
-) -> None:
-    watcher, owner = await connect(), await connect()
-    changes = await watcher.watch_changes()
-
-    async def listener(
-        assembly: dsp.PromptAssembly, context: dsp.AssembleContext, next: object
-    ) -> dsp.PromptAssembly:
-        return assembly
-
-    await owner.section("s", 10, "x")
-    await owner.context("c", 1, "y")
-    await owner.tools([tool("bash")])
-    await owner.variable("v", "z")
-    await owner.suppress_runtime_context()
-    await owner.on_assemble(listener)
-    scope = await owner.scope("agent-1")
-    await scope.section("scoped", 10, "w")
-
-    events = await next_events(changes, 8)
-
-    assert [(e.kind, e.action) for e in events] == [
-        ("section", "registered"),
-        ("context", "registered"),
-        ("tools", "registered"),
-        ("variable", "registered"),
-        ("suppressor", "registered"),
-        ("listener", "registered"),
-        ("scope", "registered"),
-        ("section", "registered"),
-    ]
-    assert [(e.name, e.scope) for e in events[:2]] == [("s", None), ("c", None)]
-    assert (events[3].name, events[3].scope) == ("v", None)
-    assert "agent-1" in (events[6].name, events[6].scope)
-    assert (events[7].name, events[7].scope) == ("scoped", "agent-1")
-
-
-async def test_change_event_revisions_only_grow(connect: ClientFactory) -> None:
-    watcher, owner = await connect(), await connect()
-    changes = await watcher.watch_changes()
-    off = await owner.section("s", 10, "x")
-    await owner.variable("v", "y")
-    await off()
-
-    events = await next_events(changes, 3)
-
-    revisions = [event.revision for event in events]
-    assert revisions == sorted(set(revisions))
-    assert revisions[0] > changes.revision
-
-
-async def test_every_disposal_emits_an_unregistered_change_event(
-    connect: ClientFactory,
-) -> None:
-    watcher, owner = await connect(), await connect()
-    offs = await one_of_each(owner, owner)
-    scope = await owner.scope("agent-1")
-    changes = await watcher.watch_changes()
-
-    for off in offs:
-        await off()
-    await scope.dispose()
-
-    events = await next_events(changes, 7)
-    assert [(e.kind, e.action) for e in events] == [
-        ("section", "unregistered"),
-        ("context", "unregistered"),
-        ("tools", "unregistered"),
-        ("variable", "unregistered"),
-        ("suppressor", "unregistered"),
-        ("listener", "unregistered"),
-        ("scope", "unregistered"),
-    ]
-    assert (events[0].name, events[3].name) == ("rules", "model")
-
-
-async def test_closing_a_client_emits_an_unregistered_event_for_each_of_its_registrations(
-    connect: ClientFactory,
-) -> None:
-    watcher, owner = await connect(), await connect()
-    await owner.section("s", 10, "x")
-    await owner.context("c", 1, "y")
-    await owner.tools([tool("bash")])
-    await owner.variable("v", "z")
-    await owner.suppress_runtime_context()
-    scope = await owner.scope("agent-1")
-    await scope.section("scoped", 10, "w")
-    changes = await watcher.watch_changes()
-
-    await owner.close()
-
-    events = await next_events(changes, 7)
-    assert {e.action for e in events} == {"unregistered"}
-    assert sorted(e.kind for e in events) == sorted(
-        ["section", "context", "tools", "variable", "suppressor", "scope", "section"]
-    )
-    named = sorted((e.kind, e.name, e.scope) for e in events if e.kind in ("section", "variable"))
-    assert named == [
-        ("section", "s", None),
-        ("section", "scoped", "agent-1"),
-        ("variable", "v", None),
-    ]
-
-
-async def test_two_sessions_opening_one_scope_key_emit_two_scope_events(
-    connect: ClientFactory,
-) -> None:
-    watcher, first, second = await connect(), await connect(), await connect()
-    changes = await watcher.watch_changes()
-
-    await first.scope("shared")
-    await second.scope("shared")
-
-    events = await next_events(changes, 2)
-    assert [(e.kind, e.action) for e in events] == [("scope", "registered")] * 2
-    assert all("shared" in (e.name, e.scope) for e in events)
 
 
 # -- the built-ins belong to the sidecar ---------------------------------------------
