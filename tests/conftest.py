@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import subprocess
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import dsh_system_prompt as dsp
 import grpc
 import pytest
+from deploy_files import read_line, start, stop
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server import Sidecar, parse_config, start_sidecar
 from helpers import ClientFactory, ClientOf, SidecarFactory, raw_channel, raw_stub
+from processes import sidecar_command
 from scripted import LoopWatch, Script, ScriptedSidecar, left_behind
 
 
@@ -121,3 +124,20 @@ async def scripted(
 
 
 _LONGEST_STALL_S = 1.0  # generous for a loaded 2-core machine; a blocked loop stalls for good
+
+
+@pytest.fixture
+def sidecar_on() -> Iterator[Any]:
+    """Start the installed `serve` on an address; stopped after the test."""
+    running: list[subprocess.Popen[str]] = []
+
+    def serve_on(listen: str) -> str:
+        process = start([sidecar_command(), "serve", "--listen", listen], {})
+        running.append(process)
+        line = read_line(process)
+        assert "listening on" in line, line
+        return line.split("listening on", 1)[1].strip()
+
+    yield serve_on
+    for process in running:
+        stop(process)

@@ -1,116 +1,45 @@
-"""The container and Kubernetes files: linted, validated, and consistent with each other.
+"""The container files: linted, validated, and consistent with each other.
 
-No container engine or cluster runs here, so these tests read the Dockerfile, .dockerignore
-and deploy/kubernetes/ and check what can be checked without one: the validators pass
-(scripts/validate-deploy.sh), every COPY source is in the build context, the health check
-and probes use `dsh-system-prompt health`, and the port, addresses, user and grace period
-agree across the Dockerfile, the ConfigMap and the manifests. The entry point script and
-the placeholder agents run for real against the installed command.
+These tests read the Dockerfile and .dockerignore and check what can be checked without a
+container engine: the validators pass (scripts/validate-deploy.sh), every COPY source is in
+the build context, the health check uses `dsh-system-prompt health`, and the port, user and
+entry point agree; the entry point script runs for real against the installed command. The
+Kubernetes manifests are test_manifests.py's; the image itself, built and run, tests/image/.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import re
-import selectors
 import shlex
-import signal
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from dsh_system_prompt_server import parse_config
+from deploy_files import (
+    ENTRYPOINT_SCRIPT,
+    HEALTH,
+    ROOT,
+    SIDECAR,
+    STARTUP_S,
+    bin_path,
+    configmap_toml,
+    copies,
+    deployments,
+    env,
+    health_timeout,
+    only,
+    pod,
+    read_line,
+    stages,
+    start,
+    stop,
+    words,
+)
 from processes import free_port, sidecar_command
-
-ROOT = Path(__file__).resolve().parents[1]
-DOCKERFILE = ROOT / "Dockerfile"
-ENTRYPOINT_SCRIPT = ROOT / "deploy" / "docker" / "entrypoint.sh"
-KUBE = ROOT / "deploy" / "kubernetes"
-SIDECAR = "dsh-system-prompt"
-HEALTH = ["dsh-system-prompt", "health", "--address"]
-STARTUP_S = 30.0
-
-
-# --- reading the Dockerfile -------------------------------------------------------------
-
-
-def instructions() -> list[tuple[str, str]]:
-    """(KEYWORD, arguments) per instruction, continuation lines joined, comments dropped."""
-    found: list[tuple[str, str]] = []
-    pending = ""
-    for line in DOCKERFILE.read_text().splitlines():
-        text = line.strip()
-        if not text or text.startswith("#"):
-            continue
-        if text.endswith("\\"):
-            pending += text[:-1] + " "
-            continue
-        keyword, _, rest = (pending + text).partition(" ")
-        found.append((keyword.upper(), rest.strip()))
-        pending = ""
-    assert not pending, "the Dockerfile ends inside a continued line"
-    return found
-
-
-def stages() -> list[list[tuple[str, str]]]:
-    """The instructions of each stage, each list starting with its FROM."""
-    result: list[list[tuple[str, str]]] = []
-    for keyword, rest in instructions():
-        if keyword == "FROM":
-            result.append([])
-        if result:
-            result[-1].append((keyword, rest))
-    return result
-
-
-def words(arguments: str) -> list[str]:
-    """An instruction's arguments: JSON (exec) form or whitespace separated."""
-    if arguments.startswith("["):
-        parsed = json.loads(arguments)
-        assert isinstance(parsed, list)
-        return [str(word) for word in parsed]
-    return shlex.split(arguments)
-
-
-def copies(stage: list[tuple[str, str]]) -> list[tuple[dict[str, str], list[str], str]]:
-    """(flags, sources, destination) of each COPY in a stage."""
-    result = []
-    for keyword, rest in stage:
-        if keyword != "COPY":
-            continue
-        parts = words(rest)
-        flags = dict(p[2:].partition("=")[::2] for p in parts if p.startswith("--"))
-        paths = [p for p in parts if not p.startswith("--")]
-        result.append((flags, paths[:-1], paths[-1]))
-    return result
-
-
-def env(stage: list[tuple[str, str]]) -> dict[str, str]:
-    """The ENV of a stage (KEY=VALUE form)."""
-    values: dict[str, str] = {}
-    for keyword, rest in stage:
-        if keyword == "ENV":
-            values.update(word.partition("=")[::2] for word in shlex.split(rest))
-    return values
-
-
-def only(stage: list[tuple[str, str]], keyword: str) -> str:
-    matches = [rest for kw, rest in stage if kw == keyword]
-    assert len(matches) == 1, f"expected one {keyword} in the final stage, found {matches}"
-    return matches[0]
-
-
-def health_timeout(command: list[str]) -> float:
-    """The --timeout a `health` command line gives (the CLI's default is 10 s)."""
-    return float(command[command.index("--timeout") + 1]) if "--timeout" in command else 10.0
-
 
 # --- reading .dockerignore (Docker's rules: last match wins, '!' re-includes, and a
 # pattern that matches a folder matches everything under it) -----------------------------
@@ -154,110 +83,6 @@ def ignored(path: str, rules: list[tuple[bool, re.Pattern[str]]]) -> bool:
         if any(regex.fullmatch(candidate) for candidate in candidates):
             excluded = not negated
     return excluded
-
-
-# --- reading the manifests --------------------------------------------------------------
-
-
-def documents() -> list[dict[str, Any]]:
-    docs = []
-    for path in sorted(KUBE.glob("*.yaml")):
-        docs.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc)
-    return docs
-
-
-def deployments() -> dict[str, dict[str, Any]]:
-    found = {d["metadata"]["name"]: d for d in documents() if d["kind"] == "Deployment"}
-    assert set(found) == {"agent-tcp", "agent-unix-socket"}
-    return found
-
-
-def pod(name: str) -> dict[str, Any]:
-    spec: dict[str, Any] = deployments()[name]["spec"]["template"]["spec"]
-    return spec
-
-
-def sidecar_of(spec: dict[str, Any]) -> dict[str, Any]:
-    (sidecar,) = [c for c in spec["initContainers"] if c["name"] == SIDECAR]
-    return sidecar
-
-
-def agent_of(spec: dict[str, Any]) -> dict[str, Any]:
-    (agent,) = spec["containers"]
-    return agent
-
-
-def container_env(container: dict[str, Any]) -> dict[str, str]:
-    return {item["name"]: item["value"] for item in container.get("env", [])}
-
-
-def configmap_toml() -> str:
-    (configmap,) = [d for d in documents() if d["kind"] == "ConfigMap"]
-    text: str = configmap["data"]["sidecar.toml"]
-    return text
-
-
-# --- processes --------------------------------------------------------------------------
-
-
-def read_line(process: subprocess.Popen[str], timeout: float = STARTUP_S) -> str:
-    """The next stdout line, or fail (with stderr) if none comes in time."""
-    assert process.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        if not selector.select(timeout):
-            process.kill()
-            _, err = process.communicate()
-            pytest.fail(f"no output within {timeout}s; stderr:\n{err}")
-    return process.stdout.readline()
-
-
-def start(args: list[str], extra_env: dict[str, str]) -> subprocess.Popen[str]:
-    environment = {**os.environ, **extra_env}
-    return subprocess.Popen(
-        args,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=environment,
-        start_new_session=True,  # its own process group, so stop() can clear stragglers
-    )
-
-
-def stop(process: subprocess.Popen[str]) -> int:
-    """SIGTERM, then the exit code (killed after a while, with anything it left behind)."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    try:
-        return process.wait(timeout=STARTUP_S)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-
-
-def bin_path() -> str:
-    """PATH with the installed dsh-system-prompt first, as /opt/venv/bin is in the image."""
-    return f"{Path(sidecar_command()).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-
-
-@pytest.fixture
-def sidecar_on() -> Iterator[Any]:
-    """Start the installed `serve` on an address; stopped after the test."""
-    running: list[subprocess.Popen[str]] = []
-
-    def serve_on(listen: str) -> str:
-        process = start([sidecar_command(), "serve", "--listen", listen], {})
-        running.append(process)
-        line = read_line(process)
-        assert "listening on" in line, line
-        return line.split("listening on", 1)[1].strip()
-
-    yield serve_on
-    for process in running:
-        stop(process)
 
 
 # --- the validators ---------------------------------------------------------------------
@@ -464,102 +289,3 @@ def test_image_healthcheck_command_reports_serving(sidecar_on: Any) -> None:
     env_vars["DSP_HEALTH_ADDRESS"] = f"127.0.0.1:{free_port()}"  # nobody there
     result = subprocess.run(command, env=env_vars, capture_output=True, text=True, timeout=30)
     assert result.returncode == 1, "anything but SERVING must read as unhealthy (1)"
-
-
-# --- the Kubernetes manifests -----------------------------------------------------------
-
-
-def test_configmap_is_a_valid_sidecar_config() -> None:
-    table = tomllib.loads(configmap_toml())
-    config = parse_config(table)
-    for key, value in table.items():  # each key is read as written, none dropped
-        holder = config.registry if hasattr(config.registry, key) else config
-        assert getattr(holder, key) == value, key
-
-
-@pytest.mark.parametrize("name", ["agent-tcp", "agent-unix-socket"])
-def test_native_sidecar_with_config_security_and_resources(name: str) -> None:
-    spec = pod(name)
-    sidecar = sidecar_of(spec)
-    assert sidecar["restartPolicy"] == "Always", "a native sidecar is an Always init container"
-    assert {"startupProbe", "readinessProbe", "livenessProbe"} <= set(sidecar)
-    config = container_env(sidecar)["DSP_CONFIG"]
-    (configmap,) = [d for d in documents() if d["kind"] == "ConfigMap"]
-    volumes = {v["name"]: v for v in spec["volumes"]}
-    (mount,) = [m for m in sidecar["volumeMounts"] if m["mountPath"] == str(Path(config).parent)]
-    assert volumes[mount["name"]]["configMap"]["name"] == configmap["metadata"]["name"]
-    assert Path(config).name in configmap["data"]
-    assert spec["securityContext"]["runAsNonRoot"] is True
-    for container in [*spec["initContainers"], *spec["containers"]]:
-        context = container["securityContext"]
-        assert context["readOnlyRootFilesystem"] is True
-        assert context["allowPrivilegeEscalation"] is False
-        assert context["capabilities"]["drop"] == ["ALL"]
-        for kind in ("requests", "limits"):
-            assert {"cpu", "memory"} <= set(container["resources"][kind])
-
-
-@pytest.mark.parametrize("name", ["agent-tcp", "agent-unix-socket"])
-def test_grace_period_covers_the_sidecar_drain(name: str) -> None:
-    """The agent stops first, then the sidecar drains: leave the agent at least 10 s."""
-    grace_s = parse_config(tomllib.loads(configmap_toml())).shutdown_grace_s
-    assert pod(name)["terminationGracePeriodSeconds"] >= grace_s + 10
-
-
-def test_tcp_variant_ports_and_grpc_probes() -> None:
-    spec = pod("agent-tcp")
-    sidecar = sidecar_of(spec)
-    port = int(only(stages()[-1], "EXPOSE"))
-    assert container_env(sidecar)["DSP_LISTEN"] == f"0.0.0.0:{port}", "probes dial the pod IP"
-    assert [p["containerPort"] for p in sidecar["ports"]] == [port]
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert sidecar[probe]["grpc"]["port"] == port
-        assert "service" not in sidecar[probe]["grpc"], "the overall ('') health status"
-    assert container_env(agent_of(spec))["DSP_ADDRESS"] == f"127.0.0.1:{port}"
-
-
-def test_unix_socket_variant_shares_the_socket_and_probes_it() -> None:
-    spec = pod("agent-unix-socket")
-    sidecar, agent = sidecar_of(spec), agent_of(spec)
-    listen = container_env(sidecar)["DSP_LISTEN"]
-    assert listen.startswith("unix:/")
-    assert container_env(sidecar)["DSP_HEALTH_ADDRESS"] == listen
-    assert container_env(agent)["DSP_ADDRESS"] == listen
-    assert "ports" not in sidecar
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        command = sidecar[probe]["exec"]["command"]
-        assert command[:4] == [*HEALTH, listen]
-        assert health_timeout(command) < sidecar[probe]["timeoutSeconds"]
-    folder = str(Path(listen.removeprefix("unix:")).parent)
-    volumes = {v["name"]: v for v in spec["volumes"]}
-    for container in (sidecar, agent):
-        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == folder]
-        assert "emptyDir" in volumes[mount["name"]]
-        assert not mount.get("readOnly"), "the agent must connect, the sidecar create"
-
-
-def test_unix_socket_probe_command_reports_serving(tmp_path: Path, sidecar_on: Any) -> None:
-    address = sidecar_on(f"unix:{tmp_path}/dsp.sock")
-    probe = sidecar_of(pod("agent-unix-socket"))["livenessProbe"]["exec"]["command"]
-    command = [address if word.startswith("unix:") else word for word in probe]  # this socket
-    environment = {**os.environ, "PATH": bin_path()}
-    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=30)
-    assert result.returncode == 0, result.stderr
-
-
-@pytest.mark.parametrize("name", ["agent-tcp", "agent-unix-socket"])
-def test_placeholder_agent_reaches_the_sidecar(name: str, tmp_path: Path, sidecar_on: Any) -> None:
-    """Each placeholder agent, run as written, finds a real sidecar and stops on SIGTERM."""
-    agent = agent_of(pod(name))
-    if name == "agent-tcp":
-        address = sidecar_on(f"127.0.0.1:{free_port()}")
-    else:
-        address = sidecar_on(f"unix:{tmp_path}/dsp.sock")
-    assert agent["command"][0] == "python"
-    process = start(
-        [sys.executable, *agent["command"][1:], *agent["args"]], {"DSP_ADDRESS": address}
-    )
-    try:
-        assert read_line(process).strip() == f"agent placeholder: sidecar reachable at {address}"
-    finally:
-        assert stop(process) == 0
