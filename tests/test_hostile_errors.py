@@ -30,8 +30,9 @@ def deep_tool(depth: int = 100_000) -> dsp.ToolSchema:
 # -- JSON nesting -----------------------------------------------------------------------
 
 
-async def test_assemble_fields_nested_100000_deep_are_invalid_json(sidecar: Sidecar) -> None:
-    request = pb.AssembleRequest(context=pb.AssembleContext(fields_json=nested(100_000)))
+async def test_assemble_fields_nested_10000_deep_are_invalid_json(sidecar: Sidecar) -> None:
+    # 10,000 levels fit max_fields_bytes (60 KB); 100,000 would be VALUE_TOO_LARGE
+    request = pb.AssembleRequest(context=pb.AssembleContext(fields_json=nested(10_000)))
     async with raw_channel(sidecar.address) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await raw_stub(channel).Assemble(request, timeout=10)

@@ -59,7 +59,8 @@ def _stalled(sidecar: Sidecar, kind: str) -> float:
 async def test_a_session_that_stops_reading_is_closed_before_its_outbox_outgrows_the_bound(
     make_sidecar: SidecarFactory,
 ) -> None:
-    sidecar = await make_sidecar(provider_timeout_s=30, limits={"max_outbox_bytes": 1 << 20})
+    limits = {"max_outbox_bytes": 1 << 20, "max_fields_bytes": 1 << 20}
+    sidecar = await make_sidecar(provider_timeout_s=30, limits=limits)
     fields = json.dumps({"blob": "y" * (256 * 1024)})
     async with grpc.aio.insecure_channel(sidecar.address) as channel:
         stub = pb_grpc.SystemPromptServiceStub(channel)

@@ -67,6 +67,7 @@ class AdminOptions:
     authenticator: Authenticator | None = None  # the sidecar's credentials: pages ask for one
     tls: ssl.SSLContext | None = None  # the sidecar's certificate, when it serves TLS
     allow_remote: bool = False  # else only loopback Host names are served
+    request_timeout_s: float = 5.0  # a connection with no whole request head by then is closed
 
 
 @dataclass
@@ -99,6 +100,7 @@ async def start_admin(state: ServerState, options: AdminOptions, grpc_address: s
             options.allow_remote,
             closing,
         ),
+        options.request_timeout_s,
     )
     address = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
     url = f"{'https' if tls else 'http'}://{address}/"
@@ -111,11 +113,20 @@ async def _listen(
     port: int,
     tls: ssl.SSLContext | None,
     app: Callable[[int], web.Application],
+    request_timeout_s: float,
 ) -> tuple[web.AppRunner, int]:
     """Bind first (the sign-in cookie is bound to the port, 0 asks for any), then serve."""
     sock = socket.create_server((host, port), family=_family(host), reuse_port=False)
     bound = int(sock.getsockname()[1])
-    runner = web.AppRunner(app(bound), access_log=None, handle_signals=False, shutdown_timeout=1.0)
+    # aiohttp's keep-alive timer starts with the connection and closes it while no whole
+    # request head has come: the deadline of a half-sent request (and of an idle one).
+    runner = web.AppRunner(
+        app(bound),
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=1.0,
+        keepalive_timeout=request_timeout_s,
+    )
     await runner.setup()
     try:
         await web.SockSite(runner, sock, ssl_context=tls).start()

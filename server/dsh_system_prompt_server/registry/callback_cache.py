@@ -10,14 +10,18 @@ computed while it happened are not kept, and callers may key their own caches by
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
+from .limits import value_bytes
 from .model import AssembleContext, Assembly, CachePolicy, ProvidedValue
 
 MAX_KEPT = 1024  # answers and waterfall results together; the oldest used go first
+MAX_BYTES = 32 * 1024 * 1024  # what they take together (limits.max_callback_cache_bytes)
+_ENTRY_BYTES = 400  # an entry's own objects: key tuple, record, dict slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +30,7 @@ class _Kept:
     value: object
     expires: float  # clock time; inf without a time to live
     given: Assembly | None = None  # a waterfall's input the result is for
+    size: int = 0  # bytes it takes, key included, against the cache's byte bound
 
 
 class _Missing:
@@ -42,14 +47,19 @@ def context_key(policy: CachePolicy, context: AssembleContext) -> Hashable:
 
 
 class CallbackCache:
-    """Cached callback answers of the current revision, bounded in number."""
+    """Cached callback answers of the current revision, bounded in number and in bytes."""
 
     def __init__(
-        self, max_kept: int = MAX_KEPT, clock: Callable[[], float] = time.monotonic
+        self,
+        max_kept: int = MAX_KEPT,
+        clock: Callable[[], float] = time.monotonic,
+        max_bytes: int = MAX_BYTES,
     ) -> None:
         self._max_kept = max_kept
+        self.max_bytes = max_bytes  # a reload may change it; it applies from the next answer
         self._clock = clock
         self._kept: OrderedDict[Hashable, _Kept] = OrderedDict()
+        self.bytes = 0  # what the kept entries take
         self._revision = -1
         self.generation = 0  # moves at every invalidation
 
@@ -74,12 +84,13 @@ class CallbackCache:
     ) -> None:
         """Keep a provider's answer, unless an invalidation came since `generation`."""
         key = ("answer", entry_id, context_key(policy, context))
-        self._put(
-            key,
-            revision,
-            generation,
-            _Kept(owners=(entry_id,), value=value, expires=self._expiry(policy)),
+        kept = _Kept(
+            owners=(entry_id,),
+            value=value,
+            expires=self._expiry(policy),
+            size=_key_bytes(context) + _value_bytes(value),
         )
+        self._put(key, revision, generation, kept)
 
     def result(
         self,
@@ -113,6 +124,7 @@ class CallbackCache:
             value=result.copy(),
             expires=self._expiry(policy),
             given=given.copy(),
+            size=_key_bytes(context) + _assembly_bytes(given) + _assembly_bytes(result),
         )
         self._put(key, revision, generation, kept)
 
@@ -121,7 +133,7 @@ class CallbackCache:
         self.generation += 1
         ids = set(registration_ids)
         for key in [k for k, kept in self._kept.items() if ids.intersection(kept.owners)]:
-            del self._kept[key]
+            self._drop(key)
 
     def _get(self, key: Hashable, revision: int) -> _Kept | None:
         if revision > self._revision:
@@ -132,7 +144,7 @@ class CallbackCache:
         if kept is None:
             return None
         if kept.expires <= self._clock():
-            del self._kept[key]
+            self._drop(key)
             return None
         self._kept.move_to_end(key)
         return kept
@@ -142,14 +154,23 @@ class CallbackCache:
             return  # invalidated while it was computed, or already out of date
         if revision != self._revision:
             self._start(revision)
+        if kept.size > self.max_bytes:
+            return  # more than the whole budget: asked again next time, never kept
+        self._drop(key)
         self._kept[key] = kept
-        self._kept.move_to_end(key)
-        if len(self._kept) > self._max_kept:
-            self._kept.popitem(last=False)
+        self.bytes += kept.size
+        while len(self._kept) > self._max_kept or self.bytes > self.max_bytes:
+            self._drop(next(iter(self._kept)))  # the least recently used
+
+    def _drop(self, key: Hashable) -> None:
+        kept = self._kept.pop(key, None)
+        if kept is not None:
+            self.bytes -= kept.size
 
     def _start(self, revision: int) -> None:
         """A new revision: nothing kept for an older one can be used again."""
         self._kept.clear()
+        self.bytes = 0
         self._revision = revision
 
     def _expiry(self, policy: CachePolicy) -> float:
@@ -164,3 +185,28 @@ def combined(policies: Sequence[CachePolicy]) -> CachePolicy:
         by_context=any(policy.by_context for policy in policies),
         ttl_s=min(ttls) if ttls else None,
     )
+
+
+def _key_bytes(context: AssembleContext) -> int:
+    """The context an entry may be kept by (its fields are bounded by max_fields_bytes)."""
+    return _ENTRY_BYTES + sys.getsizeof(context.fields_json) + sys.getsizeof(context.scope)
+
+
+def _value_bytes(value: ProvidedValue) -> int:
+    if isinstance(value, str):
+        return sys.getsizeof(value)
+    return 2 * value_bytes(value) + 64  # tools: their strings and objects; None: the slot
+
+
+def _assembly_bytes(assembly: Assembly) -> int:
+    """Its texts and tools as if none were shared with the registry (a listener's are not)."""
+    parts = sum(
+        sys.getsizeof(part.name) + sys.getsizeof(part.text) + 64
+        for part in (*assembly.sections, *assembly.contexts)
+    )
+    tools = sum(
+        sys.getsizeof(t.name) + sys.getsizeof(t.description) + sys.getsizeof(t.parameters_json)
+        for t in assembly.tools
+    )
+    variables = sum(sys.getsizeof(v) + sys.getsizeof(k) for k, v in assembly.variables.items())
+    return parts + tools + variables

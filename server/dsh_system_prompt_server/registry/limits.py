@@ -20,12 +20,30 @@ class Limits:
     max_registrations_per_session: int = 10_000
     max_listeners: int = 1_000
     max_total_bytes: int = 256 * 1024 * 1024  # every session's registered values together
+    max_fields_bytes: int = 64 * 1024  # an assemble context's fields_json
+    max_list_items: int = 1024  # entries of any one repeated field of a request
+    max_callback_cache_bytes: int = 32 * 1024 * 1024  # cached callback answers together
 
     def check_name(self, what: str, name: str) -> None:
         _check_size(f"{what} name", name, self.max_name_bytes)
 
     def check_text(self, what: str, text: str) -> None:
         _check_size(what, text, self.max_text_bytes)
+
+    def check_fields(self, fields_json: str) -> None:
+        """An assemble context's fields, before anything parses them."""
+        limit = self.max_fields_bytes
+        _check_size("assemble context fields_json", fields_json, limit, "limits.max_fields_bytes")
+
+    def check_count(self, what: str, count: int) -> None:
+        """A repeated field of a request (`what` names it), before anything reads it."""
+        if count > self.max_list_items:
+            raise RegistryError(
+                Status.INVALID_ARGUMENT,
+                Reason.VALUE_TOO_LARGE,
+                f"{what} has {count} entries, over the limit of {self.max_list_items}"
+                " (limits.max_list_items)",
+            )
 
     def check_total(self, total: int, adding: int) -> None:
         """Refuse `adding` bytes of values when `total` are registered already."""
@@ -46,11 +64,12 @@ class Limits:
             raise too_large(f'tool "{tool.name}" schema', size, self.max_tool_schema_bytes)
 
 
-def too_large(what: str, size: int, limit: int) -> RegistryError:
+def too_large(what: str, size: int, limit: int, key: str = "") -> RegistryError:
+    """INVALID_ARGUMENT VALUE_TOO_LARGE; `key` names the config key of the limit."""
     return RegistryError(
         Status.INVALID_ARGUMENT,
         Reason.VALUE_TOO_LARGE,
-        f"{what} is {size} bytes, over the limit of {limit}",
+        f"{what} is {size} bytes, over the limit of {limit}" + (f" ({key})" if key else ""),
     )
 
 
@@ -75,8 +94,8 @@ def _size(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode())
 
 
-def _check_size(what: str, text: str, limit: int) -> None:
+def _check_size(what: str, text: str, limit: int, key: str = "") -> None:
     if len(text) > limit or (not text.isascii() and len(text) * 4 > limit):
         size = _size(text)
         if size > limit:
-            raise too_large(what, size, limit)
+            raise too_large(what, size, limit, key)

@@ -76,7 +76,8 @@ class Registry:
         self._admission = Admission(self.settings.limits)
         self._listeners = ListenerIndex()
         self._plans: OrderedDict[str | None, assembly.Plan] = OrderedDict()
-        self.callbacks = CallbackCache()  # answers of callbacks that may be cached
+        # answers of callbacks that may be cached
+        self.callbacks = CallbackCache(max_bytes=self.settings.limits.max_callback_cache_bytes)
         self._builtins: dict[str, SectionRegistration] = {}
         if self.settings.include_harness_identity:
             self._add_builtin(
@@ -93,6 +94,7 @@ class Registry:
         """
         old, self.settings = self.settings, settings
         self._admission.limits = settings.limits
+        self.callbacks.max_bytes = settings.limits.max_callback_cache_bytes
         self.changes.history = settings.change_history
         before = settings_keys(old)
         changed = [key for key, value in settings_keys(settings).items() if before[key] != value]

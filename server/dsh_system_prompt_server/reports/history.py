@@ -3,13 +3,14 @@
 A key is the assembly's scope unless the caller names one (`report_key`, e.g.
 one per conversation), so two agents sharing a scope need not see each
 other's assemblies as breaks. Everything is bounded: `depth` recent reports
-per key, `max_keys` keys and `max_bytes` of kept prefix text; the least
+per key, `max_keys` keys and `max_bytes` of memory (prefix text, diffs, records); the least
 recently reported keys go first, and the sidecar remembers (up to
 `4 * max_keys`) which keys it evicted so it never calls them new.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
@@ -18,7 +19,9 @@ from typing import Literal
 from .values import Layout, Previous, Report, Size
 
 MAX_BREAKERS = 16  # parts counted per key; the least counted goes to make room
-DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # limits.max_report_history_bytes
+_KEY_BYTES = 4096  # a key's own objects: its history, counts, breakers, the deque
+_ENTRY_BYTES = 400  # one summarised report (a HistoryEntry and its Sizes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +140,7 @@ class ReportHistory:
             kept = KeyHistory(previous=None, recent=deque(maxlen=self.depth))
             self._keys[key] = kept
             self._evicted.pop(key, None)
+            self._bytes += _KEY_BYTES + self.depth * _ENTRY_BYTES
         self._keys.move_to_end(key)
         if kept.previous is not None:
             self._bytes -= kept.previous.memory()
@@ -147,6 +151,8 @@ class ReportHistory:
         kept.recent.append(entry)
         if entry.broke:
             stability = report.stability
+            if kept.last_break is not None:
+                self._bytes -= sys.getsizeof(kept.last_break.diff)
             kept.last_break = Break(
                 sequence=entry.sequence,
                 at=entry.at,
@@ -154,6 +160,7 @@ class ReportHistory:
                 reason=entry.reason,
                 diff=stability.diff,
             )
+            self._bytes += sys.getsizeof(stability.diff)
         self.version += 1
         return Remembered(
             entry=entry, forgotten_keys=self._make_room(key), forgotten_breakers=dropped
@@ -180,13 +187,19 @@ class ReportHistory:
             if key == keep:  # never the key just reported
                 self._keys[key] = kept
                 continue
-            if kept.previous is not None:
-                self._bytes -= kept.previous.memory()
+            self._bytes -= _kept_bytes(kept, self.depth)
             forgotten.append((key, list(kept.breakers)))
             self._evicted[key] = None
             while len(self._evicted) > 4 * self.max_keys:
                 self._evicted.popitem(last=False)
         return forgotten
+
+
+def _kept_bytes(kept: KeyHistory, depth: int) -> int:
+    """What one key's history counts against the budget (as `remember` added it)."""
+    previous = 0 if kept.previous is None else kept.previous.memory()
+    diff = 0 if kept.last_break is None else sys.getsizeof(kept.last_break.diff)
+    return _KEY_BYTES + depth * _ENTRY_BYTES + previous + diff
 
 
 def _history_entry(sequence: int, revision: int, report: Report) -> HistoryEntry:

@@ -8,6 +8,7 @@ blame and the history all import them from here and not from each other.
 from __future__ import annotations
 
 import enum
+import sys
 from array import array
 from dataclasses import dataclass
 
@@ -70,11 +71,15 @@ class Previous:
     variables: dict[str, Origin]
 
     def memory(self) -> int:
-        """Roughly what keeping this costs, in bytes (for the history's budget)."""
-        raw = sum(len(p.raw) + len(p.parameters) + 200 for p in self.parts)
-        ids = 0 if self.token_ids is None else 4 * len(self.token_ids)
-        steps = 0 if self.trace is None else sum(64 * len(s.values) for s in self.trace.steps)
-        return len(self.text) + raw + ids + steps + 100 * len(self.contexts)
+        """What keeping this costs, in bytes of memory (for the history's budget): its
+        strings as Python holds them, and a measured allowance per object."""
+        raw = sum(
+            sys.getsizeof(p.raw) + sys.getsizeof(p.parameters) + sys.getsizeof(p.name) + 400
+            for p in self.parts
+        )
+        ids = 0 if self.token_ids is None else self.token_ids.itemsize * len(self.token_ids)
+        steps = 0 if self.trace is None else sum(200 * len(s.values) for s in self.trace.steps)
+        return sys.getsizeof(self.text) + raw + ids + steps + 300 * len(self.contexts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,27 +15,32 @@ from . import part_caches
 from .convert import context_from_proto
 from .encoding import assemble_response
 from .report_messages import history_key_from_proto, layout_from_proto, report_to_proto
-from .response_cache import ResponseCache, reuse_key
+from .response_cache import MAX_BYTES, ResponseCache, reuse_key
 
 
 class Assembler:
     """Answers Assemble requests with their encoded responses, keeping the reusable ones."""
 
     def __init__(
-        self, registry: Registry, reporter: Reporter, metrics: Metrics, max_message_bytes: int
+        self,
+        registry: Registry,
+        reporter: Reporter,
+        metrics: Metrics,
+        max_message_bytes: int,
+        response_bytes: int = MAX_BYTES,
     ) -> None:
         self._registry = registry
         self._reporter = reporter
         self._metrics = metrics
         self._max_message_bytes = max_message_bytes
-        self.responses = ResponseCache()
+        self.responses = ResponseCache(max_bytes=response_bytes)
 
     async def assemble(
         self, request: pb.AssembleRequest, deadline: float | None, layout: Layout
     ) -> bytes:
         """The encoded response to `request`, by `deadline` (the loop's clock); `layout` is
         the reports' default prefix layout."""
-        context = context_from_proto(request.context)
+        context = context_from_proto(request.context, self._registry.limits)
         plan = self._registry.plan(context.scope)
         generation = self._registry.callbacks.generation
         key = None if request.report else reuse_key(plan, context, request.render, generation)

@@ -5,6 +5,7 @@ The assembly's encodings are in `encoding`, the reports' messages in `report_mes
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -86,7 +87,10 @@ def tool_from_proto(message: pb.ToolSchema) -> Tool:
     )
 
 
-def toolset_from_proto(message: pb.ToolProviderResult) -> ToolSet:
+def toolset_from_proto(message: pb.ToolProviderResult, limits: Limits) -> ToolSet:
+    """Tools from a registration, an update or a provider, counted before any is read."""
+    limits.check_count("tool schemas", len(message.schemas))
+    limits.check_count("tool known_names", len(message.known_names.names))
     known = tuple(message.known_names.names) if message.HasField("known_names") else None
     return ToolSet(schemas=tuple(tool_from_proto(t) for t in message.schemas), known_names=known)
 
@@ -95,12 +99,22 @@ def context_to_proto(context: AssembleContext) -> pb.AssembleContext:
     return pb.AssembleContext(scope=context.scope or "", fields_json=context.fields_json)
 
 
-def context_from_proto(message: pb.AssembleContext) -> AssembleContext:
-    if message.fields_json:
-        fields = load_json(message.fields_json, "assemble fields")
-        if not isinstance(fields, dict):
-            raise bad_request(Reason.INVALID_JSON, "assemble fields must be a JSON object")
-    return AssembleContext(scope=message.scope or None, fields_json=message.fields_json)
+def context_from_proto(message: pb.AssembleContext, limits: Limits) -> AssembleContext:
+    """The context of an assembly; its fields bounded in size before they are parsed."""
+    fields_json = message.fields_json
+    if fields_json:
+        limits.check_fields(fields_json)
+        check_fields(fields_json)
+    return AssembleContext(scope=message.scope or None, fields_json=fields_json)
+
+
+@functools.lru_cache(maxsize=64)
+def check_fields(fields_json: str) -> None:
+    """Assemble fields must be a JSON object; the texts found valid lately are not parsed
+    again (64 at most: 4 MiB under the default max_fields_bytes)."""
+    fields = load_json(fields_json, "assemble fields")
+    if not isinstance(fields, dict):
+        raise bad_request(Reason.INVALID_JSON, "assemble fields must be a JSON object")
 
 
 def check_parameters(name: str, parameters_json: str) -> None:
@@ -134,22 +148,24 @@ def variable_from_proto(
     return _static(source, request.value)
 
 
-def tools_from_proto(request: pb.RegisterToolsRequest, host: ProviderHost) -> ToolSet | Dynamic:
+def tools_from_proto(
+    request: pb.RegisterToolsRequest, host: ProviderHost, limits: Limits
+) -> ToolSet | Dynamic:
     source = request.WhichOneof("source")
     if source is None:
         raise bad_request(Reason.MISSING_VALUE, "tools need a static result or a dynamic provider")
     if source == "dynamic":
         return dynamic_from_proto(request.dynamic, host)
-    return toolset_from_proto(request.result)
+    return toolset_from_proto(request.result, limits)
 
 
-def update_value_from_proto(request: pb.UpdateRequest) -> str | None | ToolSet:
+def update_value_from_proto(request: pb.UpdateRequest, limits: Limits) -> str | None | ToolSet:
     """An update's new static value: text (or a variable's value), no value, or tools."""
     case = request.WhichOneof("value")
     if case is None:
         raise bad_request(Reason.MISSING_VALUE, "an update needs a new value")
     if case == "tools":
-        return toolset_from_proto(request.tools)
+        return toolset_from_proto(request.tools, limits)
     return request.text if case == "text" else None
 
 
@@ -209,9 +225,13 @@ def provide_request(
 
 
 def provided_from_proto(
-    calls: Sequence[ProviderCall], response: pb.ProvideResponse
+    calls: Sequence[ProviderCall], response: pb.ProvideResponse, limits: Limits
 ) -> dict[str, ProvidedValue]:
     """Each call's value from a session's answer; a missing or wrong one fails its provider."""
+    if len(response.values) > len(calls):  # more than asked: nothing to read past the count
+        raise _provider_failed(
+            calls[0], f"it sent {len(response.values)} answers to {len(calls)} calls"
+        )
     answers = {value.provider_key: value for value in response.values}
     values: dict[str, ProvidedValue] = {}
     for call in calls:
@@ -225,14 +245,14 @@ def provided_from_proto(
             raise _provider_failed(
                 call, f"it answered {case or 'nothing'} instead of {call.kind.value}"
             )
-        values[call.key] = _provided_value(call, answer)
+        values[call.key] = _provided_value(call, answer, limits)
     return values
 
 
-def _provided_value(call: ProviderCall, answer: pb.ProvidedValue) -> ProvidedValue:
+def _provided_value(call: ProviderCall, answer: pb.ProvidedValue, limits: Limits) -> ProvidedValue:
     if call.kind is Kind.TOOLS:
         try:
-            return toolset_from_proto(answer.tools)
+            return toolset_from_proto(answer.tools, limits)
         except Failure as error:
             raise _provider_failed(call, error.message) from None
     if answer.HasField("no_value"):
@@ -320,6 +340,7 @@ BUILTIN_OWNER = "dsh-system-prompt"  # the owner name of the sidecar's own secti
 def filter_from_proto(message: pb.ChangeFilter, limits: Limits) -> Filter:
     """A watch's or listing's filter; kinds this sidecar does not know are ignored."""
     limits.check_name("scope", message.scope)
+    limits.check_count("change filter kinds", len(message.kinds))
     kinds = frozenset(_KINDS_BY_WIRE[k] for k in message.kinds if k in _KINDS_BY_WIRE)
     return Filter(scope=message.scope or None, ancestors=message.ancestors, kinds=kinds)
 

@@ -102,7 +102,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         self, request: pb.RegisterToolsRequest, context: Context
     ) -> pb.RegisterToolsResponse:
         def register(session: Session, handle: str | None) -> AnyRegistration:
-            tools = tools_from_proto(request, session)
+            tools = tools_from_proto(request, session, self._state.registry.limits)
             return self._state.registry.register_tools(session.id, handle, tools, request.name)
 
         return await self._register(context, request, register, pb.RegisterToolsResponse)
@@ -139,7 +139,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def Update(self, request: pb.UpdateRequest, context: Context) -> pb.UpdateResponse:
         def update() -> pb.UpdateResponse:
             session = self._state.sessions.get(request.session_id)
-            value = update_value_from_proto(request)
+            value = update_value_from_proto(request, self._state.registry.limits)
             self._state.registry.update(session.id, request.registration_id, value)
             return pb.UpdateResponse(revision=self._state.registry.revision)
 

@@ -36,6 +36,8 @@ class StateSettings:
     tokenizer: str | None  # for token counts in reports; None: bytes only
     report_depth: int  # recent reports kept per history key
     report_keys: int  # history keys kept
+    report_bytes: int  # what the report history may take in memory (live)
+    response_bytes: int  # what the kept encoded responses may take (live)
 
 
 class ServerState:
@@ -62,9 +64,15 @@ class ServerState:
         )
         self.listeners = Listeners(registry, self.sessions, metrics, settings.outbox, tracing)
         self.tokenizer = load_tokenizer(settings.tokenizer)
-        self.reports = ReportHistory(depth=settings.report_depth, max_keys=settings.report_keys)
+        self.reports = ReportHistory(
+            depth=settings.report_depth,
+            max_keys=settings.report_keys,
+            max_bytes=settings.report_bytes,
+        )
         self.reporter = Reporter(self.reports, self.tokenizer)
-        self.assembler = Assembler(registry, self.reporter, metrics, settings.max_message_bytes)
+        self.assembler = Assembler(
+            registry, self.reporter, metrics, settings.max_message_bytes, settings.response_bytes
+        )
         self.watches = Watches(
             registry, settings.watches, self.sessions.client_name, self.tokenizer, metrics
         )
@@ -83,3 +91,5 @@ class ServerState:
         self.sessions.outbox_limits = self.listeners.outbox_limits = settings.outbox
         self.prefix_layout = settings.prefix_layout
         self.watches.reconfigure(settings.watches)
+        self.assembler.responses.max_bytes = settings.response_bytes
+        self.reports.max_bytes = settings.report_bytes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import resource
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,7 @@ async def start_sidecar(
 ) -> Sidecar:
     """Start serving on `listen` (HOST:PORT, port 0 for any, or unix:PATH); with
     `tracing`, every call and every hop to a client is a span."""
+    raise_open_files()
     interceptors = [] if tracing is None else tracing.interceptors()
     registry = Registry(config.registry)
     credentials = all_credentials(config)
@@ -170,6 +172,8 @@ def state_settings(config: SidecarConfig) -> StateSettings:
         prefix_layout=config.prefix_layout,
         max_message_bytes=limits.max_message_bytes,
         tokenizer=config.tokenizer,
+        report_bytes=limits.max_report_history_bytes,
+        response_bytes=limits.max_response_cache_bytes,
         report_depth=config.report_history,
         report_keys=config.report_keys,
     )
@@ -185,6 +189,7 @@ def admin_options(config: SidecarConfig, authenticator: Authenticator | None) ->
         authenticator=authenticator,
         tls=_admin_tls(config),
         allow_remote=config.admin_allow_remote,
+        request_timeout_s=config.handshake_timeout_s,
     )
 
 
@@ -210,11 +215,29 @@ async def _serve_admin(
         ) from None
 
 
+def raise_open_files() -> None:
+    """Raise the open-file soft limit to the hard one: every connection is a file, and
+    at the soft limit (often 1024) new agents could not connect. Logs both."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as error:
+            _log.warning("open files: cannot raise the soft limit %d to %d: %s", soft, hard, error)
+            return
+    now = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    _log.info("open files: soft limit %d (was %d), hard limit %d", now, soft, hard)
+
+
 def server_options(config: SidecarConfig) -> list[tuple[str, int]]:
-    """Message size, exclusive ports, and the keepalive that detects dead peers in time."""
+    """Message size, exclusive ports, the keepalive that detects dead peers in time, and
+    the connection bounds: how many at once, how long one may take to say HTTP/2."""
     half = max(1, int(config.dead_peer_timeout_s * 500))  # ms: ping, then wait as long
     size = config.server_limits.max_message_bytes
     return [
+        ("grpc.max_allowed_incoming_connections", config.server_limits.max_connections),
+        # gRPC closes a connection whose preface and SETTINGS (after TLS) come later
+        ("grpc.server_handshake_timeout_ms", max(1, int(config.handshake_timeout_s * 1000))),
         ("grpc.so_reuseport", 0),  # else a second sidecar on the port splits the clients
         ("grpc.max_receive_message_length", size),
         ("grpc.max_send_message_length", size),

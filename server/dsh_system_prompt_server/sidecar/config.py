@@ -41,6 +41,9 @@ class ServerLimits:
     max_watchers: int = 1_000
     max_outbox_bytes: int = 8 * 1024 * 1024  # unread by one session or listener
     max_watchers_per_peer: int = 64  # change and prompt watches per TCP connection
+    max_response_cache_bytes: int = 32 * 1024 * 1024  # encoded Assemble responses kept
+    max_report_history_bytes: int = 64 * 1024 * 1024  # prompt-cache report history kept
+    max_connections: int = 4096  # open connections on the gRPC port; more are closed at once
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class SidecarConfig:
     security: Security = field(default_factory=Security)
     shutdown_grace_s: float = 5.0
     dead_peer_timeout_s: float = 20.0
+    handshake_timeout_s: float = 5.0  # a connection's HTTP/2 preface (or request head) deadline
     watch_buffer: int = 1024
     prompt_coalesce_s: float = 0.1  # a prompt watcher's wait for a burst of changes to end
     watch_coalesce_s: float = 0.005  # a batching change watcher's wait for a burst to end
@@ -87,6 +91,7 @@ _TOP_KEYS = {
     "provider_timeout_s",
     "shutdown_grace_s",
     "dead_peer_timeout_s",
+    "handshake_timeout_s",
     "watch_buffer",
     "change_history",
     "prompt_coalesce_s",
@@ -172,6 +177,7 @@ def parse_config(raw: dict[str, Any]) -> SidecarConfig:
             security=Security(**{f.name: _path(raw, f.name) for f in fields(Security)}),
             shutdown_grace_s=_seconds(raw, "shutdown_grace_s", 5.0, allow_zero=True),
             dead_peer_timeout_s=_seconds(raw, "dead_peer_timeout_s", 20.0),
+            handshake_timeout_s=_seconds(raw, "handshake_timeout_s", 5.0),
             watch_buffer=_count(raw, "watch_buffer", 1024),
             prompt_coalesce_s=_seconds(raw, "prompt_coalesce_s", 0.1, allow_zero=True),
             watch_coalesce_s=_watch_coalesce(raw),

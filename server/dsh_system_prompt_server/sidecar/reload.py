@@ -40,6 +40,8 @@ LIVE_KEYS = frozenset(
         "limits.max_sessions_per_peer",
         "limits.max_watchers",
         "limits.max_watchers_per_peer",
+        "limits.max_response_cache_bytes",
+        "limits.max_report_history_bytes",
         "change_history",
         "prompt_coalesce_s",
         "watch_coalesce_s",

@@ -64,6 +64,7 @@ class Listeners(Broker[pb.ListenRequest, pb.ListenResponse, "ListenerStream"]):
     ) -> tuple[ListenerStream, pb.ListenResponse]:
         """Install the listener `start` describes, on its session; and its confirmation."""
         begin = start.start
+        self._registry.limits.check_count("listener start features", len(begin.features))
         features = [name for name in begin.features if name in LISTENER_FEATURES]
         listener = ListenerStream(
             begin.name, outbox, tool_slots=FEATURE_TOOL_SLOTS in features, tracing=self._tracing

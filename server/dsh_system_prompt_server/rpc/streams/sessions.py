@@ -11,6 +11,7 @@ from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, Reason, package_versi
 
 from ...registry import (
     AssembleContext,
+    Limits,
     ProvidedValue,
     ProviderCall,
     Registry,
@@ -31,6 +32,7 @@ SIDECAR_VERSION = f"dsh-system-prompt/{package_version()}"
 # What this sidecar can do on a session stream, when the client says it can too.
 SESSION_FEATURES = frozenset({FEATURE_CALLBACK_CACHE})
 SessionStream = Stream[pb.OpenSessionResponse]
+_DEFAULT_LIMITS = Limits()
 
 
 class Session:
@@ -43,8 +45,10 @@ class Session:
         outbox: Outbox[pb.OpenSessionResponse],
         peer: str = "",
         tracing: Tracing | None = None,
+        limits: Limits = _DEFAULT_LIMITS,
     ) -> None:
         self.id = session_id
+        self.limits = limits  # what its answers are checked against
         self.tracing = tracing
         self.client_name = client_name
         self.peer = peer
@@ -94,7 +98,7 @@ class Session:
             raise
         finally:
             self._replies.close(call_id)
-        return provided_from_proto(calls, response)
+        return provided_from_proto(calls, response, self.limits)
 
     def deliver(self, request: pb.OpenSessionRequest) -> None:
         """Take a message from the stream: an answer for the assembly waiting for it, or an
@@ -153,10 +157,13 @@ class Sessions(Broker[pb.OpenSessionRequest, pb.OpenSessionResponse, Session]):
         when the sidecar or the peer holds as many as it may."""
         client_name = start.start.client_name
         self._registry.limits.check_name("client", client_name)
+        self._registry.limits.check_count("session start features", len(start.start.features))
         if len(self._open) >= self._max_sessions:
             raise quota_exceeded(f"the sidecar already has {len(self._open)} sessions, its limit")
         self._per_peer.admit(peer)
-        session = Session(new_id(), client_name, outbox, peer, self._tracing)
+        session = Session(
+            new_id(), client_name, outbox, peer, self._tracing, limits=self._registry.limits
+        )
         session.on_invalidate = lambda request: self._invalidate(session, request)
         self._open[session.id] = session
         opened = pb.SessionOpened(
@@ -168,6 +175,8 @@ class Sessions(Broker[pb.OpenSessionRequest, pb.OpenSessionResponse, Session]):
         return session, pb.OpenSessionResponse(opened=opened)
 
     def _invalidate(self, session: Session, request: pb.CacheInvalidate) -> None:
+        limits = self._registry.limits  # a count over it ends the stream with its status
+        limits.check_count("cache invalidation provider_keys", len(request.provider_keys))
         self._registry.invalidate_providers(session.id, set(request.provider_keys))
         done = pb.CacheInvalidated(invalidate_id=request.invalidate_id)
         session.outbox.send(pb.OpenSessionResponse(invalidated=done))

@@ -142,6 +142,7 @@ class Watches:
 
     def subscribe(self, request: pb.WatchChangesRequest) -> Subscription:
         """Subscribe as `request` asks: from now, or resuming after a revision."""
+        self._registry.limits.check_count("watch features", len(request.features))
         wanted = filter_from_proto(request.filter, self._registry.limits)
         keeps = self._registry.keeps(wanted)
         after = request.after_revision if request.HasField("after_revision") else None
