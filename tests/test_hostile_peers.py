@@ -98,3 +98,28 @@ async def test_a_watcher_that_stops_reading_is_closed_and_frees_its_slot(
         await eventually(lambda: registry.changes.subscriber_count() == 0, "closed", 10)
         watcher.cancel()
     assert _stalled(sidecar, "watcher") == 1
+
+
+async def test_a_listing_that_stops_reading_is_closed_and_holds_no_more_batches(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(provider_timeout_s=1)
+    async with grpc.aio.insecure_channel(sidecar.address) as channel:
+        stub = pb_grpc.SystemPromptServiceStub(channel)
+        session, session_id = await _open_session(stub)
+        for index in range(64):  # 16 MiB of values: 16 batches, more than the stream's window
+            await stub.RegisterSection(
+                pb.RegisterSectionRequest(session_id=session_id, name=f"big{index}", text=BIG)
+            )
+        listing = stub.ListRegistrations(pb.ListRegistrationsRequest(include_values=True))
+        await listing.read()  # one batch; from here on it reads nothing
+        await eventually(lambda: _stalled(sidecar, "listing") == 1, "listing closed", 20)
+        received = 1
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            while await listing.read() is not grpc.aio.EOF:
+                received += 1  # what was already on its way
+        code, details = await listing.code(), await listing.details()
+        session.cancel()
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "the listing was closed: it did not read a message within 1s" in (details or "")
+    assert received < 16

@@ -191,11 +191,14 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
             context, lambda stream, gate: watches.serve_changes(request, stream, gate)
         )
 
-    async def ListRegistrations(
+    # Reader/writer API, as WatchChanges: each batch is built when the last was taken.
+    async def ListRegistrations(  # type: ignore[override]
         self, request: pb.ListRegistrationsRequest, context: Context
-    ) -> AsyncIterator[pb.ListRegistrationsResponse]:
-        for batch in await self._unary(context, lambda: self._state.watches.listing(request)):
-            yield batch
+    ) -> None:
+        watches = self._state.watches
+        await self._stream(
+            context, lambda stream, gate: watches.serve_listing(request, stream, gate)
+        )
 
     # Reader/writer API, as WatchChanges.
     async def WatchPrompt(  # type: ignore[override]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -20,7 +20,7 @@ from google.protobuf.message import Message
 from ...registry import Filter, Registry, Subscription
 from ...registry.changes import Missed
 from ...registry.limits import quota_exceeded
-from ...registry.model import ChangeEvent
+from ...registry.model import ChangeEvent, Registration
 from ...reports.tokens import Tokenizer
 from ...reports.values import Layout
 from ...telemetry.metrics import Metrics
@@ -138,6 +138,19 @@ class Watches:
         if outbox.stalled.is_set():
             raise stalled(self._metrics, "watcher", peer, outbox)
 
+    async def serve_listing(
+        self, request: pb.ListRegistrationsRequest, stream: Stream[Message], gate: Gate
+    ) -> None:
+        """Serve one ListRegistrations call: each batch is built once the one before it was
+        written, and one not written within provider_timeout_s ends the call STREAM_STALLED."""
+        with gate.call():
+            batches = self.listing(request)
+        limits = OutboxLimits(write_timeout_s=self._registry.settings.provider_timeout_s)
+        outbox: Outbox[Message] = Outbox(stream.write, limits, "the listing")
+        for batch in batches:
+            if not await outbox.write(batch):
+                raise stalled(self._metrics, "listing", stream.peer(), outbox)
+
     # -- change events ----------------------------------------------------------------
 
     def subscribe(self, request: pb.WatchChangesRequest) -> Subscription:
@@ -201,23 +214,31 @@ class Watches:
 
     # -- listings ---------------------------------------------------------------------
 
-    def listing(self, request: pb.ListRegistrationsRequest) -> list[pb.ListRegistrationsResponse]:
-        """The registrations `request` asks for, in batches, all taken at one revision."""
+    def listing(
+        self, request: pb.ListRegistrationsRequest
+    ) -> Iterator[pb.ListRegistrationsResponse]:
+        """The registrations `request` asks for, in batches, all taken at one revision.
+
+        The filter is checked and the registrations are taken now; each batch is built
+        only when the one before it was sent, so a listing that is not read holds one
+        batch, not a copy of every value.
+        """
         wanted = filter_from_proto(request.filter, self._registry.limits)
         entries = self._registry.listing(wanted)
-        revision = self._registry.revision
-        batches = [self._batch(revision)]
-        size = 0
+        return self._batches(entries, self._registry.revision, request.include_values)
+
+    def _batches(
+        self, entries: list[Registration[Any]], revision: int, with_values: bool
+    ) -> Iterator[pb.ListRegistrationsResponse]:
+        batch, size = self._batch(revision), 0
         for entry in entries:
-            info = registration_to_proto(
-                entry, self._owner_name(entry.owner), request.include_values
-            )
-            size += info.ByteSize() if request.include_values else 0
-            if len(batches[-1].registrations) >= _BATCH_COUNT or size > _BATCH_BYTES:
-                batches.append(self._batch(revision))
-                size = info.ByteSize() if request.include_values else 0
-            batches[-1].registrations.append(info)
-        return batches
+            info = registration_to_proto(entry, self._owner_name(entry.owner), with_values)
+            size += info.ByteSize() if with_values else 0
+            if len(batch.registrations) >= _BATCH_COUNT or size > _BATCH_BYTES:
+                yield batch
+                batch, size = self._batch(revision), info.ByteSize() if with_values else 0
+            batch.registrations.append(info)
+        yield batch
 
     def _batch(self, revision: int) -> pb.ListRegistrationsResponse:
         return pb.ListRegistrationsResponse(revision=revision, incarnation=self.incarnation)
