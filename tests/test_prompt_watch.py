@@ -150,3 +150,20 @@ async def test_the_cli_watch_prompt_prints_the_verdict_for_people(
     shown = "".join(lines)
     assert "changed: r" in shown and "updated section memory (scope agent-1)" in shown
     assert 'cache broken by section "memory"' in shown
+
+
+async def test_watchers_of_one_scope_share_one_prompt_and_each_stream_starts_afresh(
+    client: dsp.Client, sidecar: Sidecar
+) -> None:
+    memory = await client.section("memory", 1, "v0")
+    streams = [await client.watch_prompt() for _ in range(8)]
+    for stream in streams:
+        await next_prompt(stream)
+    await memory.update("v1")
+    changed = [await next_prompt(stream) for stream in streams]
+    late = await client.watch_prompt()
+    first = await next_prompt(late)
+    assert len(sidecar.state.watches.shared_prompts()) == 1
+    assert all(c.report is not None and c.report.stability.has_previous for c in changed)
+    assert first.report is not None and not first.report.stability.has_previous
+    assert first.assembly is not None and first.assembly.sections[-1].text == "v1"

@@ -17,8 +17,9 @@ from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 
 SERVICE = pb.DESCRIPTOR.services_by_name["SystemPromptService"]
-# Methods whose servicer may return (or write) encoded bytes.
-PREENCODED = frozenset({"Assemble", "Listen", "OpenSession"})
+# Methods whose servicer may return (or write) encoded bytes (WatchPrompt: one prompt, encoded
+# once, for all the watchers of a scope).
+PREENCODED = frozenset({"Assemble", "Listen", "OpenSession", "WatchPrompt"})
 
 
 def passthrough(response: Message | bytes) -> bytes:

@@ -135,9 +135,11 @@ async def run(outbox: Outbox[Any], *work: Awaitable[object]) -> None:
             task.cancel()
 
 
-async def write_all(outbox: Outbox[Out], messages: AsyncGenerator[Out, None]) -> None:
-    """Write each of `messages` once the one before it is written (a watch's pace), until
-    they end or the peer stalls."""
+async def write_all(
+    outbox: Outbox[Out], messages: AsyncGenerator[Out, None] | AsyncGenerator[bytes, None]
+) -> None:
+    """Write each of `messages` (or of their encodings) once the one before it is written
+    (a watch's pace), until they end or the peer stalls."""
     async with contextlib.aclosing(messages):
         async for message in messages:
             if not await outbox.write(message):

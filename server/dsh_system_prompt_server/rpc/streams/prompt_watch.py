@@ -2,10 +2,13 @@
 
 The prompt and its cache verdict are `reports/live_prompt.py`'s; this adds the stream's
 part: the changes since the last message, the incarnation, the rendering when asked.
+Watchers of one scope share one prompt per revision (built, reported and encoded once),
+so a watcher costs its stream, not a copy of the prompt.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
@@ -13,7 +16,8 @@ from dsh_system_prompt_core import RenderFailure, render_context_snapshot, rende
 
 from ...registry import ChangeEvent, Missed, Registry, RegistryError
 from ...reports.history import HistoryKey
-from ...reports.live_prompt import LivePrompt
+from ...reports.live_prompt import LivePrompt, StaticPrompt
+from ...reports.report import build_report
 from ...reports.tokens import Tokenizer
 from ...reports.values import Layout
 from ..convert import change_to_proto
@@ -23,8 +27,11 @@ from ..report_messages import report_to_proto
 MAX_CHANGES_LISTED = 64  # per message; the rest of a burst is counted, not listed
 
 
-class PromptWatch:
-    """One WatchPrompt stream's prompts, each compared with the one before."""
+class ScopePrompt:
+    """The prompt of one scope, as a render and layout choice shows it, shared by every
+    watcher that asked for the same: built and encoded once per revision, however many
+    watch it. Its report compares with the prompt built before (none for a stream's
+    first message)."""
 
     def __init__(
         self,
@@ -37,30 +44,48 @@ class PromptWatch:
     ) -> None:
         self._registry = registry
         self._live = LivePrompt(registry, scope, tokenizer)
+        self._tokenizer = tokenizer
         self._render = render
         self._layout = layout
         self._incarnation = incarnation
         self._key = HistoryKey("scope", scope)
+        self._lock = asyncio.Lock()  # one build at a time; the others wait and share it
+        self._revision = -1  # of the prompt built last
+        self._prompt: StaticPrompt | None = None  # None: the static parts do not assemble
+        self._error = ""  # why they do not
+        self._encoded: dict[bool, bytes] = {}  # first message or not -> response encoding
+        self.watchers = 0  # streams that show it; the last to leave drops it
 
-    async def prompt(self, changes: Sequence[ChangeEvent | Missed] = ()) -> pb.WatchPromptResponse:
-        """The scope's prompt now, with `changes` (what led to it since the last one)."""
-        events = [change for change in changes if isinstance(change, ChangeEvent)]
-        missed = sum(change.count for change in changes if isinstance(change, Missed))
-        listed = events[-MAX_CHANGES_LISTED:]
-        response = pb.WatchPromptResponse(
-            revision=self._registry.revision,  # the prompt's: no change comes in between
-            incarnation=self._incarnation,
-            changes=[change_to_proto(event).event for event in listed],
-            changes_omitted=missed + len(events) - len(listed),
-        )
+    async def encoded(self, first: bool) -> bytes:
+        """The response's shared part at the registry's revision: the revision, the
+        assembly, its rendering and report (with no previous when `first`), or the error."""
+        async with self._lock:
+            if self._revision != self._registry.revision:
+                await self._build()
+            encoded = self._encoded.get(first)
+            if encoded is None:
+                encoded = self._encoded[first] = self._encode(first)
+            return encoded
+
+    async def _build(self) -> None:
+        self._revision, self._encoded = self._registry.revision, {}
         try:
-            prompt = await self._live.next(self._layout)
+            self._prompt, self._error = await self._live.next(self._layout), ""
         except RegistryError as error:
-            response.error = error.message
-            return response
+            self._prompt, self._error = None, error.message
+
+    def _encode(self, first: bool) -> bytes:
+        response = pb.WatchPromptResponse(revision=self._revision, incarnation=self._incarnation)
+        prompt = self._prompt
+        if prompt is None:
+            response.error = self._error
+            return response.SerializeToString()
+        report = prompt.report
+        if first and prompt.before is not None:  # a stream's first message compares with none
+            report, _ = build_report(prompt.assembly, self._tokenizer, self._layout, None)
         assembly = prompt.assembly
         response.assembly.CopyFrom(assembly_to_proto(assembly))
-        response.report.CopyFrom(report_to_proto(prompt.report, self._key))
+        response.report.CopyFrom(report_to_proto(report, self._key))
         if self._render:
             try:
                 text, snapshot = render_prompt(assembly), render_context_snapshot(assembly)
@@ -70,4 +95,26 @@ class PromptWatch:
                 response.rendered.CopyFrom(
                     pb.RenderedPrompt(prompt=text, context_snapshot=snapshot)
                 )
-        return response
+        return response.SerializeToString()
+
+
+class PromptWatch:
+    """One WatchPrompt stream: the shared prompt of its scope, with its own changes."""
+
+    def __init__(self, shown: ScopePrompt) -> None:
+        self.shown = shown
+        self._first = True
+
+    async def prompt(self, changes: Sequence[ChangeEvent | Missed] = ()) -> bytes:
+        """The scope's prompt now with `changes` (what led to it since the stream's last
+        message), encoded: the shared part joined with this stream's changes."""
+        shared = await self.shown.encoded(self._first)
+        self._first = False
+        events = [change for change in changes if isinstance(change, ChangeEvent)]
+        missed = sum(change.count for change in changes if isinstance(change, Missed))
+        listed = events[-MAX_CHANGES_LISTED:]
+        own = pb.WatchPromptResponse(
+            changes=[change_to_proto(event).event for event in listed],
+            changes_omitted=missed + len(events) - len(listed),
+        )
+        return shared + own.SerializeToString()  # disjoint fields: the encodings join

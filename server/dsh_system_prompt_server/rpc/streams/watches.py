@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from google.protobuf.message import Message
 
-from ...registry import Filter, Registry, Subscription
+from ...registry import AnyRegistration, Filter, Registry, Subscription
 from ...registry.changes import Missed
 from ...registry.limits import quota_exceeded
-from ...registry.model import ChangeEvent, Registration
+from ...registry.model import ChangeEvent
 from ...reports.tokens import Tokenizer
 from ...reports.values import Layout
 from ...telemetry.metrics import Metrics
@@ -36,7 +36,7 @@ from ..report_messages import layout_from_proto
 from .broker import Stream, stalled, write_all
 from .outbox import Outbox, OutboxLimits
 from .peers import PeerCounts
-from .prompt_watch import PromptWatch
+from .prompt_watch import PromptWatch, ScopePrompt
 from .turns import Turns
 
 _BATCH_COUNT = 256  # registrations per listing message
@@ -48,6 +48,7 @@ MAX_BATCH_EVENTS = 512  # events per ChangeBatch (each event is bounded by the n
 
 
 Change = ChangeEvent | Missed  # what a change subscription reads
+Written = Message | bytes  # what a watch writes: a message, or a prompt encoded once for all
 Opened = TypeVar("Opened")
 
 
@@ -82,6 +83,7 @@ class Watches:
         self._tokenizer = tokenizer
         self.turns = Turns()  # a few watch writes at once: callers never queue behind many
         self._entries: dict[int, bytes] = {}  # revision -> its event encoded, the latest ones
+        self._shown: dict[tuple[str | None, bool, Layout], ScopePrompt] = {}  # shared prompts
         self._per_peer = PeerCounts(
             settings.max_per_peer, "watches", "limits.max_watchers_per_peer"
         )
@@ -94,7 +96,7 @@ class Watches:
     # -- the streams ------------------------------------------------------------------
 
     async def serve_changes(
-        self, request: pb.WatchChangesRequest, stream: Stream[Message], gate: Gate
+        self, request: pb.WatchChangesRequest, stream: Stream[Written], gate: Gate
     ) -> None:
         """Serve one WatchChanges stream until its peer stops reading it."""
         peer = stream.peer()
@@ -102,7 +104,7 @@ class Watches:
         await self._serve(stream, peer, subscription, self.changes(subscription, request.features))
 
     async def serve_prompts(
-        self, request: pb.WatchPromptRequest, stream: Stream[Message], gate: Gate
+        self, request: pb.WatchPromptRequest, stream: Stream[Written], gate: Gate
     ) -> None:
         """Serve one WatchPrompt stream until its peer stops reading it."""
         peer = stream.peer()
@@ -121,10 +123,10 @@ class Watches:
 
     async def _serve(
         self,
-        stream: Stream[Message],
+        stream: Stream[Written],
         peer: str,
         subscription: Subscription,
-        responses: AsyncGenerator[Message, None],
+        responses: AsyncGenerator[Message, None] | AsyncGenerator[bytes, None],
     ) -> None:
         """Write a watch's responses, each once the one before is written, until its peer
         stops taking them (then close it): STREAM_STALLED, raised, ends the call."""
@@ -139,7 +141,7 @@ class Watches:
             raise stalled(self._metrics, "watcher", peer, outbox)
 
     async def serve_listing(
-        self, request: pb.ListRegistrationsRequest, stream: Stream[Message], gate: Gate
+        self, request: pb.ListRegistrationsRequest, stream: Stream[Written], gate: Gate
     ) -> None:
         """Serve one ListRegistrations call: each batch is built once the one before it was
         written, and one not written within provider_timeout_s ends the call STREAM_STALLED."""
@@ -228,7 +230,7 @@ class Watches:
         return self._batches(entries, self._registry.revision, request.include_values)
 
     def _batches(
-        self, entries: list[Registration[Any]], revision: int, with_values: bool
+        self, entries: list[AnyRegistration], revision: int, with_values: bool
     ) -> Iterator[pb.ListRegistrationsResponse]:
         batch, size = self._batch(revision), 0
         for entry in entries:
@@ -246,7 +248,8 @@ class Watches:
     # -- live prompts -----------------------------------------------------------------
 
     def prompt_watch(self, request: pb.WatchPromptRequest) -> tuple[PromptWatch, Subscription]:
-        """A prompt watch of the request's scope and the change subscription that drives it."""
+        """A prompt watch of the request's scope and the change subscription that drives it;
+        watchers asking for the same scope, render and layout share one prompt."""
         scope = request.scope or None
         self._registry.limits.check_name("scope", request.scope)
         keeps = self._registry.keeps(Filter(scope, ancestors=True))
@@ -254,26 +257,43 @@ class Watches:
             self._settings.buffer, accepts=lambda event: keeps(event.kind, event.scope)
         )
         layout = layout_from_proto(request.prefix_layout, self._settings.layout)
-        watch = PromptWatch(
-            self._registry, scope, request.render, layout, self._tokenizer, self.incarnation
-        )
-        return watch, subscription
+        key = (scope, request.render, layout)
+        shown = self._shown.get(key)
+        if shown is None:
+            shown = self._shown[key] = ScopePrompt(
+                self._registry, scope, request.render, layout, self._tokenizer, self.incarnation
+            )
+        shown.watchers += 1
+        return PromptWatch(shown), subscription
 
     async def prompts(
         self, watch: PromptWatch, subscription: Subscription
-    ) -> AsyncGenerator[pb.WatchPromptResponse, None]:
+    ) -> AsyncGenerator[bytes, None]:
         """The prompt now, then again after each burst of changes that affects it."""
-        yield await watch.prompt()
-        while True:
-            burst: list[Any] = [await subscription.next()]
-            await asyncio.sleep(self._settings.coalesce_s)
-            while (item := subscription.poll()) is not None:
-                burst.append(item)
-            turn = await self.turns.take()
-            try:
-                yield await watch.prompt(burst)
-            finally:
-                turn.done()
+        try:
+            yield await watch.prompt()
+            while True:
+                burst: list[Any] = [await subscription.next()]
+                await asyncio.sleep(self._settings.coalesce_s)
+                while (item := subscription.poll()) is not None:
+                    burst.append(item)
+                turn = await self.turns.take()
+                try:
+                    yield await watch.prompt(burst)
+                finally:
+                    turn.done()
+        finally:
+            self._leave(watch.shown)
+
+    def shared_prompts(self) -> list[ScopePrompt]:
+        """The prompts watchers share now, one per scope, render and layout watched."""
+        return list(self._shown.values())
+
+    def _leave(self, shown: ScopePrompt) -> None:
+        """One watcher of `shown` ended; the last one drops the shared prompt."""
+        shown.watchers -= 1
+        if not shown.watchers:
+            self._shown = {key: kept for key, kept in self._shown.items() if kept is not shown}
 
     # -- bounds -----------------------------------------------------------------------
 
