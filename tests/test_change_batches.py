@@ -104,3 +104,17 @@ async def test_a_watcher_that_stops_reading_holds_up_no_other_watcher(
         assert sidecar.registry.changes.subscriber_count() == 2  # the stuck one is still open
         reading.cancel()
         stuck.cancel()
+
+
+async def test_a_watcher_without_batches_gets_a_burst_in_a_few_write_turns_not_one_each(
+    sidecar: Sidecar,
+) -> None:
+    async with raw_channel(sidecar.address) as channel:
+        call = raw_stub(channel).WatchChanges(pb.WatchChangesRequest())
+        await read(call, 1)  # subscribed
+        turns = sidecar.state.watches.turns
+        before = turns.taken
+        register(sidecar, 200)
+        events = await read(call, 200)
+    assert [e.event.name for e in events] == [f"s{index}" for index in range(200)]
+    assert turns.taken - before < 100  # one turn per event queued behind every other watcher

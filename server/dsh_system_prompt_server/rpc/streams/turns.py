@@ -26,6 +26,11 @@ class Turn:
         self._lease = asyncio.get_running_loop().call_later(lease_s, self.done)
         self._given_back = False
 
+    @property
+    def over(self) -> bool:
+        """Whether the turn was given back (by `done()` or its lease running out)."""
+        return self._given_back
+
     def done(self) -> None:
         if not self._given_back:
             self._given_back = True
@@ -40,9 +45,11 @@ class Turns:
         self._free = slots
         self._lease_s = lease_s
         self._waiting: deque[asyncio.Future[None]] = deque()
+        self.taken = 0  # turns handed out so far
 
     async def take(self) -> Turn:
         """This writer's turn, once the writers queued before it had theirs."""
+        self.taken += 1
         if self._free > 0 and not self._waiting:
             self._free -= 1
             return Turn(self, self._lease_s)

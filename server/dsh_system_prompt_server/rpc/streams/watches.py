@@ -194,14 +194,21 @@ class Watches:
                 await asyncio.sleep(self._settings.change_coalesce_s)  # gather the burst
             turn = await self.turns.take()
             try:
-                # What is pending at the turn goes in this message: a long wait, a big batch.
-                items = _burst(subscription, first) if batches else [first]
+                # What is pending at the turn goes now: a long wait, a big batch.
+                items = _burst(subscription, first)
                 if batches:
                     response = batch_to_proto(items, self._encoded)
-                else:
-                    response = change_to_proto(first)
-                response.incarnation = self.incarnation
-                yield response  # the consumer writes it before it asks for the next
+                    response.incarnation = self.incarnation
+                    yield response  # the consumer writes it before it asks for the next
+                    continue
+                # A plain watcher gets them one message each, in as few turns as their
+                # writes take, not one turn per event behind every other watcher's.
+                for item in items:
+                    if turn.over:
+                        turn = await self.turns.take()
+                    response = change_to_proto(item)
+                    response.incarnation = self.incarnation
+                    yield response
             finally:
                 turn.done()
 
