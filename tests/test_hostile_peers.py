@@ -25,7 +25,8 @@ async def _open_session(stub: pb_grpc.SystemPromptServiceStub) -> tuple[object, 
 async def test_a_listener_that_stops_reading_is_dropped_and_assemblies_answer(
     make_sidecar: SidecarFactory,
 ) -> None:
-    sidecar = await make_sidecar(provider_timeout_s=1)
+    # not ejected for its timeouts (that is test_hostile_ejection's): closed for not reading
+    sidecar = await make_sidecar(provider_timeout_s=1, eject_after_timeouts=0)
     async with grpc.aio.insecure_channel(sidecar.address) as channel:
         stub = pb_grpc.SystemPromptServiceStub(channel)
         session, session_id = await _open_session(stub)

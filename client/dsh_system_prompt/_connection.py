@@ -22,6 +22,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_core import Reason
 from google.protobuf.message import Message
 
+from ._ejections import Reinstalls
 from ._local_cache import LocalCache
 from ._providers import Providers
 from ._replay import Journal, ListenerRegistration, Registration, answer_error, send
@@ -87,6 +88,7 @@ class Connection:
         self.local: LocalCache | None = None  # connect(local_cache=True)'s
         self._session: Session | None = None
         self._reconnecting: asyncio.Task[None] | None = None
+        self.reinstalls = Reinstalls(self._reinstall)
 
     @property
     def session_id(self) -> str:
@@ -110,6 +112,7 @@ class Connection:
             self._reconnecting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reconnecting
+        await self.reinstalls.close()
         await self.journal.release_all()
         if self.local is not None:
             await self.local.close()
@@ -122,12 +125,37 @@ class Connection:
             self.stub, self.client_name, self.providers, self._lost, self.call_timeout
         )
         self._session = session
+        session.on_ejected = lambda ejected: self._provider_ejected(session, ejected)
         try:
             for disposed in await self.journal.replay(session.id, self.call_timeout):
                 await self._dispose_on(session.id, disposed)
         except BaseException:
             await session.end()  # leave nothing half-replayed on the sidecar
             raise
+
+    def _provider_ejected(self, session: Session, ejected: pb.CallbackEjected) -> None:
+        record = self.journal.find(ejected.registration_id)
+        if record is not None and session is self._session:
+            self.reinstalls.ejected(record, session.id, ejected.message or ejected.reason)
+
+    def listener_ejected(self, record: ListenerRegistration, why: str) -> None:
+        """The sidecar ejected `record`'s listener and ended its stream: install it again."""
+        if record in self.journal:
+            self.reinstalls.ejected(record, self.session_id, why)
+
+    async def _reinstall(self, record: Registration, session_id: str) -> None:
+        """Make an ejected `record` again, on the session it was ejected from: after a
+        reconnect the replay made it already, and a disposed one is not made again."""
+        if self.closed or record not in self.journal or self.session_id != session_id:
+            return
+        await record.release()  # an ejected listener's stream has ended
+        try:
+            await send(record, session_id, self.call_timeout)
+        except SystemPromptError as error:  # a lost session replays it anyway
+            _log.warning("could not register an ejected callback again: %s", error)
+            return
+        if record not in self.journal:  # disposed while it was made: the disposer wins
+            await self._dispose_on(session_id, record)
 
     def _lost(self, session: Session) -> None:
         if session is self._session:

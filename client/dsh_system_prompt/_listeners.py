@@ -62,11 +62,14 @@ class ListenerStream:
         stub: pb_grpc.SystemPromptServiceStub,
         listener: Listener,
         on_lost: Callable[[], None] = lambda: None,
+        on_ejected: Callable[[str], None] = lambda _: None,
     ) -> None:
         self._stub = stub
         self._listener = listener
         self._name = ""  # as the sidecar knows it, for trace spans
         self._on_lost = on_lost
+        self._on_ejected = on_ejected
+        self._ejected = ""  # why the sidecar ejected it, once it said so
         self._call: _ListenCall | None = None
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
@@ -74,6 +77,7 @@ class ListenerStream:
             "invocation": self._start,
             "next_result": self._next_result,
             "cancel": self._cancel,
+            "ejected": self._ejected_by_sidecar,
         }
         self._stream = Dispatch(pb.ListenResponse, handlers)
         self._next_results: dict[int, asyncio.Future[pb.ListenerNextResult]] = {}
@@ -118,8 +122,15 @@ class ListenerStream:
                 await self._reader
 
     def _ended(self) -> None:
-        if not self._closing:
+        if self._closing:
+            return
+        if self._ejected:
+            self._on_ejected(self._ejected)  # it did not answer in time: installed again
+        else:
             self._on_lost()  # the sidecar dropped the listener: the session is re-made
+
+    def _ejected_by_sidecar(self, ejected: pb.CallbackEjected) -> None:
+        self._ejected = ejected.message or ejected.reason or "ejected"
 
     def _start(self, invocation: pb.ListenerInvocation) -> None:
         self._stream.start(invocation.invocation_id, lambda: self._invoke(invocation))

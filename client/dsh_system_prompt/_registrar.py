@@ -206,7 +206,11 @@ class _Registrar:
             start.cache.CopyFrom(cache.to_proto())
         setattr(start, "global", global_)  # a Python keyword as a field name
         record = ListenerRegistration(
-            start=start, listener=listener, stub=self._stub, on_lost=self._connection.restart
+            start=start,
+            listener=listener,
+            stub=self._stub,
+            on_lost=self._connection.restart,
+            on_ejected=self._connection.listener_ejected,
         )
         await self._make(record, None)
         return ListenerHandle(self._connection, record)

@@ -103,12 +103,16 @@ class ListenerRegistration(Registration):
     listener: Listener
     stub: pb_grpc.SystemPromptServiceStub
     on_lost: Callable[[], None]  # the sidecar ended the stream while the session lives
+    # the sidecar ejected it (it did not answer in time): given the record and why
+    on_ejected: Callable[[ListenerRegistration, str], None] = lambda *_: None
     stream: ListenerStream | None = None
 
     async def make(self, session_id: str, timeout: float) -> str:
         self.start.session_id = session_id
         self.start.scope_id = self.scope_id()
-        stream = ListenerStream(self.stub, self.listener, self.on_lost)
+        stream = ListenerStream(
+            self.stub, self.listener, self.on_lost, lambda why: self.on_ejected(self, why)
+        )
         registration_id = await stream.start(self.start, timeout)
         self.stream = stream
         return registration_id
@@ -153,6 +157,10 @@ class Journal:
 
     def forget(self, record: Registration) -> None:
         self._records.pop(record, None)
+
+    def find(self, registration_id: str) -> Registration | None:
+        """The record made as `registration_id` on the current session, if any."""
+        return next((r for r in self._records if r.registration_id == registration_id), None)
 
     def made_through(self, scope: Registration) -> list[Registration]:
         return [record for record in self._records if record.scope is scope]

@@ -53,7 +53,13 @@ class Session:
         self._providers = providers
         self._ending = False
         self._reader: asyncio.Task[None] | None = None
-        handlers: dict[str, Handler] = {"provide": self._provide, "cancel": self._cancel}
+        handlers: dict[str, Handler] = {
+            "provide": self._provide,
+            "cancel": self._cancel,
+            "ejected": lambda ejected: self.on_ejected(ejected),
+        }
+        # one of its providers was ejected (did not answer in time): the connection's
+        self.on_ejected: Callable[[pb.CallbackEjected], None] = lambda _: None
         self._stream = Dispatch(pb.OpenSessionResponse, handlers, call)
         self.sidecar_version = ""
         self.callback_cache = False  # whether the sidecar confirmed `callback-cache`

@@ -14,6 +14,7 @@ from dsh_system_prompt_core import (
     HARNESS_IDENTITY_SECTION,
     PERSONA_SECTION,
     TOOL_ORDER_REST,
+    Reason,
     RenderFailure,
     check_template,
 )
@@ -45,6 +46,7 @@ class Admission:
         self.total_bytes = 0  # what sessions registered, against limits.max_total_bytes
         # (owner, provider key) of live dynamic entries: a session answers by key, so one each.
         self._provider_keys: set[tuple[str, str]] = set()
+        self.max_timeout_s = 60.0  # the registry's max_callback_timeout_s
 
     def check_named(
         self,
@@ -85,6 +87,19 @@ class Admission:
     def check_provider_key(self, owner: str, value: object) -> None:
         if isinstance(value, Dynamic) and (owner, value.key) in self._provider_keys:
             raise errors.duplicate_provider_key(value.key)
+        if isinstance(value, Dynamic):
+            self.check_timeout("provider", value.timeout_s)
+
+    def check_timeout(self, what: str, timeout_s: float | None) -> None:
+        """A callback's own timeout is bounded: an honest slow one says so, up to a bound."""
+        bound = self.max_timeout_s
+        if timeout_s is not None and timeout_s > bound:
+            raise errors.RegistryError(
+                errors.Status.INVALID_ARGUMENT,
+                Reason.VALUE_TOO_LARGE,
+                f"a {what}'s timeout_s of {timeout_s:g}s is over the limit of {bound:g}s"
+                " (max_callback_timeout_s)",
+            )
 
     def check_quota(self, owned: int) -> None:
         """A session with `owned` registrations may make one more."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -11,6 +11,7 @@ from dsh_system_prompt_core import TOOL_ORDER_REST, Reason
 
 from . import errors
 from .callback_cache import MISSING, CallbackCache, combined
+from .ejection import Budget
 from .invariants import validate
 from .layers import Layer
 from .limits import Limits
@@ -37,7 +38,7 @@ from .provenance import Origins, PartKind, Trace
 from .tool_order import check_known, order_tools
 
 # Seconds left to answer, or None without a limit; asked anew at every call.
-Timeout = Callable[[], float | None]
+Timeout = Budget  # each callback's time, asked anew at every call; told how each did
 R = TypeVar("R", bound=ValueRegistration)
 Ordered = TypeVar("Ordered", SectionRegistration, ContextRegistration)
 
@@ -138,19 +139,6 @@ def _merged(layers: Iterable[dict[str, R]]) -> dict[str, R]:
 
 def _sorted(merged: dict[str, Ordered]) -> list[Ordered]:
     return sorted(merged.values(), key=lambda entry: entry.order)
-
-
-def time_left(limit: float, deadline: float | None) -> Timeout:
-    """Each provider's or listener's time: `limit`, within the event-loop time `deadline`."""
-
-    def remaining() -> float:
-        if deadline is None:
-            return limit
-        left = deadline - asyncio.get_running_loop().time()
-        # Leave the caller time to receive an error that names the culprit.
-        return max(0.0, min(limit, left - min(0.1, left * 0.1)))
-
-    return remaining
 
 
 async def run(
@@ -307,24 +295,50 @@ async def _evaluate(
     by_host = _dynamic_calls(plan, values)
     if not by_host:
         return values
-    tasks = {
-        asyncio.ensure_future(host.provide([c for _, c in pairs], context, timeout())): pairs
-        for host, pairs in by_host.items()
-    }
+    tasks = {}
+    for host, pairs in by_host.items():
+        given = timeout(_own_timeout(pairs))
+        calls = [call for _, call in pairs]
+        tasks[asyncio.ensure_future(host.provide(calls, context, given))] = (pairs, given)
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            _judge(task, *tasks[task], timeout)
         for task in done:
             task.result()  # raise the first failure
     finally:
         for task in tasks:
             task.cancel()
-    for task, pairs in tasks.items():
+    for task, (pairs, _) in tasks.items():
         answers: Mapping[str, ProvidedValue] = task.result()
         for entry, call in pairs:
             values[entry] = answers[call.key]
             if cached is not None:
                 cached.keep_answer(entry, answers[call.key])
     return values
+
+
+def _own_timeout(pairs: Sequence[tuple[ValueRegistration, ProviderCall]]) -> float | None:
+    """The time one exchange with a host may take: the longest its providers declared."""
+    owns = [e.value.timeout_s for e, _ in pairs if isinstance(e.value, Dynamic)]
+    declared = [own for own in owns if own is not None]
+    return max(declared) if declared else None
+
+
+def _judge(
+    task: asyncio.Future[Mapping[str, ProvidedValue]],
+    pairs: Sequence[tuple[ValueRegistration, ProviderCall]],
+    given: float,
+    timeout: Timeout,
+) -> None:
+    """Tell the budget how a host's providers did (a timeout may eject them)."""
+    error = None if task.cancelled() else task.exception()
+    own = _own_timeout(pairs)
+    for entry, _ in pairs:
+        if isinstance(error, errors.Failure):
+            timeout.failed(entry, error, given, own)
+        elif error is None:
+            timeout.answered(entry)
 
 
 def _check_provided(values: Mapping[ValueRegistration, ProvidedValue], limits: Limits) -> None:
@@ -408,6 +422,7 @@ async def _waterfall(
             return current
         listener = listeners[index]
         from_next: list[Assembly] = []
+        passed_on: list[errors.Failure] = []
 
         async def next_(handed: Assembly) -> Assembly:
             if origins is not None:  # what the listener changed before next()
@@ -418,11 +433,23 @@ async def _waterfall(
             # Awaited in place (no task to hand over to), but every _FLAT_EVERY listeners
             # in a task of its own, whose frames do not nest: 1,000 listeners stay in bounds.
             flat = (index + 1) % _FLAT_EVERY == 0
-            returned = await (asyncio.ensure_future(rest) if flat else rest)
+            try:
+                returned = await (asyncio.ensure_future(rest) if flat else rest)
+            except errors.Failure as error:
+                passed_on.append(error)  # the rest of the chain failed: not this listener
+                raise
             from_next.append(returned)
             return returned
 
-        result = await listener.value.invoke(current, context, next_, timeout())
+        own = listener.timeout_s
+        given = timeout(own)
+        try:
+            result = await listener.value.invoke(current, context, next_, given)
+        except errors.Failure as error:
+            if not any(passed is error for passed in passed_on):  # its own, not the rest's
+                timeout.failed(listener, error, given, own)
+            raise
+        timeout.answered(listener)
         if origins is not None:  # what it changed after next(), or instead of it
             record_changes(origins, from_next[0] if from_next else current, result, listener.name)
         if trace is not None:

@@ -181,6 +181,7 @@ class ChangeFeed:
         scope: str | None,
         ref: str = "",
         fingerprint: str = "",
+        reason: str = "",
     ) -> ChangeEvent:
         self.revision += 1
         event = ChangeEvent(
@@ -191,6 +192,7 @@ class ChangeFeed:
             scope=scope,
             ref=ref,
             fingerprint=fingerprint,
+            reason=reason,
         )
         self._log.append(event)
         self._trim()

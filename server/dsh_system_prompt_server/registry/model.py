@@ -11,9 +11,12 @@ import enum
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from .provenance import Origins, Trace
+
+if TYPE_CHECKING:
+    from .errors import Failure
 
 # No session id is empty, so no session can dispose the sidecar's built-ins.
 SIDECAR_OWNER = ""
@@ -137,6 +140,11 @@ class ProviderHost(Protocol):
         """
         ...
 
+    def ejected(self, registration_id: str, why: Failure) -> None:
+        """One of its providers did not answer in time and was disposed: tell its owner,
+        who may register it again."""
+        ...
+
 
 NextFn = Callable[[Assembly], Awaitable[Assembly]]
 
@@ -158,6 +166,11 @@ class ListenerHost(Protocol):
         """The listener's registration is gone; it will not be invoked again."""
         ...
 
+    def ejected(self, why: Failure) -> None:
+        """The listener did not answer in time and is ejected (`disposed` follows): tell
+        its owner, who may install it again."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class CachePolicy:
@@ -176,6 +189,7 @@ class Dynamic:
     host: ProviderHost
     key: str
     cache: CachePolicy | None = None
+    timeout_s: float | None = None  # its own answer time; None: provider_timeout_s
 
 
 V = TypeVar("V")
@@ -235,6 +249,7 @@ class ListenerRegistration(Registration[ListenerHost]):
     global_: bool
     position: int
     cache: CachePolicy | None = None  # None: invoked at every assembly
+    timeout_s: float | None = None  # its own answer time; None: provider_timeout_s
 
 
 @dataclass(eq=False, kw_only=True)
@@ -263,6 +278,7 @@ class ChangeEvent:
     scope: str | None
     ref: str = ""  # the registration's public reference (filters.public_ref)
     fingerprint: str = ""  # its value's after the change; "" when gone or not static
+    reason: str = ""  # why the sidecar disposed it (an ejected callback); "" otherwise
 
 
 def new_id() -> str:

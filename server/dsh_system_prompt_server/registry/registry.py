@@ -21,6 +21,7 @@ from . import assembly, errors
 from .admission import Admission, StaticValue, check_text_template
 from .callback_cache import CallbackCache
 from .changes import ChangeFeed
+from .ejection import Budget, Ejector
 from .filters import Filter, public_ref, value_fingerprint
 from .layers import Layers, Remover, ScopeTree
 from .limits import Limits
@@ -78,6 +79,10 @@ class Registry:
         self._plans: OrderedDict[str | None, assembly.Plan] = OrderedDict()
         # answers of callbacks that may be cached
         self.callbacks = CallbackCache(max_bytes=self.settings.limits.max_callback_cache_bytes)
+        self._admission.max_timeout_s = self.settings.max_callback_timeout_s
+        self.ejector = Ejector(self._eject, self.settings.eject_after_timeouts)
+        # The service's: log and count an ejection (the registry knows no telemetry).
+        self.on_eject: Callable[[AnyRegistration, errors.Failure], None] = lambda *_: None
         self._builtins: dict[str, SectionRegistration] = {}
         if self.settings.include_harness_identity:
             self._add_builtin(
@@ -95,6 +100,8 @@ class Registry:
         old, self.settings = self.settings, settings
         self._admission.limits = settings.limits
         self.callbacks.max_bytes = settings.limits.max_callback_cache_bytes
+        self._admission.max_timeout_s = settings.max_callback_timeout_s
+        self.ejector.after = settings.eject_after_timeouts
         self.changes.history = settings.change_history
         before = settings_keys(old)
         changed = [key for key, value in settings_keys(settings).items() if before[key] != value]
@@ -234,11 +241,14 @@ class Registry:
         global_: bool = False,
         name: str = "",
         cache: CachePolicy | None = None,
+        timeout_s: float | None = None,
     ) -> ListenerRegistration:
         """Install a waterfall listener; `prepend` runs it before earlier ones; with
-        `cache`, its result is reused for the same input while the policy allows."""
+        `cache`, its result is reused for the same input while the policy allows; with
+        `timeout_s`, it may take that long to answer instead of provider_timeout_s."""
         scope_handle = self._handle(owner, handle)
         self.limits.check_name("listener", name)
+        self._admission.check_timeout("listener", timeout_s)
         self._admission.check_quota(self._owned(owner))
         self._admission.check_listeners(len(self._listeners))
         entry = ListenerRegistration(
@@ -247,6 +257,7 @@ class Registry:
             global_=global_,
             position=self._listeners.next_position(prepend),
             cache=cache,
+            timeout_s=timeout_s,
         )
         self._listeners.add(entry)
         return self._added(entry, scope_handle, functools.partial(self._unlink_listener, entry))
@@ -272,6 +283,18 @@ class Registry:
         if entry is None:
             raise errors.not_found()
         self._remove(entry)
+
+    def _eject(self, entry: AnyRegistration, why: errors.Failure) -> None:
+        """A callback that did not answer in time is a dead peer: its owner is told on its
+        stream, and it is disposed with an event that says why."""
+        if entry.disposed:
+            return
+        if isinstance(entry, ListenerRegistration):
+            entry.value.ejected(why)
+        elif isinstance(entry.value, Dynamic):
+            entry.value.host.ejected(entry.id, why)
+        self._remove(entry, reason=f"ejected: {why.message}")
+        self.on_eject(entry, why)
 
     def dispose_owner(self, owner: str) -> int:
         """Dispose everything `owner` registered, newest first; returns how many."""
@@ -311,7 +334,7 @@ class Registry:
         entry.fingerprint = value_fingerprint(entry.kind, value)
         self._publish(entry, Action.UPDATED)
 
-    def _remove(self, entry: AnyRegistration) -> None:
+    def _remove(self, entry: AnyRegistration, reason: str = "") -> None:
         if isinstance(entry, ScopeHandle):
             for child in reversed(list(entry.children.values())):
                 self._remove(child)
@@ -324,7 +347,8 @@ class Registry:
                 parent.children.pop(entry.id, None)
         self._unlinks.pop(entry.id)()
         self._admission.released(entry)
-        self._publish(entry, Action.UNREGISTERED)
+        self.ejector.forget(entry.id)
+        self._publish(entry, Action.UNREGISTERED, reason)
 
     def _unlink_listener(self, entry: ListenerRegistration) -> None:
         entry.value.disposed()
@@ -354,7 +378,7 @@ class Registry:
 
         With `track`, the result's `origins` say where each part came from.
         """
-        timeout = assembly.time_left(self.settings.provider_timeout_s, deadline)
+        timeout = Budget(self.settings.provider_timeout_s, deadline, self.ejector)
         return await assembly.run(
             plan, context, self.settings.tool_order, self.limits, timeout, track, self.callbacks
         )
@@ -487,11 +511,10 @@ class Registry:
         self._publish(entry, Action.REGISTERED)
         return entry
 
-    def _publish(self, entry: AnyRegistration, action: Action) -> None:
+    def _publish(self, entry: AnyRegistration, action: Action, reason: str = "") -> None:
         fingerprint = "" if action is Action.UNREGISTERED else entry.fingerprint
-        self.changes.publish(
-            entry.kind, action, entry.name, entry.scope, public_ref(entry.id), fingerprint
-        )
+        ref = public_ref(entry.id)
+        self.changes.publish(entry.kind, action, entry.name, entry.scope, ref, fingerprint, reason)
 
 
 def _key(handle: ScopeHandle | None) -> str | None:

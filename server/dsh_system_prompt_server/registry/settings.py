@@ -16,6 +16,8 @@ class RegistrySettings:
     include_runtime_context: bool = True
     tool_order: tuple[str, ...] | None = None
     provider_timeout_s: float = 5.0
+    eject_after_timeouts: int = 1  # consecutive timeouts that eject a callback; 0: never
+    max_callback_timeout_s: float = 60.0  # the longest timeout_s a callback may declare
     limits: Limits = field(default_factory=Limits)
     change_history: int = 1024  # change events kept for watchers that resume
 

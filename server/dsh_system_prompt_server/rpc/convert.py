@@ -172,7 +172,19 @@ def update_value_from_proto(request: pb.UpdateRequest, limits: Limits) -> str | 
 def dynamic_from_proto(dynamic: pb.Dynamic, host: ProviderHost) -> Dynamic:
     if not dynamic.provider_key:
         raise bad_request(Reason.MISSING_VALUE, "a dynamic provider needs a provider_key")
-    return Dynamic(host=host, key=dynamic.provider_key, cache=cache_from_proto(dynamic.cache))
+    cache = cache_from_proto(dynamic.cache)
+    return Dynamic(
+        host=host,
+        key=dynamic.provider_key,
+        cache=cache,
+        timeout_s=timeout_from_proto(dynamic.timeout_s),
+    )
+
+
+def timeout_from_proto(timeout_s: float) -> float | None:
+    """A callback's own timeout; None (the sidecar's provider_timeout_s) unless it is a
+    positive number."""
+    return timeout_s if math.isfinite(timeout_s) and timeout_s > 0 else None
 
 
 _CACHE_DEPENDENCIES = {pb.CACHE_DEPENDENCY_REVISION: False, pb.CACHE_DEPENDENCY_CONTEXT: True}
@@ -330,6 +342,7 @@ def _event_to_proto(item: ChangeEvent) -> pb.ChangeEvent:
         scope=item.scope or "",
         ref=item.ref,
         fingerprint=item.fingerprint,
+        reason=item.reason,
     )
 
 

@@ -7,12 +7,14 @@ sidecar makes it from its config (`StateSettings`) and a reload reconfigures it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from ..registry import Registry
+from ..registry import Failure, Kind, Registration, Registry
 from ..reports.history import ReportHistory
 from ..reports.reporter import Reporter
 from ..reports.tokens import load_tokenizer
 from ..reports.values import Layout
+from ..telemetry.logs import logger
 from ..telemetry.metrics import Metrics
 from ..telemetry.tracing import Tracing
 from .assembler import Assembler
@@ -21,6 +23,8 @@ from .streams.listeners import Listeners
 from .streams.outbox import OutboxLimits
 from .streams.sessions import Sessions
 from .streams.watches import Watches, WatchSettings
+
+_log = logger("state")
 
 
 @dataclass(frozen=True)
@@ -78,11 +82,23 @@ class ServerState:
         )
         self.gate = Gate()
         self.prefix_layout = settings.prefix_layout
+        registry.on_eject = self._ejected
         metrics.track(
             sessions=lambda: len(self.sessions),
             registrations=registry.registration_count,
             watchers=registry.changes.subscriber_count,
         )
+
+    def _ejected(self, entry: Registration[Any], why: Failure) -> None:
+        kind = "listener" if entry.kind is Kind.LISTENER else "provider"
+        _log.warning(
+            "ejected %s %s of %s: %s",
+            kind,
+            entry.name or "(unnamed)",
+            self.sessions.client_name(entry.owner) or "a session",
+            why.message,
+        )
+        self.metrics.ejected_callbacks.labels(kind).inc()
 
     def reconfigure(self, settings: StateSettings) -> None:
         """Take the reloaded live settings: quotas, the watch buffer, the report layout, and

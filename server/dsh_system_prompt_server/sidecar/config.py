@@ -25,6 +25,7 @@ MAX_COUNT = 2**31 - 1  # gRPC takes sizes as C ints; no count needs more
 MAX_HISTORY = 1_000_000  # change events kept for resuming watchers, at most
 MAX_SECONDS = 86_400.0  # a day: anything longer is a typo, and overflows timers
 MAX_WATCH_COALESCE_S = 1.0  # every batching watcher's events wait this long at most
+MAX_EJECT_AFTER = 1_000  # consecutive timeouts before a callback is ejected, at most
 
 
 class ConfigError(Exception):
@@ -89,6 +90,8 @@ _TOP_KEYS = {
     "include_runtime_context",
     "tool_order",
     "provider_timeout_s",
+    "eject_after_timeouts",
+    "max_callback_timeout_s",
     "shutdown_grace_s",
     "dead_peer_timeout_s",
     "handshake_timeout_s",
@@ -158,6 +161,8 @@ def parse_config(raw: dict[str, Any]) -> SidecarConfig:
         include_runtime_context=_typed(raw, "include_runtime_context", bool, True),
         tool_order=_tool_order(raw.get("tool_order")),
         provider_timeout_s=_seconds(raw, "provider_timeout_s", 5.0),
+        eject_after_timeouts=_eject_after(raw),
+        max_callback_timeout_s=_callback_timeout(raw),
         limits=Limits(**_counts(limits_table, Limits())),
         change_history=_history(raw),
     )
@@ -210,6 +215,27 @@ def _history(raw: dict[str, Any]) -> int:
     if value > MAX_HISTORY:  # each kept event costs memory for as long as it is kept
         raise ConfigError(
             f"config key 'change_history' must be from 1 to {MAX_HISTORY}, not {value}"
+        )
+    return value
+
+
+def _eject_after(raw: dict[str, Any]) -> int:
+    value = _typed(raw, "eject_after_timeouts", int, 1)
+    if not 0 <= value <= MAX_EJECT_AFTER:
+        raise ConfigError(
+            f"config key 'eject_after_timeouts' must be from 0 (never eject) to"
+            f" {MAX_EJECT_AFTER}, not {value}"
+        )
+    return value
+
+
+def _callback_timeout(raw: dict[str, Any]) -> float:
+    value = _seconds(raw, "max_callback_timeout_s", 60.0)
+    default = _seconds(raw, "provider_timeout_s", 5.0)
+    if value < default:  # the default time must be one a callback may have
+        raise ConfigError(
+            f"config key 'max_callback_timeout_s' ({value:g}) must be at least"
+            f" 'provider_timeout_s' ({default:g})"
         )
     return value
 

@@ -31,6 +31,8 @@ LIVE_KEYS = frozenset(
         "include_runtime_context",
         "tool_order",
         "provider_timeout_s",
+        "eject_after_timeouts",
+        "max_callback_timeout_s",
         "shutdown_grace_s",
         "watch_buffer",
         "log_level",

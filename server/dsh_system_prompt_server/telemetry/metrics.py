@@ -40,6 +40,12 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.ejected_callbacks = Counter(
+            "dsp_ejected_callbacks",
+            "Providers and listeners ejected for not answering in time, by kind",
+            ["kind"],
+            registry=self.registry,
+        )
         self.stalled_peers = Counter(
             "dsp_stalled_peers",
             "Sessions, listeners and watchers closed for not reading their stream, by kind",

@@ -494,12 +494,19 @@ class Dynamic(_message.Message):
 
     PROVIDER_KEY_FIELD_NUMBER: _builtins.int
     CACHE_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
     provider_key: _builtins.str
     """A key chosen by the client, that the sidecar quotes back in
     ProvideRequest so the client finds its provider. Chosen by the client so
     that a provider is known before its registration returns. Unique among
     the session's live registrations: a key in use is ALREADY_EXISTS
     (DUPLICATE_PROVIDER_KEY); once its registration is disposed it may be reused.
+    """
+    timeout_s: _builtins.float
+    """Seconds the provider may take to answer (an honest slow one, such as a large
+    `git status`, says so instead of being ejected); 0: the sidecar's
+    provider_timeout_s. Over the sidecar's max_callback_timeout_s: INVALID_ARGUMENT
+    VALUE_TOO_LARGE. See docs/protocol.md, "Ejected callbacks".
     """
     @_builtins.property
     def cache(self) -> Global___CachePolicy:
@@ -513,10 +520,11 @@ class Dynamic(_message.Message):
         *,
         provider_key: _builtins.str = ...,
         cache: Global___CachePolicy | None = ...,
+        timeout_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "provider_key", b"provider_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "provider_key", b"provider_key", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -955,6 +963,7 @@ class OpenSessionResponse(_message.Message):
     PROVIDE_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
     INVALIDATED_FIELD_NUMBER: _builtins.int
+    EJECTED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def opened(self) -> Global___SessionOpened:
         """Confirms the session; always the first response."""
@@ -971,6 +980,12 @@ class OpenSessionResponse(_message.Message):
     def invalidated(self) -> Global___CacheInvalidated:
         """A CacheInvalidate is done."""
 
+    @_builtins.property
+    def ejected(self) -> Global___CallbackEjected:
+        """One of this session's providers did not answer in time and was disposed
+        (ejected); the session stays open and may register it again.
+        """
+
     def __init__(
         self,
         *,
@@ -978,16 +993,47 @@ class OpenSessionResponse(_message.Message):
         provide: Global___ProvideRequest | None = ...,
         cancel: Global___ProvideCancel | None = ...,
         invalidated: Global___CacheInvalidated | None = ...,
+        ejected: Global___CallbackEjected | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "invalidated", b"invalidated", "kind", b"kind", "opened", b"opened", "provide", b"provide"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "ejected", b"ejected", "invalidated", b"invalidated", "kind", b"kind", "opened", b"opened", "provide", b"provide"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "invalidated", b"invalidated", "kind", b"kind", "opened", b"opened", "provide", b"provide"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "ejected", b"ejected", "invalidated", b"invalidated", "kind", b"kind", "opened", b"opened", "provide", b"provide"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["opened", "provide", "cancel", "invalidated"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["opened", "provide", "cancel", "invalidated", "ejected"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___OpenSessionResponse: _TypeAlias = OpenSessionResponse  # noqa: Y015
+
+@_typing.final
+class CallbackEjected(_message.Message):
+    """A callback the sidecar ejected: it did not answer within its time."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REGISTRATION_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    registration_id: _builtins.str
+    """The registration that was disposed."""
+    reason: _builtins.str
+    """Why, as a stable reason: PROVIDER_TIMEOUT or LISTENER_TIMEOUT."""
+    message: _builtins.str
+    """What happened, e.g. `listener "sign" did not answer within 5s`."""
+    def __init__(
+        self,
+        *,
+        registration_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "reason", b"reason", "registration_id", b"registration_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CallbackEjected: _TypeAlias = CallbackEjected  # noqa: Y015
 
 @_typing.final
 class SessionOpened(_message.Message):
@@ -2744,6 +2790,7 @@ class ChangeEvent(_message.Message):
     SCOPE_FIELD_NUMBER: _builtins.int
     REF_FIELD_NUMBER: _builtins.int
     FINGERPRINT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
     """Grows by one with every change."""
     kind: Global___ChangeKind.ValueType
@@ -2767,6 +2814,10 @@ class ChangeEvent(_message.Message):
     """The fingerprint of its value after the change (as in RegistrationInfo);
     empty for an unregistration and for what has no static value.
     """
+    reason: _builtins.str
+    """Why the sidecar disposed it on its own, e.g. `ejected: listener "sign" did
+    not answer within 5s`; empty for every other change.
+    """
     def __init__(
         self,
         *,
@@ -2777,10 +2828,11 @@ class ChangeEvent(_message.Message):
         scope: _builtins.str = ...,
         ref: _builtins.str = ...,
         fingerprint: _builtins.str = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "fingerprint", b"fingerprint", "kind", b"kind", "name", b"name", "ref", b"ref", "revision", b"revision", "scope", b"scope"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "fingerprint", b"fingerprint", "kind", b"kind", "name", b"name", "reason", b"reason", "ref", b"ref", "revision", b"revision", "scope", b"scope"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -3123,6 +3175,7 @@ class ListenStart(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     FEATURES_FIELD_NUMBER: _builtins.int
     CACHE_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The owning session."""
     scope_id: _builtins.str
@@ -3133,6 +3186,10 @@ class ListenStart(_message.Message):
     """Run before the listeners registered earlier."""
     name: _builtins.str
     """A name for errors and diagnostics (for example the function's name)."""
+    timeout_s: _builtins.float
+    """Seconds the listener may take to answer each message; 0: the sidecar's
+    provider_timeout_s. Over max_callback_timeout_s: INVALID_ARGUMENT VALUE_TOO_LARGE.
+    """
     @_builtins.property
     def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Listener features the client implements; unknown names are ignored.
@@ -3159,10 +3216,11 @@ class ListenStart(_message.Message):
         name: _builtins.str = ...,
         features: _abc.Iterable[_builtins.str] | None = ...,
         cache: Global___CachePolicy | None = ...,
+        timeout_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "features", b"features", "global", b"global", "name", b"name", "prepend", b"prepend", "scope_id", b"scope_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "features", b"features", "global", b"global", "name", b"name", "prepend", b"prepend", "scope_id", b"scope_id", "session_id", b"session_id", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -3293,6 +3351,7 @@ class ListenResponse(_message.Message):
     NEXT_RESULT_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
     INVALIDATED_FIELD_NUMBER: _builtins.int
+    EJECTED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def registered(self) -> Global___ListenerRegistered:
         """Confirms the listener; always the first response."""
@@ -3313,6 +3372,12 @@ class ListenResponse(_message.Message):
     def invalidated(self) -> Global___CacheInvalidated:
         """A CacheInvalidate is done."""
 
+    @_builtins.property
+    def ejected(self) -> Global___CallbackEjected:
+        """The listener did not answer in time and was disposed (ejected); the stream
+        ends after this message, and the client may install the listener again.
+        """
+
     def __init__(
         self,
         *,
@@ -3321,12 +3386,13 @@ class ListenResponse(_message.Message):
         next_result: Global___ListenerNextResult | None = ...,
         cancel: Global___ListenerCancel | None = ...,
         invalidated: Global___CacheInvalidated | None = ...,
+        ejected: Global___CallbackEjected | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "invalidated", b"invalidated", "invocation", b"invocation", "kind", b"kind", "next_result", b"next_result", "registered", b"registered"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "ejected", b"ejected", "invalidated", b"invalidated", "invocation", b"invocation", "kind", b"kind", "next_result", b"next_result", "registered", b"registered"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "invalidated", b"invalidated", "invocation", b"invocation", "kind", b"kind", "next_result", b"next_result", "registered", b"registered"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "ejected", b"ejected", "invalidated", b"invalidated", "invocation", b"invocation", "kind", b"kind", "next_result", b"next_result", "registered", b"registered"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["registered", "invocation", "next_result", "cancel", "invalidated"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["registered", "invocation", "next_result", "cancel", "invalidated", "ejected"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 

@@ -23,7 +23,7 @@ from ...registry import (
 )
 from ...telemetry.metrics import Metrics
 from ...telemetry.tracing import Tracing, hop
-from ..convert import assembly_from_proto, cache_from_proto, context_to_proto
+from ..convert import assembly_from_proto, cache_from_proto, context_to_proto, timeout_from_proto
 from . import encoded
 from .broker import Broker, Ended, Replies, Stream
 from .outbox import Outbox, OutboxLimits
@@ -78,6 +78,7 @@ class Listeners(Broker[pb.ListenRequest, pb.ListenResponse, "ListenerStream"]):
             global_=getattr(begin, "global"),  # a Python keyword: no attribute syntax
             name=begin.name,
             cache=cache_from_proto(begin.cache),
+            timeout_s=timeout_from_proto(begin.timeout_s),
         )
         listener.registration = (owner, entry.id)
         listener.on_invalidate = lambda request: self._invalidate(listener, request)
@@ -117,6 +118,8 @@ class ListenerStream:
         self.ended = asyncio.Event()
         self.messages_sent = 0  # invocations, next results and cancels, for round-trip counts
         self.registration = ("", "")  # (owner, registration id), once installed
+        self._ejected = False  # told so: the stream ends once that is written
+        self._ending: asyncio.Future[None] | None = None
         self.on_invalidate: Callable[[pb.CacheInvalidate], None] = lambda _: None
 
     @property
@@ -179,6 +182,21 @@ class ListenerStream:
         self._replies.end()
 
     def disposed(self) -> None:
+        if not self._ejected:
+            self.end()
+            return
+        self._replies.end()  # waiting invocations fail now; the stream ends once told
+        self._ending = asyncio.ensure_future(self._end_when_told())
+
+    def ejected(self, why: Failure) -> None:
+        """The listener did not answer in time: tell its client before its stream ends."""
+        told = pb.CallbackEjected(
+            registration_id=self.registration[1], reason=why.reason, message=why.message
+        )
+        self._ejected = self.outbox.send(pb.ListenResponse(ejected=told))
+
+    async def _end_when_told(self) -> None:
+        await self.outbox.drained()
         self.end()
 
     async def _receive(self, invocation_id: int, timeout: float | None) -> pb.ListenRequest:

@@ -50,6 +50,8 @@ class Outbox(Generic[M]):
         self._queue: deque[tuple[M | bytes, int]] = deque()
         self._queued_bytes = 0
         self._ready = asyncio.Event()
+        self._empty = asyncio.Event()  # nothing queued, nothing being written
+        self._empty.set()
         self.stalled = asyncio.Event()
         self.stall_reason = ""
 
@@ -63,6 +65,7 @@ class Outbox(Generic[M]):
             return False
         self._queue.append((message, size))
         self._queued_bytes += size
+        self._empty.clear()
         self._ready.set()
         return True
 
@@ -73,6 +76,11 @@ class Outbox(Generic[M]):
             return False
         await self._written(message)
         return not self.stalled.is_set()
+
+    async def drained(self) -> None:
+        """Wait until every queued message is written, or the peer stalled (a write that
+        does not complete in `write_timeout_s` stalls it, so this wait is bounded)."""
+        await self._empty.wait()
 
     async def run(self) -> None:
         """Write queued messages in order; return as soon as the peer stalls."""
@@ -85,6 +93,7 @@ class Outbox(Generic[M]):
     async def _pump(self) -> None:
         while not self.stalled.is_set():
             if not self._queue:
+                self._empty.set()
                 self._ready.clear()
                 await self._ready.wait()
                 continue
@@ -116,4 +125,5 @@ class Outbox(Generic[M]):
         self._queue.clear()  # nobody will read them: let them go now
         self._queued_bytes = 0
         self.stalled.set()
+        self._empty.set()  # nothing more will be written
         self._ready.set()  # wake the pump so that it returns

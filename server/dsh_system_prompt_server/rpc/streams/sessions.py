@@ -11,6 +11,7 @@ from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, Reason, package_versi
 
 from ...registry import (
     AssembleContext,
+    Failure,
     Limits,
     ProvidedValue,
     ProviderCall,
@@ -108,6 +109,13 @@ class Session:
             self._replies.deliver(request.provided.call_id, request.provided)
         elif kind == "invalidate":
             self.on_invalidate(request.invalidate)
+
+    def ejected(self, registration_id: str, why: Failure) -> None:
+        """One of its providers did not answer in time and was disposed: say so."""
+        told = pb.CallbackEjected(
+            registration_id=registration_id, reason=why.reason, message=why.message
+        )
+        self.outbox.send(pb.OpenSessionResponse(ejected=told))
 
     def close(self) -> None:
         """The stream ended: every waiting assembly fails UNAVAILABLE."""

@@ -1,0 +1,90 @@
+"""Callbacks that do not answer are dead peers: after `eject_after_timeouts` consecutive
+timeouts a provider or listener is ejected (docs/rules.md, "Ejected callbacks").
+
+An assembly whose callback does not answer in time still fails, naming it (the
+spec's "fail loud"); what ejection changes is how long a silent callback stays in
+everyone's assemblies: the ones in flight during its timeout fail, none after.
+Only a timeout of the callback's whole time counts: one cut short by the caller's
+own deadline says nothing about the callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from dsh_system_prompt_core import Reason
+
+from .errors import Failure
+from .model import AnyRegistration
+
+TIMEOUTS = frozenset({Reason.PROVIDER_TIMEOUT, Reason.LISTENER_TIMEOUT})
+
+Eject = Callable[[AnyRegistration, Failure], None]
+
+
+class Ejector:
+    """Counts each callback's consecutive timeouts; the `after`-th ejects it (0: never)."""
+
+    def __init__(self, eject: Eject, after: int = 1) -> None:
+        self._eject = eject
+        self.after = after  # a reload may change it
+        self._timeouts: dict[str, int] = {}  # registration id -> consecutive timeouts
+
+    def answered(self, entry: AnyRegistration) -> None:
+        """`entry` answered (or failed loudly): its count starts again."""
+        if self._timeouts:
+            self._timeouts.pop(entry.id, None)
+
+    def failed(self, entry: AnyRegistration, error: Failure, whole: bool) -> None:
+        """`entry` failed with `error`; `whole` when it had its whole time to answer."""
+        if error.reason not in TIMEOUTS or not whole:
+            self.answered(entry)  # a loud failure is its owner's bug, not a dead peer
+            return
+        if not self.after or entry.disposed:
+            return
+        count = self._timeouts.get(entry.id, 0) + 1
+        if count < self.after:
+            self._timeouts[entry.id] = count
+            return
+        self._timeouts.pop(entry.id, None)
+        self._eject(entry, error)
+
+    def forget(self, registration_id: str) -> None:
+        """The registration is gone: nothing more to count for it."""
+        self._timeouts.pop(registration_id, None)
+
+
+class Budget:
+    """The time one assembly gives each of its callbacks, and what their failures mean.
+
+    A callback waits its own `timeout_s` (declared at registration) or the sidecar's
+    `provider_timeout_s`, cut to leave the caller's deadline time to hear the error.
+    """
+
+    def __init__(
+        self, limit: float, deadline: float | None, ejector: Ejector | None = None
+    ) -> None:
+        self.limit = limit
+        self._deadline = deadline
+        self._ejector = ejector
+
+    def __call__(self, own: float | None = None) -> float:
+        """How long a callback with its own timeout `own` (None: the default) may take now."""
+        limit = own or self.limit
+        if self._deadline is None:
+            return limit
+        left = self._deadline - asyncio.get_running_loop().time()
+        # Leave the caller time to receive an error that names the culprit.
+        return max(0.0, min(limit, left - min(0.1, left * 0.1)))
+
+    def answered(self, entry: AnyRegistration) -> None:
+        if self._ejector is not None:
+            self._ejector.answered(entry)
+
+    def failed(
+        self, entry: AnyRegistration, error: Failure, given: float, own: float | None = None
+    ) -> None:
+        """`entry` failed with `error` after it was given `given` seconds."""
+        if self._ejector is not None:
+            self._ejector.failed(entry, error, whole=given >= (own or self.limit))
