@@ -46,6 +46,10 @@ export const CALL_TIMEOUT_MS = 10_000;
 const FIRST_BACKOFF_MS = 50;
 const MAX_BACKOFF_MS = 2_000;
 const READY_POLL_MS = 1_000; // the channel's own reconnect backoff is at most 2 s (see rpc.ts)
+/** An ejected callback is made again after this, doubled with each ejection of it up to the max. */
+const FIRST_EJECT_BACKOFF_MS = 1_000;
+const MAX_EJECT_BACKOFF_MS = 30_000;
+const EJECT_CALM_MS = 60_000; // an ejection this long after the last one starts the backoff again
 
 /** Owns the channel, the current session, the registrations and the providers. */
 export class Connection {
@@ -65,6 +69,7 @@ export class Connection {
   #reconnecting: Promise<void> | undefined;
   #up = new Deferred<void>();
   readonly #closing = new AbortController();
+  readonly #ejections = new WeakMap<Registration, { count: number; last: number }>();
 
   constructor(rpc: Rpc, clientName: string, callTimeoutMs: number = CALL_TIMEOUT_MS) {
     this.rpc = rpc;
@@ -128,6 +133,10 @@ export class Connection {
       timeoutMs,
     );
     this.#session = session;
+    session.onEjected = (ejected) => {
+      const registration = [...this.registrations].find((r) => r.registrationId === ejected.registrationId);
+      if (registration !== undefined && session === this.#session) this.ejected(registration, session.id);
+    };
     try {
       for (const disposed of await this.#replay(session.id)) await this.#disposeOn(session.id, disposed);
     } catch (error) {
@@ -139,6 +148,34 @@ export class Connection {
   #setConnected(): void {
     this.connected = true;
     this.#up.resolve();
+  }
+
+  /**
+   * The sidecar ejected `registration` (it did not answer in time) from the session
+   * `sessionId`: make it again there after a backoff that doubles with each ejection of
+   * it, so the disposer the agent holds stays valid. After a reconnect the replay made
+   * it already; a disposed one is not made again.
+   */
+  ejected(registration: Registration, sessionId: string = this.sessionId): void {
+    const now = Date.now();
+    const before = this.#ejections.get(registration);
+    const count = before === undefined || now - before.last > EJECT_CALM_MS ? 1 : before.count + 1;
+    this.#ejections.set(registration, { count, last: now });
+    const delay = Math.min(FIRST_EJECT_BACKOFF_MS * 2 ** (count - 1), MAX_EJECT_BACKOFF_MS);
+    void this.#reinstall(registration, sessionId, delay);
+  }
+
+  async #reinstall(registration: Registration, sessionId: string, delay: number): Promise<void> {
+    if ((await pause(delay, this.#closing.signal)) === "aborted") return;
+    if (this.closed || !this.registrations.has(registration) || this.sessionId !== sessionId) return;
+    registration.stream?.close(); // an ejected listener's stream has ended
+    registration.stream = undefined;
+    try {
+      await this.#make(registration, sessionId);
+    } catch {
+      return; // its session is going: the reconnect's replay makes it
+    }
+    if (!this.registrations.has(registration)) await this.#disposeOn(sessionId, registration); // the disposer wins
   }
 
   #lost(session: Session): void {

@@ -56,6 +56,9 @@ export class ListenerStream {
   readonly #rpc: Rpc;
   readonly #listener: Listener;
   readonly #onLost: () => void;
+  readonly #onEjected: (why: string) => void;
+  /** Why the sidecar ejected it, once it said so: its stream's end then installs it again. */
+  #ejected = "";
   #call: ListenStream | undefined;
   #closing = false;
   /** Whether the sidecar confirmed `tool-slots`: only then do replies carry slots. */
@@ -63,11 +66,20 @@ export class ListenerStream {
   readonly #running = new Map<bigint, AbortController>();
   readonly #nextResults = new Map<bigint, Waiting>();
 
-  /** `onLost` hears when the sidecar ends the stream while this client keeps the listener. */
-  constructor(rpc: Rpc, listener: Listener, onLost: () => void = () => undefined) {
+  /**
+   * `onLost` hears when the sidecar ends the stream while this client keeps the listener;
+   * `onEjected` instead when the sidecar ejected it first (it did not answer in time).
+   */
+  constructor(
+    rpc: Rpc,
+    listener: Listener,
+    onLost: () => void = () => undefined,
+    onEjected: (why: string) => void = () => undefined,
+  ) {
     this.#rpc = rpc;
     this.#listener = listener;
     this.#onLost = onLost;
+    this.#onEjected = onEjected;
   }
 
   /** Install the listener, confirmed within `timeoutMs`; resolves to its registration id. */
@@ -89,7 +101,9 @@ export class ListenerStream {
       receive: (message) => this.#receive(message),
       ended: (opened) => {
         for (const id of [...this.#running.keys()]) this.#abandon(id); // their replies have nowhere to go
-        if (opened && !this.#closing) this.#onLost(); // the sidecar dropped the listener: the session is made again
+        if (!opened || this.#closing) return;
+        if (this.#ejected) this.#onEjected(this.#ejected); // it did not answer in time: installed again
+        else this.#onLost(); // the sidecar dropped the listener: the session is made again
       },
     });
   }
@@ -102,6 +116,8 @@ export class ListenerStream {
       this.#nextResults.get(kind.value.invocationId)?.resolve(kind.value);
     } else if (kind.case === "cancel") {
       this.#abandon(kind.value.invocationId);
+    } else if (kind.case === "ejected") {
+      this.#ejected = kind.value.message || kind.value.reason || "ejected";
     }
     // A next_result nobody waits for, a second `registered` and a kind this client
     // does not know (a newer sidecar's) are ignored.

@@ -217,7 +217,12 @@ export class Registrar {
       make: async (rpc, sessionId, scopeId, timeoutMs) => {
         start.sessionId = sessionId;
         start.scopeId = scopeId;
-        const stream = new ListenerStream(rpc, listener, () => this.connection.restart());
+        const stream = new ListenerStream(
+          rpc,
+          listener,
+          () => this.connection.restart(),
+          () => this.connection.ejected(registration, sessionId),
+        );
         return { id: await stream.start(start, timeoutMs), stream };
       },
     };

@@ -32,6 +32,8 @@ export class Session {
   readonly #answering = new Map<bigint, AbortController>();
   #ending = false;
   #ended = false;
+  /** Hears that the sidecar ejected one of this session's providers (it did not answer in time). */
+  onEjected: (ejected: pb.CallbackEjected) => void = () => undefined;
 
   private constructor(stream: SessionStream, opened: pb.SessionOpened, providers: Providers, finished: Promise<void>) {
     this.#stream = stream;
@@ -99,6 +101,8 @@ export class Session {
       if (!this.#answering.has(kind.value.callId)) void this.#answer(kind.value); // else: a repeat, being answered
     } else if (kind.case === "cancel") {
       this.#answering.get(kind.value.callId)?.abort();
+    } else if (kind.case === "ejected") {
+      this.onEjected(kind.value);
     }
     // A second `opened`, and a kind this client does not know (a newer sidecar's),
     // are ignored: the first `opened` named the session.
