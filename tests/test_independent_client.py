@@ -14,19 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from dsh_system_prompt_server import Sidecar
-from helpers import IDENTITY
+from helpers import IDENTITY, SidecarFactory
 from processes import run
 
 CLIENT = Path(__file__).parent / "independent_client" / "client.mjs"
 RUN_TIMEOUT_S = 30.0
 
 
-async def run_client(address: str) -> dict[str, Any]:
-    """Run the Node client against `address`; its one JSON line of results."""
+async def run_client(address: str, *scenario: str) -> dict[str, Any]:
+    """Run the Node client against `address` (a `scenario` of it); its one JSON line."""
     node = shutil.which("node")
     assert node, "node is not on PATH (the independent client needs Node.js 18 or newer)"
     assert (CLIENT.parent / "node_modules").is_dir(), "run `make independent-client-deps` first"
-    code, stdout, stderr = await run(node, str(CLIENT), address, timeout=RUN_TIMEOUT_S)
+    code, stdout, stderr = await run(node, str(CLIENT), address, *scenario, timeout=RUN_TIMEOUT_S)
     lines = stdout.strip().splitlines()
     assert lines, f"the client printed nothing; stderr: {stderr}"
     results: dict[str, Any] = json.loads(lines[-1])
@@ -137,3 +137,17 @@ async def test_half_close_disposes_everything_before_ok(sidecar: Sidecar) -> Non
     assert failure(results["old_session_refused"]) == reason(
         "FAILED_PRECONDITION", "UNKNOWN_SESSION"
     )
+
+
+async def test_a_listener_that_never_answers_is_ejected_as_the_docs_say(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(provider_timeout_s=0.5)
+    results = await run_client(sidecar.address, "ejection")
+    assert failure(results["first"]) == reason("DEADLINE_EXCEEDED", "LISTENER_TIMEOUT")
+    assert results["ejected"]["reason"] == "LISTENER_TIMEOUT"
+    assert results["ejected"]["message"] == 'listener "silent" did not answer within 0.5s'
+    assert results["ejected_the_listener"]
+    assert results["told"][-1] == "ejected"
+    assert results["listener_end_status"] == "OK"
+    assert results["second_sections"] == ["harness:identity", "deployment:persona"]

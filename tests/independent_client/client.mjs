@@ -2,7 +2,7 @@
 // proto and docs/ alone (issue 12): it exercises every kind of call against a
 // real sidecar and prints one JSON line of what it observed.
 //
-// Usage: node client.mjs HOST:PORT
+// Usage: node client.mjs HOST:PORT [ejection]
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 import grpc from "@grpc/grpc-js";
@@ -371,13 +371,46 @@ async function run(address) {
   return results;
 }
 
-const address = process.argv[2];
+// -- an ejected listener ------------------------------------------------------
+
+/**
+ * A listener that reads its invocations and never answers: the assembly waiting for
+ * it fails LISTENER_TIMEOUT, the sidecar ejects it (CallbackEjected, then the stream
+ * ends with OK) and the next assembly does not wait for it (docs/protocol.md,
+ * "Ejected callbacks"). Run against a sidecar with a short provider_timeout_s.
+ */
+async function ejection(address) {
+  const results = {};
+  const stub = new Service(address, grpc.credentials.createInsecure());
+  const session = await openSession(stub, "independent-ejection", new Map());
+  const stream = stub.Listen(new grpc.Metadata());
+  const status = finalStatus(stream);
+  const told = [];
+  stream.on("data", (message) => {
+    told.push(message.kind);
+    if (message.kind === "ejected") results.ejected = message.ejected;
+  });
+  const registered = nextMessage(stream, (m) => m.kind === "registered", "ListenerRegistered");
+  stream.write({ start: { session_id: session.id, name: "silent", features: [] } });
+  const { registered: confirmation } = await registered;
+  results.first = await rejection(() => unary(stub, "Assemble", {}));
+  results.listener_end_status = (await status).code;
+  results.told = told;
+  results.ejected_the_listener = results.ejected?.registration_id === confirmation.registration_id;
+  results.second_sections = names((await unary(stub, "Assemble", {})).assembly.sections);
+  session.stream.end();
+  await session.status;
+  stub.close();
+  return results;
+}
+
+const [address, scenario = "run"] = process.argv.slice(2);
 if (!address) {
-  console.error("usage: node client.mjs HOST:PORT");
+  console.error("usage: node client.mjs HOST:PORT [ejection]");
   process.exit(2);
 }
 try {
-  const results = await run(address);
+  const results = await (scenario === "ejection" ? ejection(address) : run(address));
   console.log(JSON.stringify({ ok: true, ...results }));
 } catch (error) {
   console.log(JSON.stringify({ ok: false, error: String(error.stack ?? error), ...(error.code !== undefined ? reasonOf(error) : {}) }));
