@@ -1,4 +1,4 @@
-"""Hostile peers, every attack of issue 11 at once, in their own process (`bench.hostile`).
+"""Hostile peers, every attack of issues 11 and 22 at once, in their own process (`bench.hostile`).
 
     python -m bench.attacks ADDRESS SECONDS [SKIP,...]
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -23,6 +24,11 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 
 Counts = collections.Counter[str]
+Stub = pb_grpc.SystemPromptServiceStub
+OWN_CONNECTION = [
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.max_receive_message_length", 1 << 24),
+]
 WATCHERS = 1_000
 DEEP = 100_000
 
@@ -56,6 +62,21 @@ async def stalled_listener(stub: pb_grpc.SystemPromptServiceStub, counts: Counts
     await listen.write(pb.ListenRequest(start=pb.ListenStart(session_id=session_id, name="stall")))
     counts["stalled listener: installed"] += 1
     return [session, listen]
+
+
+async def stuck_listener(stub: Stub, counts: Counts) -> list[Any]:
+    """A global listener that reads every invocation and never answers one: ejected
+    after its one timeout (issue 22, finding 1)."""
+    session, session_id = await _raw_session(stub)
+    listen = stub.Listen()
+    await listen.write(pb.ListenRequest(start=pb.ListenStart(session_id=session_id, name="stuck")))
+
+    async def read_all() -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            while (message := await listen.read()) is not grpc.aio.EOF:
+                counts[f"stuck listener: {message.WhichOneof('kind')}"] += 1
+
+    return [session, listen, asyncio.create_task(read_all())]
 
 
 async def stalled_session(
@@ -181,15 +202,151 @@ async def loud_provider_and_deep_waterfall(
         )
 
 
+BIG_PART = 250 * 1024  # under max_text_bytes: 14 of them are a 3.5 MiB scope
+FIELDS_BYTES = 64 * 1024  # max_fields_bytes: the largest fields the bounds allow
+LIST_ITEMS = 1024  # max_list_items
+
+
+async def big_scopes(stub: Stub, counts: Counts, until: float) -> list[Any]:
+    """3.5 MiB registered once, assembled in 300 opened scopes (a response per scope)."""
+    session, session_id = await _raw_session(stub)
+    for index in range(14):
+        request = pb.RegisterSectionRequest(
+            session_id=session_id,
+            name=f"big-{index}",
+            order=900 + index,
+            text=chr(ord("a") + index) * BIG_PART,
+        )
+        await _tally(counts, "big scopes: register", stub.RegisterSection(request))
+    loop = asyncio.get_running_loop()
+    index = 0
+    while loop.time() < until:
+        key = f"hostile-big-{index % 300}"
+        index += 1
+        await stub.OpenScope(pb.OpenScopeRequest(session_id=session_id, key=key))
+        assemble = pb.AssembleRequest(context=pb.AssembleContext(scope=key))
+        await _tally(counts, "big scopes: assemble", stub.Assemble(assemble, timeout=10))
+    return [session]
+
+
+def _largest_fields(index: int) -> str:
+    """Valid fields as large and as deep as the bounds allow, new each time."""
+    head = '{"a":' * 60
+    pad = max(0, FIELDS_BYTES - len(head) * 2 - 64)
+    return head + json.dumps({"n": index, "pad": "p" * pad}) + "}" * 60
+
+
+async def largest_requests(stub: Stub, counts: Counts, until: float) -> list[Any]:
+    """The largest requests the bounds allow, again and again: fields, filters, invalidations."""
+    session, _ = await _raw_session(stub)
+    kinds = [pb.CHANGE_KIND_SECTION] * LIST_ITEMS
+    invalidate = pb.CacheInvalidate(provider_keys=[f"k{i}" for i in range(LIST_ITEMS)])
+    loop = asyncio.get_running_loop()
+    index = 0
+    while loop.time() < until:
+        index += 1
+        context = pb.AssembleContext(scope="hostile-fields", fields_json=_largest_fields(index))
+        request = pb.AssembleRequest(context=context)
+        await _tally(counts, "largest fields", stub.Assemble(request, timeout=10))
+        listing = pb.ListRegistrationsRequest(filter=pb.ChangeFilter(kinds=kinds))
+        await _tally(counts, "largest filter", _drain(stub.ListRegistrations(listing)))
+        invalidate.invalidate_id = index
+        await session.write(pb.OpenSessionRequest(invalidate=invalidate))
+    return [session]
+
+
+async def _after(seconds: float, work: Awaitable[list[Any]]) -> list[Any]:
+    await asyncio.sleep(seconds)
+    return await work
+
+
+async def _drain(call: Any) -> None:
+    async for _ in call:
+        pass
+
+
+async def unread_listings(stub: Stub, counts: Counts) -> list[Any]:
+    """Ten listings with values that read one batch and stop."""
+    calls = []
+    for _ in range(10):
+        call = stub.ListRegistrations(pb.ListRegistrationsRequest(include_values=True))
+        try:
+            await call.read()
+            counts["unread listing: started"] += 1
+        except grpc.aio.AioRpcError as error:
+            counts[f"unread listing: {error.code().name}"] += 1
+        calls.append(call)
+    return calls
+
+
+async def prompt_watchers(address: str, counts: Counts) -> list[Any]:
+    """256 WatchPrompt streams of one 3.5 MiB scope, on four connections of 64."""
+    held: list[Any] = []
+    for _ in range(4):
+        channel = grpc.aio.insecure_channel(address, options=OWN_CONNECTION)
+        held.append(channel)
+        stub = pb_grpc.SystemPromptServiceStub(channel)
+        for _ in range(64):
+            call = stub.WatchPrompt(pb.WatchPromptRequest(scope="hostile-big-0"))
+            try:
+                await call.read()
+                counts["prompt watcher: watching"] += 1
+            except grpc.aio.AioRpcError as error:
+                counts[f"prompt watcher: {error.code().name}"] += 1
+            held.append(call)
+    return held
+
+
+async def idle_connections(address: str, counts: Counts) -> list[Any]:
+    """1,100 TCP connections that never send a byte (no token needed)."""
+    if address.startswith("unix:"):
+        return []
+    host, _, port = address.rpartition(":")
+    held = []
+    for _ in range(1100):
+        try:
+            _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+        except OSError as error:
+            counts[f"idle connection: {type(error).__name__}"] += 1
+            break
+        held.append(writer)
+        counts["idle connection: opened"] += 1
+    return held
+
+
+async def quota_hog(address: str, counts: Counts, until: float) -> list[Any]:
+    """One connection opens watches until refused, and keeps them."""
+    channel = grpc.aio.insecure_channel(address, options=OWN_CONNECTION)
+    stub = pb_grpc.SystemPromptServiceStub(channel)
+    held: list[Any] = [channel]
+    while asyncio.get_running_loop().time() < until:
+        call = stub.WatchChanges(pb.WatchChangesRequest())
+        try:
+            await call.read()
+        except grpc.aio.AioRpcError as error:
+            counts[f"quota hog watch: {error.code().name}"] += 1
+            break
+        held.append(call)
+        counts["quota hog watch: opened"] += 1
+    return held
+
+
 ATTACKS = (
     "idle-watchers",
     "stalled-listener",
+    "stuck-listener",
     "stalled-session",
     "huge-scope-keys",
     "deep-json",
     "session-flood",
     "malformed-templates",
     "loud-provider",
+    "big-scopes",
+    "largest-requests",
+    "unread-listings",
+    "prompt-watchers",
+    "idle-connections",
+    "quota-hog",
 )
 
 
@@ -205,6 +362,10 @@ async def attack(address: str, seconds: float, skip: frozenset[str] = frozenset(
             held += await idle_watchers(stub, counts)
         if "stalled-listener" not in skip:
             held += await stalled_listener(stub, counts)
+        if "stuck-listener" not in skip:
+            held += await stuck_listener(stub, counts)
+        if "idle-connections" not in skip:
+            held += await idle_connections(address, counts)
         running = {
             "stalled-session": lambda: stalled_session(stub, counts, until),
             "huge-scope-keys": lambda: huge_scope_keys(stub, counts, until),
@@ -212,6 +373,12 @@ async def attack(address: str, seconds: float, skip: frozenset[str] = frozenset(
             "session-flood": lambda: session_flood(address, counts, until),
             "malformed-templates": lambda: malformed_templates(client, counts, until),
             "loud-provider": lambda: loud_provider_and_deep_waterfall(client, counts, until),
+            "big-scopes": lambda: big_scopes(stub, counts, until),
+            "largest-requests": lambda: largest_requests(stub, counts, until),
+            "quota-hog": lambda: quota_hog(address, counts, until),
+            # after the big scope is registered: they list and watch it
+            "unread-listings": lambda: _after(5, unread_listings(stub, counts)),
+            "prompt-watchers": lambda: _after(5, prompt_watchers(address, counts)),
         }
         results = await asyncio.gather(
             *(start() for name, start in running.items() if name not in skip),
@@ -227,6 +394,8 @@ async def attack(address: str, seconds: float, skip: frozenset[str] = frozenset(
         for call in held:
             if hasattr(call, "cancel"):
                 call.cancel()
+            elif isinstance(call, asyncio.StreamWriter):
+                call.close()
             else:
                 await call.close()
         await client.close()

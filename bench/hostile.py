@@ -4,11 +4,15 @@
 
 Twice, each time against a fresh sidecar process: a calm run of the soak's
 clients (`bench.soak`: register, assemble, churn), then the same run while
-`bench.attacks` does every attack of issue 11 at once from its own process (a
-listener that stops reading, a session that never reads, huge scope keys, deep
-JSON, a session flood, malformed templates, 1,000 idle watchers, a 20 KB provider
-error, 400 chained listeners). It passes when the well-behaved clients see no
-error, their assembly p99 stays within 3x of the calm run's, and the sidecar's
+`bench.attacks` does every attack of issues 11 and 22 at once from its own process
+(a listener that stops reading, one that reads and never answers, a session that
+never reads, huge scope keys, deep JSON, a session flood, malformed templates, 1,000
+idle watchers, a 20 KB provider error, 400 chained listeners, a 3.5 MiB scope
+assembled in 300 scopes, the largest requests the bounds allow, unread listings,
+256 prompt watchers, 1,100 idle connections, one connection holding every watch it
+may). It passes when the well-behaved clients see no error but the assemblies in
+flight during a silent listener's one timeout, their assembly p99 stays within 2x
+of the calm run's, and the sidecar's
 RSS stays under the memory budget (`[limits] max_total_bytes` where this build
 has it). Exit 1 otherwise.
 """
@@ -30,7 +34,10 @@ from .attacks import ATTACKS
 from .soak import Tally, churn
 
 BUDGET_MIB = 512
-P99_FACTOR = 3.0
+P99_FACTOR = 2.0
+# Listeners the attackers make silent: the assemblies in flight during their one timeout
+# fail, naming them (issue 22), and are counted apart from the errors.
+SILENT_LISTENERS = ('listener "stuck"', 'listener "stall"')
 
 
 async def run(
@@ -75,11 +82,14 @@ async def run(
             out, _ = await asyncio.wait_for(attackers.communicate(), 60)
             seen = json.loads(out or b"{}")
         latencies = sorted(tally.latencies)
+        excused = [e for e in tally.errors if any(name in e for name in SILENT_LISTENERS)]
+        errors = [e for e in tally.errors if e not in excused]
         return {
             "seconds": round(elapsed, 1),
             "assemblies": tally.assemblies,
-            "errors": len(tally.errors),
-            "first_errors": tally.errors[:5],
+            "errors": len(errors),
+            "first_errors": errors[:5],
+            "failed_during_a_silent_listeners_timeout": len(excused),
             "p50_ms": _percentile_ms(latencies, 0.5),  # of the assemblies that succeeded
             "p99_ms": _percentile_ms(latencies, 0.99),
             "rss_peak_mib": round(peak / 1024, 1),
