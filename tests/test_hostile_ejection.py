@@ -15,7 +15,7 @@ import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server import Sidecar
-from helpers import SidecarFactory, eventually, raw_channel, raw_stub
+from helpers import SidecarFactory, eventually, next_events, raw_channel, raw_stub
 
 Stub = pb_grpc.SystemPromptServiceStub
 
@@ -302,3 +302,19 @@ async def test_the_python_client_registers_an_ejected_provider_again_on_its_sess
     assert caught.value.reason == "PROVIDER_TIMEOUT"
     assert assembly.sections[-1].text == "It is noon."
     assert after == [before]  # on the same session: nothing else was made again
+
+
+async def test_the_python_client_shows_why_the_sidecar_disposed_an_ejected_callback(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(provider_timeout_s=0.5)
+    async with dsp.connect(sidecar.address) as client, raw_channel(sidecar.address) as channel:
+        stub = raw_stub(channel)
+        session, session_id = await _session(stub)
+        changes = await client.watch_changes()
+        await _silent_listener(stub, session_id)
+        await _outcome(stub)
+        registered, unregistered = await next_events(changes, 2)
+        session.cancel()
+    assert (registered.reason, unregistered.action) == ("", "unregistered")
+    assert unregistered.reason == 'ejected: listener "silent" did not answer within 0.5s'

@@ -157,6 +157,7 @@ def change_from_proto(message: pb.ChangeEvent) -> ChangeEvent:
         scope=message.scope or None,
         ref=message.ref,
         fingerprint=message.fingerprint,
+        reason=message.reason,
     )
 
 

@@ -262,6 +262,7 @@ class ChangeEvent:
     scope: str | None
     ref: str = ""  # the registration's public reference, as in RegistrationInfo.ref
     fingerprint: str = ""  # its value's after the change; "" when gone or not static
+    reason: str = ""  # why the sidecar disposed it on its own (an ejected callback), or ""
 
 
 @dataclass(frozen=True)
