@@ -151,6 +151,7 @@ export function changeFromProto(message: pb.ChangeEvent): ChangeEvent {
     scope: message.scope || undefined,
     ref: message.ref,
     fingerprint: message.fingerprint,
+    ...(message.reason ? { reason: message.reason } : {}),
   };
 }
 

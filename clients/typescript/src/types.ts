@@ -225,6 +225,8 @@ export interface ChangeEvent {
   ref: string;
   /** Its value's fingerprint after the change; "" when gone or not static. */
   fingerprint: string;
+  /** Why the sidecar disposed it on its own (an ejected callback); absent otherwise. */
+  reason?: string;
 }
 
 /**
