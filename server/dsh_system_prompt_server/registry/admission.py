@@ -9,6 +9,7 @@ provider keys live per session (a session answers by key, so one each).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from dsh_system_prompt_core import (
     HARNESS_IDENTITY_SECTION,
@@ -30,6 +31,7 @@ from .model import (
     SectionRegistration,
     ToolSet,
 )
+from .settings import RegistrySettings
 
 # What an update may put in place of a static value: text, a variable's None, tools.
 StaticValue = str | None | ToolSet
@@ -39,14 +41,17 @@ BUILTIN_SECTIONS = frozenset({HARNESS_IDENTITY_SECTION, PERSONA_SECTION})
 
 
 class Admission:
-    """The limits in force, and what they are counted against."""
+    """The limits in force (the live settings' ones), and what they are counted against."""
 
-    def __init__(self, limits: Limits) -> None:
-        self.limits = limits
+    def __init__(self, settings: Callable[[], RegistrySettings]) -> None:
+        self._settings = settings  # the registry's, as a reload leaves them
         self.total_bytes = 0  # what sessions registered, against limits.max_total_bytes
         # (owner, provider key) of live dynamic entries: a session answers by key, so one each.
         self._provider_keys: set[tuple[str, str]] = set()
-        self.max_timeout_s = 60.0  # the registry's max_callback_timeout_s
+
+    @property
+    def limits(self) -> Limits:
+        return self._settings().limits
 
     def check_named(
         self,
@@ -92,7 +97,7 @@ class Admission:
 
     def check_timeout(self, what: str, timeout_s: float | None) -> None:
         """A callback's own timeout is bounded: an honest slow one says so, up to a bound."""
-        bound = self.max_timeout_s
+        bound = self._settings().max_callback_timeout_s
         if timeout_s is not None and timeout_s > bound:
             raise errors.RegistryError(
                 errors.Status.INVALID_ARGUMENT,
@@ -108,8 +113,10 @@ class Admission:
                 f"this session already has {owned} registrations, the limit per session"
             )
 
-    def check_listeners(self, listeners: int) -> None:
-        """The sidecar, with `listeners` installed, may install one more."""
+    def check_listeners(self, listeners: int, timeout_s: float | None = None) -> None:
+        """The sidecar, with `listeners` installed, may install one more (that may take
+        `timeout_s` to answer)."""
+        self.check_timeout("listener", timeout_s)
         if listeners >= self.limits.max_listeners:
             raise quota_exceeded(f"the sidecar already has {listeners} listeners, its limit")
 

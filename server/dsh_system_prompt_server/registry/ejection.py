@@ -16,20 +16,23 @@ from collections.abc import Callable
 from dsh_system_prompt_core import Reason
 
 from .errors import Failure
-from .model import AnyRegistration
+from .model import AnyRegistration, Dynamic, ListenerRegistration
 
 TIMEOUTS = frozenset({Reason.PROVIDER_TIMEOUT, Reason.LISTENER_TIMEOUT})
 
-Eject = Callable[[AnyRegistration, Failure], None]
+Remove = Callable[[AnyRegistration, str], None]
+"""Dispose a registration, with the reason its change event gives."""
 
 
 class Ejector:
-    """Counts each callback's consecutive timeouts; the `after`-th ejects it (0: never)."""
+    """Counts each callback's consecutive timeouts; the `after()`-th ejects it (0: never)."""
 
-    def __init__(self, eject: Eject, after: int = 1) -> None:
-        self._eject = eject
-        self.after = after  # a reload may change it
+    def __init__(self, remove: Remove, after: Callable[[], int] = lambda: 1) -> None:
+        self._remove = remove
+        self._after = after  # the live eject_after_timeouts
         self._timeouts: dict[str, int] = {}  # registration id -> consecutive timeouts
+        # The service's: log and count an ejection (the registry knows no telemetry).
+        self.on_eject: Callable[[AnyRegistration, Failure], None] = lambda *_: None
 
     def answered(self, entry: AnyRegistration) -> None:
         """`entry` answered (or failed loudly): its count starts again."""
@@ -41,14 +44,25 @@ class Ejector:
         if error.reason not in TIMEOUTS or not whole:
             self.answered(entry)  # a loud failure is its owner's bug, not a dead peer
             return
-        if not self.after or entry.disposed:
+        after = self._after()
+        if not after or entry.disposed:
             return
         count = self._timeouts.get(entry.id, 0) + 1
-        if count < self.after:
+        if count < after:
             self._timeouts[entry.id] = count
             return
         self._timeouts.pop(entry.id, None)
         self._eject(entry, error)
+
+    def _eject(self, entry: AnyRegistration, why: Failure) -> None:
+        """A dead peer: its owner is told on its stream, and it is disposed with an event
+        that says why."""
+        if isinstance(entry, ListenerRegistration):
+            entry.value.ejected(why)
+        elif isinstance(entry.value, Dynamic):
+            entry.value.host.ejected(entry.id, why)
+        self._remove(entry, f"ejected: {why.message}")
+        self.on_eject(entry, why)
 
     def forget(self, registration_id: str) -> None:
         """The registration is gone: nothing more to count for it."""

@@ -34,6 +34,8 @@ class ListenerIndex:
             self._by_scope.setdefault(entry.scope, {})[entry.id] = entry
 
     def remove(self, entry: ListenerRegistration) -> None:
+        """Take `entry` out, and tell its host it will not be invoked again."""
+        entry.value.disposed()
         if self._everywhere.pop(entry.id, None) is not None:
             return
         assert entry.scope is not None

@@ -74,15 +74,11 @@ class Registry:
         self._entries: dict[str, AnyRegistration] = {}
         self._by_owner: dict[str, dict[str, AnyRegistration]] = {}
         self._unlinks: dict[str, Remover] = {}  # by entry id: takes it out of where it lives
-        self._admission = Admission(self.settings.limits)
+        self._admission = Admission(lambda: self.settings)
         self._listeners = ListenerIndex()
         self._plans: OrderedDict[str | None, assembly.Plan] = OrderedDict()
-        # answers of callbacks that may be cached
         self.callbacks = CallbackCache(max_bytes=self.settings.limits.max_callback_cache_bytes)
-        self._admission.max_timeout_s = self.settings.max_callback_timeout_s
-        self.ejector = Ejector(self._eject, self.settings.eject_after_timeouts)
-        # The service's: log and count an ejection (the registry knows no telemetry).
-        self.on_eject: Callable[[AnyRegistration, errors.Failure], None] = lambda *_: None
+        self.ejector = Ejector(self._remove, lambda: self.settings.eject_after_timeouts)
         self._builtins: dict[str, SectionRegistration] = {}
         if self.settings.include_harness_identity:
             self._add_builtin(
@@ -98,10 +94,7 @@ class Registry:
         key. Either moves the revision, so no plan or cached response outlives it.
         """
         old, self.settings = self.settings, settings
-        self._admission.limits = settings.limits
         self.callbacks.max_bytes = settings.limits.max_callback_cache_bytes
-        self._admission.max_timeout_s = settings.max_callback_timeout_s
-        self.ejector.after = settings.eject_after_timeouts
         self.changes.history = settings.change_history
         before = settings_keys(old)
         changed = [key for key, value in settings_keys(settings).items() if before[key] != value]
@@ -244,13 +237,11 @@ class Registry:
         timeout_s: float | None = None,
     ) -> ListenerRegistration:
         """Install a waterfall listener; `prepend` runs it before earlier ones; with
-        `cache`, its result is reused for the same input while the policy allows; with
-        `timeout_s`, it may take that long to answer instead of provider_timeout_s."""
+        `cache`, its result is reused for the same input while the policy allows."""
         scope_handle = self._handle(owner, handle)
         self.limits.check_name("listener", name)
-        self._admission.check_timeout("listener", timeout_s)
         self._admission.check_quota(self._owned(owner))
-        self._admission.check_listeners(len(self._listeners))
+        self._admission.check_listeners(len(self._listeners), timeout_s)
         entry = ListenerRegistration(
             **self._fields(owner, Kind.LISTENER, scope_handle, name),
             value=host,
@@ -260,7 +251,7 @@ class Registry:
             timeout_s=timeout_s,
         )
         self._listeners.add(entry)
-        return self._added(entry, scope_handle, functools.partial(self._unlink_listener, entry))
+        return self._added(entry, scope_handle, functools.partial(self._listeners.remove, entry))
 
     def open_scope(self, owner: str, key: str, parent: str | None = None) -> ScopeHandle:
         """Open a handle on scope `key`, binding its parent the first time one is given."""
@@ -283,18 +274,6 @@ class Registry:
         if entry is None:
             raise errors.not_found()
         self._remove(entry)
-
-    def _eject(self, entry: AnyRegistration, why: errors.Failure) -> None:
-        """A callback that did not answer in time is a dead peer: its owner is told on its
-        stream, and it is disposed with an event that says why."""
-        if entry.disposed:
-            return
-        if isinstance(entry, ListenerRegistration):
-            entry.value.ejected(why)
-        elif isinstance(entry.value, Dynamic):
-            entry.value.host.ejected(entry.id, why)
-        self._remove(entry, reason=f"ejected: {why.message}")
-        self.on_eject(entry, why)
 
     def dispose_owner(self, owner: str) -> int:
         """Dispose everything `owner` registered, newest first; returns how many."""
@@ -349,10 +328,6 @@ class Registry:
         self._admission.released(entry)
         self.ejector.forget(entry.id)
         self._publish(entry, Action.UNREGISTERED, reason)
-
-    def _unlink_listener(self, entry: ListenerRegistration) -> None:
-        entry.value.disposed()
-        self._listeners.remove(entry)
 
     # -- assembly ---------------------------------------------------------------------
 

@@ -82,7 +82,7 @@ class ServerState:
         )
         self.gate = Gate()
         self.prefix_layout = settings.prefix_layout
-        registry.on_eject = self._ejected
+        registry.ejector.on_eject = self._ejected
         metrics.track(
             sessions=lambda: len(self.sessions),
             registrations=registry.registration_count,
