@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .registry import Registry, RegistrySettings
     from .sidecar.app import Sidecar, start_sidecar
-    from .sidecar.config import ConfigError, SidecarConfig, load_config, parse_config
+    from .sidecar.config import SidecarConfig, load_config, parse_config
+    from .sidecar.config_values import ConfigError
 
 # Each name of the face and the module that defines it.
 _FACE = {
@@ -32,7 +33,7 @@ _FACE = {
     "RegistrySettings": ".registry",
     "Sidecar": ".sidecar.app",
     "start_sidecar": ".sidecar.app",
-    "ConfigError": ".sidecar.config",
+    "ConfigError": ".sidecar.config_values",
     "SidecarConfig": ".sidecar.config",
     "load_config": ".sidecar.config",
     "parse_config": ".sidecar.config",

@@ -34,7 +34,8 @@ from ..rpc.streams.watches import WatchSettings
 from ..telemetry.logs import logger
 from ..telemetry.metrics import Metrics
 from ..telemetry.tracing import Tracing
-from .config import ConfigError, SidecarConfig, all_credentials
+from .config import SidecarConfig, all_credentials
+from .config_values import ConfigError
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SystemPromptService"].full_name
 HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name

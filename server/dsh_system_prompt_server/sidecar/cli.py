@@ -18,7 +18,8 @@ from ..telemetry.logs import configure_logging, logger
 from ..telemetry.tracing import tracing_from_env
 from .app import start_sidecar
 from .commands import add_connection_options, run
-from .config import LOG_LEVELS, ConfigError, SidecarConfig, load_config, with_overrides
+from .config import LOG_LEVELS, SidecarConfig, load_config, with_overrides
+from .config_values import ConfigError
 from .reload import POLL_S, Reloader
 
 DEFAULT_LISTEN = "127.0.0.1:50051"

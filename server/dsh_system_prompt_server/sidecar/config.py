@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import math
-import ssl
 import tomllib
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from dsh_system_prompt_core import PERSONA_SECTION, RenderFailure, check_template
 
@@ -17,19 +14,22 @@ from ..reports.tokens import TOKENIZERS
 from ..reports.values import DEFAULT_LAYOUT, Layout
 from ..rpc.addresses import AddressError, host_and_port, is_loopback
 from ..rpc.policy import ADMIN, Credential, Grants, Role
+from .config_values import (
+    ConfigError,
+    check_pem,
+    check_token,
+    count,
+    no_unknown,
+    optional_path,
+    seconds,
+    typed,
+)
 
-T = TypeVar("T")
 LogFormat = Literal["text", "json"]
 LOG_LEVELS = ("debug", "info", "warning", "error")
-MAX_COUNT = 2**31 - 1  # gRPC takes sizes as C ints; no count needs more
 MAX_HISTORY = 1_000_000  # change events kept for resuming watchers, at most
-MAX_SECONDS = 86_400.0  # a day: anything longer is a typo, and overflows timers
 MAX_WATCH_COALESCE_S = 1.0  # every batching watcher's events wait this long at most
 MAX_EJECT_AFTER = 1_000  # consecutive timeouts before a callback is ejected, at most
-
-
-class ConfigError(Exception):
-    """The config cannot be used; the message names the key and what is wrong."""
 
 
 @dataclass(frozen=True)
@@ -150,26 +150,26 @@ def load_config(path: str | Path | None) -> SidecarConfig:
 
 def parse_config(raw: dict[str, Any]) -> SidecarConfig:
     """Validate a parsed config table."""
-    _no_unknown(raw, _TOP_KEYS, "")
+    no_unknown(raw, _TOP_KEYS, "")
     limits_table = raw.get("limits", {})
     if not isinstance(limits_table, dict):
         raise ConfigError("config key 'limits' must be a table")
-    _no_unknown(limits_table, _LIMIT_KEYS, "limits.")
+    no_unknown(limits_table, _LIMIT_KEYS, "limits.")
     registry = RegistrySettings(
         persona=_persona(raw),
-        include_harness_identity=_typed(raw, "include_harness_identity", bool, True),
-        include_runtime_context=_typed(raw, "include_runtime_context", bool, True),
+        include_harness_identity=typed(raw, "include_harness_identity", bool, True),
+        include_runtime_context=typed(raw, "include_runtime_context", bool, True),
         tool_order=_tool_order(raw.get("tool_order")),
-        provider_timeout_s=_seconds(raw, "provider_timeout_s", 5.0),
+        provider_timeout_s=seconds(raw, "provider_timeout_s", 5.0),
         eject_after_timeouts=_eject_after(raw),
         max_callback_timeout_s=_callback_timeout(raw),
         limits=Limits(**_counts(limits_table, Limits())),
         change_history=_history(raw),
     )
-    log_level = _typed(raw, "log_level", str, "info")
+    log_level = typed(raw, "log_level", str, "info")
     if log_level not in LOG_LEVELS:
         raise ConfigError(f"config key 'log_level' must be one of {', '.join(LOG_LEVELS)}")
-    log_format = _typed(raw, "log_format", str, "text")
+    log_format = typed(raw, "log_format", str, "text")
     if log_format not in ("text", "json"):
         raise ConfigError("config key 'log_format' must be 'text' or 'json'")
     reflection = raw.get("reflection")
@@ -179,24 +179,24 @@ def parse_config(raw: dict[str, Any]) -> SidecarConfig:
         SidecarConfig(
             registry=registry,
             server_limits=ServerLimits(**_counts(limits_table, ServerLimits())),
-            security=Security(**{f.name: _path(raw, f.name) for f in fields(Security)}),
-            shutdown_grace_s=_seconds(raw, "shutdown_grace_s", 5.0, allow_zero=True),
-            dead_peer_timeout_s=_seconds(raw, "dead_peer_timeout_s", 20.0),
-            handshake_timeout_s=_seconds(raw, "handshake_timeout_s", 5.0),
-            watch_buffer=_count(raw, "watch_buffer", 1024),
-            prompt_coalesce_s=_seconds(raw, "prompt_coalesce_s", 0.1, allow_zero=True),
+            security=Security(**{f.name: optional_path(raw, f.name) for f in fields(Security)}),
+            shutdown_grace_s=seconds(raw, "shutdown_grace_s", 5.0, allow_zero=True),
+            dead_peer_timeout_s=seconds(raw, "dead_peer_timeout_s", 20.0),
+            handshake_timeout_s=seconds(raw, "handshake_timeout_s", 5.0),
+            watch_buffer=count(raw, "watch_buffer", 1024),
+            prompt_coalesce_s=seconds(raw, "prompt_coalesce_s", 0.1, allow_zero=True),
             watch_coalesce_s=_watch_coalesce(raw),
             reflection=reflection,
             log_level=log_level,
             log_format="json" if log_format == "json" else "text",
-            metrics_listen=_typed(raw, "metrics_listen", str, "") or None,
-            metrics_key_labels=_typed(raw, "metrics_key_labels", bool, False),
+            metrics_listen=typed(raw, "metrics_listen", str, "") or None,
+            metrics_key_labels=typed(raw, "metrics_key_labels", bool, False),
             tokenizer=_tokenizer(raw),
-            report_history=_count(raw, "report_history", 8),
-            report_keys=_count(raw, "report_keys", 1024),
+            report_history=count(raw, "report_history", 8),
+            report_keys=count(raw, "report_keys", 1024),
             prefix_layout=_layout(raw),
-            admin_listen=_typed(raw, "admin_listen", str, "") or None,
-            admin_allow_remote=_typed(raw, "admin_allow_remote", bool, False),
+            admin_listen=typed(raw, "admin_listen", str, "") or None,
+            admin_allow_remote=typed(raw, "admin_allow_remote", bool, False),
             credentials=_credentials(raw.get("credentials", [])),
         )
     )
@@ -211,7 +211,7 @@ def with_overrides(config: SidecarConfig, **overrides: Any) -> SidecarConfig:
 
 
 def _history(raw: dict[str, Any]) -> int:
-    value = _count(raw, "change_history", 1024)
+    value = count(raw, "change_history", 1024)
     if value > MAX_HISTORY:  # each kept event costs memory for as long as it is kept
         raise ConfigError(
             f"config key 'change_history' must be from 1 to {MAX_HISTORY}, not {value}"
@@ -220,7 +220,7 @@ def _history(raw: dict[str, Any]) -> int:
 
 
 def _eject_after(raw: dict[str, Any]) -> int:
-    value = _typed(raw, "eject_after_timeouts", int, 1)
+    value = typed(raw, "eject_after_timeouts", int, 1)
     if not 0 <= value <= MAX_EJECT_AFTER:
         raise ConfigError(
             f"config key 'eject_after_timeouts' must be from 0 (never eject) to"
@@ -230,8 +230,8 @@ def _eject_after(raw: dict[str, Any]) -> int:
 
 
 def _callback_timeout(raw: dict[str, Any]) -> float:
-    value = _seconds(raw, "max_callback_timeout_s", 60.0)
-    default = _seconds(raw, "provider_timeout_s", 5.0)
+    value = seconds(raw, "max_callback_timeout_s", 60.0)
+    default = seconds(raw, "provider_timeout_s", 5.0)
     if value < default:  # the default time must be one a callback may have
         raise ConfigError(
             f"config key 'max_callback_timeout_s' ({value:g}) must be at least"
@@ -241,7 +241,7 @@ def _callback_timeout(raw: dict[str, Any]) -> float:
 
 
 def _watch_coalesce(raw: dict[str, Any]) -> float:
-    value = _seconds(raw, "watch_coalesce_s", 0.005, allow_zero=True)
+    value = seconds(raw, "watch_coalesce_s", 0.005, allow_zero=True)
     if value > MAX_WATCH_COALESCE_S:  # a delay on every change event of every watcher
         raise ConfigError(
             f"config key 'watch_coalesce_s' must be from 0 to {MAX_WATCH_COALESCE_S:g}"
@@ -283,17 +283,17 @@ def _credentials(value: object) -> tuple[Credential, ...]:
 
 
 def _credential(entry: dict[str, Any], prefix: str) -> Credential:
-    _no_unknown(entry, CREDENTIAL_KEYS, prefix)
-    name = _typed(entry, "name", str, "", prefix)
+    no_unknown(entry, CREDENTIAL_KEYS, prefix)
+    name = typed(entry, "name", str, "", prefix)
     if not name:
         raise ConfigError(f"config key '{prefix}name' must name the credential (logs and errors)")
     roles = ", ".join(role.value for role in Role)
-    role_name = _typed(entry, "role", str, "", prefix)
+    role_name = typed(entry, "role", str, "", prefix)
     if role_name not in {role.value for role in Role}:
         raise ConfigError(f"config key '{prefix}role' must be one of {roles}, not {role_name!r}")
     role = Role(role_name)
-    token_file = _typed(entry, "token_file", str, "", prefix) or None
-    certificate = _typed(entry, "client_certificate", str, "", prefix) or None
+    token_file = typed(entry, "token_file", str, "", prefix) or None
+    certificate = typed(entry, "client_certificate", str, "", prefix) or None
     if bool(token_file) == bool(certificate):
         raise ConfigError(
             f"config key '{prefix}token_file': a credential is a token file or a"
@@ -320,17 +320,15 @@ def _grants(entry: dict[str, Any], role: Role, prefix: str) -> Grants:
     scopes = entry.get("scopes", ["*"] if role is Role.READER else [])
     if not isinstance(scopes, list) or not all(isinstance(p, str) and p for p in scopes):
         raise ConfigError(f"config key '{prefix}scopes' must be a list of scope key patterns")
-    flags = {field: _typed(entry, key, bool, False, prefix) for key, field in _AGENT_GRANTS.items()}
-    return Grants(
-        scopes=tuple(scopes), values=_typed(entry, "values", bool, False, prefix), **flags
-    )
+    flags = {field: typed(entry, key, bool, False, prefix) for key, field in _AGENT_GRANTS.items()}
+    return Grants(scopes=tuple(scopes), values=typed(entry, "values", bool, False, prefix), **flags)
 
 
 def _check_credentials(config: SidecarConfig) -> None:
     """Names and tokens that tell credentials apart; certificates only under mutual TLS."""
     admin = config.security.auth_token_file
     names = {ADMIN.name} if admin else set()
-    tokens = {_check_token("auth_token_file", admin): ADMIN.name} if admin else {}
+    tokens = {check_token("auth_token_file", admin): ADMIN.name} if admin else {}
     for index, credential in enumerate(config.credentials):
         prefix = f"credentials[{index}]."
         if credential.name in names:
@@ -345,7 +343,7 @@ def _check_credentials(config: SidecarConfig) -> None:
                 " certificates are verified only under mutual TLS"
             )
         if credential.token_file:
-            token = _check_token(f"{prefix}token_file", credential.token_file)
+            token = check_token(f"{prefix}token_file", credential.token_file)
             if token in tokens:
                 raise ConfigError(
                     f"config key '{prefix}token_file': the same token as"
@@ -392,48 +390,18 @@ def _check_security(security: Security) -> None:
         )
         raise ConfigError(f"config key '{given}' ({cert or key}) needs '{missing}' too")
     if cert and key:
-        _check_pem("tls_cert_file", cert, lambda context: context.load_verify_locations(cert))
-        _check_pem("tls_key_file", key, lambda context: context.load_cert_chain(cert, key))
+        check_pem("tls_cert_file", cert, lambda context: context.load_verify_locations(cert))
+        check_pem("tls_key_file", key, lambda context: context.load_cert_chain(cert, key))
     if client_ca:
-        _check_pem(
+        check_pem(
             "tls_client_ca_file",
             client_ca,
             lambda context: context.load_verify_locations(client_ca),
         )
 
 
-def _check_token(key: str, path: str) -> str:
-    data = _read(key, path)
-    try:
-        token = data.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        raise ConfigError(f"config key '{key}': {path} is not UTF-8 text") from None
-    if not token:
-        raise ConfigError(f"config key '{key}': {path} is empty")
-    return token
-
-
-def _check_pem(key: str, path: str, load: Callable[[ssl.SSLContext], None]) -> None:
-    _read(key, path)
-    try:
-        load(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER))
-    except (ssl.SSLError, ValueError) as error:
-        what = "private key for tls_cert_file" if key == "tls_key_file" else "PEM certificate"
-        raise ConfigError(f"config key '{key}': {path} is not a {what} ({error})") from None
-
-
-def _read(key: str, path: str) -> bytes:
-    try:
-        with open(path, "rb") as file:
-            return file.read()
-    except OSError as error:
-        raise ConfigError(f"config key '{key}': cannot read {path}: {error.strerror}") from None
-    except ValueError:  # a NUL in the path: no file can have that name
-        raise ConfigError(f"config key '{key}': {path!r} is not a file name") from None
-
-
 def _persona(raw: dict[str, Any]) -> str:
-    persona = _typed(raw, "persona", str, "")
+    persona = typed(raw, "persona", str, "")
     try:
         check_template(persona, f'section "{PERSONA_SECTION}"')
     except RenderFailure as error:  # it would fail every render of the pod
@@ -442,7 +410,7 @@ def _persona(raw: dict[str, Any]) -> str:
 
 
 def _tokenizer(raw: dict[str, Any]) -> str | None:
-    name = _typed(raw, "tokenizer", str, "") or None
+    name = typed(raw, "tokenizer", str, "") or None
     if name is not None and name not in TOKENIZERS:
         known = ", ".join(TOKENIZERS)
         raise ConfigError(f"config key 'tokenizer' must be one of: {known} (not {name!r})")
@@ -450,17 +418,11 @@ def _tokenizer(raw: dict[str, Any]) -> str | None:
 
 
 def _layout(raw: dict[str, Any]) -> Layout:
-    name = _typed(raw, "prefix_layout", str, DEFAULT_LAYOUT.value)
+    name = typed(raw, "prefix_layout", str, DEFAULT_LAYOUT.value)
     if name not in {layout.value for layout in Layout}:
         known = ", ".join(layout.value for layout in Layout)
         raise ConfigError(f"config key 'prefix_layout' must be one of: {known} (not {name!r})")
     return Layout(name)
-
-
-def _no_unknown(table: dict[str, Any], known: set[str], prefix: str) -> None:
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ConfigError(f"unknown config key '{prefix}{unknown[0]}'")
 
 
 def _tool_order(value: object) -> tuple[str, ...] | None:
@@ -476,44 +438,6 @@ def _tool_order(value: object) -> tuple[str, ...] | None:
 
 def _counts(table: dict[str, Any], defaults: Limits | ServerLimits) -> dict[str, int]:
     return {
-        f.name: _count(table, f.name, getattr(defaults, f.name), prefix="limits.")
+        f.name: count(table, f.name, getattr(defaults, f.name), prefix="limits.")
         for f in fields(defaults)
     }
-
-
-def _count(raw: dict[str, Any], key: str, default: int, prefix: str = "") -> int:
-    value = _typed(raw, key, int, default, prefix)
-    if not 1 <= value <= MAX_COUNT:
-        raise ConfigError(f"config key '{prefix}{key}' must be from 1 to {MAX_COUNT}, not {value}")
-    return value
-
-
-def _path(raw: dict[str, Any], key: str) -> str | None:
-    value = _typed(raw, key, str, "")
-    return value or None
-
-
-def _typed(raw: dict[str, Any], key: str, kind: type[T], default: T, prefix: str = "") -> T:
-    value = raw.get(key, default)
-    # bool is an int in Python; a flag is not a number here, nor the reverse.
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise ConfigError(f"config key '{prefix}{key}' must be a {kind.__name__}, not {value!r}")
-    return value
-
-
-def _seconds(raw: dict[str, Any], key: str, default: float, allow_zero: bool = False) -> float:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"config key '{key}' must be a number of seconds, not {value!r}")
-    if (
-        not math.isfinite(value)
-        or value < 0
-        or (value == 0 and not allow_zero)
-        or (value > MAX_SECONDS)
-    ):
-        bound = "from 0" if allow_zero else "greater than 0 and"
-        raise ConfigError(
-            f"config key '{key}' must be a number of seconds {bound} up to {MAX_SECONDS:g},"
-            f" not {value!r}"
-        )
-    return float(value)

@@ -19,7 +19,8 @@ from ..registry import Limits
 from ..registry.settings import settings_keys
 from ..telemetry.logs import LOGGER_NAME, logger
 from .app import Sidecar, state_settings
-from .config import ConfigError, ServerLimits, SidecarConfig, all_credentials, auth_enabled
+from .config import ServerLimits, SidecarConfig, all_credentials, auth_enabled
+from .config_values import ConfigError
 
 _log = logger("reload")
 
