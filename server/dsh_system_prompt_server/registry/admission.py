@@ -53,7 +53,24 @@ class Admission:
     def limits(self) -> Limits:
         return self._settings().limits
 
-    def check_named(
+    def check_text(
+        self,
+        owner: str,
+        owned: int,
+        noun: str,
+        name: str,
+        order: float,
+        text: str | Dynamic,
+        existing: dict[str, SectionRegistration] | dict[str, ContextRegistration],
+        scope: str | None,
+    ) -> None:
+        """A new section or context (`noun`) of `owner`, who has `owned` registrations: its
+        name and order unique in its layer (`scope`), its text within limits and parsing."""
+        self._check_named(f"prompt {noun}", name, order, existing, scope)
+        self.check_value(owner, owned, f'prompt {noun} "{name}" text', text)
+        check_text_template(text, f'{noun} "{name}"')
+
+    def _check_named(
         self,
         noun: str,
         name: str,
@@ -61,7 +78,6 @@ class Admission:
         existing: dict[str, SectionRegistration] | dict[str, ContextRegistration],
         scope: str | None,
     ) -> None:
-        """A section's or context's name and order, unique in its layer (`scope`)."""
         if not name:
             raise errors.empty_name(noun)
         self.limits.check_name(noun, name)

@@ -18,7 +18,7 @@ from dsh_system_prompt_core import (
 )
 
 from . import assembly, errors
-from .admission import Admission, StaticValue, check_text_template
+from .admission import Admission, StaticValue
 from .callback_cache import CallbackCache
 from .changes import ChangeFeed
 from .ejection import Budget, Ejector
@@ -134,14 +134,10 @@ class Registry:
     ) -> SectionRegistration:
         """Add a section to the global layer or the layer of scope handle `handle`."""
         scope_handle = self._handle(owner, handle)
-        layer = self._layers.of(_key(scope_handle))
-        self._admission.check_named(
-            "prompt section", name, order, layer.sections, _key(scope_handle)
-        )
-        self._admission.check_value(
-            owner, self._owned(owner), f'prompt section "{name}" text', text
-        )
-        check_text_template(text, f'section "{name}"')
+        key = _key(scope_handle)
+        layer = self._layers.of(key)
+        owned = self._owned(owner)
+        self._admission.check_text(owner, owned, "section", name, order, text, layer.sections, key)
         entry = SectionRegistration(
             **self._fields(owner, Kind.SECTION, scope_handle, name),
             value=text,
@@ -157,14 +153,10 @@ class Registry:
     ) -> ContextRegistration:
         """Add a runtime context to the global layer or a scope's layer."""
         scope_handle = self._handle(owner, handle)
-        layer = self._layers.of(_key(scope_handle))
-        self._admission.check_named(
-            "prompt context", name, order, layer.contexts, _key(scope_handle)
-        )
-        self._admission.check_value(
-            owner, self._owned(owner), f'prompt context "{name}" text', text
-        )
-        check_text_template(text, f'context "{name}"')
+        key = _key(scope_handle)
+        layer = self._layers.of(key)
+        owned = self._owned(owner)
+        self._admission.check_text(owner, owned, "context", name, order, text, layer.contexts, key)
         entry = ContextRegistration(
             **self._fields(owner, Kind.CONTEXT, scope_handle, name),
             value=text,
