@@ -11,13 +11,15 @@ import dsh_system_prompt_server
 
 PACKAGE = Path(dsh_system_prompt_server.__file__).parent
 # Lowest first, as the package's docstring lists them; inside rpc/, the translation modules,
-# then the streams' brokers, then the state both faces take, then the servicer. The package's
-# root modules sit on top.
+# then who may call, then the Assemble RPC answered, then the streams' brokers, then the state
+# both faces take, then the servicer. The package's root modules sit on top.
 LAYERS = (
     "registry",
     "reports",
     "telemetry",
     "rpc",
+    "rpc.guard",
+    "rpc.assemble",
     "rpc.streams",
     "rpc.state",
     "rpc.service",

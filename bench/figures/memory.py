@@ -11,7 +11,7 @@ from collections.abc import Callable
 import dsh_system_prompt as dsp
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import parse_config, start_sidecar
-from dsh_system_prompt_server.rpc.response_cache import ResponseCache
+from dsh_system_prompt_server.rpc.assemble.response_cache import ResponseCache
 
 from .. import procs, workload
 from ..report import Figure, X, at_most

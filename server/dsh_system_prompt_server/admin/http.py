@@ -26,8 +26,8 @@ from yarl import URL
 
 from ..registry import ChangeEvent
 from ..rpc.addresses import is_loopback
-from ..rpc.auth import Authenticator
-from ..rpc.policy import ADMIN, Credential, Request, Role, Verb, decide
+from ..rpc.guard.auth import Authenticator
+from ..rpc.guard.policy import ADMIN, Credential, Request, Role, Verb, decide
 from ..rpc.state import ServerState
 from ..telemetry.logs import logger
 from . import sign_in, views

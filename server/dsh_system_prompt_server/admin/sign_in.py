@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from aiohttp import web
 from yarl import URL
 
-from ..rpc.auth import Authenticator
-from ..rpc.policy import Credential
+from ..rpc.guard.auth import Authenticator
+from ..rpc.guard.policy import Credential
 
 COOKIE = "dsp_admin"
 PATH = "/sign-in"

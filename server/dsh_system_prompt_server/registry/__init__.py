@@ -1,9 +1,14 @@
 """The registry's semantics in plain Python: layers, shadowing, ordering, assembly.
 
-Nothing here knows about gRPC; the service translates to and from it.
+Nothing here knows about gRPC; the service translates to and from it. Here: the values
+(`model`, `provenance`, `errors`, `limits`, `settings`), what is admitted (`admission`), the
+layers and scope tree, change notifications, filters and the `Registry` itself; how one assembly
+is made in `assembly/`; the registry's side of callbacks (listeners, cached answers, ejection) in
+`callbacks/`. Everything above imports it; it imports only the shared core.
 """
 
-from .callback_cache import CallbackCache
+from .assembly.tool_order import validate_tool_order
+from .callbacks.cache import CallbackCache
 from .changes import ChangeFeed, Missed, Subscription
 from .errors import Failure, RegistryError, ServiceError, Status
 from .filters import Filter, owner_label, public_ref
@@ -33,7 +38,6 @@ from .model import (
 from .provenance import Origin, OriginKind, Origins, PartKey, PartKind, Step, Trace
 from .registry import Registry
 from .settings import RegistrySettings
-from .tool_order import validate_tool_order
 
 __all__ = [
     "SIDECAR_OWNER",

@@ -17,15 +17,16 @@ from dsh_system_prompt_core import (
     is_variable_name,
 )
 
-from . import assembly, errors
+from . import errors
 from .admission import Admission, StaticValue
-from .callback_cache import CallbackCache
+from .assembly import steps
+from .callbacks.cache import CallbackCache
+from .callbacks.ejection import Budget, Ejector
+from .callbacks.listener_index import ListenerIndex
 from .changes import ChangeFeed
-from .ejection import Budget, Ejector
 from .filters import Filter, public_ref, value_fingerprint
 from .layers import Layers, Remover, ScopeTree
 from .limits import Limits
-from .listener_index import ListenerIndex
 from .model import (
     SIDECAR_OWNER,
     Action,
@@ -76,7 +77,7 @@ class Registry:
         self._unlinks: dict[str, Remover] = {}  # by entry id: takes it out of where it lives
         self._admission = Admission(lambda: self.settings)
         self._listeners = ListenerIndex()
-        self._plans: OrderedDict[str | None, assembly.Plan] = OrderedDict()
+        self._plans: OrderedDict[str | None, steps.Plan] = OrderedDict()
         self.callbacks = CallbackCache(max_bytes=self.settings.limits.max_callback_cache_bytes)
         self.ejector = Ejector(self._remove, lambda: self.settings.eject_after_timeouts)
         self._builtins: dict[str, SectionRegistration] = {}
@@ -336,7 +337,7 @@ class Registry:
 
     async def run(
         self,
-        plan: assembly.Plan,
+        plan: steps.Plan,
         context: AssembleContext,
         deadline: float | None = None,
         track: bool = False,
@@ -346,11 +347,11 @@ class Registry:
         With `track`, the result's `origins` say where each part came from.
         """
         timeout = Budget(self.settings.provider_timeout_s, deadline, self.ejector)
-        return await assembly.run(
+        return await steps.run(
             plan, context, self.settings.tool_order, self.limits, timeout, track, self.callbacks
         )
 
-    def plan(self, scope: str | None) -> assembly.Plan:
+    def plan(self, scope: str | None) -> steps.Plan:
         """The registrations an assembly for `scope` works on now (reused until a change).
 
         A key no handle opened has no layer of its own: its plan is the global one,
@@ -370,10 +371,10 @@ class Registry:
             self._plans.popitem(last=False)
         return plan
 
-    def _make_plan(self, scope: str | None) -> assembly.Plan:
+    def _make_plan(self, scope: str | None) -> steps.Plan:
         chain = self._scopes.chain(scope)
         layers = self._layers.along(chain)
-        return assembly.plan_of(
+        return steps.plan_of(
             self.revision,
             chain,
             layers,

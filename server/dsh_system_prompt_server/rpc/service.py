@@ -12,14 +12,14 @@ from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from google.protobuf.message import Message
 
 from ..registry import AnyRegistration, Failure
-from .assembler import history_key
+from .assemble.assembler import history_key
 from .convert import (
     text_from_proto,
     tools_from_proto,
     update_value_from_proto,
     variable_from_proto,
 )
-from .gate import Gate
+from .guard.gate import Gate
 from .report_messages import (
     history_entry_to_proto,
     history_to_proto,

@@ -17,8 +17,8 @@ from ..reports.values import Layout
 from ..telemetry.logs import logger
 from ..telemetry.metrics import Metrics
 from ..telemetry.tracing import Tracing
-from .assembler import Assembler
-from .gate import Gate
+from .assemble.assembler import Assembler
+from .guard.gate import Gate
 from .streams.listeners import Listeners
 from .streams.outbox import OutboxLimits
 from .streams.sessions import Sessions

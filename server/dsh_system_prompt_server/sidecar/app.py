@@ -25,7 +25,7 @@ from ..rpc.addresses import (
     claim_unix_socket,
     host_and_port,
 )
-from ..rpc.auth import Authenticator, AuthInterceptor
+from ..rpc.guard.auth import Authenticator, AuthInterceptor
 from ..rpc.handlers import add_service
 from ..rpc.service import SystemPromptService
 from ..rpc.state import ServerState, StateSettings

@@ -13,7 +13,7 @@ from ..registry import Limits, RegistryError, RegistrySettings, validate_tool_or
 from ..reports.tokens import TOKENIZERS
 from ..reports.values import DEFAULT_LAYOUT, Layout
 from ..rpc.addresses import AddressError, host_and_port, is_loopback
-from ..rpc.policy import ADMIN, Credential, Grants, Role
+from ..rpc.guard.policy import ADMIN, Credential, Grants, Role
 from .config_values import (
     ConfigError,
     check_pem,

@@ -28,7 +28,7 @@ from google.protobuf.message import Message as ProtoMessage
 from ...registry import ServiceError
 from ...telemetry.logs import logger
 from ...telemetry.metrics import Metrics
-from ..gate import Gate
+from ..guard.gate import Gate
 from ..status import bad_request
 from .outbox import Message, Outbox, OutboxLimits
 

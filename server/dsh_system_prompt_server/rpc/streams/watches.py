@@ -31,7 +31,7 @@ from ..convert import (
     filter_from_proto,
     registration_to_proto,
 )
-from ..gate import Gate
+from ..guard.gate import Gate
 from ..report_messages import layout_from_proto
 from .broker import Stream, stalled, write_all
 from .outbox import Outbox, OutboxLimits

@@ -7,9 +7,9 @@ import sys
 from collections import OrderedDict
 from collections.abc import Hashable
 
-from ..registry import AssembleContext
-from ..registry.assembly import Plan
-from ..registry.callback_cache import context_key
+from ...registry import AssembleContext
+from ...registry.assembly.steps import Plan
+from ...registry.callbacks.cache import context_key
 
 # (scope, revision, render, ...): `reuse_key`'s, which says when a response is reusable.
 Key = Hashable

@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 from dsh_system_prompt_core import is_variable_name
 
-from .errors import invariant
-from .model import Assembly, Part
+from ..errors import invariant
+from ..model import Assembly, Part
 
 
 def validate(assembly: Assembly) -> None:

@@ -6,15 +6,15 @@ from __future__ import annotations
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason, RenderFailure
 
-from ..registry import Assembly, Limits, Registry, RegistryError, ServiceError, Status
-from ..reports.history import HistoryKey
-from ..reports.reporter import Reporter
-from ..reports.values import Layout
-from ..telemetry.metrics import Metrics
+from ...registry import Assembly, Limits, Registry, RegistryError, ServiceError, Status
+from ...reports.history import HistoryKey
+from ...reports.reporter import Reporter
+from ...reports.values import Layout
+from ...telemetry.metrics import Metrics
+from ..convert import context_from_proto
+from ..encoding import assemble_response
+from ..report_messages import history_key_from_proto, layout_from_proto, report_to_proto
 from . import part_caches
-from .convert import context_from_proto
-from .encoding import assemble_response
-from .report_messages import history_key_from_proto, layout_from_proto, report_to_proto
 from .response_cache import MAX_BYTES, ResponseCache, reuse_key
 
 

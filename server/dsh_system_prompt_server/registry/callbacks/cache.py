@@ -16,8 +16,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
-from .limits import value_bytes
-from .model import AssembleContext, Assembly, CachePolicy, ProvidedValue
+from ..limits import value_bytes
+from ..model import AssembleContext, Assembly, CachePolicy, ProvidedValue
 
 MAX_KEPT = 1024  # answers and waterfall results together; the oldest used go first
 MAX_BYTES = 32 * 1024 * 1024  # what they take together (limits.max_callback_cache_bytes)

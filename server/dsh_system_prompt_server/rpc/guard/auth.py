@@ -24,10 +24,10 @@ import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
 
-from ..registry import Registry, ServiceError, Status
+from ...registry import Registry, ServiceError, Status
+from ..status import abort
 from .access import describe, session_of
 from .policy import Credential, decide
-from .status import abort
 
 # The platform's probes cannot send a token; health says nothing about the registry.
 EXEMPT_SERVICES = ("/grpc.health.v1.Health/",)

@@ -6,8 +6,8 @@ from collections.abc import Collection, Iterable, Sequence
 
 from dsh_system_prompt_core import TOOL_ORDER_REST, Reason
 
-from .errors import RegistryError, Status, unknown_tool_order_names
-from .model import Tool
+from ..errors import RegistryError, Status, unknown_tool_order_names
+from ..model import Tool
 
 
 def validate_tool_order(tool_order: Sequence[str]) -> tuple[str, ...]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .model import ListenerRegistration
+from ..model import ListenerRegistration
 
 
 class ListenerIndex:

@@ -9,13 +9,12 @@ from typing import TypeVar
 
 from dsh_system_prompt_core import TOOL_ORDER_REST, Reason
 
-from . import errors
-from .callback_cache import MISSING, CallbackCache, combined
-from .ejection import Budget
-from .invariants import validate
-from .layers import Layer
-from .limits import Limits
-from .model import (
+from .. import errors
+from ..callbacks.cache import MISSING, CallbackCache, combined
+from ..callbacks.ejection import Budget
+from ..layers import Layer
+from ..limits import Limits
+from ..model import (
     AssembleContext,
     Assembly,
     CachePolicy,
@@ -33,8 +32,9 @@ from .model import (
     ValueRegistration,
     VariableRegistration,
 )
+from ..provenance import Origins, PartKind, Trace
+from .invariants import validate
 from .origins import entry_origin, record_changes, snapshot
-from .provenance import Origins, PartKind, Trace
 from .tool_order import check_known, order_tools
 
 # Seconds left to answer, or None without a limit; asked anew at every call.

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from dsh_system_prompt_core import Reason
 
-from .errors import Failure
-from .model import AnyRegistration, Dynamic, ListenerRegistration
+from ..errors import Failure
+from ..model import AnyRegistration, Dynamic, ListenerRegistration
 
 TIMEOUTS = frozenset({Reason.PROVIDER_TIMEOUT, Reason.LISTENER_TIMEOUT})
 

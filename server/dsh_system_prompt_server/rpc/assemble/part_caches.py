@@ -16,9 +16,9 @@ from typing import Generic, TypeVar
 
 from dsh_system_prompt_core import CONTEXT_SNAPSHOT_HEADER, SECTION_SEPARATOR, interpolate
 
-from ..registry import Assembly, Part, Tool
-from ..registry.assembly import Plan
-from . import encoding
+from ...registry import Assembly, Part, Tool
+from ...registry.assembly.steps import Plan
+from .. import encoding
 
 T = TypeVar("T")
 Variables = Mapping[str, str | None]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .model import SIDECAR_OWNER, AnyRegistration, Assembly
-from .provenance import Origin, OriginKind, Origins, PartKind, Values
+from ..model import SIDECAR_OWNER, AnyRegistration, Assembly
+from ..provenance import Origin, OriginKind, Origins, PartKind, Values
 
 
 def entry_origin(entry: AnyRegistration, chain: list[str]) -> Origin:
