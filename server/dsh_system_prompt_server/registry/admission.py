@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Literal
 
 from dsh_system_prompt_core import (
     HARNESS_IDENTITY_SECTION,
@@ -21,6 +22,7 @@ from dsh_system_prompt_core import (
 )
 
 from . import errors
+from .layers import Layer
 from .limits import Limits, quota_exceeded, value_bytes
 from .model import (
     SIDECAR_OWNER,
@@ -57,15 +59,16 @@ class Admission:
         self,
         owner: str,
         owned: int,
-        noun: str,
+        noun: Literal["section", "context"],
         name: str,
         order: float,
         text: str | Dynamic,
-        existing: dict[str, SectionRegistration] | dict[str, ContextRegistration],
+        layer: Layer,
         scope: str | None,
     ) -> None:
         """A new section or context (`noun`) of `owner`, who has `owned` registrations: its
-        name and order unique in its layer (`scope`), its text within limits and parsing."""
+        name and order unique in its `layer` (of `scope`), its text within limits and parsing."""
+        existing = layer.sections if noun == "section" else layer.contexts
         self._check_named(f"prompt {noun}", name, order, existing, scope)
         self.check_value(owner, owned, f'prompt {noun} "{name}" text', text)
         check_text_template(text, f'{noun} "{name}"')

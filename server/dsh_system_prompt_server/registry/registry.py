@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 from collections.abc import Callable, Collection
-from typing import TypedDict, TypeVar
+from typing import Literal, TypedDict, TypeVar
 
 from dsh_system_prompt_core import (
     HARNESS_IDENTITY_ORDER,
@@ -25,7 +25,7 @@ from .callbacks.ejection import Budget, Ejector
 from .callbacks.listener_index import ListenerIndex
 from .changes import ChangeFeed
 from .filters import Filter, public_ref, value_fingerprint
-from .layers import Layers, Remover, ScopeTree
+from .layers import Layer, Layers, Remover, ScopeTree
 from .limits import Limits
 from .model import (
     SIDECAR_OWNER,
@@ -135,10 +135,7 @@ class Registry:
     ) -> SectionRegistration:
         """Add a section to the global layer or the layer of scope handle `handle`."""
         scope_handle = self._handle(owner, handle)
-        key = _key(scope_handle)
-        layer = self._layers.of(key)
-        owned = self._owned(owner)
-        self._admission.check_text(owner, owned, "section", name, order, text, layer.sections, key)
+        layer = self._admitted_text(owner, scope_handle, "section", name, order, text)
         entry = SectionRegistration(
             **self._fields(owner, Kind.SECTION, scope_handle, name),
             value=text,
@@ -154,10 +151,7 @@ class Registry:
     ) -> ContextRegistration:
         """Add a runtime context to the global layer or a scope's layer."""
         scope_handle = self._handle(owner, handle)
-        key = _key(scope_handle)
-        layer = self._layers.of(key)
-        owned = self._owned(owner)
-        self._admission.check_text(owner, owned, "context", name, order, text, layer.contexts, key)
+        layer = self._admitted_text(owner, scope_handle, "context", name, order, text)
         entry = ContextRegistration(
             **self._fields(owner, Kind.CONTEXT, scope_handle, name),
             value=text,
@@ -463,6 +457,21 @@ class Registry:
         fields = self._fields(SIDECAR_OWNER, Kind.SECTION, None, name)
         entry = SectionRegistration(**fields, value=text, order=order)
         self._builtins[name] = self._added(entry, None, self._layers.global_.add_section(entry))
+
+    def _admitted_text(
+        self,
+        owner: str,
+        handle: ScopeHandle | None,
+        noun: Literal["section", "context"],
+        name: str,
+        order: float,
+        text: str | Dynamic,
+    ) -> Layer:
+        """The layer a new section or context (`noun`) goes into, once admitted there."""
+        key = _key(handle)
+        layer = self._layers.of(key)
+        self._admission.check_text(owner, self._owned(owner), noun, name, order, text, layer, key)
+        return layer
 
     def _owned(self, owner: str) -> int:
         """How many live registrations `owner` has (against its quota)."""

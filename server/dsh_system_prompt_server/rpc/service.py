@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Protocol, TypeVar
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
@@ -186,28 +187,19 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def WatchChanges(  # type: ignore[override]
         self, request: pb.WatchChangesRequest, context: Context
     ) -> None:
-        watches = self._state.watches
-        await self._stream(
-            context, lambda stream, gate: watches.serve_changes(request, stream, gate)
-        )
+        await self._stream(context, partial(self._state.watches.serve_changes, request))
 
     # Reader/writer API, as WatchChanges: each batch is built when the last was taken.
     async def ListRegistrations(  # type: ignore[override]
         self, request: pb.ListRegistrationsRequest, context: Context
     ) -> None:
-        watches = self._state.watches
-        await self._stream(
-            context, lambda stream, gate: watches.serve_listing(request, stream, gate)
-        )
+        await self._stream(context, partial(self._state.watches.serve_listing, request))
 
     # Reader/writer API, as WatchChanges.
     async def WatchPrompt(  # type: ignore[override]
         self, request: pb.WatchPromptRequest, context: Context
     ) -> None:
-        watches = self._state.watches
-        await self._stream(
-            context, lambda stream, gate: watches.serve_prompts(request, stream, gate)
-        )
+        await self._stream(context, partial(self._state.watches.serve_prompts, request))
 
     # -- listeners --------------------------------------------------------------------
 
