@@ -20,6 +20,7 @@ from dsh_system_prompt_core import (
 from . import errors
 from .admission import Admission, StaticValue
 from .assembly import steps
+from .assembly.plan import Plan, plan_of
 from .callbacks.cache import CallbackCache
 from .callbacks.ejection import Budget, Ejector
 from .callbacks.listener_index import ListenerIndex
@@ -77,7 +78,7 @@ class Registry:
         self._unlinks: dict[str, Remover] = {}  # by entry id: takes it out of where it lives
         self._admission = Admission(lambda: self.settings)
         self._listeners = ListenerIndex()
-        self._plans: OrderedDict[str | None, steps.Plan] = OrderedDict()
+        self._plans: OrderedDict[str | None, Plan] = OrderedDict()
         self.callbacks = CallbackCache(max_bytes=self.settings.limits.max_callback_cache_bytes)
         self.ejector = Ejector(self._remove, lambda: self.settings.eject_after_timeouts)
         self._builtins: dict[str, SectionRegistration] = {}
@@ -331,7 +332,7 @@ class Registry:
 
     async def run(
         self,
-        plan: steps.Plan,
+        plan: Plan,
         context: AssembleContext,
         deadline: float | None = None,
         track: bool = False,
@@ -345,7 +346,7 @@ class Registry:
             plan, context, self.settings.tool_order, self.limits, timeout, track, self.callbacks
         )
 
-    def plan(self, scope: str | None) -> steps.Plan:
+    def plan(self, scope: str | None) -> Plan:
         """The registrations an assembly for `scope` works on now (reused until a change).
 
         A key no handle opened has no layer of its own: its plan is the global one,
@@ -365,10 +366,10 @@ class Registry:
             self._plans.popitem(last=False)
         return plan
 
-    def _make_plan(self, scope: str | None) -> steps.Plan:
+    def _make_plan(self, scope: str | None) -> Plan:
         chain = self._scopes.chain(scope)
         layers = self._layers.along(chain)
-        return steps.plan_of(
+        return plan_of(
             self.revision,
             chain,
             layers,

@@ -27,7 +27,7 @@ from ..registry import (
     Tool,
     ToolSet,
 )
-from ..registry.assembly.steps import Plan
+from ..registry.assembly.plan import Plan
 from .report import build_report
 from .tokens import Tokenizer
 from .values import Layout, Previous, Report

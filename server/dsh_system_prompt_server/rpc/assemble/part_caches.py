@@ -17,7 +17,7 @@ from typing import Generic, TypeVar
 from dsh_system_prompt_core import CONTEXT_SNAPSHOT_HEADER, SECTION_SEPARATOR, interpolate
 
 from ...registry import Assembly, Part, Tool
-from ...registry.assembly.steps import Plan
+from ...registry.assembly.plan import Plan
 from .. import encoding
 
 T = TypeVar("T")

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 
 from ...registry import AssembleContext
-from ...registry.assembly.steps import Plan
+from ...registry.assembly.plan import Plan
 from ...registry.callbacks.cache import context_key
 
 # (scope, revision, render, ...): `reuse_key`'s, which says when a response is reusable.

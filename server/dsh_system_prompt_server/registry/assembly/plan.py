@@ -1,0 +1,123 @@
+"""The plan of an assembly: the registrations it works on for one scope, at one revision."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from .. import errors
+from ..callbacks.cache import combined
+from ..layers import Layer
+from ..model import (
+    Assembly,
+    CachePolicy,
+    ContextRegistration,
+    Dynamic,
+    ListenerRegistration,
+    SectionRegistration,
+    ToolsRegistration,
+    ValueRegistration,
+    VariableRegistration,
+)
+
+R = TypeVar("R", bound=ValueRegistration)
+Ordered = TypeVar("Ordered", SectionRegistration, ContextRegistration)
+
+
+@dataclass(slots=True)
+class Plan:
+    """The registrations an assembly for one scope works on, at one revision.
+
+    A plan does not change once made, so the registry reuses it until the
+    next registration or disposal. A static plan (no dynamic provider, no
+    listener) always yields the same assembly: it is kept in `result`.
+    """
+
+    revision: int
+    chain: list[str]
+    suppressed: bool
+    variables: list[VariableRegistration]
+    sections: list[SectionRegistration]
+    contexts: list[ContextRegistration]
+    tools: list[ToolsRegistration]
+    listeners: list[ListenerRegistration]
+    dynamic: list[tuple[ValueRegistration, Dynamic]] = field(init=False)
+    is_static: bool = field(init=False)
+    # The listeners after the last one that cannot be cached: their result is kept
+    # for their input, under `tail_policy`.
+    cacheable_tail: list[ListenerRegistration] = field(init=False)
+    tail_policy: CachePolicy | None = field(init=False)
+    # Every callback declared a policy; this is them together (None otherwise).
+    policy: CachePolicy | None = field(init=False)
+    result: Assembly | None = None
+    # The rpc layer's per-part encodings and renderings of this plan's assemblies
+    # (rpc/part_caches.py): a change makes a new plan, so none outlives its parts.
+    part_caches: object = None
+
+    def __post_init__(self) -> None:
+        entries: list[ValueRegistration] = [
+            *self.variables,
+            *self.sections,
+            *self.contexts,
+            *self.tools,
+        ]
+        self.dynamic = [
+            (entry, entry.value) for entry in entries if isinstance(entry.value, Dynamic)
+        ]
+        self.is_static = not self.listeners and not self.dynamic
+        uncached = [i for i, entry in enumerate(self.listeners) if entry.cache is None]
+        self.cacheable_tail = self.listeners[uncached[-1] + 1 if uncached else 0 :]
+        tail = [entry.cache for entry in self.cacheable_tail if entry.cache is not None]
+        self.tail_policy = combined(tail) if tail else None
+        providers = [value.cache for _, value in self.dynamic]
+        policies = [policy for policy in providers if policy is not None] + tail
+        cacheable = not uncached and None not in providers
+        self.policy = combined(policies) if cacheable and policies else None
+
+    @property
+    def scope(self) -> str | None:
+        """The scope whose layers the plan joins; None for the global layer alone."""
+        return self.chain[0] if self.chain else None
+
+    def complete_section(self) -> SectionRegistration | None:
+        """The effective complete section; more than one rejects the assembly."""
+        complete = [entry for entry in self.sections if entry.complete]
+        if len(complete) > 1:
+            raise errors.multiple_complete(entry.name for entry in complete)
+        return complete[0] if complete else None
+
+
+def plan_of(
+    revision: int,
+    chain: list[str],
+    layers: Sequence[Layer],
+    include_runtime_context: bool,
+    listeners: list[ListenerRegistration],
+) -> Plan:
+    """The plan over `layers`, farthest first: the global one, then the chain's scopes
+    down to the assembly's own; `listeners` are those admitted for `chain`, in order."""
+    suppressed = not include_runtime_context or any(layer.suppressors for layer in layers)
+    return Plan(
+        revision=revision,
+        chain=chain,
+        suppressed=suppressed,
+        variables=list(_merged(layer.variables for layer in layers).values()),
+        sections=_sorted(_merged(layer.sections for layer in layers)),
+        contexts=[] if suppressed else _sorted(_merged(layer.contexts for layer in layers)),
+        tools=[tools for layer in layers for tools in layer.tools.values()],
+        listeners=listeners,
+    )
+
+
+def _merged(layers: Iterable[dict[str, R]]) -> dict[str, R]:
+    # Farther layers first: a nearer layer's entry replaces the value but keeps
+    # the position where the name first appeared.
+    merged: dict[str, R] = {}
+    for layer in layers:
+        merged.update(layer)
+    return merged
+
+
+def _sorted(merged: dict[str, Ordered]) -> list[Ordered]:
+    return sorted(merged.values(), key=lambda entry: entry.order)
