@@ -381,7 +381,7 @@ func (r *registrar) OnAssemble(ctx context.Context, listener Listener, opts ...L
 	reg := &registration{scope: r.scope}
 	reg.make = func(ctx context.Context, sessionID, scopeID string) (string, *listenerStream, error) {
 		start.SessionId, start.ScopeId = sessionID, scopeID
-		return startListener(r.c, listener, start, r.c.callTimeout)
+		return startListener(r.c, reg, listener, start, r.c.callTimeout)
 	}
 	if err := r.c.register(ctx, reg); err != nil {
 		return nil, err

@@ -39,6 +39,11 @@ type registration struct {
 	// Guarded by conn.mu.
 	id     string
 	stream *listenerStream
+	// The sidecar ejected it (ejection.go): how often in a row, when last, and
+	// the re-install waiting for its backoff.
+	ejections   int
+	lastEjected time.Time
+	reinstall   *reinstallWait
 }
 
 type conn struct {
@@ -61,7 +66,7 @@ type conn struct {
 	reconnecting bool
 	closing      chan struct{}
 	streams      map[*ChangeStream]struct{}
-	background   sync.WaitGroup // the reconnect goroutine
+	background   sync.WaitGroup // the reconnect goroutine and the re-installs of ejected callbacks
 }
 
 func newConn(cc *grpc.ClientConn, clientName string, callTimeout time.Duration) *conn {
@@ -266,6 +271,9 @@ func (c *conn) close() {
 	c.closed = true
 	c.connected = false
 	close(c.closing)
+	for _, r := range c.regs {
+		c.cancelReinstall(r) // before the wait below: a backoff is up to 30 s
+	}
 	streams := make([]*ChangeStream, 0, len(c.streams))
 	for s := range c.streams {
 		streams = append(streams, s)
@@ -384,6 +392,7 @@ func (c *conn) dispose(ctx context.Context, r *registration) error {
 // forget drops r from this client; c.mu is held.
 func (c *conn) forget(r *registration) {
 	c.providers.remove(r.providerKey)
+	c.cancelReinstall(r) // disposed during its backoff: not made again
 	if r.stream != nil {
 		r.stream.close()
 		r.stream = nil

@@ -116,17 +116,20 @@ func funcName(fn any) string {
 
 // listenerStream runs one listener for every invocation the sidecar sends.
 type listenerStream struct {
-	c        *conn
-	listener Listener
-	stream   pb.SystemPromptService_ListenClient
-	cancel   context.CancelFunc
-	slots    bool // the sidecar confirmed tool-slots: replies may carry slots
+	c         *conn
+	owner     *registration // the listener's registration, made again if it is ejected
+	sessionID string        // the session it was made on
+	listener  Listener
+	stream    pb.SystemPromptService_ListenClient
+	cancel    context.CancelFunc
+	slots     bool // the sidecar confirmed tool-slots: replies may carry slots
 
 	sendMu sync.Mutex
 
 	mu      sync.Mutex
 	running map[uint64]*invocation
 	closing bool
+	ejected bool // the sidecar said it ejected the listener: its stream's end is not a loss
 }
 
 type invocation struct {
@@ -137,8 +140,8 @@ type invocation struct {
 	tools   *sentTools
 }
 
-// startListener installs listener with start, confirmed within timeout.
-func startListener(c *conn, listener Listener, start *pb.ListenStart, timeout time.Duration) (string, *listenerStream, error) {
+// startListener installs listener with start (owner's registration), confirmed within timeout.
+func startListener(c *conn, owner *registration, listener Listener, start *pb.ListenStart, timeout time.Duration) (string, *listenerStream, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	stream, err := c.rpc.Listen(ctx)
 	if err != nil {
@@ -156,7 +159,7 @@ func startListener(c *conn, listener Listener, start *pb.ListenStart, timeout ti
 		return "", nil, protocolError("the listener stream did not start with ListenerRegistered")
 	}
 	s := &listenerStream{
-		c: c, listener: listener, stream: stream, cancel: cancel,
+		c: c, owner: owner, sessionID: start.GetSessionId(), listener: listener, stream: stream, cancel: cancel,
 		slots:   contains(start.GetFeatures(), featureToolSlots) && contains(registered.GetFeatures(), featureToolSlots),
 		running: map[uint64]*invocation{},
 	}
@@ -179,10 +182,12 @@ func (s *listenerStream) read() {
 		if err != nil {
 			s.mu.Lock()
 			s.abandonAll()
-			lost := !s.closing
+			lost, ejected := !s.closing, s.ejected
 			s.mu.Unlock()
 			s.cancel()
-			if lost {
+			if lost && ejected {
+				s.c.listenerEjected(s.owner, s.sessionID) // installed again on a new stream, after a backoff
+			} else if lost {
 				s.c.restart() // the sidecar dropped the listener: the session is made again
 			}
 			return
@@ -198,6 +203,10 @@ func (s *listenerStream) read() {
 				default: // a second next_result for one next(): the first counts
 				}
 			}
+			s.mu.Unlock()
+		case *pb.ListenResponse_Ejected:
+			s.mu.Lock()
+			s.ejected = true // the sidecar ends the stream next
 			s.mu.Unlock()
 		case *pb.ListenResponse_Cancel:
 			s.mu.Lock()

@@ -119,6 +119,9 @@ func (s *session) read() {
 				cancel()
 			}
 			s.mu.Unlock()
+		case *pb.OpenSessionResponse_Ejected:
+			// A provider did not answer in time and is gone: made again after a backoff.
+			s.c.providerEjected(s, kind.Ejected.GetRegistrationId())
 		}
 		// A second `opened`, and a kind this client does not know (a newer
 		// sidecar's), are ignored: the first `opened` named the session.
