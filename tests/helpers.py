@@ -199,12 +199,20 @@ NON_FINITE = [
 ]
 
 
-async def added(
-    client: dsp.Client, kind: Literal["section", "context"], *parts: tuple[str, float]
-) -> list[str]:
+# The two kinds of text part: sections and runtime contexts share their naming and order rules.
+TextKind = Literal["section", "context"]
+
+
+def registered(assembly: dsp.PromptAssembly, kind: TextKind) -> list[tuple[str, str]]:
+    """(name, text) of each part of `kind` that `assembly` lists, the built-in sections
+    left out."""
+    parts = assembly.sections if kind == "section" else assembly.contexts
+    return [(part.name, part.text) for part in parts if part.name not in BUILTIN_SECTIONS]
+
+
+async def added(client: dsp.Client, kind: TextKind, *parts: tuple[str, float]) -> list[str]:
     """Register `parts` (name, order) of `kind` in turn; the names the assembly then
     lists of that kind, the built-in sections left out."""
     for name, order in parts:
         await getattr(client, kind)(name, order, f"{name} text")
-    assembly = await client.assemble()
-    return section_names(assembly)[2:] if kind == "section" else context_names(assembly)
+    return [name for name, _text in registered(await client.assemble(), kind)]

@@ -1,21 +1,16 @@
-"""Runtime contexts: apart from sections, ordered, unique per layer, rendered as a snapshot;
-and their suppression."""
+"""Runtime contexts: apart from sections, ordered, rendered as a snapshot; and their
+suppression. The naming and order rules they share with sections are tested, over both,
+in test_sections.py."""
 
 from __future__ import annotations
 
-import math
-
 import dsh_system_prompt as dsp
 import grpc
-import pytest
 from helpers import (
-    NON_FINITE,
     ClientFactory,
     ClientOf,
     added,
     context,
-    failure,
-    refusal,
     rejection,
     section,
     section_names,
@@ -41,59 +36,12 @@ async def test_contexts_with_equal_order_keep_registration_order(client: dsp.Cli
     assert ordered == ["bravo", "alpha", "charlie"]
 
 
-async def test_a_duplicate_global_context_is_rejected_with_the_override_hint(
-    client: dsp.Client,
-) -> None:
-    await client.context("policy", 1, "first")
-    error = await rejection(client.context("policy", 2, "second"))
-    assert failure(error) == refusal(
-        "DUPLICATE_NAME",
-        'prompt context "policy" is already registered'
-        " (for a per-agent override, register through that agent's scope instead)",
-    )
-
-
-async def test_a_duplicate_context_in_a_scope_is_rejected_in_this_scope(
-    client: dsp.Client,
-) -> None:
-    scope = await client.scope("agent-1")
-    await scope.context("policy", 1, "first")
-    error = await rejection(scope.context("policy", 2, "second"))
-    assert failure(error) == refusal(
-        "DUPLICATE_NAME", 'prompt context "policy" is already registered in this scope'
-    )
-
-
 async def test_a_section_and_a_context_may_share_a_name(client: dsp.Client) -> None:
     await client.section("policy", 10, "section text")
     await client.context("policy", 10, "context text")
     assembly = await client.assemble()
     assert assembly.sections[-1] == section("policy", "section text")
     assert assembly.contexts == [context("policy", "context text")]
-
-
-@pytest.mark.parametrize("order", NON_FINITE)
-async def test_a_non_finite_context_order_is_rejected(client: dsp.Client, order: float) -> None:
-    error = await rejection(client.context("bad-order", order, "text"))
-    assert failure(error) == refusal(
-        "INVALID_ORDER", 'prompt context "bad-order" order must be a finite number'
-    )
-
-
-async def test_a_rejected_context_leaves_nothing_behind(client: dsp.Client) -> None:
-    await client.context("policy", 1, "first")
-    await rejection(client.context("policy", 2, "second"))
-    await rejection(client.context("bad-order", math.inf, "text"))
-    assembly = await client.assemble()
-    assert assembly.contexts == [context("policy", "first")]
-
-
-async def test_disposing_a_context_removes_it_and_frees_its_name(client: dsp.Client) -> None:
-    off = await client.context("policy", 1, "old")
-    await off()
-    assert (await client.assemble()).contexts == []
-    await client.context("policy", 1, "new")
-    assert (await client.assemble()).contexts == [context("policy", "new")]
 
 
 async def test_contexts_render_as_a_snapshot_on_the_sidecar(client: dsp.Client) -> None:

@@ -12,10 +12,12 @@ from helpers import (
     NON_FINITE,
     ClientFactory,
     ClientOf,
+    TextKind,
     added,
     context,
     failure,
     refusal,
+    registered,
     rejection,
     section,
     section_names,
@@ -150,18 +152,22 @@ async def test_changing_a_returned_assembly_changes_nothing_in_the_registry(
     assert await client.assemble() == expected
 
 
-# -- duplicates, orders, rejected registrations ----------------------------------------
+# -- duplicates, orders, rejected registrations (a section and a context alike) -------
+
+KINDS = ["section", "context"]
+
+OVERRIDE_HINT = " (for a per-agent override, register through that agent's scope instead)"
 
 
-async def test_a_duplicate_global_section_is_rejected_with_the_override_hint(
-    client: dsp.Client,
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_duplicate_global_name_is_rejected_with_the_override_hint(
+    client: dsp.Client, kind: TextKind
 ) -> None:
-    await client.section("rules", 10, "first")
-    error = await rejection(client.section("rules", 20, "second"))
+    register = getattr(client, kind)
+    await register("rules", 10, "first")
+    error = await rejection(register("rules", 20, "second"))
     assert failure(error) == refusal(
-        "DUPLICATE_NAME",
-        'prompt section "rules" is already registered'
-        " (for a per-agent override, register through that agent's scope instead)",
+        "DUPLICATE_NAME", f'prompt {kind} "rules" is already registered{OVERRIDE_HINT}'
     )
 
 
@@ -173,69 +179,68 @@ async def test_a_global_section_name_is_unique_across_sessions(connect: ClientFa
     assert error.reason == "DUPLICATE_NAME"
 
 
-async def test_a_duplicate_section_in_a_scope_is_rejected_in_this_scope(
-    client: dsp.Client,
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_duplicate_name_in_a_scope_is_rejected_in_this_scope(
+    client: dsp.Client, kind: TextKind
 ) -> None:
-    scope = await client.scope("agent-1")
-    await scope.section("rules", 10, "first")
-    error = await rejection(scope.section("rules", 20, "second"))
+    register = getattr(await client.scope("agent-1"), kind)
+    await register("rules", 10, "first")
+    error = await rejection(register("rules", 20, "second"))
     assert failure(error) == refusal(
-        "DUPLICATE_NAME", 'prompt section "rules" is already registered in this scope'
+        "DUPLICATE_NAME", f'prompt {kind} "rules" is already registered in this scope'
     )
 
 
 @pytest.mark.parametrize("order", NON_FINITE)
-async def test_a_non_finite_section_order_is_rejected(client: dsp.Client, order: float) -> None:
-    error = await rejection(client.section("bad-order", order, "text"))
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("scoped", [False, True], ids=["global", "in-a-scope"])
+async def test_a_non_finite_order_is_rejected(
+    client: dsp.Client, scoped: bool, kind: TextKind, order: float
+) -> None:
+    layer = await client.scope("agent-1") if scoped else client
+    error = await rejection(getattr(layer, kind)("bad-order", order, "text"))
     assert failure(error) == refusal(
-        "INVALID_ORDER", 'prompt section "bad-order" order must be a finite number'
+        "INVALID_ORDER", f'prompt {kind} "bad-order" order must be a finite number'
     )
 
 
-@pytest.mark.parametrize("order", NON_FINITE)
-async def test_a_non_finite_section_order_is_rejected_in_a_scope(
-    client: dsp.Client, order: float
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_rejected_duplicate_leaves_the_first_in_place(
+    client: dsp.Client, kind: TextKind
 ) -> None:
-    scope = await client.scope("agent-1")
-    error = await rejection(scope.section("bad-order", order, "text"))
-    assert failure(error) == refusal(
-        "INVALID_ORDER", 'prompt section "bad-order" order must be a finite number'
-    )
+    register = getattr(client, kind)
+    await register("rules", 10, "first")
+    await rejection(register("rules", 20, "second"))
+    assert registered(await client.assemble(), kind) == [("rules", "first")]
 
 
-async def test_a_rejected_duplicate_leaves_the_first_section_in_place(
-    client: dsp.Client,
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_registration_rejected_for_its_order_leaves_nothing_behind(
+    client: dsp.Client, kind: TextKind
 ) -> None:
-    await client.section("rules", 10, "first")
-    await rejection(client.section("rules", 20, "second"))
-    assembly = await client.assemble()
-    assert assembly.sections[2:] == [section("rules", "first")]
-
-
-async def test_a_section_rejected_for_its_order_leaves_nothing_behind(
-    client: dsp.Client,
-) -> None:
+    register = getattr(client, kind)
     before = await client.assemble()
-    await rejection(client.section("bad-order", math.nan, "text"))
+    await rejection(register("bad-order", math.nan, "text"))
     assert await client.assemble() == before
-    await client.section("bad-order", 5, "now fine")  # the name was not taken
-    assembly = await client.assemble()
-    assert section_names(assembly)[-1] == "bad-order"
+    await register("bad-order", 5, "now fine")  # the name was not taken
+    assert registered(await client.assemble(), kind) == [("bad-order", "now fine")]
 
 
-async def test_disposing_a_section_removes_it(client: dsp.Client) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+async def test_disposing_a_registration_removes_it(client: dsp.Client, kind: TextKind) -> None:
     before = await client.assemble()
-    off = await client.section("rules", 10, "Be precise.")
+    off = await getattr(client, kind)("rules", 10, "Be precise.")
     await off()
     assert await client.assemble() == before
 
 
-async def test_disposing_a_section_frees_its_name(client: dsp.Client) -> None:
-    off = await client.section("rules", 10, "old")
+@pytest.mark.parametrize("kind", KINDS)
+async def test_disposing_a_registration_frees_its_name(client: dsp.Client, kind: TextKind) -> None:
+    register = getattr(client, kind)
+    off = await register("rules", 10, "old")
     await off()
-    await client.section("rules", 10, "new")
-    assembly = await client.assemble()
-    assert assembly.sections[2:] == [section("rules", "new")]
+    await register("rules", 10, "new")
+    assert registered(await client.assemble(), kind) == [("rules", "new")]
 
 
 # -- complete sections ----------------------------------------------------------------
@@ -272,23 +277,16 @@ async def test_a_complete_section_renders_as_the_whole_prompt(client: dsp.Client
     assert rendered.prompt == "Exact prompt."
 
 
-async def test_two_complete_sections_reject_the_assembly(client: dsp.Client) -> None:
+@pytest.mark.parametrize("call", ["assemble", "render"])
+async def test_two_complete_sections_reject_an_assembly_and_a_render(
+    client: dsp.Client, call: str
+) -> None:
     await client.section("first", 1, "One.", complete=True)
     await client.section("second", 2, "Two.", complete=True)
-    error = await rejection(client.assemble())
+    error = await rejection(getattr(client, call)())
     assert failure(error) == refusal(
         "MULTIPLE_COMPLETE_SECTIONS",
         'multiple complete prompt sections are active: "first", "second"',
-    )
-
-
-async def test_two_complete_sections_reject_a_render_too(client: dsp.Client) -> None:
-    await client.section("first", 1, "One.", complete=True)
-    await client.section("second", 2, "Two.", complete=True)
-    error = await rejection(client.render())
-    assert (error.code, error.reason) == (
-        grpc.StatusCode.FAILED_PRECONDITION,
-        "MULTIPLE_COMPLETE_SECTIONS",
     )
 
 
