@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import dsh_system_prompt as dsp
@@ -50,13 +50,50 @@ async def _session(stub: Stub) -> tuple[Any, str]:
     return call, (await call.read()).opened.session_id
 
 
-async def _silent_listener(stub: Stub, session_id: str, timeout_s: float = 0) -> Any:
-    """A listener that reads its invocations and never answers one."""
+async def _listener(stub: Stub, session_id: str, name: str = "silent", timeout_s: float = 0) -> Any:
+    """A Listen stream started as listener `name` of `session_id`, its ack read; as it
+    stands, a listener that reads its invocations and never answers one."""
     listen = stub.Listen()
-    start = pb.ListenStart(session_id=session_id, name="silent", timeout_s=timeout_s)
+    start = pb.ListenStart(session_id=session_id, name=name, timeout_s=timeout_s)
     await listen.write(pb.ListenRequest(start=start))
     assert (await listen.read()).WhichOneof("kind") == "registered"
     return listen
+
+
+@contextlib.asynccontextmanager
+async def _silent(sidecar: Sidecar) -> AsyncIterator[tuple[Stub, Any]]:
+    """A raw stub of `sidecar` and a silent listener (its Listen stream) of a session on
+    it, closed after."""
+    async with _opened(sidecar) as (stub, _session_call, session_id):
+        listen = await _listener(stub, session_id)
+        try:
+            yield stub, listen
+        finally:
+            listen.cancel()
+
+
+Answer = Callable[[pb.ListenerInvocation], Awaitable[pb.ListenRequest]]
+
+
+@contextlib.asynccontextmanager
+async def _answering(
+    stub: Stub, session_id: str, answer: Answer, name: str, timeout_s: float = 0
+) -> AsyncIterator[None]:
+    """Listener `name` of `session_id`, answering each invocation with what `answer`
+    makes of it until the block ends."""
+    listen = await _listener(stub, session_id, name, timeout_s)
+
+    async def answer_each() -> None:
+        while (message := await listen.read()) is not grpc.aio.EOF:
+            if message.WhichOneof("kind") == "invocation":
+                await listen.write(await answer(message.invocation))
+
+    answering = asyncio.create_task(answer_each())
+    try:
+        yield
+    finally:
+        answering.cancel()
+        listen.cancel()
 
 
 async def _until_end(call: Any) -> list[Any]:
@@ -80,8 +117,7 @@ async def test_a_listener_that_does_not_answer_is_ejected_after_one_timeout(
     make_sidecar: SidecarFactory,
 ) -> None:
     sidecar = await make_sidecar(provider_timeout_s=0.5)
-    async with _opened(sidecar) as (stub, _session_call, session_id):
-        listen = await _silent_listener(stub, session_id)
+    async with _silent(sidecar) as (stub, listen):
         first, second = await _outcome(stub), await _outcome(stub)
         told = await _until_end(listen)  # the invocation, then the ejection
     assert (first, second) == ("LISTENER_TIMEOUT", "ok")
@@ -96,8 +132,7 @@ async def test_an_ejected_listener_goes_with_an_event_that_says_why(
     make_sidecar: SidecarFactory,
 ) -> None:
     sidecar = await make_sidecar(provider_timeout_s=0.5)
-    async with _opened(sidecar) as (stub, _session_call, session_id):
-        await _silent_listener(stub, session_id)
+    async with _silent(sidecar) as (stub, _listen):
         watch = stub.WatchChanges(pb.WatchChangesRequest())
         await watch.read()  # subscribed
         await _outcome(stub)
@@ -111,10 +146,8 @@ async def test_eject_after_timeouts_0_keeps_a_silent_listener_as_before(
     make_sidecar: SidecarFactory,
 ) -> None:
     sidecar = await make_sidecar(provider_timeout_s=0.5, eject_after_timeouts=0)
-    async with _opened(sidecar) as (stub, _session_call, session_id):
-        listen = await _silent_listener(stub, session_id)
+    async with _silent(sidecar) as (stub, _listen):
         outcomes = [await _outcome(stub), await _outcome(stub)]
-        listen.cancel()
     assert outcomes == ["LISTENER_TIMEOUT", "LISTENER_TIMEOUT"]
     assert _ejected(sidecar, "listener") == 0
 
@@ -123,10 +156,8 @@ async def test_a_listener_is_ejected_after_eject_after_timeouts_in_a_row(
     make_sidecar: SidecarFactory,
 ) -> None:
     sidecar = await make_sidecar(provider_timeout_s=0.5, eject_after_timeouts=2)
-    async with _opened(sidecar) as (stub, _session_call, session_id):
-        listen = await _silent_listener(stub, session_id)
+    async with _silent(sidecar) as (stub, _listen):
         outcomes = [await _outcome(stub) for _ in range(3)]
-        listen.cancel()
     assert outcomes == ["LISTENER_TIMEOUT", "LISTENER_TIMEOUT", "ok"]
 
 
@@ -134,11 +165,9 @@ async def test_a_timeout_cut_short_by_the_callers_deadline_ejects_nothing(
     make_sidecar: SidecarFactory,
 ) -> None:
     sidecar = await make_sidecar(provider_timeout_s=30)
-    async with _opened(sidecar) as (stub, _session_call, session_id):
-        listen = await _silent_listener(stub, session_id)
+    async with _silent(sidecar) as (stub, _listen):
         outcome = await _outcome(stub, timeout=0.5)
         listeners = _listeners(sidecar)
-        listen.cancel()
     assert outcome in ("LISTENER_TIMEOUT", "DEADLINE_EXCEEDED")
     assert listeners == 1
 
@@ -147,23 +176,16 @@ async def test_a_listener_that_fails_loudly_every_time_is_not_ejected(
     make_sidecar: SidecarFactory,
 ) -> None:
     sidecar = await make_sidecar(provider_timeout_s=0.5)
-    async with _opened(sidecar) as (stub, _session_call, session_id):
-        listen = stub.Listen()
-        await listen.write(pb.ListenRequest(start=pb.ListenStart(session_id=session_id)))
-        await listen.read()
 
-        async def fail_each() -> None:
-            while (message := await listen.read()) is not grpc.aio.EOF:
-                if message.WhichOneof("kind") == "invocation":
-                    failure = pb.ListenerFailure(
-                        invocation_id=message.invocation.invocation_id, message="boom"
-                    )
-                    await listen.write(pb.ListenRequest(failure=failure))
+    async def fail(invocation: pb.ListenerInvocation) -> pb.ListenRequest:
+        failure = pb.ListenerFailure(invocation_id=invocation.invocation_id, message="boom")
+        return pb.ListenRequest(failure=failure)
 
-        failing = asyncio.create_task(fail_each())
+    async with (
+        _opened(sidecar) as (stub, _session_call, session_id),
+        _answering(stub, session_id, fail, "loud"),
+    ):
         outcomes = [await _outcome(stub) for _ in range(3)]
-        failing.cancel()
-        listen.cancel()
     assert outcomes == ["LISTENER_FAILED"] * 3
     assert _ejected(sidecar, "listener") == 0
 
@@ -196,25 +218,19 @@ async def test_a_callback_with_its_own_longer_timeout_is_waited_for(
     make_sidecar: SidecarFactory,
 ) -> None:
     sidecar = await make_sidecar(provider_timeout_s=0.2)
-    async with _opened(sidecar) as (stub, _session_call, session_id):
-        listen = stub.Listen()
-        start = pb.ListenStart(session_id=session_id, name="slow", timeout_s=30)
-        await listen.write(pb.ListenRequest(start=start))
-        await listen.read()
 
-        async def answer_late() -> None:
-            message = await listen.read()
-            await asyncio.sleep(0.5)  # longer than provider_timeout_s, within its own
-            invocation = message.invocation
-            result = pb.ListenerResult(
-                invocation_id=invocation.invocation_id, assembly=invocation.assembly
-            )
-            await listen.write(pb.ListenRequest(result=result))
+    async def answer_late(invocation: pb.ListenerInvocation) -> pb.ListenRequest:
+        await asyncio.sleep(0.5)  # longer than provider_timeout_s, within its own
+        result = pb.ListenerResult(
+            invocation_id=invocation.invocation_id, assembly=invocation.assembly
+        )
+        return pb.ListenRequest(result=result)
 
-        answering = asyncio.create_task(answer_late())
+    async with (
+        _opened(sidecar) as (stub, _session_call, session_id),
+        _answering(stub, session_id, answer_late, "slow", timeout_s=30),
+    ):
         outcome = await _outcome(stub)
-        await answering
-        listen.cancel()
     assert outcome == "ok"
     assert _ejected(sidecar, "listener") == 0
 
@@ -238,8 +254,7 @@ async def test_assemblies_after_the_ejection_answer_while_the_silent_peer_stays_
     make_sidecar: SidecarFactory,
 ) -> None:
     sidecar = await make_sidecar(provider_timeout_s=0.5)
-    async with _opened(sidecar) as (stub, _session_call, session_id):
-        await _silent_listener(stub, session_id)
+    async with _silent(sidecar) as (stub, _listen):
         await _outcome(stub)  # the one timeout
         outcomes = [await _outcome(stub) for _ in range(20)]
         await eventually(lambda: _listeners(sidecar) == 0, "the listener is gone")
@@ -312,7 +327,7 @@ async def test_the_python_client_shows_why_the_sidecar_disposed_an_ejected_callb
         stub = raw_stub(channel)
         session, session_id = await _session(stub)
         changes = await client.watch_changes()
-        await _silent_listener(stub, session_id)
+        await _listener(stub, session_id)
         await _outcome(stub)
         registered, unregistered = await next_events(changes, 2)
         session.cancel()
