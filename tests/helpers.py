@@ -95,6 +95,10 @@ async def untouched(
     return assembly
 
 
+# The kind of each registration `one_of_each` makes, in its order, as change events name it.
+ONE_OF_EACH_KINDS = ("section", "context", "tools", "variable", "suppressor", "listener")
+
+
 async def one_of_each(client: dsp.Client, scope: dsp.Client | dsp.Scope) -> list[dsp.Disposer]:
     """One registration of each kind, in this order: section "rules", context "cwd", a
     tool provider, variable "model", the runtime-context suppressor (through `scope`) and

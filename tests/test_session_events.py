@@ -3,13 +3,7 @@ grow, a closing session's events."""
 
 from __future__ import annotations
 
-import dsh_system_prompt as dsp
-from helpers import (
-    ClientFactory,
-    next_events,
-    one_of_each,
-    tool,
-)
+from helpers import ONE_OF_EACH_KINDS, ClientFactory, next_events, one_of_each
 
 # -- change events -------------------------------------------------------------------
 
@@ -20,34 +14,17 @@ async def test_every_registration_emits_a_registered_change_event(
     watcher, owner = await connect(), await connect()
     changes = await watcher.watch_changes()
 
-    async def listener(
-        assembly: dsp.PromptAssembly, context: dsp.AssembleContext, next: object
-    ) -> dsp.PromptAssembly:
-        return assembly
-
-    await owner.section("s", 10, "x")
-    await owner.context("c", 1, "y")
-    await owner.tools([tool("bash")])
-    await owner.variable("v", "z")
-    await owner.suppress_runtime_context()
-    await owner.on_assemble(listener)
+    await one_of_each(owner, owner)
     scope = await owner.scope("agent-1")
     await scope.section("scoped", 10, "w")
 
     events = await next_events(changes, 8)
 
     assert [(e.kind, e.action) for e in events] == [
-        ("section", "registered"),
-        ("context", "registered"),
-        ("tools", "registered"),
-        ("variable", "registered"),
-        ("suppressor", "registered"),
-        ("listener", "registered"),
-        ("scope", "registered"),
-        ("section", "registered"),
+        (kind, "registered") for kind in (*ONE_OF_EACH_KINDS, "scope", "section")
     ]
-    assert [(e.name, e.scope) for e in events[:2]] == [("s", None), ("c", None)]
-    assert (events[3].name, events[3].scope) == ("v", None)
+    assert [(e.name, e.scope) for e in events[:2]] == [("rules", None), ("cwd", None)]
+    assert (events[3].name, events[3].scope) == ("model", None)
     assert "agent-1" in (events[6].name, events[6].scope)
     assert (events[7].name, events[7].scope) == ("scoped", "agent-1")
 
@@ -80,13 +57,7 @@ async def test_every_disposal_emits_an_unregistered_change_event(
 
     events = await next_events(changes, 7)
     assert [(e.kind, e.action) for e in events] == [
-        ("section", "unregistered"),
-        ("context", "unregistered"),
-        ("tools", "unregistered"),
-        ("variable", "unregistered"),
-        ("suppressor", "unregistered"),
-        ("listener", "unregistered"),
-        ("scope", "unregistered"),
+        (kind, "unregistered") for kind in (*ONE_OF_EACH_KINDS, "scope")
     ]
     assert (events[0].name, events[3].name) == ("rules", "model")
 
@@ -95,27 +66,21 @@ async def test_closing_a_client_emits_an_unregistered_event_for_each_of_its_regi
     connect: ClientFactory,
 ) -> None:
     watcher, owner = await connect(), await connect()
-    await owner.section("s", 10, "x")
-    await owner.context("c", 1, "y")
-    await owner.tools([tool("bash")])
-    await owner.variable("v", "z")
-    await owner.suppress_runtime_context()
+    await one_of_each(owner, owner)
     scope = await owner.scope("agent-1")
     await scope.section("scoped", 10, "w")
     changes = await watcher.watch_changes()
 
     await owner.close()
 
-    events = await next_events(changes, 7)
+    events = await next_events(changes, 8)
     assert {e.action for e in events} == {"unregistered"}
-    assert sorted(e.kind for e in events) == sorted(
-        ["section", "context", "tools", "variable", "suppressor", "scope", "section"]
-    )
+    assert sorted(e.kind for e in events) == sorted([*ONE_OF_EACH_KINDS, "scope", "section"])
     named = sorted((e.kind, e.name, e.scope) for e in events if e.kind in ("section", "variable"))
     assert named == [
-        ("section", "s", None),
+        ("section", "rules", None),
         ("section", "scoped", "agent-1"),
-        ("variable", "v", None),
+        ("variable", "model", None),
     ]
 
 
