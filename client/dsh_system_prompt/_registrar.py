@@ -3,7 +3,9 @@ registration returns, and the registration methods the client and scopes share."
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
@@ -117,23 +119,32 @@ class _Registrar:
         *,
         complete: bool = False,
         cache: Cache | None = None,
+        timeout_s: float | None = None,
     ) -> Handle:
         """Contribute a prompt section; `text` is a string or a provider of one (with
-        `cache`, a provider whose answer the sidecar may reuse: see `Cache`)."""
+        `cache`, a provider whose answer the sidecar may reuse: see `Cache`; with
+        `timeout_s`, one given that many seconds to answer instead of the sidecar's
+        provider_timeout_s, up to its max_callback_timeout_s)."""
         request = pb.RegisterSectionRequest(name=name, order=_order(order), complete=complete)
         labelled = f'section provider "{name}"'
-        source = _with_text(request, self._source(text, "text", labelled, cache))
+        source = _with_text(request, self._source(text, "text", labelled, _Asked(cache, timeout_s)))
         record = Contribution(request=request, rpc=self._stub.RegisterSection)
         return await self._register_value(record, source)
 
     async def context(
-        self, name: str, order: float, text: TextSource, *, cache: Cache | None = None
+        self,
+        name: str,
+        order: float,
+        text: TextSource,
+        *,
+        cache: Cache | None = None,
+        timeout_s: float | None = None,
     ) -> Handle:
         """Contribute an ordered runtime context; `text` is a string or a provider
-        (`cache` as for `section`)."""
+        (`cache` and `timeout_s` as for `section`)."""
         request = pb.RegisterContextRequest(name=name, order=_order(order))
         labelled = f'context provider "{name}"'
-        source = _with_text(request, self._source(text, "text", labelled, cache))
+        source = _with_text(request, self._source(text, "text", labelled, _Asked(cache, timeout_s)))
         record = Contribution(request=request, rpc=self._stub.RegisterContext)
         return await self._register_value(record, source)
 
@@ -144,35 +155,48 @@ class _Registrar:
         return await self._register(Contribution(request=request, rpc=rpc))
 
     async def tools(
-        self, provider: ToolsSource, *, name: str | None = None, cache: Cache | None = None
+        self,
+        provider: ToolsSource,
+        *,
+        name: str | None = None,
+        cache: Cache | None = None,
+        timeout_s: float | None = None,
     ) -> Handle:
         """Contribute tool schemas: a list, a ToolProviderResult, or a provider of one.
 
         `name` labels a provider in errors, reports and traces (default: its function name);
-        `cache` as for `section`.
+        `cache` and `timeout_s` as for `section`.
         """
         request = pb.RegisterToolsRequest()
         source = None
         if callable(provider):
             request.name = name or label(getattr(provider, "__qualname__", ""))
-            source = self._dynamic(provider, f'tools provider "{request.name}"', cache)
+            labelled = f'tools provider "{request.name}"'
+            source = self._dynamic(provider, labelled, _Asked(cache, timeout_s))
             request.dynamic.CopyFrom(source)
         else:
-            _no_cache(cache)
+            _Asked(cache, timeout_s).refuse_static()
             request.result.CopyFrom(tools_to_proto(provider))
         record = Contribution(request=request, rpc=self._stub.RegisterTools)
         return await self._register_value(record, source)
 
     async def variable(
-        self, name: str, value: VariableSource, *, cache: Cache | None = None
+        self,
+        name: str,
+        value: VariableSource,
+        *,
+        cache: Cache | None = None,
+        timeout_s: float | None = None,
     ) -> Handle:
         """Contribute {{name}}: a value, None (no value), or a provider of either
-        (`cache` as for `section`)."""
+        (`cache` and `timeout_s` as for `section`)."""
         request = pb.RegisterVariableRequest(name=name)
         labelled = f'variable provider "{name}"'
+        source = None
         if value is None:
-            _no_cache(cache)
-        source = None if value is None else self._source(value, "value", labelled, cache)
+            _Asked(cache, timeout_s).refuse_static()
+        else:
+            source = self._source(value, "value", labelled, _Asked(cache, timeout_s))
         if source is None:
             request.no_value.SetInParent()
         elif isinstance(source, str):
@@ -190,17 +214,21 @@ class _Registrar:
         *,
         name: str | None = None,
         cache: Cache | None = None,
+        timeout_s: float | None = None,
     ) -> ListenerHandle:
         """Install a waterfall listener: `async def listener(assembly, context, next)`.
 
         `name` labels it in errors, reports and traces (default: its function name).
         With `cache`, the sidecar may reuse its result for the same input assembly
         instead of invoking it (see `Cache`; `await handle.invalidate()` drops it).
+        With `timeout_s`, each of its replies may take that many seconds instead of the
+        sidecar's provider_timeout_s (up to its max_callback_timeout_s).
         """
         start = pb.ListenStart(
             prepend=prepend,
             name=name or listener_name(listener),
             features=[FEATURE_TOOL_SLOTS, FEATURE_CALLBACK_CACHE],
+            timeout_s=_Asked(None, timeout_s).seconds(),
         )
         if cache is not None:
             start.cache.CopyFrom(cache.to_proto())
@@ -215,22 +243,23 @@ class _Registrar:
         await self._make(record, None)
         return ListenerHandle(self._connection, record)
 
-    def _source(
-        self, value: object, field: str, labelled: str, cache: Cache | None = None
-    ) -> str | pb.Dynamic:
+    def _source(self, value: object, field: str, labelled: str, asked: _Asked) -> str | pb.Dynamic:
         """A text or value as sent: the string itself, or its provider's key here
         (`labelled` names the provider in traces: `section provider "cwd"`)."""
         if callable(value):
-            return self._dynamic(value, labelled, cache)
-        _no_cache(cache)
+            return self._dynamic(value, labelled, asked)
+        asked.refuse_static()
         if not isinstance(value, str):
             raise invalid_value(f"{field} must be a str or a callable, not {type(value).__name__}")
         return value
 
-    def _dynamic(self, provider: Any, labelled: str, cache: Cache | None) -> pb.Dynamic:
-        dynamic = pb.Dynamic(provider_key=self._connection.providers.add(provider, labelled))
-        if cache is not None:
-            dynamic.cache.CopyFrom(cache.to_proto())
+    def _dynamic(self, provider: Any, labelled: str, asked: _Asked) -> pb.Dynamic:
+        seconds = asked.seconds()  # refused before the provider is kept
+        dynamic = pb.Dynamic(
+            provider_key=self._connection.providers.add(provider, labelled), timeout_s=seconds
+        )
+        if asked.cache is not None:
+            dynamic.cache.CopyFrom(asked.cache.to_proto())
         return dynamic
 
     async def _register(
@@ -269,10 +298,32 @@ def _with_text(request: _TextRequest, source: str | pb.Dynamic) -> str | pb.Dyna
     return source
 
 
-def _no_cache(cache: Cache | None) -> None:
-    """`cache=` is for providers: a static value is never asked for anyway."""
-    if cache is not None:
-        raise invalid_value("cache= applies to a provider (a callable), not to a static value")
+@dataclass(frozen=True)
+class _Asked:
+    """How a callback is asked, as its registration says: `cache=` and `timeout_s=`."""
+
+    cache: Cache | None
+    timeout_s: float | None
+
+    def refuse_static(self) -> None:
+        """Both are for providers: a static value is never asked for."""
+        for given, option in ((self.cache, "cache="), (self.timeout_s, "timeout_s=")):
+            if given is not None:
+                raise invalid_value(
+                    f"{option} applies to a provider (a callable), not to a static value"
+                )
+
+    def seconds(self) -> float:
+        """The callback's own time as sent; 0 (the sidecar's provider_timeout_s) if none."""
+        timeout_s = self.timeout_s
+        if timeout_s is None:
+            return 0.0
+        number = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
+        if not number or not math.isfinite(timeout_s) or timeout_s <= 0:
+            raise invalid_value(
+                f"timeout_s must be a positive number of seconds, not {timeout_s!r}"
+            )
+        return float(timeout_s)
 
 
 def _order(order: float) -> float:
