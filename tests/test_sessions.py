@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+from collections.abc import Callable
 
 import dsh_system_prompt as dsp
 import grpc
@@ -54,62 +55,70 @@ async def _raw_dispose(address: str, session_id: str, registration_id: str) -> g
 # -- a closing session takes its registrations with it -------------------------------
 
 
-async def test_closing_a_client_removes_its_sections_from_other_clients_assemblies(
+async def _adds_a_section(
+    assembly: dsp.PromptAssembly, context: dsp.AssembleContext, next: object
+) -> dsp.PromptAssembly:
+    assembly.sections.append(dsp.AssembledSection("from-listener", "added"))
+    return assembly
+
+
+# What a closing client takes with it, by kind: the registering method, its calls (a static
+# and a dynamic one where the kind has both) and what another client's assembly shows of them.
+OWNED = [
+    pytest.param(
+        "section",
+        [("static", 10, "static text"), ("dynamic", 20, lambda ctx: "dynamic text")],
+        lambda assembly: section_names(assembly)[len(BUILTIN_SECTIONS) :],
+        ["static", "dynamic"],
+        id="sections",
+    ),
+    pytest.param(
+        "context",
+        [("static", 1, "mode: plan"), ("dynamic", 2, lambda ctx: "mode: act")],
+        context_names,
+        ["static", "dynamic"],
+        id="contexts",
+    ),
+    pytest.param(
+        "tools",
+        [([tool("bash")],), (lambda ctx: [tool("todo_write")],)],
+        tool_names,
+        ["bash", "todo_write"],
+        id="tools",
+    ),
+    pytest.param(
+        "variable",
+        [("model", "deepseek-v4"), ("who", lambda ctx: "alice")],
+        lambda assembly: assembly.variables,
+        {"model": "deepseek-v4", "who": "alice"},
+        id="variables",
+    ),
+    pytest.param(
+        "on_assemble",
+        [(_adds_a_section,)],
+        lambda assembly: section_names(assembly)[len(BUILTIN_SECTIONS) :],
+        ["from-listener"],
+        id="listeners",
+    ),
+]
+
+
+@pytest.mark.parametrize(("method", "calls", "seen", "shown"), OWNED)
+async def test_closing_a_client_removes_its_registrations_from_other_clients_assemblies(
     connect: ClientFactory,
+    method: str,
+    calls: list[tuple[object, ...]],
+    seen: Callable[[dsp.PromptAssembly], object],
+    shown: object,
 ) -> None:
     owner, other = await connect(), await connect()
-    await owner.section("static", 10, "static text")
-    await owner.section("dynamic", 20, lambda ctx: "dynamic text")
-    assert section_names(await other.assemble())[-2:] == ["static", "dynamic"]
+    for args in calls:
+        await getattr(owner, method)(*args)
+    assert seen(await other.assemble()) == shown
 
     await owner.close()
 
-    assert section_names(await other.assemble()) == list(BUILTIN_SECTIONS)
-
-
-async def test_closing_a_client_removes_its_contexts_from_other_clients_assemblies(
-    connect: ClientFactory,
-) -> None:
-    owner, other = await connect(), await connect()
-    await owner.context("static", 1, "mode: plan")
-    await owner.context("dynamic", 2, lambda ctx: "mode: act")
-    assert context_names(await other.assemble()) == ["static", "dynamic"]
-
-    await owner.close()
-
-    assert (await other.assemble()).contexts == []
-
-
-async def test_closing_a_client_removes_its_tools_from_other_clients_assemblies(
-    connect: ClientFactory,
-) -> None:
-    owner, other = await connect(), await connect()
-    await owner.tools([tool("bash")])
-    await owner.tools(lambda ctx: [tool("todo_write")])
-    await other.tools([tool("echo")])
-    assert tool_names(await other.assemble()) == ["bash", "echo", "todo_write"]
-
-    await owner.close()
-
-    assert tool_names(await other.assemble()) == ["echo"]
-
-
-async def test_closing_a_client_removes_its_variables_from_other_clients_assemblies(
-    connect: ClientFactory,
-) -> None:
-    owner, other = await connect(), await connect()
-    await owner.variable("model", "deepseek-v4")
-    await owner.variable("who", lambda ctx: "alice")
-    await other.variable("cwd", "/srv")
-    assert (await other.assemble()).variables == {
-        "model": "deepseek-v4",
-        "who": "alice",
-        "cwd": "/srv",
-    }
-
-    await owner.close()
-
-    assert (await other.assemble()).variables == {"cwd": "/srv"}
+    assert not seen(await other.assemble())
 
 
 async def test_closing_a_client_removes_its_scope_layers_from_other_clients_assemblies(
@@ -156,38 +165,22 @@ async def test_closing_a_client_lifts_its_runtime_context_suppression(
     assert context_names(await other.assemble()) == ["policy"]
 
 
-async def test_closing_a_client_removes_its_listeners_from_other_clients_assemblies(
-    connect: ClientFactory,
-) -> None:
-    owner, other = await connect(), await connect()
-
-    async def add_section(
-        assembly: dsp.PromptAssembly, context: dsp.AssembleContext, next: object
-    ) -> dsp.PromptAssembly:
-        assembly.sections.append(dsp.AssembledSection("from-listener", "added"))
-        return assembly
-
-    await owner.on_assemble(add_section)
-    assert section_names(await other.assemble())[-1] == "from-listener"
-
-    await owner.close()
-
-    assert section_names(await other.assemble()) == list(BUILTIN_SECTIONS)
-
-
 async def test_closing_one_client_keeps_the_other_clients_registrations(
     connect: ClientFactory,
 ) -> None:
     owner, other = await connect(), await connect()
     await owner.section("mine", 10, "owner's")
+    await owner.variable("model", "deepseek-v4")
     await other.section("theirs", 20, "other's")
     await other.tools([tool("echo")])
+    await other.variable("cwd", "/srv")
 
     await owner.close()
 
     assembly = await other.assemble()
     assert section_names(assembly) == [*BUILTIN_SECTIONS, "theirs"]
     assert tool_names(assembly) == ["echo"]
+    assert assembly.variables == {"cwd": "/srv"}
 
 
 async def test_a_closed_clients_section_name_is_free_for_another_client(
