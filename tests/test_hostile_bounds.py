@@ -67,36 +67,38 @@ async def test_fields_within_the_bound_still_assemble(make_sidecar: SidecarFacto
 _SEVENTEEN_KINDS = pb.ChangeFilter(kinds=[pb.CHANGE_KIND_SECTION] * 17)
 
 
-async def test_a_change_filter_with_more_kinds_than_max_list_items_is_refused(
-    make_sidecar: SidecarFactory,
+@pytest.mark.parametrize(
+    ("rpc", "message", "what"),
+    [
+        pytest.param(
+            "WatchChanges",
+            pb.WatchChangesRequest(filter=_SEVENTEEN_KINDS),
+            "change filter kinds",
+            id="watch-filter-kinds",
+        ),
+        pytest.param(
+            "ListRegistrations",
+            pb.ListRegistrationsRequest(filter=_SEVENTEEN_KINDS),
+            "change filter kinds",
+            id="listing-filter-kinds",
+        ),
+        pytest.param(
+            "WatchChanges",
+            pb.WatchChangesRequest(features=["x"] * 17),
+            "watch features",
+            id="watch-features",
+        ),
+    ],
+)
+async def test_a_stream_request_with_a_list_past_max_list_items_is_refused(
+    make_sidecar: SidecarFactory, rpc: str, message: object, what: str
 ) -> None:
     sidecar = await make_sidecar(limits={"max_list_items": 16})
     async with raw_channel(sidecar.address) as channel:
-        request = pb.WatchChangesRequest(filter=_SEVENTEEN_KINDS)
-        error = await _refusal(raw_stub(channel).WatchChanges(request).read())
+        error = await _refusal(getattr(raw_stub(channel), rpc)(message).read())
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert _reason(error) == "VALUE_TOO_LARGE"
-    assert "change filter kinds has 17 entries" in (error.details() or "")
-
-
-async def test_a_listing_filter_with_more_kinds_than_max_list_items_is_refused(
-    make_sidecar: SidecarFactory,
-) -> None:
-    sidecar = await make_sidecar(limits={"max_list_items": 16})
-    async with raw_channel(sidecar.address) as channel:
-        request = pb.ListRegistrationsRequest(filter=_SEVENTEEN_KINDS)
-        error = await _refusal(raw_stub(channel).ListRegistrations(request).read())
-    assert _reason(error) == "VALUE_TOO_LARGE"
-
-
-async def test_watch_features_past_max_list_items_are_refused(
-    make_sidecar: SidecarFactory,
-) -> None:
-    sidecar = await make_sidecar(limits={"max_list_items": 16})
-    async with raw_channel(sidecar.address) as channel:
-        request = pb.WatchChangesRequest(features=["x"] * 17)
-        error = await _refusal(raw_stub(channel).WatchChanges(request).read())
-    assert _reason(error) == "VALUE_TOO_LARGE"
+    assert f"{what} has 17 entries" in (error.details() or "")
 
 
 async def test_tools_past_max_list_items_are_refused_in_one_registration(
