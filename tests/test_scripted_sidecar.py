@@ -191,30 +191,26 @@ class Refuses(Script):
         return super().answer(method, request, context)
 
 
-async def test_an_error_without_error_info_has_the_reason_unknown(
-    scripted: ScriptedSidecar,
+@pytest.mark.parametrize(
+    ("code", "reason", "message"),
+    [
+        pytest.param(
+            grpc.StatusCode.FAILED_PRECONDITION, "UNKNOWN", "no reason given", id="unknown"
+        ),
+        pytest.param(
+            grpc.StatusCode.UNAVAILABLE,
+            "SIDECAR_UNAVAILABLE",
+            "sidecar unavailable: no reason given",
+            id="unavailable",
+        ),
+    ],
+)
+async def test_an_error_without_error_info_has_the_reason_its_code_gives(
+    scripted: ScriptedSidecar, code: grpc.StatusCode, reason: str, message: str
 ) -> None:
-    error = await failing(
-        scripted,
-        Refuses(grpc.StatusCode.FAILED_PRECONDITION, "no reason given", None),
-        lambda c: c.assemble(),
-    )
-    assert (error.code, error.reason, error.message) == (
-        grpc.StatusCode.FAILED_PRECONDITION,
-        "UNKNOWN",
-        "no reason given",
-    )
-
-
-async def test_an_unavailable_error_without_a_reason_is_sidecar_unavailable(
-    scripted: ScriptedSidecar,
-) -> None:
-    error = await failing(
-        scripted,
-        Refuses(grpc.StatusCode.UNAVAILABLE, "a proxy says no", None),
-        lambda c: c.assemble(),
-    )
-    assert (error.code, error.reason) == (grpc.StatusCode.UNAVAILABLE, "SIDECAR_UNAVAILABLE")
+    refusal = Refuses(code, "no reason given", None)
+    error = await failing(scripted, refusal, lambda c: c.assemble())
+    assert (error.code, error.reason, error.message) == (code, reason, message)
 
 
 async def test_an_error_with_a_huge_message_still_arrives_with_a_code_and_reason(
