@@ -48,6 +48,13 @@ def prompt(*sections: str) -> str:
     return "\n\n".join((IDENTITY, *sections))
 
 
+def served(response: pb.AssembleResponse) -> list[str]:
+    """`texts(response)`, checked to be what its rendered prompt joins after the identity."""
+    shown = texts(response)
+    assert response.rendered.prompt == prompt(*shown)
+    return shown
+
+
 def counting(label: str) -> dsp.TextSource:
     """A provider whose answer changes at every call."""
     counter = itertools.count()
@@ -66,9 +73,7 @@ async def test_an_unchanged_dynamic_answer_is_answered_byte_identical(
     client: dsp.Client, assemble_raw: Raw
 ) -> None:
     await warmed(client, assemble_raw)
-    again = await assembled(assemble_raw)
-    assert texts(again) == ["Be brief.", "Tick."]
-    assert again.rendered.prompt == prompt("Be brief.", "Tick.")
+    assert served(await assembled(assemble_raw)) == ["Be brief.", "Tick."]
 
 
 async def test_a_changed_dynamic_answer_is_encoded_and_rendered_fresh(
@@ -78,26 +83,21 @@ async def test_a_changed_dynamic_answer_is_encoded_and_rendered_fresh(
     await client.section("clock", 20, counting("Tick"))
     first, second = await assembled(assemble_raw), await assembled(assemble_raw)
     assert texts(first) == ["Be brief.", "Tick 0"]
-    assert texts(second) == ["Be brief.", "Tick 1"]
-    assert second.rendered.prompt == prompt("Be brief.", "Tick 1")
+    assert served(second) == ["Be brief.", "Tick 1"]
 
 
 async def test_an_updated_static_part_of_a_dynamic_plan_is_served_fresh(
     client: dsp.Client, assemble_raw: Raw
 ) -> None:
     await (await warmed(client, assemble_raw)).update("Be thorough.")
-    after = await assembled(assemble_raw)
-    assert texts(after) == ["Be thorough.", "Tick."]
-    assert after.rendered.prompt == prompt("Be thorough.", "Tick.")
+    assert served(await assembled(assemble_raw)) == ["Be thorough.", "Tick."]
 
 
 async def test_a_disposed_part_of_a_dynamic_plan_is_gone_from_encoding_and_rendering(
     client: dsp.Client, assemble_raw: Raw
 ) -> None:
     await (await warmed(client, assemble_raw))()
-    after = await assembled(assemble_raw)
-    assert texts(after) == ["Tick."]
-    assert after.rendered.prompt == prompt("Tick.")
+    assert served(await assembled(assemble_raw)) == ["Tick."]
 
 
 async def test_a_new_registration_joins_a_dynamic_plans_response(
@@ -148,9 +148,7 @@ async def test_a_re_parented_scope_is_served_its_new_parents_parts(
     await agent.dispose()  # the key is forgotten with its last handle, parent included
     moved = await other.scope("agent-1", parent="team-b")
     await moved.section("clock", 20, lambda context: "Tick.")
-    after = await assembled(assemble_raw, "agent-1")
-    assert texts(after) == ["Team B's way.", "Tick."]
-    assert after.rendered.prompt == prompt("Team B's way.", "Tick.")
+    assert served(await assembled(assemble_raw, "agent-1")) == ["Team B's way.", "Tick."]
 
 
 async def test_a_listener_that_reorders_adds_and_removes_parts_is_encoded_as_it_returned(
