@@ -60,20 +60,6 @@ async def test_scope_events_are_sent_per_handle(connect: ClientFactory) -> None:
     ]
 
 
-async def test_closing_a_session_emits_an_unregistered_event_per_registration(
-    connect: ClientFactory,
-) -> None:
-    watcher, owner = await connect(), await connect()
-    await owner.section("a", 1, "a")
-    await owner.variable("b", "b")
-    changes = await watcher.watch_changes()
-    await owner.close()
-    assert sorted(summary(await next_events(changes, 2))) == [
-        ("section", "unregistered", "a", None),
-        ("variable", "unregistered", "b", None),
-    ]
-
-
 async def test_a_stuck_watcher_blocks_no_registration_and_is_told_what_it_missed(
     make_sidecar: SidecarFactory,
 ) -> None:

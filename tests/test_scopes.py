@@ -369,19 +369,6 @@ async def test_registering_through_a_disposed_scope_fails(client: dsp.Client) ->
     assert section_names(await client.assemble(scope="agent-1"))[2:] == []
 
 
-async def test_closing_the_session_disposes_its_scoped_registrations(
-    connect: ClientFactory,
-) -> None:
-    first, second = await connect(), await connect()
-    agent = await first.scope("agent-1")
-    await agent.section("rules", 10, "Agent rules.")
-    await agent.variable("mode", "agent")
-    await first.close()
-    assembly = await second.assemble(scope="agent-1")
-    assert section_names(assembly)[2:] == []
-    assert assembly.variables == {}
-
-
 # -- two sessions, one key ------------------------------------------------------------
 
 

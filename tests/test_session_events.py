@@ -82,17 +82,3 @@ async def test_closing_a_client_emits_an_unregistered_event_for_each_of_its_regi
         ("section", "scoped", "agent-1"),
         ("variable", "model", None),
     ]
-
-
-async def test_two_sessions_opening_one_scope_key_emit_two_scope_events(
-    connect: ClientFactory,
-) -> None:
-    watcher, first, second = await connect(), await connect(), await connect()
-    changes = await watcher.watch_changes()
-
-    await first.scope("shared")
-    await second.scope("shared")
-
-    events = await next_events(changes, 2)
-    assert [(e.kind, e.action) for e in events] == [("scope", "registered")] * 2
-    assert all("shared" in (e.name, e.scope) for e in events)
