@@ -24,11 +24,13 @@ import type {
 } from "./types.js";
 
 export type {
+  CallbackOptions,
   Disposer,
   Handle,
   ListenerOptions,
   PromptContext,
   PromptSection,
+  SectionOptions,
   TextSource,
   ToolsSource,
   VariableSource,

@@ -29,8 +29,18 @@ export type ToolsSource =
       context: AssembleContext,
     ) => ToolProviderResult | ToolSchemaLike[] | Promise<ToolProviderResult | ToolSchemaLike[]>);
 
+/** How a provider or listener is asked (for a static value: nothing). */
+export interface CallbackOptions {
+  /**
+   * Seconds it may take to answer, instead of the sidecar's `provider_timeout_s`
+   * (up to its `max_callback_timeout_s`): an honest slow callback says so instead
+   * of being ejected (docs/protocol.md, "Ejected callbacks").
+   */
+  timeoutS?: number | undefined;
+}
+
 /** A prompt section in the original API's object form. */
-export interface PromptSection {
+export interface PromptSection extends CallbackOptions {
   name: string;
   order: number;
   text: TextSource;
@@ -39,14 +49,14 @@ export interface PromptSection {
 }
 
 /** A runtime context in the original API's object form. */
-export interface PromptContext {
+export interface PromptContext extends CallbackOptions {
   name: string;
   order: number;
   text: TextSource;
 }
 
-/** Where a listener runs in the waterfall, and which assemblies it sees. */
-export interface ListenerOptions {
+/** Where a listener runs in the waterfall, which assemblies it sees, and its own time. */
+export interface ListenerOptions extends CallbackOptions {
   /** Run before the listeners registered earlier. */
   prepend?: boolean | undefined;
   /** Installed through a scope: see every assembly anyway. */
@@ -116,15 +126,15 @@ export class Registrar {
     this.#scope = scope;
   }
 
-  /** Contribute a prompt section; `text` is a string or a provider of one. */
-  section(name: string, order: number, text: TextSource, options?: { complete?: boolean }): Promise<Handle>;
+  /** Contribute a prompt section; `text` is a string or a provider of one (its `timeoutS`: CallbackOptions). */
+  section(name: string, order: number, text: TextSource, options?: SectionOptions): Promise<Handle>;
   /** Contribute a prompt section, in the original API's object form. */
   section(section: PromptSection): Promise<Handle>;
   section(
     first: string | PromptSection,
     order?: number,
     text?: TextSource,
-    options?: { complete?: boolean },
+    options?: SectionOptions,
   ): Promise<Handle> {
     const section = typeof first === "string" ? { name: first, order, text, ...options } : first;
     return this.#guard(() => {
@@ -133,7 +143,7 @@ export class Registrar {
         order: checkOrder(section.order),
         complete: section.complete ?? false,
       });
-      const key = this.#text(section.text, (source) => {
+      const key = this.#text(section.text, section, (source) => {
         request.textSource = source;
       });
       return this.#registerValue(pb.SystemPromptService.method.registerSection, request, key);
@@ -141,17 +151,22 @@ export class Registrar {
   }
 
   /** Contribute an ordered runtime context; `text` is a string or a provider of one. */
-  context(name: string, order: number, text: TextSource): Promise<Handle>;
+  context(name: string, order: number, text: TextSource, options?: CallbackOptions): Promise<Handle>;
   /** Contribute a runtime context, in the original API's object form. */
   context(context: PromptContext): Promise<Handle>;
-  context(first: string | PromptContext, order?: number, text?: TextSource): Promise<Handle> {
-    const context = typeof first === "string" ? { name: first, order, text } : first;
+  context(
+    first: string | PromptContext,
+    order?: number,
+    text?: TextSource,
+    options?: CallbackOptions,
+  ): Promise<Handle> {
+    const context = typeof first === "string" ? { name: first, order, text, ...options } : first;
     return this.#guard(() => {
       const request = create(pb.RegisterContextRequestSchema, {
         name: context.name,
         order: checkOrder(context.order),
       });
-      const key = this.#text(context.text, (source) => {
+      const key = this.#text(context.text, context, (source) => {
         request.textSource = source;
       });
       return this.#registerValue(pb.SystemPromptService.method.registerContext, request, key);
@@ -166,15 +181,17 @@ export class Registrar {
   }
 
   /** Contribute tool schemas: a list, a ToolProviderResult, or a provider of either. */
-  tools(provider: ToolsSource): Promise<Handle> {
+  tools(provider: ToolsSource, options: CallbackOptions = {}): Promise<Handle> {
     return this.#guard(() => {
       const request = create(pb.RegisterToolsRequestSchema);
       let key: string | undefined;
       if (typeof provider === "function") {
-        key = this.connection.providers.add(provider as Provider);
-        request.source = { case: "dynamic", value: create(pb.DynamicSchema, { providerKey: key }) };
+        const dynamic = this.#dynamic(provider as Provider, options);
+        key = dynamic.providerKey;
+        request.source = { case: "dynamic", value: dynamic };
         request.name = label(provider.name);
       } else {
+        refuseStatic(options);
         request.source = { case: "result", value: toolsToProto(provider) };
       }
       return this.#registerValue(pb.SystemPromptService.method.registerTools, request, key);
@@ -182,21 +199,24 @@ export class Registrar {
   }
 
   /** Contribute {{name}}: a value, undefined (no value), or a provider of either. */
-  variable(name: string, value: VariableSource): Promise<Handle> {
+  variable(name: string, value: VariableSource, options: CallbackOptions = {}): Promise<Handle> {
     return this.#guard(() => {
       const request = create(pb.RegisterVariableRequestSchema, { name });
-      let key: string | undefined;
+      const method = pb.SystemPromptService.method.registerVariable;
       if (typeof value === "function") {
-        key = this.connection.providers.add(value as Provider);
-        request.valueSource = { case: "dynamic", value: create(pb.DynamicSchema, { providerKey: key }) };
-      } else if (value === undefined || value === null) {
+        const dynamic = this.#dynamic(value as Provider, options);
+        request.valueSource = { case: "dynamic", value: dynamic };
+        return this.#registerValue(method, request, dynamic.providerKey);
+      }
+      refuseStatic(options);
+      if (value === undefined || value === null) {
         request.valueSource = { case: "noValue", value: create(pb.NoValueSchema) };
       } else if (typeof value === "string") {
         request.valueSource = { case: "value", value };
       } else {
         throw invalid(`value must be a string, undefined or a function, not ${typeof value}`);
       }
-      return this.#registerValue(pb.SystemPromptService.method.registerVariable, request, key);
+      return this.#registerValue(method, request);
     });
   }
 
@@ -210,6 +230,7 @@ export class Registrar {
       global: options.global ?? false,
       name: label(listener.name || "anonymous"),
       features: [FEATURE_TOOL_SLOTS], // this client decodes slot-encoded tools in next() results
+      timeoutS: timeoutSeconds(options),
     });
     const registration: Registration = {
       registrationId: "",
@@ -236,16 +257,24 @@ export class Registrar {
 
   #text(
     text: TextSource | undefined,
+    options: CallbackOptions,
     set: (source: { case: "text"; value: string } | { case: "dynamic"; value: pb.Dynamic }) => void,
   ): string | undefined {
     if (typeof text === "function") {
-      const key = this.connection.providers.add(text as Provider);
-      set({ case: "dynamic", value: create(pb.DynamicSchema, { providerKey: key }) });
-      return key;
+      const dynamic = this.#dynamic(text as Provider, options);
+      set({ case: "dynamic", value: dynamic });
+      return dynamic.providerKey;
     }
+    refuseStatic(options);
     if (typeof text !== "string") throw invalid(`text must be a string or a function, not ${typeof text}`);
     set({ case: "text", value: text });
     return undefined;
+  }
+
+  /** A provider kept here, as the sidecar is told of it; a bad option is refused before it is kept. */
+  #dynamic(provider: Provider, options: CallbackOptions): pb.Dynamic {
+    const timeoutS = timeoutSeconds(options);
+    return create(pb.DynamicSchema, { providerKey: this.connection.providers.add(provider), timeoutS });
   }
 
   async #registerValue<I extends DescMessage, O extends DescMessage>(
@@ -278,6 +307,29 @@ export class Registrar {
     };
     await this.connection.register(registration);
     return registration;
+  }
+}
+
+/** A section's options: `complete`, and for a provider its own time. */
+export interface SectionOptions extends CallbackOptions {
+  /** This section becomes the exact, complete prompt. */
+  complete?: boolean | undefined;
+}
+
+/** A callback's own time as sent: 0 (the sidecar's provider_timeout_s) when not given. */
+function timeoutSeconds(options: CallbackOptions): number {
+  const timeoutS: unknown = options.timeoutS;
+  if (timeoutS === undefined) return 0;
+  if (typeof timeoutS !== "number" || !Number.isFinite(timeoutS) || timeoutS <= 0) {
+    throw invalid(`timeoutS must be a positive number of seconds, not ${String(timeoutS)}`);
+  }
+  return timeoutS;
+}
+
+/** timeoutS is for providers: a static value is never asked for. */
+function refuseStatic(options: CallbackOptions): void {
+  if (options.timeoutS !== undefined) {
+    throw invalid("timeoutS applies to a provider (a function), not to a static value");
   }
 }
 
