@@ -25,24 +25,34 @@ from ._listeners import Listener, ListenerStream
 from .errors import NoAnswer, SystemPromptError, error_from_rpc
 
 
-class Addressed(Protocol):
-    """A registration request: it names the session and the scope it registers in."""
+class OnSession(Protocol):
+    """A request that names the session it is made on."""
 
     session_id: str
+
+
+class Addressed(OnSession, Protocol):
+    """A registration request: it names the session and the scope it registers in."""
+
     scope_id: str
 
 
-class Registered(Protocol):
-    """A registration reply."""
-
-    @property
-    def registration_id(self) -> str: ...
+class Revised(Protocol):
+    """A reply that tells the registry's revision once the call was made."""
 
     @property
     def revision(self) -> int: ...
 
 
+class Registered(Revised, Protocol):
+    """A registration reply."""
+
+    @property
+    def registration_id(self) -> str: ...
+
+
 Request = TypeVar("Request", bound=Addressed)
+Reply = TypeVar("Reply", bound=Revised)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -65,6 +75,19 @@ class Registration(ABC):
     def scope_id(self) -> str:
         return "" if self.scope is None else self.scope.registration_id
 
+    async def _called(
+        self,
+        rpc: Callable[..., Awaitable[Reply]],
+        request: OnSession,
+        session_id: str,
+        timeout: float,
+    ) -> Reply:
+        """`rpc`'s reply to `request` sent on the session `session_id`; its revision noted."""
+        request.session_id = session_id
+        reply = await rpc(request, timeout=timeout)
+        self.revision = reply.revision
+        return reply
+
 
 @dataclass(eq=False, kw_only=True)
 class Contribution(Registration, Generic[Request]):
@@ -74,11 +97,8 @@ class Contribution(Registration, Generic[Request]):
     rpc: Callable[..., Awaitable[Registered]]
 
     async def make(self, session_id: str, timeout: float) -> str:
-        self.request.session_id = session_id
         self.request.scope_id = self.scope_id()
-        reply = await self.rpc(self.request, timeout=timeout)
-        self.revision = reply.revision
-        return reply.registration_id
+        return (await self._called(self.rpc, self.request, session_id, timeout)).registration_id
 
 
 @dataclass(eq=False, kw_only=True)
@@ -89,10 +109,7 @@ class ScopeHandle(Registration):
     rpc: Callable[..., Awaitable[pb.OpenScopeResponse]]
 
     async def make(self, session_id: str, timeout: float) -> str:
-        self.request.session_id = session_id
-        reply = await self.rpc(self.request, timeout=timeout)
-        self.revision = reply.revision
-        return reply.scope_id
+        return (await self._called(self.rpc, self.request, session_id, timeout)).scope_id
 
 
 @dataclass(eq=False, kw_only=True)
