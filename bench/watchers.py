@@ -17,7 +17,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 READY = "watching "
 BATCHES = "change-batches"  # as the clients ask: pending events come in one message
 PER_CHANNEL = 50  # streams per connection, as a few agents' clients would hold (the
-# sidecar allows limits.max_watchers_per_peer, 64 by default, per connection)
+# sidecar allows limits.max_watchers_per_peer, 64 by default, per loopback connection)
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]  # channels do not share one
 
 

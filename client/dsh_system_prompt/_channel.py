@@ -30,8 +30,9 @@ CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2_000),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    # A connection of its own: gRPC would share one among a process's clients, and the
-    # sidecar limits sessions per connection (limits.max_sessions_per_peer).
+    # A connection of its own: gRPC would share one among a process's clients, and over
+    # loopback without credentials the sidecar counts sessions per connection
+    # (limits.max_sessions_per_peer).
     ("grpc.use_local_subchannel_pool", 1),
 ]
 

@@ -51,8 +51,8 @@ const CHANNEL_OPTIONS: grpc.ChannelOptions = {
   "grpc.max_reconnect_backoff_ms": 2_000,
   "grpc.max_receive_message_length": 64 * 1024 * 1024,
   // A connection of its own, closed with the client: grpc-js would share one among a
-  // process's clients (and keep it after close), and the sidecar limits sessions per
-  // connection (limits.max_sessions_per_peer).
+  // process's clients (and keep it after close), and over loopback without credentials
+  // the sidecar counts sessions per connection (limits.max_sessions_per_peer).
   "grpc.use_local_subchannel_pool": 1,
 };
 

@@ -38,10 +38,10 @@ class ServerLimits:
 
     max_message_bytes: int = 4 * 1024 * 1024
     max_sessions: int = 1_000
-    max_sessions_per_peer: int = 100  # per TCP connection: headroom for everyone else
+    max_sessions_per_peer: int = 100  # per client (rpc/guard/clients.py): headroom for others
     max_watchers: int = 1_000
     max_outbox_bytes: int = 8 * 1024 * 1024  # unread by one session or listener
-    max_watchers_per_peer: int = 64  # change and prompt watches per TCP connection
+    max_watchers_per_peer: int = 64  # change and prompt watches per client
     max_response_cache_bytes: int = 32 * 1024 * 1024  # encoded Assemble responses kept
     max_report_history_bytes: int = 64 * 1024 * 1024  # prompt-cache report history kept
     max_connections: int = 4096  # open connections on the gRPC port; more are closed at once

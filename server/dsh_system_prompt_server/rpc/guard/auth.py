@@ -7,6 +7,8 @@ that credential may make the request; if not, PERMISSION_DENIED with reason
 PERMISSION_DENIED and what it lacks. A stream is decided on its first message.
 A session is bound to the credential that opened it: calls naming it with
 another credential are refused, so a leaked session id is not a way around.
+The admitted credential's name is the call's `clients.CALLER`: quotas count per
+credential.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dsh_system_prompt_core import Reason
 from ...registry import Registry, ServiceError, Status
 from ..status import abort
 from .access import describe, session_of
+from .clients import CALLER
 from .policy import Credential, decide
 
 # The platform's probes cannot send a token; health says nothing about the registry.
@@ -144,8 +147,10 @@ class _Call:
         self.method = method
 
     async def admitted(self, context: Any, streaming: bool) -> Credential:
+        """The call's credential, now the call's CALLER; UNAUTHENTICATED without one."""
         credential = self.interceptor.credential(context)
         if credential is not None:
+            CALLER.set(credential.name)  # the call's own context: nothing to reset
             return credential
         if streaming:
             # Refusing before the client's first message lands can reach the client as

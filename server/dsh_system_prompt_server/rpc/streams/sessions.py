@@ -24,10 +24,11 @@ from ...registry.limits import quota_exceeded
 from ...telemetry.metrics import Metrics
 from ...telemetry.tracing import Tracing, hop
 from ..convert import provide_request, provided_from_proto
+from ..guard.clients import Client, client_of
 from ..status import unknown_session
 from .broker import Broker, Ended, Replies, Stream
 from .outbox import Outbox, OutboxLimits
-from .peers import PeerCounts
+from .quotas import ClientCounts
 
 SIDECAR_VERSION = f"dsh-system-prompt/{package_version()}"
 # What this sidecar can do on a session stream, when the client says it can too.
@@ -47,12 +48,14 @@ class Session:
         peer: str = "",
         tracing: Tracing | None = None,
         limits: Limits = _DEFAULT_LIMITS,
+        client: Client | None = None,
     ) -> None:
         self.id = session_id
         self.limits = limits  # what its answers are checked against
         self.tracing = tracing
         self.client_name = client_name
         self.peer = peer
+        self.client = client  # what its quota is counted against
         self.outbox = outbox
         self.ended = asyncio.Event()
         self.provide_requests = 0  # one per assembly that needed this session
@@ -147,13 +150,13 @@ class Sessions(Broker[pb.OpenSessionRequest, pb.OpenSessionResponse, Session]):
         self._registry = registry
         self._tracing = tracing
         self._max_sessions = max_sessions
-        self._per_peer = PeerCounts(max_per_peer)
+        self._per_client = ClientCounts(max_per_peer)
         self._open: dict[str, Session] = {}
 
     def set_limits(self, max_sessions: int, max_per_peer: int) -> None:
         """New quotas for sessions opened from now on (open ones stay)."""
         self._max_sessions = max_sessions
-        self._per_peer.limit = max_per_peer
+        self._per_client.limit = max_per_peer
 
     def peer_name(self, start: pb.OpenSessionRequest) -> str:
         return "the session"
@@ -162,16 +165,16 @@ class Sessions(Broker[pb.OpenSessionRequest, pb.OpenSessionResponse, Session]):
         self, start: pb.OpenSessionRequest, outbox: Outbox[pb.OpenSessionResponse], peer: str
     ) -> tuple[Session, pb.OpenSessionResponse]:
         """A session for the client `start` names, and its SessionOpened; QUOTA_EXCEEDED
-        when the sidecar or the peer holds as many as it may."""
+        when the sidecar or the client (`client_of`) holds as many as it may."""
         client_name = start.start.client_name
         self._registry.limits.check_name("client", client_name)
         self._registry.limits.check_count("session start features", len(start.start.features))
         if len(self._open) >= self._max_sessions:
             raise quota_exceeded(f"the sidecar already has {len(self._open)} sessions, its limit")
-        self._per_peer.admit(peer)
-        session = Session(
-            new_id(), client_name, outbox, peer, self._tracing, limits=self._registry.limits
-        )
+        client = client_of(peer)
+        self._per_client.admit(client)
+        limits = self._registry.limits
+        session = Session(new_id(), client_name, outbox, peer, self._tracing, limits, client)
         session.on_invalidate = lambda request: self._invalidate(session, request)
         self._open[session.id] = session
         opened = pb.SessionOpened(
@@ -203,7 +206,7 @@ class Sessions(Broker[pb.OpenSessionRequest, pb.OpenSessionResponse, Session]):
     def close(self, session: Session) -> None:
         if self._open.pop(session.id, None) is None:
             return
-        self._per_peer.release(session.peer)
+        self._per_client.release(session.client)
         session.close()
         self._registry.dispose_owner(session.id)
 

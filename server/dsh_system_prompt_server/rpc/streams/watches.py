@@ -31,12 +31,13 @@ from ..convert import (
     filter_from_proto,
     registration_to_proto,
 )
+from ..guard.clients import Client, client_of
 from ..guard.gate import Gate
 from ..report_messages import layout_from_proto
 from .broker import Stream, stalled, write_all
 from .outbox import Outbox, OutboxLimits
-from .peers import PeerCounts
 from .prompt_watch import PromptWatch, ScopePrompt
+from .quotas import ClientCounts
 from .turns import Turns
 
 _BATCH_COUNT = 256  # registrations per listing message
@@ -54,7 +55,7 @@ Opened = TypeVar("Opened")
 
 @dataclass(frozen=True)
 class WatchSettings:
-    """The config of watches: buffers, history is the registry's, bounds per peer."""
+    """The config of watches: buffers, history is the registry's, bounds per client."""
 
     buffer: int  # events queued per watcher before it is told it missed some
     max_watchers: int
@@ -84,14 +85,14 @@ class Watches:
         self.turns = Turns()  # a few watch writes at once: callers never queue behind many
         self._entries: dict[int, bytes] = {}  # revision -> its event encoded, the latest ones
         self._shown: dict[tuple[str | None, bool, Layout], ScopePrompt] = {}  # shared prompts
-        self._per_peer = PeerCounts(
+        self._per_client = ClientCounts(
             settings.max_per_peer, "watches", "limits.max_watchers_per_peer"
         )
 
     def reconfigure(self, settings: WatchSettings) -> None:
         """Take reloaded settings; watches already open keep their buffer."""
         self._settings = settings
-        self._per_peer.limit = settings.max_per_peer
+        self._per_client.limit = settings.max_per_peer
 
     # -- the streams ------------------------------------------------------------------
 
@@ -99,46 +100,47 @@ class Watches:
         self, request: pb.WatchChangesRequest, stream: Stream[Written], gate: Gate
     ) -> None:
         """Serve one WatchChanges stream until its peer stops reading it."""
-        peer = stream.peer()
-        subscription = self._open(peer, gate, lambda: self.subscribe(request))
-        await self._serve(stream, peer, subscription, self.changes(subscription, request.features))
+        client = client_of(stream.peer())
+        subscription = self._open(client, gate, lambda: self.subscribe(request))
+        responses = self.changes(subscription, request.features)
+        await self._serve(stream, client, subscription, responses)
 
     async def serve_prompts(
         self, request: pb.WatchPromptRequest, stream: Stream[Written], gate: Gate
     ) -> None:
         """Serve one WatchPrompt stream until its peer stops reading it."""
-        peer = stream.peer()
-        watch, subscription = self._open(peer, gate, lambda: self.prompt_watch(request))
-        await self._serve(stream, peer, subscription, self.prompts(watch, subscription))
+        client = client_of(stream.peer())
+        watch, subscription = self._open(client, gate, lambda: self.prompt_watch(request))
+        await self._serve(stream, client, subscription, self.prompts(watch, subscription))
 
-    def _open(self, peer: str, gate: Gate, start: Callable[[], Opened]) -> Opened:
-        """Admit one more watch of `peer` and start it; nothing is held if it fails."""
+    def _open(self, client: Client | None, gate: Gate, start: Callable[[], Opened]) -> Opened:
+        """Admit one more watch of `client` and start it; nothing is held if it fails."""
         gate.check()
-        self.admit(peer)
+        self.admit(client)
         try:
             return start()
         except BaseException:
-            self.release(peer)
+            self.release(client)
             raise
 
     async def _serve(
         self,
         stream: Stream[Written],
-        peer: str,
+        client: Client | None,
         subscription: Subscription,
         responses: AsyncGenerator[Message, None] | AsyncGenerator[bytes, None],
     ) -> None:
         """Write a watch's responses, each once the one before is written, until its peer
         stops taking them (then close it): STREAM_STALLED, raised, ends the call."""
-        limits = OutboxLimits(write_timeout_s=self._registry.settings.provider_timeout_s)
-        outbox: Outbox[Message] = Outbox(stream.write, limits, "the watcher")
         try:
+            limits = OutboxLimits(write_timeout_s=self._registry.settings.provider_timeout_s)
+            outbox: Outbox[Message] = Outbox(stream.write, limits, "the watcher")
             await write_all(outbox, responses)
-        finally:
+        finally:  # however it ends: cancelled, its peer gone, stalled
             subscription.close()
-            self.release(peer)
+            self.release(client)
         if outbox.stalled.is_set():
-            raise stalled(self._metrics, "watcher", peer, outbox)
+            raise stalled(self._metrics, "watcher", stream.peer(), outbox)
 
     async def serve_listing(
         self, request: pb.ListRegistrationsRequest, stream: Stream[Written], gate: Gate
@@ -304,16 +306,17 @@ class Watches:
 
     # -- bounds -----------------------------------------------------------------------
 
-    def admit(self, peer: str) -> None:
-        """Count one more watch of `peer`: QUOTA_EXCEEDED past the sidecar's or the peer's bound."""
+    def admit(self, client: Client | None) -> None:
+        """Count one more watch of `client`: QUOTA_EXCEEDED past the sidecar's or the client's
+        bound."""
         watchers = self._registry.changes.subscriber_count()
         if watchers >= self._settings.max_watchers:
             raise quota_exceeded(f"the sidecar already has {watchers} watchers, its limit")
-        self._per_peer.admit(peer)
+        self._per_client.admit(client)
 
-    def release(self, peer: str) -> None:
-        """One watch of `peer` ended."""
-        self._per_peer.release(peer)
+    def release(self, client: Client | None) -> None:
+        """One watch of `client` ended."""
+        self._per_client.release(client)
 
 
 def _burst(subscription: Subscription, first: Change) -> list[Change]:

@@ -1,0 +1,57 @@
+"""Who a call comes from, as far as the sidecar can tell clients apart: what the per-client
+quotas (`limits.max_sessions_per_peer`, `limits.max_watchers_per_peer`) count by.
+
+In order of what is known about the call:
+
+1. the credential it presented (auth configured): one principal, one quota, as
+   Kubernetes and Envoy count per user, whatever transport and connections it uses;
+2. over TCP, the peer's IP address (not its port: one host opening more connections
+   stays one client), except a loopback address, which every local process shares, so
+   there only the connection tells clients apart (each Python and TypeScript client
+   opens its own);
+3. nobody, on a unix socket without credentials: gRPC names every such peer `unix:`,
+   and grpcio exposes neither the socket nor its SO_PEERCRED (uid, pid), not even
+   under local credentials (grpc/grpc#15511, #28755); only the sidecar-wide limits
+   apply there, and the socket file's permissions are the boundary.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+# The credential name of the call being served, set by the AuthInterceptor for each call it
+# admits; each gRPC call runs in a context of its own, so one call never sees another's.
+CALLER: ContextVar[str | None] = ContextVar("caller", default=None)
+_TCP = ("ipv4:", "ipv6:")
+
+
+@dataclass(frozen=True)
+class Client:
+    """One client as the quotas count it: `key` tells it apart, `name` is how a refusal
+    names it."""
+
+    key: str
+    name: str
+
+
+def client_of(peer: str) -> Client | None:
+    """The client of the call being served, which gRPC names `peer`; None when the
+    sidecar cannot tell it from any other (a unix socket, no credential)."""
+    credential = CALLER.get()
+    if credential is not None:
+        return Client(f"credential:{credential}", f'credential "{credential}"')
+    if not peer.startswith(_TCP):
+        return None
+    address = peer.partition(":")[2]  # "127.0.0.1:53210", "[::1]:53210"
+    host = address.rpartition(":")[0].strip("[]")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return Client(peer, f"the connection from {address}")  # not an address: count it alone
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # a dual-stack socket's IPv4 peer is that IPv4 address
+    if ip.is_loopback:
+        return Client(peer, f"the connection from {address}")
+    return Client(f"ip:{ip}", f"the address {ip}")
