@@ -62,9 +62,13 @@ def _provider(index: int) -> Callable[[dsp.AssembleContext], str]:
     return provide
 
 
+CHAIN = 4  # listeners in the chained figure's scope
+
+
 async def listeners(h: Harness) -> list[Figure]:
     """One waterfall listener that only works before next(), and one that
-    post-processes next()'s result, vs the static assemble without one."""
+    post-processes next()'s result, vs the static assemble without one; and a chain
+    of `CHAIN` such listeners, per listener past the first."""
     client = await dsp.connect(h.sidecar.address, client_name="bench-listeners")
     probe = Probe.open(h.sidecar.address)
 
@@ -84,11 +88,15 @@ async def listeners(h: Harness) -> list[Figure]:
     try:
         await (await client.scope("listener-before")).on_assemble(before_next)
         await (await client.scope("listener-after")).on_assemble(post_process)
+        chained = await client.scope("listener-chain")
+        for i in range(CHAIN):
+            await chained.on_assemble(_noting_listener(f"listener:note-{i}"))
         samples = await h.timed_with_round_trip(
             {
                 "static": probe.assemble(),
                 "before_next": probe.assemble("listener-before"),
                 "post_processing": probe.assemble("listener-after"),
+                "chained": probe.assemble("listener-chain"),
             },
             1000,
         )
@@ -102,7 +110,30 @@ async def listeners(h: Harness) -> list[Figure]:
         over_static(
             samples, "post_processing", "listener, with post-processing", "≤ {:g} round trips", 2.8
         ),
+        further_listener(samples),
     ]
+
+
+def further_listener(samples: dict[str, Samples]) -> Figure:
+    """What each listener past the first of a chain adds, in bidi round trips."""
+    extra = (samples["chained"].p50 - samples["before_next"].p50) / (CHAIN - 1)
+    value = ratio(extra, samples["bidi_round_trip"].p50)
+    return Figure(
+        key="further_listener",
+        name="each further chained listener",
+        value=round(value, 2),
+        unit="round trips",
+        **at_most(value, 1.3, "≤ {:g} round trips"),
+        details={
+            **timed_ratio_details(
+                {k: samples[k] for k in ("before_next", "chained", "bidi_round_trip")}
+            ),
+            "extra_us": us(extra),
+            "formula": f"(p50 chained - p50 before_next) / {CHAIN - 1} / p50 bidi_round_trip: "
+            f"a chain of {CHAIN} listeners that work before next(), each listener past the "
+            "first, in round trips",
+        },
+    )
 
 
 async def cached_callbacks(h: Harness) -> list[Figure]:
