@@ -1,7 +1,8 @@
 """The rules the sidecar and its Python client share, with no gRPC in them.
 
 `names` holds the constants of the contract, `render` the strict interpolation,
-`reasons` the catalogue of error reasons. The client wraps a render failure as
+`reasons` the catalogue of error reasons, `stepping` how both sides write to a stream
+without a task in between. The client wraps a render failure as
 `dsp.RenderError`; the sidecar answers it with FAILED_PRECONDITION.
 """
 
@@ -29,6 +30,7 @@ from .render import (
     render_context_snapshot,
     render_prompt,
 )
+from .stepping import Finished, step_through
 
 __all__ = [
     "CONTEXT_SNAPSHOT_HEADER",
@@ -42,6 +44,7 @@ __all__ = [
     "SECTION_SEPARATOR",
     "TOOL_ORDER_REST",
     "VARIABLE_NAME",
+    "Finished",
     "Reason",
     "RenderFailure",
     "check_template",
@@ -51,4 +54,5 @@ __all__ = [
     "references",
     "render_context_snapshot",
     "render_prompt",
+    "step_through",
 ]
