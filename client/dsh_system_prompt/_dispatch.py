@@ -1,20 +1,24 @@
 """A callback stream's read loop on this client's side: dispatch what comes, release at the end.
 
 The sidecar asks on a session stream for provider values and on a listener stream for
-listener runs. Either way this client answers each request in a task of its own, one
-write at a time on the stream; a cancel names the request to give up; and when the
-stream ends the answers still running are cancelled (nobody reads them), waiting
-invalidations are released, and the owner hears of it. Written once for both streams.
+listener runs. Either way this client answers each request that must wait in a task of
+its own (one answered at once is written from the reader), one write at a time on the
+stream, the first started at once and none awaited by its sender; a cancel names the
+request to give up; and when the stream ends the answers still running are cancelled
+(nobody reads them), waiting invalidations are released, and the owner hears of it.
+Written once for both streams.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
+from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
 import grpc
+from dsh_system_prompt_core import step_through
 from google.protobuf.message import Message
 
 from ._callback_cache import Invalidations
@@ -40,7 +44,10 @@ class Dispatch:
         self.invalidations = Invalidations()
         # A kind without a handler (a second confirmation, a newer sidecar's) is ignored.
         self._handlers: dict[str, Handler] = {"invalidated": self._invalidated, **handlers}
-        self._write_lock = asyncio.Lock()
+        # Written in order, one at a time; a write's future hears its end, if anyone asked.
+        self._writes: deque[tuple[Message, asyncio.Future[None] | None]] = deque()
+        self._writing = False
+        self._starting = False  # _write_next is on it: a write done at once returns there
         self._running: dict[int, asyncio.Task[None]] = {}
 
     async def read(self, ended: Callable[[], None]) -> None:
@@ -68,6 +75,10 @@ class Dispatch:
         self._running[key] = task
         task.add_done_callback(lambda _: self._running.pop(key, None))
 
+    def answering(self, key: int) -> bool:
+        """Whether request `key` is being answered now (a repeat of it is not answered)."""
+        return key in self._running
+
     def cancel(self, key: int) -> None:
         """The sidecar gave request `key` up."""
         task = self._running.get(key)
@@ -83,17 +94,47 @@ class Dispatch:
             task.cancel()
 
     async def write(self, request: Message) -> None:
-        """Write `request`, one write at a time on the stream; raises when it is over (or
-        not open yet: InvalidStateError)."""
+        """Write `request` after those before it, and wait until it is written; raises
+        when the stream is over (or not open yet: InvalidStateError). Cancelling the wait
+        does not cancel the write (grpc.aio would cancel the whole call)."""
         if self.call is None:
             raise asyncio.InvalidStateError("the stream is not open")
-        async with self._write_lock:
-            await self.call.write(request)
+        written = asyncio.get_running_loop().create_future()
+        self._write_in_turn(request, written)
+        await written
 
-    async def send(self, request: Message) -> None:
-        """Write an answer; a stream that is over has failed its request already."""
-        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
-            await self.write(request)
+    def send(self, request: Message) -> None:
+        """Write an answer after those before it, without waiting for it; a stream that
+        is over has failed its request already."""
+        if self.call is not None:
+            self._write_in_turn(request, None)
+
+    def _write_in_turn(self, request: Message, written: asyncio.Future[None] | None) -> None:
+        self._writes.append((request, written))
+        if not self._writing:
+            self._write_next()
+
+    def _write_next(self) -> None:
+        """Nothing is being written: start the queued writes in turn, until one waits."""
+        if self._starting or self.call is None:
+            return
+        self._starting = True
+        try:
+            while not self._writing and self._writes:
+                request, written = self._writes.popleft()
+                self._writing = True
+                step_through(self.call.write(request), functools.partial(self._written, written))
+        finally:
+            self._starting = False
+
+    def _written(self, written: asyncio.Future[None] | None, error: Exception | None) -> None:
+        self._writing = False
+        if written is not None and not written.done():
+            if error is None:
+                written.set_result(None)
+            else:
+                written.set_exception(error)
+        self._write_next()
 
     def _invalidated(self, done: Any) -> None:
         self.invalidations.confirmed(done.invalidate_id)

@@ -198,7 +198,7 @@ class ListenerStream:
             del self._next_results[invocation_id]
 
     async def _write(self, message: pb.ListenRequest) -> None:
-        await self._stream.send(message)
+        self._stream.send(message)  # started now, never awaited: no suspension here
 
 
 class NextCall:

@@ -7,10 +7,10 @@ so a replayed registration finds its provider again.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import itertools
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
@@ -20,6 +20,8 @@ from .types import AssembleContext
 
 # What a provider returns is checked when it answers (a hostile or buggy one fails the assembly).
 Provider = Callable[[AssembleContext], object]
+Waiting = list[Coroutine[Any, Any, None]]
+"""What a ProvideRequest's answer still waits for: its async (or traced) providers."""
 
 
 class Providers:
@@ -43,28 +45,28 @@ class Providers:
             self._providers.pop(key, None)
             self._labels.pop(key, None)
 
-    async def answer(self, request: pb.ProvideRequest) -> pb.ProvideResponse:
-        """Every value `request` asks for; a provider's failure is its answer, not ours."""
-        answers = [pb.ProvidedValue(provider_key=call.provider_key) for call in request.calls]
+    def begin(self, request: pb.ProvideRequest) -> tuple[pb.ProvideResponse, Waiting]:
+        """Call every provider `request` asks for: the response, with the values of those
+        that answered at once, and what to await for the others' (none when all did).
+        A provider's failure is its answer, not ours."""
+        response = pb.ProvideResponse(call_id=request.call_id)
+        answers = [response.values.add(provider_key=call.provider_key) for call in request.calls]
         try:
             context = context_from_proto(request.context)
         except (ValueError, RecursionError) as error:  # fields not JSON: no provider can answer
             for answer in answers:
                 _fail(answer, error)
-            return pb.ProvideResponse(call_id=request.call_id, values=answers)
-        if request.trace_context:  # the sidecar traces: one span per provider
-            pairs = zip(answers, request.calls, strict=True)
+            return response, []
+        pairs = list(zip(answers, request.calls, strict=True))
+        if request.trace_context:  # the sidecar traces: one span per provider, in a task
             carrier = request.trace_context
-            await asyncio.gather(*(self._traced(a, call, context, carrier) for a, call in pairs))
-            return pb.ProvideResponse(call_id=request.call_id, values=answers)
-        waiting = [
+            return response, [self._traced(a, call, context, carrier) for a, call in pairs]
+        waiting = [  # async providers run concurrently; sync ones have answered already
             _finish(answer, call.kind, pending)
-            for answer, call in zip(answers, request.calls, strict=True)
+            for answer, call in pairs
             if (pending := self._start(answer, call, context)) is not None
         ]
-        if waiting:  # async providers run concurrently; sync ones have answered already
-            await asyncio.gather(*waiting)
-        return pb.ProvideResponse(call_id=request.call_id, values=answers)
+        return response, waiting
 
     async def _traced(
         self,

@@ -126,11 +126,20 @@ class Session:
             on_lost(self)
 
     def _provide(self, request: pb.ProvideRequest) -> None:
-        self._stream.start(request.call_id, lambda: self._answer(request))
+        if self._stream.answering(request.call_id):
+            return  # a repeat of a call being answered
+        response, waiting = self._providers.begin(request)
+        if waiting:  # started now; the task waits for them and answers
+            pending = asyncio.gather(*waiting)
+            self._stream.start(request.call_id, lambda: self._answer(response, pending))
+        else:  # every value is in: answered from the reader, with no task
+            self._stream.send(pb.OpenSessionRequest(provided=response))
 
     def _cancel(self, cancel: pb.ProvideCancel) -> None:
         self._stream.cancel(cancel.call_id)
 
-    async def _answer(self, request: pb.ProvideRequest) -> None:
-        response = await self._providers.answer(request)
-        await self._stream.send(pb.OpenSessionRequest(provided=response))
+    async def _answer(
+        self, response: pb.ProvideResponse, pending: asyncio.Future[list[None]]
+    ) -> None:
+        await pending
+        self._stream.send(pb.OpenSessionRequest(provided=response))
