@@ -4,6 +4,7 @@ the served state (registry calls, the assembler, the reporter, the streams' brok
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Protocol, TypeVar
@@ -151,10 +152,14 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     # Answers the response's encoding: handlers.passthrough sends it as is.
     async def Assemble(self, request: pb.AssembleRequest, context: Context) -> bytes:  # type: ignore[override]
         state = self._state
+        started = time.perf_counter()
         try:
-            with state.gate.call(), state.metrics.assemble_seconds.time():
-                deadline = _deadline(context)
-                return await state.assembler.assemble(request, deadline, state.prefix_layout)
+            with state.gate.call():
+                try:
+                    deadline = _deadline(context)
+                    return await state.assembler.assemble(request, deadline, state.prefix_layout)
+                finally:
+                    state.metrics.assemble_seconds.observe(time.perf_counter() - started)
         except Failure as error:
             state.metrics.assembly_failed(error.reason)
             await abort(context, error)

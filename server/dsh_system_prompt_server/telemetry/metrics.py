@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import bisect
 import contextlib
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator, Sequence
 
 from dsh_system_prompt_core import Reason
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from ..reports.history import HistoryEntry, HistoryKey
 from ..reports.reporter import Reported
@@ -21,6 +25,33 @@ ASSEMBLY_FAILURE_REASONS = (
 )
 
 
+class Timings(Collector):
+    """A histogram observed by the event loop alone, so without a lock: `observe` is one
+    bucket found and two additions (prometheus_client's Histogram takes ~2-5 µs a call,
+    a fifth of a kept Assemble answer's whole cost)."""
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._bounds = tuple(float(bound) for bound in buckets)
+        self._counts = [0] * (len(self._bounds) + 1)  # the last: above every bound
+        self._sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self._counts[bisect.bisect_left(self._bounds, seconds)] += 1
+        self._sum += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        # Scraped from the metrics thread: a count may be one call ahead of the sum.
+        counts, total = list(self._counts), self._sum
+        bounds = [repr(bound) for bound in self._bounds] + ["+Inf"]  # as Histogram names them
+        cumulative = [float(count) for count in itertools.accumulate(counts)]
+        buckets = list(zip(bounds, cumulative, strict=True))
+        yield HistogramMetricFamily(
+            self._name, self._documentation, buckets=buckets, sum_value=total
+        )
+
+
 class Metrics:
     """The sidecar's metrics; gauges read live counts when scraped."""
 
@@ -28,12 +59,12 @@ class Metrics:
         self.registry = CollectorRegistry()
         # /metrics has no auth: scope keys and report keys label series only if asked.
         self._key_labels = key_labels
-        self.assemble_seconds = Histogram(
+        self.assemble_seconds = Timings(
             "dsp_assemble_seconds",
             "Time the sidecar spends on one Assemble call",
-            registry=self.registry,
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1, 5),
         )
+        self.registry.register(self.assemble_seconds)
         self.assembly_failures = Counter(
             "dsp_assembly_failures",
             "Assemblies failed, by ErrorInfo reason",
