@@ -1,9 +1,11 @@
-"""The service's method handlers, built from its descriptor, with Assemble answering bytes.
+"""The service's method handlers, built from its descriptor, with Assemble taking and
+answering bytes.
 
 The generated `add_..._to_server` serializes every response message; Assemble's
 responses are encoded by the service itself (cached ones once, for every caller),
 and so are a listener stream's invocations, so their serializers write `bytes` as
-they are.
+they are. Assemble's requests reach the service as the bytes that came: a repeated
+one is answered from them, unparsed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ SERVICE = pb.DESCRIPTOR.services_by_name["SystemPromptService"]
 # Methods whose servicer may return (or write) encoded bytes (WatchPrompt: one prompt, encoded
 # once, for all the watchers of a scope).
 PREENCODED = frozenset({"Assemble", "Listen", "OpenSession", "WatchPrompt"})
+# Methods whose servicer (and the policy, guard.access) parses the request itself.
+RAW_REQUESTS = frozenset({"Assemble"})
 
 
 def passthrough(response: Message | bytes) -> bytes:
@@ -38,6 +42,7 @@ def _serializer(method: MethodDescriptor) -> Callable[[Any], bytes]:
 def _handler(servicer: object, method: MethodDescriptor) -> grpc.RpcMethodHandler:
     behaviour = getattr(servicer, method.name)
     request: type[Message] = getattr(pb, method.input_type.name)
+    parse = None if method.name in RAW_REQUESTS else request.FromString
     kind = {
         (False, False): grpc.unary_unary_rpc_method_handler,
         (False, True): grpc.unary_stream_rpc_method_handler,
@@ -46,7 +51,7 @@ def _handler(servicer: object, method: MethodDescriptor) -> grpc.RpcMethodHandle
     }[(method.client_streaming, method.server_streaming)]
     handler: grpc.RpcMethodHandler = kind(
         behaviour,
-        request_deserializer=request.FromString,
+        request_deserializer=parse,
         response_serializer=_serializer(method),
     )
     return handler

@@ -149,15 +149,23 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
 
     # -- assembly ---------------------------------------------------------------------
 
-    # Answers the response's encoding: handlers.passthrough sends it as is.
-    async def Assemble(self, request: pb.AssembleRequest, context: Context) -> bytes:  # type: ignore[override]
+    # Takes the request's bytes (handlers.RAW_REQUESTS) and answers the response's encoding
+    # (handlers.passthrough sends it as is). A repeated request whose response is kept is
+    # answered from its bytes before anything else; authorization (guard.auth) came first.
+    async def Assemble(self, request: bytes, context: Context) -> bytes:  # type: ignore[override]
         state = self._state
         started = time.perf_counter()
+        kept = state.assembler.kept(request)
+        if kept is not None and not state.gate.draining:
+            state.metrics.assemble_seconds.observe(time.perf_counter() - started)
+            return kept
         try:
             with state.gate.call():
                 try:
                     deadline = _deadline(context)
-                    return await state.assembler.assemble(request, deadline, state.prefix_layout)
+                    parsed = pb.AssembleRequest.FromString(request)
+                    layout = state.prefix_layout
+                    return await state.assembler.assemble(parsed, deadline, layout, request)
                 finally:
                     state.metrics.assemble_seconds.observe(time.perf_counter() - started)
         except Failure as error:

@@ -15,7 +15,7 @@ from ..convert import context_from_proto
 from ..encoding import assemble_response
 from ..report_messages import history_key_from_proto, layout_from_proto, report_to_proto
 from . import part_caches
-from .response_cache import MAX_BYTES, ResponseCache, reuse_key
+from .response_cache import MAX_BYTES, ResponseCache, reuse_key, stamp_of
 
 
 class Assembler:
@@ -35,17 +35,29 @@ class Assembler:
         self._max_message_bytes = max_message_bytes
         self.responses = ResponseCache(max_bytes=response_bytes)
 
+    def kept(self, encoded: bytes) -> bytes | None:
+        """The response kept for a request's very bytes while it holds (the registry's
+        revision, the callback cache's generation): nothing parsed, no plan looked up."""
+        registry = self._registry
+        return self.responses.by_request(encoded, registry.revision, registry.callbacks.generation)
+
     async def assemble(
-        self, request: pb.AssembleRequest, deadline: float | None, layout: Layout
+        self,
+        request: pb.AssembleRequest,
+        deadline: float | None,
+        layout: Layout,
+        encoded: bytes | None = None,
     ) -> bytes:
-        """The encoded response to `request`, by `deadline` (the loop's clock); `layout` is
-        the reports' default prefix layout."""
+        """The encoded response to `request` (whose bytes are `encoded`, when it came so),
+        by `deadline` (the loop's clock); `layout` is the reports' default prefix layout."""
         context = context_from_proto(request.context, self._registry.limits)
         plan = self._registry.plan(context.scope)
         generation = self._registry.callbacks.generation
         key = None if request.report else reuse_key(plan, context, request.render, generation)
         cached = None if key is None else self.responses.get(key)
         if cached is not None:
+            if encoded is not None:  # the same bytes again are answered before parsing
+                self.responses.index(encoded, key, stamp_of(plan, generation))
             return cached  # a static (or all-cached) plan's response, encoded once
         assembly = await self._registry.run(plan, context, deadline, track=request.report)
         # before rendering: a report names a failing part, never fails
@@ -59,6 +71,8 @@ class Assembler:
         self._check_sendable(len(response), report is not None)
         if key is not None:
             self.responses.put(key, response)
+            if encoded is not None:
+                self.responses.index(encoded, key, stamp_of(plan, generation))
         return response
 
     def _report(

@@ -1,11 +1,14 @@
 """Encoded Assemble responses of static and all-cacheable plans, kept as bytes, bounded;
-and the policy that says which responses may be reused (`reuse_key`)."""
+the policy that says which responses may be reused (`reuse_key`); and the index from a
+request's own bytes to its kept response (`by_request`), which answers a repeated
+request before it is parsed."""
 
 from __future__ import annotations
 
 import sys
 from collections import OrderedDict
 from collections.abc import Hashable
+from typing import NamedTuple
 
 from ...registry import AssembleContext
 from ...registry.assembly.plan import Plan
@@ -15,6 +18,21 @@ from ...registry.callbacks.cache import context_key
 Key = Hashable
 MAX_BYTES = 32 * 1024 * 1024  # limits.max_response_cache_bytes
 _ENTRY_BYTES = 200  # the key tuple, the dict slot and the bytes object's header
+
+
+class Stamp(NamedTuple):
+    """What a kept response was built from, beyond the request: the registry's revision,
+    and for a plan with callbacks the callback cache's generation (None: a static plan)."""
+
+    revision: int
+    generation: int | None
+
+
+class _Indexed(NamedTuple):
+    """A request's bytes indexed: the response's key, and when it holds."""
+
+    key: Key
+    stamp: Stamp
 
 
 def reuse_key(plan: Plan, context: AssembleContext, render: bool, generation: int) -> Key | None:
@@ -31,42 +49,70 @@ def reuse_key(plan: Plan, context: AssembleContext, render: bool, generation: in
     return (plan.scope, plan.revision, render, generation, context_key(policy, context))
 
 
+def stamp_of(plan: Plan, generation: int) -> Stamp:
+    """The stamp of a response `reuse_key` kept for `plan`."""
+    return Stamp(plan.revision, None if plan.is_static else generation)
+
+
 class ResponseCache:
-    """The last reusable responses, at most `size` of them and `max_bytes` together,
+    """The last reusable responses, at most `size` entries and `max_bytes` together,
     least recently used dropped first.
 
-    Keys carry the revision, so a change makes older entries unreachable; they
-    age out as new ones come in.
+    Two kinds of entries share the bound: a response under its `reuse_key`, and a
+    request's bytes indexing it (`index`), which count their own bytes (the response
+    is counted once, under its key). Keys carry the revision, so a change makes older
+    entries unreachable; they age out as new ones come in.
     """
 
     def __init__(self, size: int = 2048, max_bytes: int = MAX_BYTES) -> None:
         self._size = size
         self.max_bytes = max_bytes  # a reload may change it; it applies from the next put
         self.bytes = 0  # what the kept responses take, keys included
-        self._responses: OrderedDict[Key, tuple[bytes, int]] = OrderedDict()
+        self._entries: OrderedDict[Key, tuple[bytes | _Indexed, int]] = OrderedDict()
 
     def __len__(self) -> int:
-        return len(self._responses)
+        return len(self._entries)
 
     def get(self, key: Key) -> bytes | None:
-        kept = self._responses.get(key)
-        if kept is None:
+        kept = self._entries.get(key)
+        if kept is None or not isinstance(kept[0], bytes):
             return None
-        self._responses.move_to_end(key)
+        self._entries.move_to_end(key)
         return kept[0]
 
+    def by_request(self, request: bytes, revision: int, generation: int) -> bytes | None:
+        """The response kept for these exact request bytes, if it still holds at
+        `revision` (and, for a plan with callbacks, at the callback cache's `generation`)."""
+        kept = self._entries.get(request)
+        indexed = None if kept is None else kept[0]
+        if not isinstance(indexed, _Indexed):
+            return None
+        stamp = indexed.stamp
+        if stamp.revision != revision or stamp.generation not in (None, generation):
+            return None
+        self._entries.move_to_end(request)
+        return self.get(indexed.key)
+
     def put(self, key: Key, response: bytes) -> None:
-        size = len(response) + _key_bytes(key)
+        self._keep(key, response, len(response) + _key_bytes(key))
+
+    def index(self, request: bytes, key: Key, stamp: Stamp) -> None:
+        """Answer `request`'s bytes with the response kept under `key` while `stamp` holds."""
+        if key in self._entries:  # not when the response itself was too large to keep
+            size = sys.getsizeof(request) + _ENTRY_BYTES
+            self._keep(request, _Indexed(key, stamp), size)
+
+    def _keep(self, key: Key, kept: bytes | _Indexed, size: int) -> None:
         if size > self.max_bytes:
             return  # larger than the whole budget: built again each time, never kept
         self._drop(key)
-        self._responses[key] = (response, size)
+        self._entries[key] = (kept, size)
         self.bytes += size
-        while len(self._responses) > self._size or self.bytes > self.max_bytes:
-            self._drop(next(iter(self._responses)))  # the least recently used
+        while len(self._entries) > self._size or self.bytes > self.max_bytes:
+            self._drop(next(iter(self._entries)))  # the least recently used
 
     def _drop(self, key: Key) -> None:
-        kept = self._responses.pop(key, None)
+        kept = self._entries.pop(key, None)
         if kept is not None:
             self.bytes -= kept[1]
 

@@ -71,7 +71,9 @@ def _open_scope(message: pb.OpenScopeRequest, handles: _Handles) -> Request:
     return Request(verb=Verb.OPEN_SCOPE, scope=message.key, parent=message.parent_key or None)
 
 
-def _assemble(message: pb.AssembleRequest, handles: _Handles) -> Request:
+def _assemble(message: pb.AssembleRequest | bytes, handles: _Handles) -> Request:
+    if isinstance(message, bytes):  # the service takes its bytes (handlers.RAW_REQUESTS)
+        message = pb.AssembleRequest.FromString(message)
     scope = message.context.scope or None
     if message.report:  # a report is kept in the cache history: a write
         return Request(verb=Verb.REPORT, scope=scope, report_key=message.report_key)
