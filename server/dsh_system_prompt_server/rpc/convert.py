@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
@@ -37,7 +38,7 @@ from ..registry import (
 )
 from ..registry.limits import Limits, value_bytes
 from ..registry.model import AnyRegistration, ContextRegistration, SectionRegistration
-from .encoding import tool_to_proto
+from .encoding import delimited, tool_to_proto
 from .json_text import load_json
 from .status import bad_request
 
@@ -208,6 +209,9 @@ def _static(source: str | None, text: str) -> str:
 
 # -- provider calls -------------------------------------------------------------------
 
+PROVIDE_REQUESTS_BYTES = 4 * 1024 * 1024  # the encoded provide requests kept, together
+_KEPT_ENTRY_BYTES = 120  # per kept key part: the dict slot, a tuple's or a call's header
+_PROVIDE = pb.OpenSessionResponse.DESCRIPTOR.fields_by_name["provide"].number
 _PROVIDER_KINDS = {
     Kind.SECTION: pb.PROVIDER_KIND_SECTION,
     Kind.CONTEXT: pb.PROVIDER_KIND_CONTEXT,
@@ -222,18 +226,63 @@ _EXPECTED_CASES = {
 }
 
 
-def provide_request(
-    call_id: int, calls: Sequence[ProviderCall], context: AssembleContext, timeout: float | None
-) -> pb.OpenSessionResponse:
-    """One ProvideRequest asking a session for every value in `calls`."""
-    return pb.OpenSessionResponse(
-        provide=pb.ProvideRequest(
-            call_id=call_id,
+class ProvideRequests:
+    """ProvideRequests (as the OpenSessionResponse that carries them) encoded by joining:
+    what a plan's assemblies ask one host for a context (its calls and the context) is
+    encoded once and kept, for every session alike (the bytes depend on nothing else);
+    the call's id, timeout and trace context are encoded on their own and joined on.
+
+    Kept: at most `size` encodings, `max_bytes` together; least recently used first out.
+    """
+
+    def __init__(self, size: int = 256, max_bytes: int = PROVIDE_REQUESTS_BYTES) -> None:
+        self._size = size
+        self._max_bytes = max_bytes
+        self.bytes = 0
+        self._kept: OrderedDict[tuple[tuple[ProviderCall, ...], AssembleContext], bytes] = (
+            OrderedDict()
+        )
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def encode(
+        self,
+        call_id: int,
+        calls: Sequence[ProviderCall],
+        context: AssembleContext,
+        timeout: float | None,
+        trace_context: Mapping[str, str],
+    ) -> bytes:
+        """One ProvideRequest asking a session for every value in `calls`."""
+        key = (tuple(calls), context)
+        body = self._kept.get(key)
+        if body is None:
+            body = self._keep(key)
+        else:
+            self._kept.move_to_end(key)
+        head = pb.ProvideRequest(call_id=call_id, timeout_s=timeout or 0.0)
+        if trace_context:
+            head.trace_context.update(trace_context)
+        return delimited(_PROVIDE, head.SerializeToString() + body)
+
+    def _keep(self, key: tuple[tuple[ProviderCall, ...], AssembleContext]) -> bytes:
+        calls, context = key
+        body = pb.ProvideRequest(
             context=context_to_proto(context),
             calls=[pb.ProvideCall(provider_key=c.key, kind=_PROVIDER_KINDS[c.kind]) for c in calls],
-            timeout_s=timeout or 0.0,
-        )
-    )
+        ).SerializeToString()
+        size = len(body) + len(context.fields_json) + _KEPT_ENTRY_BYTES * (1 + len(calls))
+        if size <= self._max_bytes:  # else asked for again each time, never kept
+            self._kept[key] = body
+            self.bytes += size
+            while len(self._kept) > self._size or self.bytes > self._max_bytes:
+                self._drop()
+        return body
+
+    def _drop(self) -> None:
+        (calls, context), body = self._kept.popitem(last=False)
+        self.bytes -= len(body) + len(context.fields_json) + _KEPT_ENTRY_BYTES * (1 + len(calls))
 
 
 def provided_from_proto(

@@ -23,7 +23,7 @@ from ...registry import (
 from ...registry.limits import quota_exceeded
 from ...telemetry.metrics import Metrics
 from ...telemetry.tracing import Tracing, hop
-from ..convert import provide_request, provided_from_proto
+from ..convert import ProvideRequests, provided_from_proto
 from ..guard.clients import Client, client_of
 from ..status import unknown_session
 from .broker import Broker, Ended, Replies, Stream
@@ -49,8 +49,10 @@ class Session:
         tracing: Tracing | None = None,
         limits: Limits = _DEFAULT_LIMITS,
         client: Client | None = None,
+        requests: ProvideRequests | None = None,
     ) -> None:
         self.id = session_id
+        self.requests = requests or ProvideRequests()  # the sessions' shared encodings
         self.limits = limits  # what its answers are checked against
         self.tracing = tracing
         self.client_name = client_name
@@ -75,14 +77,15 @@ class Session:
             raise _unavailable(calls)
         call_id = next(self._call_ids)
         self.provide_requests += 1
-        request = provide_request(call_id, calls, context, timeout)
-        with hop(self.tracing, _describe(calls), request.provide.trace_context):
-            return await self._ask(request, calls, timeout)
+        trace_context: dict[str, str] = {}  # the hop's span, when the sidecar traces
+        name = "" if self.tracing is None else _describe(calls)
+        with hop(self.tracing, name, trace_context):
+            request = self.requests.encode(call_id, calls, context, timeout, trace_context)
+            return await self._ask(call_id, request, calls, timeout)
 
     async def _ask(
-        self, request: pb.OpenSessionResponse, calls: Sequence[ProviderCall], timeout: float | None
+        self, call_id: int, request: bytes, calls: Sequence[ProviderCall], timeout: float | None
     ) -> Mapping[str, ProvidedValue]:
-        call_id = request.provide.call_id
         if not self.outbox.send(request):
             raise _unavailable(calls)
         self._replies.open(call_id)
@@ -152,6 +155,7 @@ class Sessions(Broker[pb.OpenSessionRequest, pb.OpenSessionResponse, Session]):
         self._max_sessions = max_sessions
         self._per_client = ClientCounts(max_per_peer)
         self._open: dict[str, Session] = {}
+        self._requests = ProvideRequests()
 
     def set_limits(self, max_sessions: int, max_per_peer: int) -> None:
         """New quotas for sessions opened from now on (open ones stay)."""
@@ -174,7 +178,16 @@ class Sessions(Broker[pb.OpenSessionRequest, pb.OpenSessionResponse, Session]):
         client = client_of(peer)
         self._per_client.admit(client)
         limits = self._registry.limits
-        session = Session(new_id(), client_name, outbox, peer, self._tracing, limits, client)
+        session = Session(
+            new_id(),
+            client_name,
+            outbox,
+            peer,
+            self._tracing,
+            limits,
+            client,
+            requests=self._requests,
+        )
         session.on_invalidate = lambda request: self._invalidate(session, request)
         self._open[session.id] = session
         opened = pb.SessionOpened(
