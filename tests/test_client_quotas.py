@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import shutil
 import signal
 import socket
@@ -160,27 +161,30 @@ async def test_a_credential_at_its_quota_does_not_stop_another_credential_openin
         await agent_works(sidecar.address, TOKENS["agent"])
 
 
-def non_loopback_address() -> str | None:
-    """An IPv4 address of this host that is not loopback (the one its default route
+def non_loopback_address(family: socket.AddressFamily) -> str | None:
+    """An address of this host in `family` that is not loopback (the one its default route
     leaves from), or None; connecting to it from here, the peer is that address."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+    probe_address = "192.0.2.1" if family == socket.AF_INET else "2001:db8::1"
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
         try:
-            probe.connect(("192.0.2.1", 9))  # a UDP connect sends nothing
+            probe.connect((probe_address, 9))  # a UDP connect sends nothing
         except OSError:
             return None
         address = str(probe.getsockname()[0])
-    return None if address.startswith("127.") else address
+    return None if ipaddress.ip_address(address).is_loopback else address
 
 
+@pytest.mark.parametrize("family", [socket.AF_INET, socket.AF_INET6], ids=["ipv4", "ipv6"])
 async def test_connections_from_one_address_share_its_quota_and_a_loopback_agent_is_served(
-    make_sidecar: SidecarFactory,
+    make_sidecar: SidecarFactory, family: socket.AddressFamily
 ) -> None:
-    remote = non_loopback_address()
+    remote = non_loopback_address(family)
     if remote is None:
-        pytest.skip("this host has no non-loopback IPv4 address to connect from")
-    sidecar = await make_sidecar("0.0.0.0:0", limits=QUOTAS)
+        pytest.skip(f"this host has no non-loopback {family.name} address to connect from")
+    sidecar = await make_sidecar("[::]:0", limits=QUOTAS)  # both families
     port = sidecar.address.rpartition(":")[2]
-    async with hog_of(f"{remote}:{port}") as hog:
+    host = remote if family == socket.AF_INET else f"[{remote}]"
+    async with hog_of(f"{host}:{port}") as hog:
         await fill_quota(hog)
         assert_quota_exceeded(
             await refusal(hog.session()), SESSIONS_REFUSED.format(who=f"the address {remote}")
@@ -191,20 +195,29 @@ async def test_connections_from_one_address_share_its_quota_and_a_loopback_agent
         await agent_works(f"127.0.0.1:{port}")
 
 
+@pytest.mark.parametrize(
+    ("listen", "connect", "seen"),
+    [
+        ("127.0.0.1:0", "127.0.0.1", "127.0.0.1"),
+        ("[::1]:0", "[::1]", "[::1]"),
+        ("[::]:0", "127.0.0.1", "127.0.0.1"),  # dual stack
+    ],
+)
 async def test_a_loopback_connection_at_its_quota_does_not_stop_another_connection(
-    make_sidecar: SidecarFactory,
+    make_sidecar: SidecarFactory, listen: str, connect: str, seen: str
 ) -> None:
     # Every local process is 127.0.0.1: counting per address would make every local agent
     # one client, so that one at its quota locks out the rest.
-    sidecar = await make_sidecar(limits=QUOTAS)
-    async with hog_of(sidecar.address, connections=False) as hog:
+    sidecar = await make_sidecar(listen, limits=QUOTAS)
+    address = f"{connect}:{sidecar.address.rpartition(':')[2]}"
+    async with hog_of(address, connections=False) as hog:
         await fill_quota(hog)
         for opening in (hog.session(), hog.watch()):
             error = await refusal(opening)
             who = (error.details() or "").split(" already has ")[0]  # the connection's port
-            assert who.startswith("the connection from 127.0.0.1:")
+            assert who.startswith(f"the connection from {seen}:")
         assert_quota_exceeded(error, WATCHES_REFUSED.format(who=who))
-        await agent_works(sidecar.address)
+        await agent_works(address)
 
 
 async def test_on_a_unix_socket_without_credentials_only_the_sidecar_limits_apply(

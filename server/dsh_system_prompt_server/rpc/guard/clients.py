@@ -20,6 +20,7 @@ from __future__ import annotations
 import ipaddress
 from contextvars import ContextVar
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 # The credential name of the call being served, set by the AuthInterceptor for each call it
 # admits; each gRPC call runs in a context of its own, so one call never sees another's.
@@ -44,14 +45,15 @@ def client_of(peer: str) -> Client | None:
         return Client(f"credential:{credential}", f'credential "{credential}"')
     if not peer.startswith(_TCP):
         return None
-    address = peer.partition(":")[2]  # "127.0.0.1:53210", "[::1]:53210"
+    # gRPC writes the address as a URI: "ipv4:127.0.0.1:53210", "ipv6:%5B::1%5D:53210".
+    address = unquote(peer.partition(":")[2])
     host = address.rpartition(":")[0].strip("[]")
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
         return Client(peer, f"the connection from {address}")  # not an address: count it alone
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped  # a dual-stack socket's IPv4 peer is that IPv4 address
+        ip = ip.ipv4_mapped  # an IPv4 peer of a dual-stack socket (gRPC names it ipv4: now)
     if ip.is_loopback:
         return Client(peer, f"the connection from {address}")
     return Client(f"ip:{ip}", f"the address {ip}")
