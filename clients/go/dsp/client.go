@@ -227,35 +227,42 @@ type registrar struct {
 	scope *registration
 }
 
-// SectionOption configures a section.
-type SectionOption func(*pb.RegisterSectionRequest)
-
 // Complete makes the section the exact, complete prompt.
-func Complete() SectionOption { return func(r *pb.RegisterSectionRequest) { r.Complete = true } }
+func Complete() SectionOption {
+	return sectionFlag(func(r *pb.RegisterSectionRequest) { r.Complete = true })
+}
 
 // Section contributes a prompt section with static text; its Handle updates the text.
 func (r *registrar) Section(ctx context.Context, name string, order float64, text string, opts ...SectionOption) (*Handle[string], error) {
-	request := r.sectionRequest(name, order, opts)
+	request, a := r.sectionRequest(name, order, opts)
+	if err := a.static(); err != nil {
+		return nil, err
+	}
 	request.TextSource = &pb.RegisterSectionRequest_Text{Text: text}
 	return registerValue(ctx, r, request, "", r.c.rpc.RegisterSection, textUpdate(func(text string) {
 		request.TextSource = &pb.RegisterSectionRequest_Text{Text: text}
 	}))
 }
 
-// SectionFunc contributes a prompt section whose text provider runs at every assembly.
+// SectionFunc contributes a prompt section whose text provider runs at every
+// assembly (WithCallbackTimeout: its own time).
 func (r *registrar) SectionFunc(ctx context.Context, name string, order float64, text TextFunc, opts ...SectionOption) (*Handle[string], error) {
-	request := r.sectionRequest(name, order, opts)
-	key := r.c.providers.add(text)
-	request.TextSource = &pb.RegisterSectionRequest_Dynamic{Dynamic: &pb.Dynamic{ProviderKey: key}}
-	return registerValue(ctx, r, request, key, r.c.rpc.RegisterSection, textUpdate(nil))
+	request, a := r.sectionRequest(name, order, opts)
+	dynamic, err := r.dynamic(text, a)
+	if err != nil {
+		return nil, err
+	}
+	request.TextSource = &pb.RegisterSectionRequest_Dynamic{Dynamic: dynamic}
+	return registerValue(ctx, r, request, dynamic.ProviderKey, r.c.rpc.RegisterSection, textUpdate(nil))
 }
 
-func (r *registrar) sectionRequest(name string, order float64, opts []SectionOption) *pb.RegisterSectionRequest {
+func (r *registrar) sectionRequest(name string, order float64, opts []SectionOption) (*pb.RegisterSectionRequest, asked) {
 	request := &pb.RegisterSectionRequest{Name: name, Order: order}
+	var a asked
 	for _, opt := range opts {
-		opt(request)
+		opt.applySection(request, &a)
 	}
-	return request
+	return request, a
 }
 
 // Context contributes an ordered runtime context with static text.
@@ -266,12 +273,16 @@ func (r *registrar) Context(ctx context.Context, name string, order float64, tex
 	}))
 }
 
-// ContextFunc contributes a runtime context whose text provider runs at every assembly.
-func (r *registrar) ContextFunc(ctx context.Context, name string, order float64, text TextFunc) (*Handle[string], error) {
-	key := r.c.providers.add(text)
+// ContextFunc contributes a runtime context whose text provider runs at every
+// assembly (WithCallbackTimeout: its own time).
+func (r *registrar) ContextFunc(ctx context.Context, name string, order float64, text TextFunc, opts ...ProviderOption) (*Handle[string], error) {
+	dynamic, err := r.dynamic(text, providerAsked(opts))
+	if err != nil {
+		return nil, err
+	}
 	request := &pb.RegisterContextRequest{Name: name, Order: order,
-		TextSource: &pb.RegisterContextRequest_Dynamic{Dynamic: &pb.Dynamic{ProviderKey: key}}}
-	return registerValue(ctx, r, request, key, r.c.rpc.RegisterContext, textUpdate(nil))
+		TextSource: &pb.RegisterContextRequest_Dynamic{Dynamic: dynamic}}
+	return registerValue(ctx, r, request, dynamic.ProviderKey, r.c.rpc.RegisterContext, textUpdate(nil))
 }
 
 // Variable contributes {{name}} with a static value.
@@ -287,12 +298,16 @@ func (r *registrar) VariableUnset(ctx context.Context, name string) (*VariableHa
 	return r.variable(ctx, request, "")
 }
 
-// VariableFunc contributes {{name}} with a provider run at every assembly that needs it.
-func (r *registrar) VariableFunc(ctx context.Context, name string, value VariableFunc) (*VariableHandle, error) {
-	key := r.c.providers.add(value)
+// VariableFunc contributes {{name}} with a provider run at every assembly that
+// needs it (WithCallbackTimeout: its own time).
+func (r *registrar) VariableFunc(ctx context.Context, name string, value VariableFunc, opts ...ProviderOption) (*VariableHandle, error) {
+	dynamic, err := r.dynamic(value, providerAsked(opts))
+	if err != nil {
+		return nil, err
+	}
 	request := &pb.RegisterVariableRequest{Name: name,
-		ValueSource: &pb.RegisterVariableRequest_Dynamic{Dynamic: &pb.Dynamic{ProviderKey: key}}}
-	return r.variable(ctx, request, key)
+		ValueSource: &pb.RegisterVariableRequest_Dynamic{Dynamic: dynamic}}
+	return r.variable(ctx, request, dynamic.ProviderKey)
 }
 
 func (r *registrar) variable(ctx context.Context, request *pb.RegisterVariableRequest, key string) (*VariableHandle, error) {
@@ -342,12 +357,15 @@ func (r *registrar) Tools(ctx context.Context, tools ToolProviderResult) (*Handl
 	})
 }
 
-// ToolsFunc contributes a tool provider run at every assembly.
-func (r *registrar) ToolsFunc(ctx context.Context, tools ToolsFunc) (*Handle[ToolProviderResult], error) {
-	key := r.c.providers.add(tools)
+// ToolsFunc contributes a tool provider run at every assembly (WithCallbackTimeout: its own time).
+func (r *registrar) ToolsFunc(ctx context.Context, tools ToolsFunc, opts ...ProviderOption) (*Handle[ToolProviderResult], error) {
+	dynamic, err := r.dynamic(tools, providerAsked(opts))
+	if err != nil {
+		return nil, err
+	}
 	request := &pb.RegisterToolsRequest{Name: label(funcName(tools)),
-		Source: &pb.RegisterToolsRequest_Dynamic{Dynamic: &pb.Dynamic{ProviderKey: key}}}
-	return registerValue(ctx, r, request, key, r.c.rpc.RegisterTools, func(ToolProviderResult) (*pb.UpdateRequest, func(), error) {
+		Source: &pb.RegisterToolsRequest_Dynamic{Dynamic: dynamic}}
+	return registerValue(ctx, r, request, dynamic.ProviderKey, r.c.rpc.RegisterTools, func(ToolProviderResult) (*pb.UpdateRequest, func(), error) {
 		return &pb.UpdateRequest{}, func() {}, nil // the sidecar refuses it: NOT_UPDATABLE
 	})
 }
@@ -375,9 +393,15 @@ func (r *registrar) SuppressRuntimeContext(ctx context.Context) (*Registration, 
 // OnAssemble installs a waterfall listener (see Listener).
 func (r *registrar) OnAssemble(ctx context.Context, listener Listener, opts ...ListenerOption) (*Registration, error) {
 	start := &pb.ListenStart{Name: label(funcName(listener)), Features: []string{featureToolSlots}}
+	var a asked
 	for _, opt := range opts {
-		opt(start)
+		opt.applyListener(start, &a)
 	}
+	seconds, err := a.seconds()
+	if err != nil {
+		return nil, err
+	}
+	start.TimeoutS = seconds
 	reg := &registration{scope: r.scope}
 	reg.make = func(ctx context.Context, sessionID, scopeID string) (string, *listenerStream, error) {
 		start.SessionId, start.ScopeId = sessionID, scopeID
@@ -387,56 +411,6 @@ func (r *registrar) OnAssemble(ctx context.Context, listener Listener, opts ...L
 		return nil, err
 	}
 	return &Registration{c: r.c, r: reg}, nil
-}
-
-// Registration disposes one registration.
-type Registration struct {
-	c        *conn
-	r        *registration
-	disposed bool
-}
-
-// Dispose removes the registration; calling it again does nothing.
-func (d *Registration) Dispose(ctx context.Context) error {
-	d.c.ops.Lock()
-	done := d.disposed
-	d.disposed = true
-	d.c.ops.Unlock()
-	if done {
-		return nil
-	}
-	return d.c.dispose(ctx, d.r)
-}
-
-// Handle disposes one registration and replaces its static value in place.
-type Handle[V any] struct {
-	Registration
-	update func(V) (*pb.UpdateRequest, func(), error)
-}
-
-// Update replaces the value; other clients' assemblies see the old value or
-// the new one, never neither, and watchers get one UPDATED event. After a
-// reconnect the latest value is what is registered again. A registration
-// made with a provider is NOT_UPDATABLE. It returns the registry's revision.
-func (h *Handle[V]) Update(ctx context.Context, value V) (uint64, error) {
-	request, apply, err := h.update(value)
-	if err != nil {
-		return 0, err
-	}
-	return h.c.update(ctx, h.r, request, apply)
-}
-
-// textUpdate updates a section's or context's text or a variable's value,
-// written into the registration request by set (nil: a provider's registration).
-func textUpdate(set func(string)) func(string) (*pb.UpdateRequest, func(), error) {
-	return func(text string) (*pb.UpdateRequest, func(), error) {
-		apply := func() {
-			if set != nil {
-				set(text)
-			}
-		}
-		return &pb.UpdateRequest{Value: &pb.UpdateRequest_Text{Text: text}}, apply, nil
-	}
 }
 
 // scoped is every registration request: the session and the layer it goes to.

@@ -11,9 +11,7 @@ import (
 )
 
 // Ejected callbacks (docs/protocol.md, "Ejected callbacks") on a real sidecar
-// whose callbacks have half a second: this client makes them again.
-
-var quickCallbacks = []string{"provider_timeout_s = 0.5"}
+// whose callbacks have half a second (slowCallbacks): this client makes them again.
 
 // assembleUntil assembles until done holds of the result (the re-install waits
 // out its backoff), failing after 15 s.
@@ -33,7 +31,7 @@ func assembleUntil(t *testing.T, client *dsp.Client, what string, done func(*dsp
 }
 
 func TestAnEjectedListenerIsInstalledAgainOnItsSessionAndItsHandleStillDisposesIt(t *testing.T) {
-	client := connect(t, startSidecar(t, quickCallbacks))
+	client := connect(t, sharedWith(t, slowCallbacks))
 	session := client.SessionID()
 	var calls atomic.Int32
 	handle := must[*dsp.Registration](t)(client.OnAssemble(bg, func(ctx context.Context, a *dsp.Assembly, _ dsp.AssembleContext, next *dsp.Next) (*dsp.Assembly, error) {
@@ -58,7 +56,7 @@ func TestAnEjectedListenerIsInstalledAgainOnItsSessionAndItsHandleStillDisposesI
 }
 
 func TestAnEjectedProviderIsRegisteredAgainOnItsSession(t *testing.T) {
-	client := connect(t, startSidecar(t, quickCallbacks))
+	client := connect(t, sharedWith(t, slowCallbacks))
 	session := client.SessionID()
 	var calls atomic.Int32
 	must[*dsp.Handle[string]](t)(client.Section(bg, "rules", 1, "Be precise."))

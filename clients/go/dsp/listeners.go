@@ -76,18 +76,15 @@ func (n *Next) use() error {
 	return nil
 }
 
-// ListenerOption places a listener in the waterfall.
-type ListenerOption func(*pb.ListenStart)
-
 // Prepend runs the listener before the listeners registered earlier.
-func Prepend() ListenerOption { return func(s *pb.ListenStart) { s.Prepend = true } }
+func Prepend() ListenerOption { return listenerFlag(func(s *pb.ListenStart) { s.Prepend = true }) }
 
 // Global makes a listener installed through a scope see every assembly anyway.
-func Global() ListenerOption { return func(s *pb.ListenStart) { s.Global = true } }
+func Global() ListenerOption { return listenerFlag(func(s *pb.ListenStart) { s.Global = true }) }
 
 // ListenerName names the listener in errors and change events (default: the function's name).
 func ListenerName(name string) ListenerOption {
-	return func(s *pb.ListenStart) { s.Name = label(name) }
+	return listenerFlag(func(s *pb.ListenStart) { s.Name = label(name) })
 }
 
 // featureToolSlots: this client decodes ListenerNextResult.tool_slots.

@@ -52,22 +52,33 @@ func startSidecar(t *testing.T, config []string, flags ...string) *sidecar {
 	return s
 }
 
-var theShared *sidecar
+// theShared are the sidecars tests share, by their config.
+var theShared = map[string]*sidecar{}
 
 // shared is one sidecar for the tests that need no config of their own
 // (started on first use, stopped by TestMain): a start costs a second.
 func shared(t *testing.T) *sidecar {
 	t.Helper()
-	if theShared == nil {
+	return sharedWith(t, nil)
+}
+
+// sharedWith is one sidecar with config for the tests that need the same config
+// and leave nothing behind but their own clients' registrations.
+func sharedWith(t *testing.T, config []string) *sidecar {
+	t.Helper()
+	key := strings.Join(config, "\n")
+	if theShared[key] == nil {
 		folder, err := os.MkdirTemp("", "dsp-go-")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if theShared, err = launch(folder, "127.0.0.1:0", nil, nil); err != nil {
+		s, err := launch(folder, "127.0.0.1:0", config, nil)
+		if err != nil {
 			t.Fatal(err)
 		}
+		theShared[key] = s
 	}
-	return theShared
+	return theShared[key]
 }
 
 func TestMain(m *testing.M) {
@@ -75,8 +86,8 @@ func TestMain(m *testing.M) {
 		os.Exit(runHelper(helper))
 	}
 	code := m.Run()
-	if theShared != nil {
-		theShared.stop()
+	for _, s := range theShared {
+		s.stop()
 	}
 	os.Exit(code)
 }
