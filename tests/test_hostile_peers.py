@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -22,21 +24,39 @@ async def _open_session(stub: pb_grpc.SystemPromptServiceStub) -> tuple[object, 
     return stream, (await stream.read()).opened.session_id
 
 
+@contextlib.asynccontextmanager
+async def _big_session(
+    sidecar: Sidecar, sections: int
+) -> AsyncIterator[tuple[pb_grpc.SystemPromptServiceStub, str]]:
+    """A session on a channel of its own, with `sections` sections of 250 KiB."""
+    async with grpc.aio.insecure_channel(sidecar.address) as channel:
+        stub = pb_grpc.SystemPromptServiceStub(channel)
+        session, session_id = await _open_session(stub)
+        for index in range(sections):
+            await stub.RegisterSection(
+                pb.RegisterSectionRequest(session_id=session_id, name=f"big{index}", text=BIG)
+            )
+        try:
+            yield stub, session_id
+        finally:
+            session.cancel()  # type: ignore[attr-defined]
+
+
+async def _listening(stub: pb_grpc.SystemPromptServiceStub, session_id: str) -> Any:
+    """A listener stream of the session, installed (its confirmation read)."""
+    listener = stub.Listen()
+    await listener.write(pb.ListenRequest(start=pb.ListenStart(session_id=session_id)))
+    await listener.read()
+    return listener
+
+
 async def test_a_listener_that_stops_reading_is_dropped_and_assemblies_answer(
     make_sidecar: SidecarFactory,
 ) -> None:
     # not ejected for its timeouts (that is test_hostile_ejection's): closed for not reading
     sidecar = await make_sidecar(provider_timeout_s=1, eject_after_timeouts=0)
-    async with grpc.aio.insecure_channel(sidecar.address) as channel:
-        stub = pb_grpc.SystemPromptServiceStub(channel)
-        session, session_id = await _open_session(stub)
-        for index in range(12):  # 3 MiB an invocation: a few fill the stream's window
-            await stub.RegisterSection(
-                pb.RegisterSectionRequest(session_id=session_id, name=f"big{index}", text=BIG)
-            )
-        listener = stub.Listen()
-        await listener.write(pb.ListenRequest(start=pb.ListenStart(session_id=session_id)))
-        await listener.read()  # registered; from here on it reads nothing
+    async with _big_session(sidecar, 12) as (stub, session_id):  # 3 MiB an invocation
+        listener = await _listening(stub, session_id)  # from here on it reads nothing
         outcomes = []
         for _ in range(6):
             try:
@@ -46,7 +66,6 @@ async def test_a_listener_that_stops_reading_is_dropped_and_assemblies_answer(
                 trailers = dict(error.trailing_metadata() or ())
                 outcomes.append(str(trailers.get("dsh-error-reason", error.code())))
         listener.cancel()
-        session.cancel()
     assert set(outcomes) <= {"ok", "LISTENER_TIMEOUT"}
     assert outcomes[-1] == "ok"
     assert _stalled(sidecar, "listener") == 1
@@ -105,13 +124,7 @@ async def test_a_listing_that_stops_reading_is_closed_and_holds_no_more_batches(
     make_sidecar: SidecarFactory,
 ) -> None:
     sidecar = await make_sidecar(provider_timeout_s=1)
-    async with grpc.aio.insecure_channel(sidecar.address) as channel:
-        stub = pb_grpc.SystemPromptServiceStub(channel)
-        session, session_id = await _open_session(stub)
-        for index in range(64):  # 16 MiB of values: 16 batches, more than the stream's window
-            await stub.RegisterSection(
-                pb.RegisterSectionRequest(session_id=session_id, name=f"big{index}", text=BIG)
-            )
+    async with _big_session(sidecar, 64) as (stub, _):  # 16 batches, more than the window
         listing = stub.ListRegistrations(pb.ListRegistrationsRequest(include_values=True))
         await listing.read()  # one batch; from here on it reads nothing
         await eventually(lambda: _stalled(sidecar, "listing") == 1, "listing closed", 20)
@@ -120,7 +133,40 @@ async def test_a_listing_that_stops_reading_is_closed_and_holds_no_more_batches(
             while await listing.read() is not grpc.aio.EOF:
                 received += 1  # what was already on its way
         code, details = await listing.code(), await listing.details()
-        session.cancel()
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "the listing was closed: it did not read a message within 1s" in (details or "")
     assert received < 16
+
+
+async def test_a_listener_slow_to_read_invocations_whose_assemblies_gave_up_still_answers(
+    make_sidecar: SidecarFactory,
+) -> None:
+    # Invocations are still being written when their assemblies' deadline passes: the
+    # writes must go on (a write cancelled half-sent fails the stream's next one, and so
+    # do two at once), not end the stream.
+    sidecar = await make_sidecar(provider_timeout_s=10)
+    async with _big_session(sidecar, 12) as (stub, session_id):  # 3 MiB an invocation
+        listener = await _listening(stub, session_id)  # its invocations left unread for now
+        given_up = await asyncio.gather(
+            *(stub.Assemble(pb.AssembleRequest(), timeout=0.5) for _ in range(4)),
+            return_exceptions=True,
+        )
+        answered = asyncio.ensure_future(stub.Assemble(pb.AssembleRequest(), timeout=10))
+        read: list[tuple[str, int]] = []
+        while not answered.done():  # the given-up invocations and their cancels, then the next
+            message = await listener.read()
+            kind = message.WhichOneof("kind")
+            read.append((kind, getattr(message, kind).invocation_id))
+            if read[-1] == ("invocation", 5):
+                result = pb.ListenerResult(invocation_id=5, assembly=message.invocation.assembly)
+                await listener.write(pb.ListenRequest(result=result))
+                break
+        reply = await answered
+        listener.cancel()
+    assert [type(error) for error in given_up] == [grpc.aio.AioRpcError] * 4
+    assert {error.code() for error in given_up} == {grpc.StatusCode.DEADLINE_EXCEEDED}
+    assert sorted(read) == [("cancel", i) for i in range(1, 5)] + [
+        ("invocation", i) for i in range(1, 6)
+    ]
+    assert len(reply.assembly.sections) == len(BUILTIN_SECTIONS) + 12
+    assert _stalled(sidecar, "listener") == 0
