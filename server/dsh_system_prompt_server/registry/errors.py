@@ -11,6 +11,19 @@ from collections.abc import Iterable
 
 from dsh_system_prompt_core import Reason
 
+# A callback's own failures: it raised or broke its protocol, did not answer in time, or its
+# stream is gone (what assemblies fail with for a provider or listener, or skip it for).
+CALLBACK_FAILURES = frozenset(
+    {
+        Reason.PROVIDER_FAILED,
+        Reason.PROVIDER_TIMEOUT,
+        Reason.PROVIDER_UNAVAILABLE,
+        Reason.LISTENER_FAILED,
+        Reason.LISTENER_TIMEOUT,
+        Reason.LISTENER_UNAVAILABLE,
+    }
+)
+
 
 class Status(enum.Enum):
     """The status class of a failure; values are gRPC status code names."""
@@ -99,6 +112,12 @@ def not_found() -> RegistryError:
         Status.NOT_FOUND,
         Reason.REGISTRATION_NOT_FOUND,
         "no such registration in this session (already disposed, or never registered here)",
+    )
+
+
+def scope_not_found() -> RegistryError:
+    return RegistryError(
+        Status.NOT_FOUND, Reason.SCOPE_NOT_FOUND, "no such scope handle in this session"
     )
 
 

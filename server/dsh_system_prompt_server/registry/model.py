@@ -68,6 +68,8 @@ class Assembly:
     variables: dict[str, str | None]
     origins: Origins | None = None
     trace: Trace | None = None
+    # The steps this assembly went on without (callbacks under IGNORE that failed).
+    skipped: tuple[Skipped, ...] = ()
 
     def copy(self) -> Assembly:
         """A new assembly sharing the immutable parts and tools (not the provenance)."""
@@ -98,6 +100,26 @@ class Kind(enum.Enum):
     LISTENER = "listener"
     SCOPE = "scope"
     CONFIG = "config"  # a sidecar setting reloaded live; never a registration
+
+
+class FailurePolicy(enum.Enum):
+    """What an assembly does when a callback fails or does not answer in time
+    (docs/rules.md, "Failure policy")."""
+
+    FAIL = "fail"  # the assembly fails, naming it: the spec's behaviour
+    IGNORE = "ignore"  # the assembly goes on without its step, and says so
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A step an assembly went on without: a callback under IGNORE that failed."""
+
+    kind: Kind  # a provider's kind, or LISTENER
+    name: str
+    scope: str | None
+    registration_id: str
+    reason: str  # the failure's stable reason (PROVIDER_TIMEOUT, LISTENER_FAILED, ...)
+    message: str
 
 
 class Action(enum.Enum):
@@ -132,11 +154,12 @@ class ProviderHost(Protocol):
 
     async def provide(
         self, calls: Sequence[ProviderCall], context: AssembleContext, timeout: float | None
-    ) -> Mapping[str, ProvidedValue]:
-        """Evaluate every call in one exchange; return each value by call key.
+    ) -> Mapping[str, ProvidedValue | Failure]:
+        """Evaluate every call in one exchange; return each value by call key, or the
+        Failure of a provider that alone failed (PROVIDER_FAILED, naming it).
 
-        Raises a Failure naming the failing provider (PROVIDER_FAILED,
-        PROVIDER_TIMEOUT, or UNAVAILABLE when the host is gone).
+        Raises a Failure when the whole exchange fails (PROVIDER_TIMEOUT, a broken
+        answer, or UNAVAILABLE when the host is gone).
         """
         ...
 
@@ -190,6 +213,7 @@ class Dynamic:
     key: str
     cache: CachePolicy | None = None
     timeout_s: float | None = None  # its own answer time; None: provider_timeout_s
+    failure_policy: FailurePolicy = FailurePolicy.FAIL
 
 
 V = TypeVar("V")
@@ -250,6 +274,7 @@ class ListenerRegistration(Registration[ListenerHost]):
     position: int
     cache: CachePolicy | None = None  # None: invoked at every assembly
     timeout_s: float | None = None  # its own answer time; None: provider_timeout_s
+    failure_policy: FailurePolicy = FailurePolicy.FAIL
 
 
 @dataclass(eq=False, kw_only=True)

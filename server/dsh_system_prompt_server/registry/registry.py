@@ -13,7 +13,6 @@ from dsh_system_prompt_core import (
     HARNESS_IDENTITY_TEXT,
     PERSONA_ORDER,
     PERSONA_SECTION,
-    Reason,
     is_variable_name,
 )
 
@@ -37,6 +36,7 @@ from .model import (
     CachePolicy,
     ContextRegistration,
     Dynamic,
+    FailurePolicy,
     Kind,
     ListenerHost,
     ListenerRegistration,
@@ -223,9 +223,10 @@ class Registry:
         name: str = "",
         cache: CachePolicy | None = None,
         timeout_s: float | None = None,
+        failure_policy: FailurePolicy = FailurePolicy.FAIL,
     ) -> ListenerRegistration:
-        """Install a waterfall listener; `prepend` runs it before earlier ones; with
-        `cache`, its result is reused for the same input while the policy allows."""
+        """Install a waterfall listener; `prepend` runs it before earlier ones; with `cache`,
+        its result is reused while the policy allows; under IGNORE, a failure is skipped."""
         scope_handle = self._handle(owner, handle)
         self.limits.check_name("listener", name)
         self._admission.check_quota(self._owned(owner))
@@ -237,6 +238,7 @@ class Registry:
             position=self._listeners.next_position(prepend),
             cache=cache,
             timeout_s=timeout_s,
+            failure_policy=failure_policy,
         )
         self._listeners.add(entry)
         return self._added(entry, scope_handle, functools.partial(self._listeners.remove, entry))
@@ -433,11 +435,7 @@ class Registry:
             return None
         entry = self._by_owner.get(owner, {}).get(handle)
         if not isinstance(entry, ScopeHandle):
-            raise errors.RegistryError(
-                errors.Status.NOT_FOUND,
-                Reason.SCOPE_NOT_FOUND,
-                "no such scope handle in this session",
-            )
+            raise errors.scope_not_found()
         return entry
 
     def _fields(

@@ -82,6 +82,7 @@ def build_report(
         stability=stability,
         variables=list(current.variables.items()),
         render_error=failures[0] if failures else "",
+        skipped=assembly.skipped,
     )
     return report, current
 

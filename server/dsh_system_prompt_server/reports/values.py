@@ -12,7 +12,7 @@ import sys
 from array import array
 from dataclasses import dataclass
 
-from ..registry import Origin, PartKey, PartKind, Trace
+from ..registry import Origin, PartKey, PartKind, Skipped, Trace
 
 
 class Layout(enum.StrEnum):
@@ -111,3 +111,4 @@ class Report:
     stability: Stability
     variables: list[tuple[str, Origin]]
     render_error: str = ""  # the first render failure, naming its part; "" when it rendered
+    skipped: tuple[Skipped, ...] = ()  # the steps the assembly went on without

@@ -22,6 +22,7 @@ from ..registry import (
     ChangeEvent,
     Dynamic,
     Failure,
+    FailurePolicy,
     Filter,
     Kind,
     Missed,
@@ -30,6 +31,7 @@ from ..registry import (
     ProviderCall,
     ProviderHost,
     ServiceError,
+    Skipped,
     Status,
     Tool,
     ToolSet,
@@ -179,7 +181,15 @@ def dynamic_from_proto(dynamic: pb.Dynamic, host: ProviderHost) -> Dynamic:
         key=dynamic.provider_key,
         cache=cache,
         timeout_s=timeout_from_proto(dynamic.timeout_s),
+        failure_policy=failure_policy_from_proto(dynamic.failure_policy),
     )
+
+
+def failure_policy_from_proto(value: int) -> FailurePolicy:
+    """IGNORE only when asked for by name; unspecified, FAIL, or a value this sidecar does
+    not know (a newer client's) is FAIL, the spec's fail-loud, as unknown enum values are
+    the unspecified one throughout the protocol."""
+    return FailurePolicy.IGNORE if value == pb.FAILURE_POLICY_IGNORE else FailurePolicy.FAIL
 
 
 def timeout_from_proto(timeout_s: float) -> float | None:
@@ -287,35 +297,38 @@ class ProvideRequests:
 
 def provided_from_proto(
     calls: Sequence[ProviderCall], response: pb.ProvideResponse, limits: Limits
-) -> dict[str, ProvidedValue]:
-    """Each call's value from a session's answer; a missing or wrong one fails its provider."""
+) -> dict[str, ProvidedValue | Failure]:
+    """Each call's value from a session's answer; a missing or wrong one is its provider's
+    failure (the assembly decides what it means: its failure policy's)."""
     if len(response.values) > len(calls):  # more than asked: nothing to read past the count
         raise _provider_failed(
             calls[0], f"it sent {len(response.values)} answers to {len(calls)} calls"
         )
     answers = {value.provider_key: value for value in response.values}
-    values: dict[str, ProvidedValue] = {}
+    values: dict[str, ProvidedValue | Failure] = {}
     for call in calls:
         answer = answers.get(call.key)
+        case = None if answer is None else answer.WhichOneof("value")
         if answer is None:
-            raise _provider_failed(call, "it gave no answer")
-        case = answer.WhichOneof("value")
-        if case == "error":
-            raise _provider_failed(call, answer.error.message)
-        if case not in _EXPECTED_CASES[call.kind]:
-            raise _provider_failed(
-                call, f"it answered {case or 'nothing'} instead of {call.kind.value}"
-            )
-        values[call.key] = _provided_value(call, answer, limits)
+            values[call.key] = _provider_failed(call, "it gave no answer")
+        elif case == "error":
+            values[call.key] = _provider_failed(call, answer.error.message)
+        elif case not in _EXPECTED_CASES[call.kind]:
+            why = f"it answered {case or 'nothing'} instead of {call.kind.value}"
+            values[call.key] = _provider_failed(call, why)
+        else:
+            values[call.key] = _provided_value(call, answer, limits)
     return values
 
 
-def _provided_value(call: ProviderCall, answer: pb.ProvidedValue, limits: Limits) -> ProvidedValue:
+def _provided_value(
+    call: ProviderCall, answer: pb.ProvidedValue, limits: Limits
+) -> ProvidedValue | Failure:
     if call.kind is Kind.TOOLS:
         try:
             return toolset_from_proto(answer.tools, limits)
         except Failure as error:
-            raise _provider_failed(call, error.message) from None
+            return _provider_failed(call, error.message)
     if answer.HasField("no_value"):
         return None
     return answer.text if call.kind in (Kind.SECTION, Kind.CONTEXT) else answer.variable_value
@@ -444,3 +457,29 @@ def toolset_to_proto(tools: ToolSet) -> pb.ToolProviderResult:
     if tools.known_names is not None:
         message.known_names.names.extend(tools.known_names)
     return message
+
+
+# -- skipped steps ----------------------------------------------------------------------
+
+SKIPPED_TRAILER = "dsh-skipped-steps"
+_TRAILER_STEPS = 32  # listed in the trailer; more are counted (`+N`), the response has all
+
+
+def skipped_to_proto(step: Skipped) -> pb.SkippedStep:
+    return pb.SkippedStep(
+        kind=_CHANGE_KINDS[step.kind],
+        name=step.name,
+        scope=step.scope or "",
+        ref=public_ref(step.registration_id),
+        reason=step.reason,
+        message=step.message,
+    )
+
+
+def skipped_trailer(steps: Sequence[Skipped]) -> str:
+    """`kind:ref:REASON` per skipped step, comma-separated (ASCII, whatever the names):
+    `listener:3f9ac1d2e4b5a697:LISTENER_TIMEOUT,section:0b1c...:PROVIDER_FAILED`."""
+    listed = [f"{s.kind.value}:{public_ref(s.registration_id)}:{s.reason}" for s in steps]
+    if len(listed) > _TRAILER_STEPS:
+        listed[_TRAILER_STEPS:] = [f"+{len(listed) - _TRAILER_STEPS}"]
+    return ",".join(listed)

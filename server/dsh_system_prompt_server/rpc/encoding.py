@@ -4,6 +4,7 @@ cached encodings of the immutable parts and tools, not built message by message.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from google.protobuf.message import Message
@@ -33,8 +34,8 @@ def assembly_encoding(assembly: Assembly) -> bytes:
 
 
 _RESPONSE = pb.AssembleResponse.DESCRIPTOR.fields_by_name
-_RESPONSE_ASSEMBLY, _RESPONSE_RENDERED, _RESPONSE_REPORT = (
-    _RESPONSE[name].number for name in ("assembly", "rendered", "report")
+_RESPONSE_ASSEMBLY, _RESPONSE_RENDERED, _RESPONSE_REPORT, _RESPONSE_SKIPPED = (
+    _RESPONSE[name].number for name in ("assembly", "rendered", "report", "skipped")
 )
 _RESPONSE_REVISION_KEY = _RESPONSE["revision"].number << 3  # a varint field
 _RESPONSE_CACHEABLE_KEY = _RESPONSE["cacheable"].number << 3  # a varint (bool) field
@@ -47,6 +48,7 @@ def assemble_response(
     report: pb.AssemblyReport | None = None,
     cacheable: bool = False,
     payload: bytes | None = None,
+    skipped: Sequence[pb.SkippedStep] = (),
 ) -> bytes:
     """An AssembleResponse's encoding, written directly: no message is built for the
     assembly, and gRPC sends the bytes as they are (handlers.passthrough); `payload` is
@@ -62,6 +64,7 @@ def assemble_response(
         out.append(_field(_RESPONSE_REPORT, report))
     if cacheable:
         out += [_varint(_RESPONSE_CACHEABLE_KEY), _varint(1)]
+    out += [_field(_RESPONSE_SKIPPED, step) for step in skipped]
     return b"".join(out)
 
 

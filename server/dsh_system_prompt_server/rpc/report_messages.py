@@ -7,6 +7,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from ..registry import Origin, OriginKind, PartKind
 from ..reports.history import HistoryEntry, HistoryKey, KeyHistory
 from ..reports.values import Layout, Report, Size
+from .convert import skipped_to_proto
 
 _SOURCE_KINDS = {
     OriginKind.BUILTIN: pb.SOURCE_KIND_BUILTIN,
@@ -59,6 +60,7 @@ def report_to_proto(report: Report, key: HistoryKey) -> pb.AssemblyReport:
         render_error=report.render_error,
         prefix_layout=_LAYOUTS[report.layout],
         history_key=key.describe(),
+        skipped=[skipped_to_proto(step) for step in report.skipped],
     )
 
 

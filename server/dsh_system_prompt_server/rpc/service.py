@@ -16,6 +16,8 @@ from google.protobuf.message import Message
 from ..registry import AnyRegistration, Failure
 from .assemble.assembler import history_key
 from .convert import (
+    SKIPPED_TRAILER,
+    skipped_trailer,
     text_from_proto,
     tools_from_proto,
     update_value_from_proto,
@@ -43,6 +45,8 @@ class Context(Protocol):
     def time_remaining(self) -> float | None: ...
 
     def peer(self) -> str: ...
+
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None: ...
 
 
 class _Owned(Protocol):
@@ -165,9 +169,13 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
                     deadline = _deadline(context)
                     parsed = pb.AssembleRequest.FromString(request)
                     layout = state.prefix_layout
-                    return await state.assembler.assemble(parsed, deadline, layout, request)
+                    answered = await state.assembler.assemble(parsed, deadline, layout, request)
                 finally:
                     state.metrics.assemble_seconds.observe(time.perf_counter() - started)
+            if answered.skipped:
+                trailer = skipped_trailer(answered.skipped)
+                context.set_trailing_metadata(((SKIPPED_TRAILER, trailer),))
+            return answered.response
         except Failure as error:
             state.metrics.assembly_failed(error.reason)
             await abort(context, error)

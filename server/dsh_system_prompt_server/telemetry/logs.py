@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections import OrderedDict
+from collections.abc import Hashable
 
 from pythonjsonlogger.json import JsonFormatter
 
@@ -30,3 +33,28 @@ def configure_logging(level: str, log_format: str) -> None:
 
 def logger(name: str) -> logging.Logger:
     return logging.getLogger(f"{LOGGER_NAME}.{name}")
+
+
+class Throttled:
+    """Warnings at most one per key every `every_s` seconds: the ones held back are counted
+    in the next line of their key. At most `keys` keys are remembered (the oldest dropped)."""
+
+    def __init__(self, log: logging.Logger, every_s: float = 10.0, keys: int = 1024) -> None:
+        self._log = log
+        self._every_s = every_s
+        self._keys = keys
+        self._seen: OrderedDict[Hashable, tuple[float, int]] = OrderedDict()  # last, held
+
+    def warning(self, key: Hashable, message: str, *args: object) -> None:
+        now = time.monotonic()
+        last, held = self._seen.get(key, (-self._every_s, 0))
+        if now - last < self._every_s:
+            self._seen[key] = (last, held + 1)
+            return
+        self._seen[key] = (now, 0)
+        self._seen.move_to_end(key)
+        while len(self._seen) > self._keys:
+            self._seen.popitem(last=False)
+        if held:
+            message += f" ({held} more like it held back in {self._every_s:g}s)"
+        self._log.warning(message, *args)

@@ -12,17 +12,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..registry.errors import CALLBACK_FAILURES
 from ..reports.history import HistoryEntry, HistoryKey
 from ..reports.reporter import Reported
-
-ASSEMBLY_FAILURE_REASONS = (
-    Reason.PROVIDER_FAILED,
-    Reason.PROVIDER_TIMEOUT,
-    Reason.PROVIDER_UNAVAILABLE,
-    Reason.LISTENER_FAILED,
-    Reason.LISTENER_TIMEOUT,
-    Reason.LISTENER_UNAVAILABLE,
-)
 
 
 class Timings(Collector):
@@ -77,6 +69,13 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.skipped_callbacks = Counter(
+            "dsp_skipped_callbacks",
+            "Steps assemblies went on without (callbacks under failure_policy IGNORE that"
+            " failed), by kind (provider, listener) and ErrorInfo reason",
+            ["kind", "reason"],
+            registry=self.registry,
+        )
         self.stalled_peers = Counter(
             "dsp_stalled_peers",
             "Sessions, listeners and watchers closed for not reading their stream, by kind",
@@ -121,7 +120,7 @@ class Metrics:
 
     def assembly_failed(self, reason: Reason) -> None:
         """Count one failed assembly, if its reason is one of those counted."""
-        if reason in ASSEMBLY_FAILURE_REASONS:
+        if reason in CALLBACK_FAILURES:
             self.assembly_failures.labels(reason).inc()
 
     def reported(self, reported: Reported) -> None:

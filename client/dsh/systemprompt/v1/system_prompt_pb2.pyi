@@ -31,6 +31,49 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _FailurePolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FailurePolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FailurePolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FAILURE_POLICY_UNSPECIFIED: _FailurePolicy.ValueType  # 0
+    """FAIL: the spec's behaviour."""
+    FAILURE_POLICY_FAIL: _FailurePolicy.ValueType  # 1
+    """The assembly fails, naming the callback (PROVIDER_FAILED, LISTENER_TIMEOUT, ...)."""
+    FAILURE_POLICY_IGNORE: _FailurePolicy.ValueType  # 2
+    """The assembly goes on without the callback's step and says so
+    (AssembleResponse.skipped, the "dsh-skipped-steps" trailer, the report): a
+    provider's part is left out (a variable has no value), a listener is passed
+    over as if it had called next() unchanged. Only for callbacks that decorate
+    the prompt, never for ones that filter it: a skipped filter lets through
+    what it exists to hold back. The sidecar cannot tell them apart: IGNORE is
+    the owner's promise.
+    """
+
+class FailurePolicy(_FailurePolicy, metaclass=_FailurePolicyEnumTypeWrapper):
+    """What an assembly does when one of its callbacks (a dynamic provider or a
+    listener) fails, does not answer in time, or its stream is gone. The
+    callback's owner chooses, as a Kubernetes admission webhook's author chooses
+    its failurePolicy (Fail or Ignore) and Envoy's ext_proc filter its
+    failure_mode_allow.
+    """
+
+FAILURE_POLICY_UNSPECIFIED: FailurePolicy.ValueType  # 0
+"""FAIL: the spec's behaviour."""
+FAILURE_POLICY_FAIL: FailurePolicy.ValueType  # 1
+"""The assembly fails, naming the callback (PROVIDER_FAILED, LISTENER_TIMEOUT, ...)."""
+FAILURE_POLICY_IGNORE: FailurePolicy.ValueType  # 2
+"""The assembly goes on without the callback's step and says so
+(AssembleResponse.skipped, the "dsh-skipped-steps" trailer, the report): a
+provider's part is left out (a variable has no value), a listener is passed
+over as if it had called next() unchanged. Only for callbacks that decorate
+the prompt, never for ones that filter it: a skipped filter lets through
+what it exists to hold back. The sidecar cannot tell them apart: IGNORE is
+the owner's promise.
+"""
+Global___FailurePolicy: _TypeAlias = FailurePolicy  # noqa: Y015
+
 class _CacheDependency:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -495,6 +538,7 @@ class Dynamic(_message.Message):
     PROVIDER_KEY_FIELD_NUMBER: _builtins.int
     CACHE_FIELD_NUMBER: _builtins.int
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    FAILURE_POLICY_FIELD_NUMBER: _builtins.int
     provider_key: _builtins.str
     """A key chosen by the client, that the sidecar quotes back in
     ProvideRequest so the client finds its provider. Chosen by the client so
@@ -507,6 +551,11 @@ class Dynamic(_message.Message):
     `git status`, says so instead of being ejected); 0: the sidecar's
     provider_timeout_s. Over the sidecar's max_callback_timeout_s: INVALID_ARGUMENT
     VALUE_TOO_LARGE. See docs/protocol.md, "Ejected callbacks".
+    """
+    failure_policy: Global___FailurePolicy.ValueType
+    """What an assembly does when this provider fails or does not answer in time;
+    unspecified (or a value this sidecar does not know): FAIL. See
+    docs/protocol.md, "Failure policy".
     """
     @_builtins.property
     def cache(self) -> Global___CachePolicy:
@@ -521,10 +570,11 @@ class Dynamic(_message.Message):
         provider_key: _builtins.str = ...,
         cache: Global___CachePolicy | None = ...,
         timeout_s: _builtins.float = ...,
+        failure_policy: Global___FailurePolicy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "provider_key", b"provider_key", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "failure_policy", b"failure_policy", "provider_key", b"provider_key", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1897,6 +1947,7 @@ class AssembleResponse(_message.Message):
     REVISION_FIELD_NUMBER: _builtins.int
     REPORT_FIELD_NUMBER: _builtins.int
     CACHEABLE_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
     """The registry's revision the assembly was taken at."""
     cacheable: _builtins.bool
@@ -1916,6 +1967,13 @@ class AssembleResponse(_message.Message):
     def report(self) -> Global___AssemblyReport:
         """Present when the request asked for a report."""
 
+    @_builtins.property
+    def skipped(self) -> _containers.RepeatedCompositeFieldContainer[Global___SkippedStep]:
+        """The steps this assembly went on without (callbacks with failure_policy
+        FAILURE_POLICY_IGNORE that failed), in the order they were skipped; empty
+        when the assembly is complete. Also sent as the "dsh-skipped-steps" trailer.
+        """
+
     def __init__(
         self,
         *,
@@ -1924,14 +1982,65 @@ class AssembleResponse(_message.Message):
         revision: _builtins.int = ...,
         report: Global___AssemblyReport | None = ...,
         cacheable: _builtins.bool = ...,
+        skipped: _abc.Iterable[Global___SkippedStep] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "rendered", b"rendered", "report", b"report"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "cacheable", b"cacheable", "rendered", b"rendered", "report", b"report", "revision", b"revision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "cacheable", b"cacheable", "rendered", b"rendered", "report", b"report", "revision", b"revision", "skipped", b"skipped"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AssembleResponse: _TypeAlias = AssembleResponse  # noqa: Y015
+
+@_typing.final
+class SkippedStep(_message.Message):
+    """A step an assembly went on without: a callback whose failure_policy is
+    FAILURE_POLICY_IGNORE failed, did not answer in time, or was unavailable.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    SCOPE_FIELD_NUMBER: _builtins.int
+    REF_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    kind: Global___ChangeKind.ValueType
+    """A provider's kind (CHANGE_KIND_SECTION, _CONTEXT, _TOOLS, _VARIABLE) or
+    CHANGE_KIND_LISTENER.
+    """
+    name: _builtins.str
+    """The section's, context's or variable's name; the label a tool provider or
+    listener was registered with (may be empty).
+    """
+    scope: _builtins.str
+    """The scope whose layer holds it; empty for the global layer."""
+    ref: _builtins.str
+    """Its public reference, as in ChangeEvent.ref and RegistrationInfo.ref."""
+    reason: _builtins.str
+    """Why, as a stable ErrorReason name: PROVIDER_FAILED, PROVIDER_TIMEOUT,
+    PROVIDER_UNAVAILABLE, LISTENER_FAILED, LISTENER_TIMEOUT or LISTENER_UNAVAILABLE.
+    """
+    message: _builtins.str
+    """The failure's message: what the assembly would have failed with under FAIL."""
+    def __init__(
+        self,
+        *,
+        kind: Global___ChangeKind.ValueType = ...,
+        name: _builtins.str = ...,
+        scope: _builtins.str = ...,
+        ref: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "message", b"message", "name", b"name", "reason", b"reason", "ref", b"ref", "scope", b"scope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SkippedStep: _TypeAlias = SkippedStep  # noqa: Y015
 
 @_typing.final
 class Source(_message.Message):
@@ -2172,6 +2281,7 @@ class AssemblyReport(_message.Message):
     RENDER_ERROR_FIELD_NUMBER: _builtins.int
     PREFIX_LAYOUT_FIELD_NUMBER: _builtins.int
     HISTORY_KEY_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
     tokenizer: _builtins.str
     """The tokenizer behind token counts; empty when sizes are bytes only."""
     render_error: _builtins.str
@@ -2207,6 +2317,10 @@ class AssemblyReport(_message.Message):
     def variables(self) -> _containers.RepeatedCompositeFieldContainer[Global___VariableReport]:
         """Where each variable came from, in the assembly's order."""
 
+    @_builtins.property
+    def skipped(self) -> _containers.RepeatedCompositeFieldContainer[Global___SkippedStep]:
+        """The steps the reported assembly went on without (as AssembleResponse.skipped)."""
+
     def __init__(
         self,
         *,
@@ -2220,10 +2334,11 @@ class AssemblyReport(_message.Message):
         render_error: _builtins.str = ...,
         prefix_layout: Global___PrefixLayout.ValueType = ...,
         history_key: _builtins.str = ...,
+        skipped: _abc.Iterable[Global___SkippedStep] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context_snapshot", b"context_snapshot", "prompt", b"prompt", "stability", b"stability", "tools", b"tools"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_snapshot", b"context_snapshot", "history_key", b"history_key", "parts", b"parts", "prefix_layout", b"prefix_layout", "prompt", b"prompt", "render_error", b"render_error", "stability", b"stability", "tokenizer", b"tokenizer", "tools", b"tools", "variables", b"variables"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_snapshot", b"context_snapshot", "history_key", b"history_key", "parts", b"parts", "prefix_layout", b"prefix_layout", "prompt", b"prompt", "render_error", b"render_error", "skipped", b"skipped", "stability", b"stability", "tokenizer", b"tokenizer", "tools", b"tools", "variables", b"variables"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -3176,6 +3291,7 @@ class ListenStart(_message.Message):
     FEATURES_FIELD_NUMBER: _builtins.int
     CACHE_FIELD_NUMBER: _builtins.int
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    FAILURE_POLICY_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The owning session."""
     scope_id: _builtins.str
@@ -3189,6 +3305,12 @@ class ListenStart(_message.Message):
     timeout_s: _builtins.float
     """Seconds the listener may take to answer each message; 0: the sidecar's
     provider_timeout_s. Over max_callback_timeout_s: INVALID_ARGUMENT VALUE_TOO_LARGE.
+    """
+    failure_policy: Global___FailurePolicy.ValueType
+    """What an assembly does when this listener fails or does not answer in time;
+    unspecified (or a value this sidecar does not know): FAIL. IGNORE only for a
+    listener that decorates, never for one that filters. See docs/protocol.md,
+    "Failure policy".
     """
     @_builtins.property
     def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -3217,10 +3339,11 @@ class ListenStart(_message.Message):
         features: _abc.Iterable[_builtins.str] | None = ...,
         cache: Global___CachePolicy | None = ...,
         timeout_s: _builtins.float = ...,
+        failure_policy: Global___FailurePolicy.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "features", b"features", "global", b"global", "name", b"name", "prepend", b"prepend", "scope_id", b"scope_id", "session_id", b"session_id", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "failure_policy", b"failure_policy", "features", b"features", "global", b"global", "name", b"name", "prepend", b"prepend", "scope_id", b"scope_id", "session_id", b"session_id", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

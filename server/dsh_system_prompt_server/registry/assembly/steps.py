@@ -18,6 +18,7 @@ from ..model import (
     CachePolicy,
     ContextRegistration,
     Dynamic,
+    FailurePolicy,
     ListenerRegistration,
     Part,
     ProvidedValue,
@@ -77,12 +78,15 @@ async def _run(
     complete = plan.complete_section()
     cached = None if callbacks is None else _Cached(callbacks=callbacks, plan=plan, context=context)
     values = await _evaluate(plan, context, timeout, cached)
-    _check_provided(values, limits)
-    sections = [Part(name=e.name, text=_text(e, values)) for e in plan.sections]
+    _check_provided(values, limits, timeout)
+    left_out = {skipped.registration_id for skipped in timeout.skips.steps}
+    if complete is not None and complete.id in left_out:
+        complete = None  # skipped: the sections stand as if it were not registered
+    sections = [Part(e.name, _text(e, values)) for e in plan.sections if e.id not in left_out]
     tools = _collect_tools(plan.tools, values, tool_order)
     assembly = Assembly(
         sections=sections,
-        contexts=[Part(name=e.name, text=_text(e, values)) for e in plan.contexts],
+        contexts=[Part(e.name, _text(e, values)) for e in plan.contexts if e.id not in left_out],
         tools=tools,
         variables={e.name: _variable(e, values) for e in plan.variables},
     )
@@ -102,6 +106,7 @@ async def _run(
     if origins is not None:
         result.origins = dict(origins)
         result.trace = trace
+    result.skipped = tuple(timeout.skips.steps)
     return result
 
 
@@ -123,11 +128,16 @@ def _registered_origins(plan: Plan, values: Mapping[ValueRegistration, ProvidedV
 
 def _dynamic_calls(
     plan: Plan, answered: Mapping[ValueRegistration, ProvidedValue]
-) -> dict[ProviderHost, list[tuple[ValueRegistration, ProviderCall]]]:
-    calls: dict[ProviderHost, list[tuple[ValueRegistration, ProviderCall]]] = {}
+) -> dict[tuple[ProviderHost, FailurePolicy], list[tuple[ValueRegistration, ProviderCall]]]:
+    """The calls each host is asked, in one exchange per host and failure policy: a slow
+    provider under IGNORE does not hold up (or time out) those of its session under FAIL."""
+    calls: dict[
+        tuple[ProviderHost, FailurePolicy], list[tuple[ValueRegistration, ProviderCall]]
+    ] = {}
     for entry, value in plan.dynamic:
         if not entry.disposed and entry not in answered:
-            calls.setdefault(value.host, []).append((entry, entry.provider_call(value.key)))
+            exchange = calls.setdefault((value.host, value.failure_policy), [])
+            exchange.append((entry, entry.provider_call(value.key)))
     return calls
 
 
@@ -186,8 +196,9 @@ class _Cached:
 async def _evaluate(
     plan: Plan, context: AssembleContext, timeout: Timeout, cached: _Cached | None = None
 ) -> dict[ValueRegistration, ProvidedValue]:
-    """Ask each host once, all hosts at the same time; the first failure wins.
-    Providers whose answer is cached are not asked."""
+    """Ask each host once (per failure policy), all hosts at the same time; the first
+    failure wins, but a provider under IGNORE that fails is skipped. Providers whose answer
+    is cached are not asked."""
     values: dict[ValueRegistration, ProvidedValue] = {}
     if cached is not None:
         cached.answers(values)
@@ -195,26 +206,48 @@ async def _evaluate(
     if not by_host:
         return values
     tasks = {}
-    for host, pairs in by_host.items():
+    for (host, _), pairs in by_host.items():
         given = timeout(_own_timeout(pairs))
         calls = [call for _, call in pairs]
         tasks[asyncio.ensure_future(host.provide(calls, context, given))] = (pairs, given)
     try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            _judge(task, *tasks[task], timeout)
-        for task in done:
-            task.result()  # raise the first failure
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                _judge(task, *tasks[task], timeout)
+            for task in done:  # the first failure under FAIL raises
+                for entry, answer in _answers(task, tasks[task][0], timeout):
+                    values[entry] = answer
+                    if cached is not None:
+                        cached.keep_answer(entry, answer)
     finally:
         for task in tasks:
             task.cancel()
-    for task, (pairs, _) in tasks.items():
-        answers: Mapping[str, ProvidedValue] = task.result()
-        for entry, call in pairs:
-            values[entry] = answers[call.key]
-            if cached is not None:
-                cached.keep_answer(entry, answers[call.key])
     return values
+
+
+def _answers(
+    task: asyncio.Future[Mapping[str, ProvidedValue | errors.Failure]],
+    pairs: Sequence[tuple[ValueRegistration, ProviderCall]],
+    timeout: Timeout,
+) -> list[tuple[ValueRegistration, ProvidedValue]]:
+    """What one exchange answered, provider by provider. A failure (of the exchange, or a
+    provider's own) raises, unless its providers' policy is IGNORE: then they are skipped."""
+    error = task.exception()  # a cancelled exchange raises CancelledError here
+    if isinstance(error, errors.Failure) and all(timeout.skips.ignores(e, error) for e, _ in pairs):
+        for entry, _ in pairs:
+            timeout.skips.skip(entry, error)
+        return []
+    answers = task.result()
+    given: list[tuple[ValueRegistration, ProvidedValue]] = []
+    for entry, call in pairs:
+        answer = answers[call.key]
+        if not isinstance(answer, errors.Failure):
+            given.append((entry, answer))
+        elif not timeout.skips.skip(entry, answer):
+            raise answer
+    return given
 
 
 def _own_timeout(pairs: Sequence[tuple[ValueRegistration, ProviderCall]]) -> float | None:
@@ -225,7 +258,7 @@ def _own_timeout(pairs: Sequence[tuple[ValueRegistration, ProviderCall]]) -> flo
 
 
 def _judge(
-    task: asyncio.Future[Mapping[str, ProvidedValue]],
+    task: asyncio.Future[Mapping[str, ProvidedValue | errors.Failure]],
     pairs: Sequence[tuple[ValueRegistration, ProviderCall]],
     given: float,
     timeout: Timeout,
@@ -240,9 +273,12 @@ def _judge(
             timeout.answered(entry)
 
 
-def _check_provided(values: Mapping[ValueRegistration, ProvidedValue], limits: Limits) -> None:
-    """Provided values obey the limits registered ones do."""
-    for entry, value in values.items():
+def _check_provided(
+    values: dict[ValueRegistration, ProvidedValue], limits: Limits, timeout: Timeout
+) -> None:
+    """Provided values obey the limits registered ones do (one under IGNORE that does not
+    is skipped)."""
+    for entry, value in list(values.items()):
         try:
             if isinstance(value, str):
                 limits.check_text("its answer", value)
@@ -250,9 +286,12 @@ def _check_provided(values: Mapping[ValueRegistration, ProvidedValue], limits: L
                 limits.check_tools(value)
         except errors.RegistryError as error:
             call = entry.provider_call("")
-            raise errors.RegistryError(
+            failure = errors.RegistryError(
                 errors.Status.ABORTED, Reason.PROVIDER_FAILED, f"{call.describe()} failed: {error}"
-            ) from None
+            )
+            if not timeout.skips.skip(entry, failure):
+                raise failure from None
+            del values[entry]
 
 
 def _resolved(
@@ -345,9 +384,16 @@ async def _waterfall(
         try:
             result = await listener.value.invoke(current, context, next_, given)
         except errors.Failure as error:
-            if not any(passed is error for passed in passed_on):  # its own, not the rest's
-                timeout.failed(listener, error, given, own)
-            raise
+            if any(passed is error for passed in passed_on):
+                raise  # the rest of the chain's failure, passed through
+            timeout.failed(listener, error, given, own)
+            if passed_on and timeout.skips.ignores(listener, error):
+                raise passed_on[0] from None  # skipping it leaves the rest's failure
+            if not timeout.skips.skip(listener, error):
+                raise
+            if not from_next:  # passed over, as if it had called next() unchanged
+                return await step(index + 1, current)
+            return from_next[0]  # the rest ran once: what it returned stands
         timeout.answered(listener)
         if origins is not None:  # what it changed after next(), or instead of it
             record_changes(origins, from_next[0] if from_next else current, result, listener.name)
@@ -363,8 +409,10 @@ async def _waterfall(
             return kept
         nonlocal tail
         tail = -1  # run the tail itself, once
+        skipped = len(timeout.skips.steps)
         result = await step(index, given)
-        cached.keep_result(given, result)
+        if len(timeout.skips.steps) == skipped:  # a result with a step skipped is not kept
+            cached.keep_result(given, result)
         return result
 
     return await step(0, assembly)

@@ -1,6 +1,7 @@
 """The registry's side of callbacks (dynamic providers and listeners): the installed listeners by
 scope, the cached answers of callbacks that declared a cache policy, and each callback's time with
-its ejection after timeouts in a row.
+its ejection after timeouts in a row, and what an assembly does when one fails (its failure
+policy).
 
 Imported by the registry's own modules; `rpc/` reads the cache's key of a context.
 """

@@ -17,6 +17,7 @@ from dsh_system_prompt_core import Reason
 
 from ..errors import Failure
 from ..model import AnyRegistration, Dynamic, ListenerRegistration
+from .failure_policy import Skips
 
 TIMEOUTS = frozenset({Reason.PROVIDER_TIMEOUT, Reason.LISTENER_TIMEOUT})
 
@@ -73,7 +74,9 @@ class Budget:
     """The time one assembly gives each of its callbacks, and what their failures mean.
 
     A callback waits its own `timeout_s` (declared at registration) or the sidecar's
-    `provider_timeout_s`, cut to leave the caller's deadline time to hear the error.
+    `provider_timeout_s`, cut to leave the caller's deadline time to hear the error. A
+    failure counts toward ejection whatever the callback's failure policy; `skips` holds
+    the steps the assembly went on without.
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class Budget:
         self.limit = limit
         self._deadline = deadline
         self._ejector = ejector
+        self.skips = Skips()
 
     def __call__(self, own: float | None = None) -> float:
         """How long a callback with its own timeout `own` (None: the default) may take now."""

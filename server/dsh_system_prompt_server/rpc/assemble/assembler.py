@@ -3,19 +3,39 @@ and encoded, and never bigger than the sidecar sends."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason, RenderFailure
 
-from ...registry import Assembly, Limits, Registry, RegistryError, ServiceError, Status
+from ...registry import (
+    Assembly,
+    Kind,
+    Limits,
+    Registry,
+    RegistryError,
+    ServiceError,
+    Skipped,
+    Status,
+)
 from ...reports.history import HistoryKey
 from ...reports.reporter import Reporter
 from ...reports.values import Layout
+from ...telemetry.logs import Throttled, logger
 from ...telemetry.metrics import Metrics
-from ..convert import context_from_proto
+from ..convert import context_from_proto, skipped_to_proto
 from ..encoding import assemble_response
 from ..report_messages import history_key_from_proto, layout_from_proto, report_to_proto
 from . import part_caches
 from .response_cache import MAX_BYTES, ResponseCache, reuse_key, stamp_of
+
+
+class Answered(NamedTuple):
+    """An Assemble request's encoded response, and the steps its assembly went on without
+    (for the response's trailer)."""
+
+    response: bytes
+    skipped: tuple[Skipped, ...] = ()
 
 
 class Assembler:
@@ -34,6 +54,9 @@ class Assembler:
         self._metrics = metrics
         self._max_message_bytes = max_message_bytes
         self.responses = ResponseCache(max_bytes=response_bytes)
+        # One line per skipped callback and reason every 10 s: one failing on every assembly
+        # must not flood the log.
+        self._skip_log = Throttled(logger("assembler"), every_s=10.0)
 
     def kept(self, encoded: bytes) -> bytes | None:
         """The response kept for a request's very bytes while it holds (the registry's
@@ -47,7 +70,7 @@ class Assembler:
         deadline: float | None,
         layout: Layout,
         encoded: bytes | None = None,
-    ) -> bytes:
+    ) -> Answered:
         """The encoded response to `request` (whose bytes are `encoded`, when it came so),
         by `deadline` (the loop's clock); `layout` is the reports' default prefix layout."""
         context = context_from_proto(request.context, self._registry.limits)
@@ -58,22 +81,36 @@ class Assembler:
         if cached is not None:
             if encoded is not None:  # the same bytes again are answered before parsing
                 self.responses.index(encoded, key, stamp_of(plan, generation))
-            return cached  # a static (or all-cached) plan's response, encoded once
+            return Answered(cached)  # a static (or all-cached) plan's response, encoded once
         assembly = await self._registry.run(plan, context, deadline, track=request.report)
+        self._count_skipped(assembly.skipped)
         # before rendering: a report names a failing part, never fails
         report = self._report(request, plan.revision, assembly, layout) if request.report else None
         caches = part_caches.of(plan)
         rendered = _rendered(assembly, caches) if request.render else None
         payload = caches.encoding(assembly)
+        skipped = [skipped_to_proto(step) for step in assembly.skipped]
         response = assemble_response(
-            assembly, plan.revision, rendered, report, plan.is_static, payload
+            assembly, plan.revision, rendered, report, plan.is_static, payload, skipped
         )
         self._check_sendable(len(response), report is not None)
-        if key is not None:
+        if key is not None and not skipped:  # one without a step is not the plan's answer
             self.responses.put(key, response)
             if encoded is not None:
                 self.responses.index(encoded, key, stamp_of(plan, generation))
-        return response
+        return Answered(response, assembly.skipped)
+
+    def _count_skipped(self, skipped: tuple[Skipped, ...]) -> None:
+        for step in skipped:
+            kind = "listener" if step.kind is Kind.LISTENER else "provider"
+            self._metrics.skipped_callbacks.labels(kind, step.reason).inc()
+            self._skip_log.warning(
+                (step.registration_id, step.reason),
+                "assembly went on without %s %s: %s (failure_policy IGNORE)",
+                kind,
+                step.name or "(unnamed)",
+                step.message,
+            )
 
     def _report(
         self, request: pb.AssembleRequest, revision: int, assembly: Assembly, default: Layout

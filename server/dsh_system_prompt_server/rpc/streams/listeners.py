@@ -23,7 +23,13 @@ from ...registry import (
 )
 from ...telemetry.metrics import Metrics
 from ...telemetry.tracing import Tracing, hop
-from ..convert import assembly_from_proto, cache_from_proto, context_to_proto, timeout_from_proto
+from ..convert import (
+    assembly_from_proto,
+    cache_from_proto,
+    context_to_proto,
+    failure_policy_from_proto,
+    timeout_from_proto,
+)
 from . import encoded
 from .broker import Broker, Ended, Replies, Stream
 from .outbox import Outbox, OutboxLimits
@@ -79,6 +85,7 @@ class Listeners(Broker[pb.ListenRequest, pb.ListenResponse, "ListenerStream"]):
             name=begin.name,
             cache=cache_from_proto(begin.cache),
             timeout_s=timeout_from_proto(begin.timeout_s),
+            failure_policy=failure_policy_from_proto(begin.failure_policy),
         )
         listener.registration = (owner, entry.id)
         listener.on_invalidate = lambda request: self._invalidate(listener, request)

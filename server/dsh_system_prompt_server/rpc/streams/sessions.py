@@ -71,7 +71,7 @@ class Session:
 
     async def provide(
         self, calls: Sequence[ProviderCall], context: AssembleContext, timeout: float | None
-    ) -> Mapping[str, ProvidedValue]:
+    ) -> Mapping[str, ProvidedValue | Failure]:
         """Ask the client for every value in `calls` with one message."""
         if self.ended.is_set():
             raise _unavailable(calls)
@@ -85,7 +85,7 @@ class Session:
 
     async def _ask(
         self, call_id: int, request: bytes, calls: Sequence[ProviderCall], timeout: float | None
-    ) -> Mapping[str, ProvidedValue]:
+    ) -> Mapping[str, ProvidedValue | Failure]:
         if not self.outbox.send(request):
             raise _unavailable(calls)
         self._replies.open(call_id)
