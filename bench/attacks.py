@@ -208,11 +208,16 @@ LIST_ITEMS = 1024  # max_list_items
 
 
 async def big_scopes(stub: Stub, counts: Counts, until: float) -> list[Any]:
-    """3.5 MiB registered once, assembled in 300 opened scopes (a response per scope)."""
+    """3.5 MiB registered once, assembled in 300 opened scopes (a response per scope).
+
+    In a layer of its own that the 300 scopes inherit: registered globally, it would be
+    in every well-behaved client's prompt too, a cost the registry's bounds allow."""
     session, session_id = await _raw_session(stub)
+    layer = await stub.OpenScope(pb.OpenScopeRequest(session_id=session_id, key="hostile-big"))
     for index in range(14):
         request = pb.RegisterSectionRequest(
             session_id=session_id,
+            scope_id=layer.scope_id,
             name=f"big-{index}",
             order=900 + index,
             text=chr(ord("a") + index) * BIG_PART,
@@ -223,7 +228,8 @@ async def big_scopes(stub: Stub, counts: Counts, until: float) -> list[Any]:
     while loop.time() < until:
         key = f"hostile-big-{index % 300}"
         index += 1
-        await stub.OpenScope(pb.OpenScopeRequest(session_id=session_id, key=key))
+        opening = pb.OpenScopeRequest(session_id=session_id, key=key, parent_key="hostile-big")
+        await stub.OpenScope(opening)
         assemble = pb.AssembleRequest(context=pb.AssembleContext(scope=key))
         await _tally(counts, "big scopes: assemble", stub.Assemble(assemble, timeout=10))
     return [session]

@@ -74,15 +74,19 @@ async def one_round(
 
     offs.append(await scope.on_assemble(tag))
     tally.registrations += len(offs) + 1
-    for turn in range(rng.randint(1, 5)):
-        for scoped in (scope.key, None):
-            started = time.perf_counter()
-            await client.assemble(scope=scoped, fields={"turn": turn}, timeout=10)
-            tally.latencies.append(time.perf_counter() - started)
-        tally.assemblies += 2
-    for off in rng.sample(offs, k=rng.randint(0, len(offs))):
-        await off()
-    await scope.dispose()
+    try:
+        for turn in range(rng.randint(1, 5)):
+            for scoped in (scope.key, None):
+                started = time.perf_counter()
+                await client.assemble(scope=scoped, fields={"turn": turn}, timeout=10)
+                tally.latencies.append(time.perf_counter() - started)
+            tally.assemblies += 2
+        for off in rng.sample(offs, k=rng.randint(0, len(offs))):
+            await off()
+    finally:
+        # also after a failed assembly: the scope's key comes back five rounds later, and
+        # what it left registered would refuse the same names (DUPLICATE_NAME)
+        await scope.dispose()
 
 
 async def soak(clients: int, seconds: float) -> dict[str, Any]:
