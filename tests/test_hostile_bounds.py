@@ -3,7 +3,9 @@ cache the sidecar keeps for others is bounded in bytes."""
 
 from __future__ import annotations
 
+import gc
 import json
+import tracemalloc
 
 import dsh_system_prompt as dsp
 import grpc
@@ -150,6 +152,35 @@ async def test_kept_responses_stay_within_max_response_cache_bytes(
     assert sidecar.state.assembler.responses.bytes <= MIB
     assert len(sidecar.state.assembler.responses) >= 2
     assert again.sections[-1].text == "b" * 200_000
+
+
+async def test_what_dynamic_plans_keep_between_assemblies_stays_within_the_cache_budget(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(limits={"max_response_cache_bytes": MIB})
+    client = await dsp.connect(sidecar.address)
+    try:
+        base = await client.scope("base")
+        await base.section("big", 1, "b" * 200_000)
+        await base.section("turn", 2, lambda context: f"turn {context.get('n')}")
+        for index in range(24):
+            await client.scope(f"s{index}", parent="base")
+        await client.render(scope="s0", fields={"n": 0})
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for index in range(24):  # a dynamic plan per scope: each kept its 200 KB parts
+                await client.render(scope=f"s{index}", fields={"n": index})
+            gc.collect()
+            kept = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        again = await client.render(scope="s0", fields={"n": 0})  # emptied: encoded again
+    finally:
+        await client.close()
+    assert kept <= 3 * MIB  # the 1 MiB budget, and what the 24 plans are besides
+    assert again.prompt.endswith("b" * 200_000 + "\n\nturn 0")
 
 
 async def test_cached_callback_answers_stay_within_max_callback_cache_bytes(

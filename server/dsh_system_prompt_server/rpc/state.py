@@ -108,4 +108,5 @@ class ServerState:
         self.prefix_layout = settings.prefix_layout
         self.watches.reconfigure(settings.watches)
         self.assembler.responses.max_bytes = settings.response_bytes
+        self.assembler.parts.max_bytes = settings.response_bytes
         self.reports.max_bytes = settings.report_bytes

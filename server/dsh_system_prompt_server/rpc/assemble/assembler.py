@@ -57,6 +57,8 @@ class Assembler:
         # One line per skipped callback and reason every 10 s: one failing on every assembly
         # must not flood the log.
         self._skip_log = Throttled(logger("assembler"), every_s=10.0)
+        # the per-part encodings dynamic responses are joined from: as much again
+        self.parts = part_caches.PartBudget(max_bytes=response_bytes)
 
     def kept(self, encoded: bytes) -> bytes | None:
         """The response kept for a request's very bytes while it holds (the registry's
@@ -86,10 +88,11 @@ class Assembler:
         self._count_skipped(assembly.skipped)
         # before rendering: a report names a failing part, never fails
         report = self._report(request, plan.revision, assembly, layout) if request.report else None
-        caches = part_caches.of(plan)
+        caches = self.parts.of(plan)
         rendered = _rendered(assembly, caches) if request.render else None
         payload = caches.encoding(assembly)
         skipped = [skipped_to_proto(step) for step in assembly.skipped]
+        self.parts.used(caches)
         response = assemble_response(
             assembly, plan.revision, rendered, report, plan.is_static, payload, skipped
         )

@@ -5,11 +5,15 @@ the kept ones of the parts that did not change and fresh ones of those that did.
 A kept value is reused only for an equal part (and, for a text, equal variables):
 parts are immutable values, so an equal part encodes and renders the same. The
 caches live on the plan (`Plan.part_caches`), which a change replaces; what they
-hold is one assembly's parts, since each call keeps only its own.
+hold is one assembly's parts, since each call keeps only its own. The joins themselves
+are not kept (a copy of the whole prompt per scope: 300 scopes of a 3.5 MiB prompt were
++1 GiB), and all plans' caches together stay within a byte budget (`PartBudget`).
 """
 
 from __future__ import annotations
 
+import sys
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -25,47 +29,48 @@ Variables = Mapping[str, str | None]
 
 
 class _Fields(Generic[T]):
-    """One list of an assembly's parts as last encoded: the parts, their fields, the join."""
+    """One list of an assembly's parts as last encoded: the parts and their fields."""
 
-    __slots__ = ("_fields", "_joined", "_parts")
+    __slots__ = ("_fields", "_parts", "bytes")
 
     def __init__(self) -> None:
         self._parts: list[T] = []
         self._fields: list[bytes] = []
-        self._joined = b""
+        self.bytes = 0
 
-    def join(self, parts: Sequence[T], encode: Callable[[T], bytes]) -> bytes:
-        """The parts' fields joined: the kept join when every part is unchanged, else
-        the kept field of each unchanged part (by position) and fresh ones."""
+    def fields(self, parts: Sequence[T], encode: Callable[[T], bytes]) -> list[bytes]:
+        """The parts' fields: the kept field of each unchanged part (by position) and
+        fresh ones."""
         if parts == self._parts:  # compared in C, by identity first
-            return self._joined
+            return self._fields
         if len(parts) == len(self._parts):
             kept = zip(parts, self._parts, self._fields, strict=True)
             fields = [field if part == old else encode(part) for part, old, field in kept]
         else:  # a listener added or removed parts: positions moved
             fields = [encode(part) for part in parts]
-        self._parts, self._fields, self._joined = list(parts), fields, b"".join(fields)
-        return self._joined
+        self._parts, self._fields = list(parts), fields
+        self.bytes = sum(map(len, fields))
+        return fields
 
 
 class _Texts:
     """One list of parts as last interpolated, under the variables it was done with."""
 
-    __slots__ = ("_joined", "_noun", "_parts", "_texts", "_variables")
+    __slots__ = ("_noun", "_parts", "_texts", "_variables", "bytes")
 
     def __init__(self, noun: str) -> None:
         self._noun = noun
         self._parts: list[Part] = []
         self._texts: list[str] = []
         self._variables: dict[str, str | None] | None = None
-        self._joined = ""
+        self.bytes = 0
 
     def render(self, parts: Sequence[Part], variables: Variables) -> str:
         """render_prompt's join of the interpolated, non-empty texts (RenderFailure as it)."""
         same_variables = variables == self._variables
         if same_variables and parts == self._parts:
-            return self._joined
-        if same_variables and len(parts) == len(self._parts):
+            texts = self._texts
+        elif same_variables and len(parts) == len(self._parts):
             kept = zip(parts, self._parts, self._texts, strict=True)
             texts = [
                 text if part == old else self._text(part, variables) for part, old, text in kept
@@ -73,10 +78,11 @@ class _Texts:
         else:
             texts = [self._text(part, variables) for part in parts]
         # kept only once every part rendered: a failure leaves the last good ones
-        joined = SECTION_SEPARATOR.join(text for text in texts if text)
-        self._parts, self._texts, self._joined = list(parts), texts, joined
-        self._variables = dict(variables)
-        return joined
+        if texts is not self._texts:
+            self._parts, self._texts = list(parts), texts
+            self._variables = dict(variables)
+            self.bytes = sum(map(sys.getsizeof, texts))
+        return SECTION_SEPARATOR.join(text for text in texts if text)
 
     def _text(self, part: Part, variables: Variables) -> str:
         return interpolate(part.text, variables, f'{self._noun} "{part.name}"')
@@ -93,16 +99,28 @@ class PartCaches:
     prompt: _Texts = field(default_factory=lambda: _Texts("section"))
     snapshot: _Texts = field(default_factory=lambda: _Texts("context"))
 
+    @property
+    def size(self) -> int:
+        """What the kept fields and texts take, in bytes (shared ones counted in each plan)."""
+        kinds = (self.sections, self.contexts, self.tools, self.variables)
+        return sum(kind.bytes for kind in kinds) + self.prompt.bytes + self.snapshot.bytes
+
     def encoding(self, assembly: Assembly) -> bytes:
         """assembly_encoding(assembly), from the kept fields of its unchanged parts."""
         return b"".join(
             (
-                self.sections.join(assembly.sections, encoding.section_field),
-                self.contexts.join(assembly.contexts, encoding.context_field),
-                self.tools.join(assembly.tools, encoding.tool_field),
-                self.variables.join(list(assembly.variables.items()), encoding.variable_field),
+                *self.sections.fields(assembly.sections, encoding.section_field),
+                *self.contexts.fields(assembly.contexts, encoding.context_field),
+                *self.tools.fields(assembly.tools, encoding.tool_field),
+                *self.variables.fields(list(assembly.variables.items()), encoding.variable_field),
             )
         )
+
+    def clear(self) -> None:
+        """Forget every kept field and text (a plan still holding these starts again)."""
+        self.sections, self.contexts = _Fields(), _Fields()
+        self.tools, self.variables = _Fields(), _Fields()
+        self.prompt, self.snapshot = _Texts("section"), _Texts("context")
 
     def render_prompt(self, assembly: Assembly) -> str:
         """render_prompt(assembly), from the kept texts of its unchanged sections."""
@@ -114,9 +132,38 @@ class PartCaches:
         return f"{CONTEXT_SNAPSHOT_HEADER}{SECTION_SEPARATOR}{body}" if body else ""
 
 
-def of(plan: Plan) -> PartCaches:
-    """The plan's caches, made at its first response."""
-    caches = plan.part_caches
-    if not isinstance(caches, PartCaches):
-        caches = plan.part_caches = PartCaches()
-    return caches
+class PartBudget:
+    """Every plan's part caches together, at most `max_bytes`: past it, the least
+    recently used plan's are emptied (its next response encodes its parts again)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes  # a reload may change it; it applies from the next use
+        self.bytes = 0
+        # by id: a kept PartCaches is held here, so its id is not reused while it is kept
+        self._kept: OrderedDict[int, tuple[PartCaches, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def of(self, plan: Plan) -> PartCaches:
+        """The plan's caches, made at its first response."""
+        caches = plan.part_caches
+        if not isinstance(caches, PartCaches):
+            caches = plan.part_caches = PartCaches()
+        return caches
+
+    def used(self, caches: PartCaches) -> None:
+        """Count `caches` as they are now, most recently used; empty others past the budget."""
+        kept = self._kept.pop(id(caches), None)
+        if kept is not None:
+            self.bytes -= kept[1]
+        size = caches.size
+        if size > self.max_bytes:
+            caches.clear()  # larger than the whole budget: encoded again each time
+            return
+        self._kept[id(caches)] = (caches, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, (oldest, oldest_size) = self._kept.popitem(last=False)
+            oldest.clear()
+            self.bytes -= oldest_size
