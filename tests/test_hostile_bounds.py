@@ -55,6 +55,23 @@ async def test_assemble_fields_are_measured_before_they_are_parsed(
     assert _reason(error) == "VALUE_TOO_LARGE"
 
 
+async def test_an_assemble_request_past_its_largest_legitimate_size_is_refused_unparsed(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(limits={"max_fields_bytes": 1024})
+    garbage = b"\xff" * 100_000  # not a message at all: parsed, it would fail otherwise
+    async with raw_channel(sidecar.address) as channel:
+        call = channel.unary_unary(
+            "/dsh.systemprompt.v1.SystemPromptService/Assemble",
+            request_serializer=lambda raw: raw,
+            response_deserializer=lambda raw: raw,
+        )
+        error = await _refusal(call(garbage, timeout=10))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert _reason(error) == "VALUE_TOO_LARGE"
+    assert "limits.max_fields_bytes" in (error.details() or "")
+
+
 async def test_fields_within_the_bound_still_assemble(make_sidecar: SidecarFactory) -> None:
     sidecar = await make_sidecar()
     client = await dsp.connect(sidecar.address)

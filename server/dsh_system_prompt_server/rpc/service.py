@@ -13,7 +13,8 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from google.protobuf.message import Message
 
-from ..registry import AnyRegistration, Failure
+from ..registry import AnyRegistration, Failure, Limits
+from ..registry.limits import too_large
 from .assemble.assembler import history_key
 from .convert import (
     SKIPPED_TRAILER,
@@ -159,6 +160,11 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def Assemble(self, request: bytes, context: Context) -> bytes:  # type: ignore[override]
         state = self._state
         started = time.perf_counter()
+        limit = assemble_request_limit(state.registry.limits)
+        if len(request) > limit:  # before its bytes are hashed to look it up, or parsed
+            error = request_too_large(len(request), limit)
+            state.metrics.assembly_failed(error.reason)
+            await abort(context, error)
         kept = state.assembler.kept(request)
         if kept is not None and not state.gate.draining:
             state.metrics.assemble_seconds.observe(time.perf_counter() - started)
@@ -264,6 +270,25 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
                 return action()
         except Failure as error:
             await abort(context, error)
+
+
+# An AssembleRequest's tags, lengths and flags around its fields_json and names.
+_ASSEMBLE_FRAMING_BYTES = 64
+
+
+def assemble_request_limit(limits: Limits) -> int:
+    """The largest AssembleRequest the limits allow: fields_json, a scope and a report key."""
+    return limits.max_fields_bytes + 2 * limits.max_name_bytes + _ASSEMBLE_FRAMING_BYTES
+
+
+def request_too_large(size: int, limit: int) -> Failure:
+    """An Assemble request refused by its size: only its fields_json can be that large."""
+    return too_large(
+        "assemble request (its context's fields_json at most limits.max_fields_bytes, its"
+        " scope and report key at most limits.max_name_bytes)",
+        size,
+        limit,
+    )
 
 
 def _deadline(context: Context) -> float | None:
