@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
 import math
+import tracemalloc
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
@@ -220,3 +222,17 @@ async def added(client: dsp.Client, kind: TextKind, *parts: tuple[str, float]) -
     for name, order in parts:
         await getattr(client, kind)(name, order, f"{name} text")
     return [name for name, _text in registered(await client.assemble(), kind)]
+
+
+async def traced_growth(work: Callable[[], Awaitable[object]]) -> int:
+    """Bytes of Python memory still allocated (in this process: the in-process sidecar's
+    caches and buffers) once `work` is done, as tracemalloc counts them."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        await work()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
