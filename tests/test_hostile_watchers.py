@@ -3,13 +3,14 @@ prompt each, whether they read or stop reading."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server import Sidecar
-from helpers import traced_growth
+from helpers import SidecarFactory, traced_growth
 
 BIG = "x" * (250 * 1024)
 MIB = 1024 * 1024
@@ -59,4 +60,26 @@ async def test_prompt_watchers_keep_no_copy_of_the_last_prompt_they_were_sent(
         held = await traced_growth(change_and_read)
         _cancel(session, *watchers)
     # the new prompt, shared by the sixteen (each one's copy was 3 MiB)
+    assert held < 16 * MIB
+
+
+async def test_prompt_watchers_that_stop_reading_hold_the_in_flight_bound_not_a_prompt_each(
+    make_sidecar: SidecarFactory,
+) -> None:
+    # 4 x max_outbox_bytes (1 MiB here) for every watcher's message being written together
+    sidecar = await make_sidecar(provider_timeout_s=30, limits={"max_outbox_bytes": 256 * 1024})
+    async with grpc.aio.insecure_channel(sidecar.address) as channel:
+        stub = pb_grpc.SystemPromptServiceStub(channel)
+        session, session_id, watchers = await _big_prompt_watchers(stub, 16)
+
+        async def change_unread() -> None:  # from here on the watchers read nothing
+            for index in range(4):  # more prompts than the streams' windows take
+                await stub.RegisterSection(
+                    pb.RegisterSectionRequest(session_id=session_id, name=f"s{index}", text="s")
+                )
+                await asyncio.sleep(0.5)  # each watcher's next prompt is due
+
+        held = await traced_growth(change_unread)
+        _cancel(session, *watchers)
+    # the new prompt, shared, and one watcher's message at a time: not sixteen of them
     assert held < 16 * MIB

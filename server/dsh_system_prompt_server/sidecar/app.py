@@ -169,6 +169,7 @@ def state_settings(config: SidecarConfig) -> StateSettings:
             coalesce_s=config.prompt_coalesce_s,
             change_coalesce_s=config.watch_coalesce_s,
             layout=config.prefix_layout,
+            prompt_bytes=4 * limits.max_outbox_bytes,
         ),
         prefix_layout=config.prefix_layout,
         max_message_bytes=limits.max_message_bytes,

@@ -105,6 +105,10 @@ class PromptWatch:
         self.shown = shown
         self._first = True
 
+    async def size(self) -> int:
+        """About what the next message takes: its shared part (its changes are bounded)."""
+        return len(await self.shown.encoded(self._first))
+
     async def prompt(self, changes: Sequence[ChangeEvent | Missed] = ()) -> bytes:
         """The scope's prompt now with `changes` (what led to it since the stream's last
         message), encoded: the shared part joined with this stream's changes."""

@@ -35,6 +35,7 @@ from ..guard.clients import Client, client_of
 from ..guard.gate import Gate
 from ..report_messages import layout_from_proto
 from .broker import Stream, stalled, write_all
+from .in_flight import InFlight
 from .outbox import Outbox, OutboxLimits
 from .prompt_watch import PromptWatch, ScopePrompt
 from .quotas import ClientCounts
@@ -63,6 +64,7 @@ class WatchSettings:
     coalesce_s: float  # how long a prompt watch waits for a burst of changes to end
     change_coalesce_s: float  # how long a batching change watch gathers a burst of changes
     layout: Layout  # the default prefix layout of prompt reports
+    prompt_bytes: int = 32 * 1024 * 1024  # prompt messages being written, all watchers together
 
 
 class Watches:
@@ -83,6 +85,7 @@ class Watches:
         self._owner_name = owner_name
         self._tokenizer = tokenizer
         self.turns = Turns()  # a few watch writes at once: callers never queue behind many
+        self.prompts_in_flight = InFlight(settings.prompt_bytes)
         self._entries: dict[int, bytes] = {}  # revision -> its event encoded, the latest ones
         self._shown: dict[tuple[str | None, bool, Layout], ScopePrompt] = {}  # shared prompts
         self._per_client = ClientCounts(
@@ -93,6 +96,7 @@ class Watches:
         """Take reloaded settings; watches already open keep their buffer."""
         self._settings = settings
         self._per_client.limit = settings.max_per_peer
+        self.prompts_in_flight.max_bytes = settings.prompt_bytes
 
     # -- the streams ------------------------------------------------------------------
 
@@ -279,18 +283,21 @@ class Watches:
         self, watch: PromptWatch, subscription: Subscription
     ) -> AsyncGenerator[bytes, None]:
         """The prompt now, then again after each burst of changes that affects it."""
+        in_flight = self.prompts_in_flight
         try:
-            yield await watch.prompt()
+            async with in_flight.reserved(await watch.size()):  # given back once written
+                yield await watch.prompt()
             while True:
                 burst: list[Any] = [await subscription.next()]
                 await asyncio.sleep(self._settings.coalesce_s)
-                while (item := subscription.poll()) is not None:
-                    burst.append(item)
-                turn = await self.turns.take()
-                try:
-                    yield await watch.prompt(burst)
-                finally:
-                    turn.done()
+                async with in_flight.reserved(await watch.size()):
+                    while (item := subscription.poll()) is not None:  # also while it waited
+                        burst.append(item)
+                    turn = await self.turns.take()
+                    try:
+                        yield await watch.prompt(burst)
+                    finally:
+                        turn.done()
         finally:
             self._leave(watch.shown)
 
