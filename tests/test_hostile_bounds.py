@@ -222,6 +222,35 @@ async def test_cached_callback_answers_stay_within_max_callback_cache_bytes(
     assert asked.count("29") == 1
 
 
+async def test_encodings_of_distinct_provider_answers_are_kept_within_a_byte_bound(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(
+        limits={"max_callback_cache_bytes": MIB, "max_response_cache_bytes": MIB}
+    )
+    client = await dsp.connect(sidecar.address)
+    answer = "a" * 250_000
+
+    def provide(context: dsp.AssembleContext) -> str:
+        return f"{context.get('n'):>6}{answer}"
+
+    try:
+        await client.section("dynamic", 1, provide, cache=dsp.Cache.FIELDS)
+        await client.assemble(fields={"n": -1})
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for index in range(200):  # 50 MB of distinct answers, 100 MB with their encodings
+                await client.assemble(fields={"n": index})
+            gc.collect()
+            kept = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+    finally:
+        await client.close()
+    assert kept < 48 * MIB  # the encodings' 32 MiB and the 1 MiB caches
+
+
 async def test_report_history_counts_the_bytes_its_texts_take(
     make_sidecar: SidecarFactory,
 ) -> None:

@@ -3,8 +3,8 @@ cached encodings of the immutable parts and tools, not built message by message.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from google.protobuf.message import Message
@@ -74,26 +74,64 @@ _SECTIONS, _CONTEXTS, _TOOLS, _VARIABLES = (
 )
 
 
-@functools.lru_cache(maxsize=16_384)
+class _Encodings:
+    """Encoded fields of immutable parts, tools and variables by value, at most `max_bytes`
+    together, least recently used dropped first. It was 16,384 entries whatever their size:
+    a cacheable provider answering 250 KiB for each distinct context kept every answer it
+    gave, encoded (400 answers: sidecar RSS +234 MiB)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._kept: OrderedDict[tuple[int, Hashable], bytes] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def field(self, number: int, value: Hashable, message: Callable[[], Message]) -> bytes:
+        """`value`'s field `number`, encoded from `message()` unless it is kept."""
+        key = (number, value)
+        encoded = self._kept.get(key)
+        if encoded is not None:
+            self._kept.move_to_end(key)
+            return encoded
+        encoded = _field(number, message())
+        size = 2 * len(encoded)  # the encoding, and about as much the value holds
+        if size <= self.max_bytes:
+            self._kept[key] = encoded
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, oldest = self._kept.popitem(last=False)
+                self.bytes -= 2 * len(oldest)
+        return encoded
+
+
+ENCODINGS = _Encodings(max_bytes=32 * 1024 * 1024)
+
+
 def section_field(part: Part) -> bytes:
-    return _field(_SECTIONS, pb.AssembledSection(name=part.name, text=part.text))
+    return ENCODINGS.field(
+        _SECTIONS, part, lambda: pb.AssembledSection(name=part.name, text=part.text)
+    )
 
 
-@functools.lru_cache(maxsize=16_384)
 def context_field(part: Part) -> bytes:
-    return _field(_CONTEXTS, pb.AssembledContext(name=part.name, text=part.text))
+    return ENCODINGS.field(
+        _CONTEXTS, part, lambda: pb.AssembledContext(name=part.name, text=part.text)
+    )
 
 
-@functools.lru_cache(maxsize=16_384)
 def tool_field(tool: Tool) -> bytes:
-    return _field(_TOOLS, tool_to_proto(tool))
+    return ENCODINGS.field(_TOOLS, tool, lambda: tool_to_proto(tool))
 
 
-@functools.lru_cache(maxsize=16_384)
 def variable_field(item: tuple[str, str | None]) -> bytes:
     name, value = item
-    variable = pb.Variable(name=name) if value is None else pb.Variable(name=name, value=value)
-    return _field(_VARIABLES, variable)
+
+    def variable() -> pb.Variable:
+        return pb.Variable(name=name) if value is None else pb.Variable(name=name, value=value)
+
+    return ENCODINGS.field(_VARIABLES, item, variable)
 
 
 def _field(number: int, message: Message) -> bytes:
