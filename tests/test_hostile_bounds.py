@@ -3,16 +3,14 @@ cache the sidecar keeps for others is bounded in bytes."""
 
 from __future__ import annotations
 
-import gc
 import json
-import tracemalloc
 
 import dsh_system_prompt as dsp
 import grpc
 import grpc.aio
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from helpers import SidecarFactory, raw_channel, raw_stub
+from helpers import ClientOf, SidecarFactory, raw_channel, raw_stub, traced_growth
 
 MIB = 1024 * 1024
 
@@ -172,30 +170,22 @@ async def test_kept_responses_stay_within_max_response_cache_bytes(
 
 
 async def test_what_dynamic_plans_keep_between_assemblies_stays_within_the_cache_budget(
-    make_sidecar: SidecarFactory,
+    client_of: ClientOf,
 ) -> None:
-    sidecar = await make_sidecar(limits={"max_response_cache_bytes": MIB})
-    client = await dsp.connect(sidecar.address)
-    try:
+    async with client_of(limits={"max_response_cache_bytes": MIB}) as client:
         base = await client.scope("base")
         await base.section("big", 1, "b" * 200_000)
         await base.section("turn", 2, lambda context: f"turn {context.get('n')}")
         for index in range(24):
             await client.scope(f"s{index}", parent="base")
         await client.render(scope="s0", fields={"n": 0})
-        gc.collect()
-        tracemalloc.start()
-        try:
-            before = tracemalloc.get_traced_memory()[0]
-            for index in range(24):  # a dynamic plan per scope: each kept its 200 KB parts
+
+        async def render_each() -> None:  # a dynamic plan per scope: each kept its parts
+            for index in range(24):
                 await client.render(scope=f"s{index}", fields={"n": index})
-            gc.collect()
-            kept = tracemalloc.get_traced_memory()[0] - before
-        finally:
-            tracemalloc.stop()
+
+        kept = await traced_growth(render_each)
         again = await client.render(scope="s0", fields={"n": 0})  # emptied: encoded again
-    finally:
-        await client.close()
     assert kept <= 3 * MIB  # the 1 MiB budget, and what the 24 plans are besides
     assert again.prompt.endswith("b" * 200_000 + "\n\nturn 0")
 
@@ -223,31 +213,23 @@ async def test_cached_callback_answers_stay_within_max_callback_cache_bytes(
 
 
 async def test_encodings_of_distinct_provider_answers_are_kept_within_a_byte_bound(
-    make_sidecar: SidecarFactory,
+    client_of: ClientOf,
 ) -> None:
-    sidecar = await make_sidecar(
-        limits={"max_callback_cache_bytes": MIB, "max_response_cache_bytes": MIB}
-    )
-    client = await dsp.connect(sidecar.address)
     answer = "a" * 250_000
 
     def provide(context: dsp.AssembleContext) -> str:
         return f"{context.get('n'):>6}{answer}"
 
-    try:
+    caches = {"max_callback_cache_bytes": MIB, "max_response_cache_bytes": MIB}
+    async with client_of(limits=caches) as client:
         await client.section("dynamic", 1, provide, cache=dsp.Cache.FIELDS)
         await client.assemble(fields={"n": -1})
-        tracemalloc.start()
-        try:
-            before = tracemalloc.get_traced_memory()[0]
-            for index in range(200):  # 50 MB of distinct answers, 100 MB with their encodings
+
+        async def distinct_answers() -> None:  # 50 MB of answers, 100 MB with encodings
+            for index in range(200):
                 await client.assemble(fields={"n": index})
-            gc.collect()
-            kept = tracemalloc.get_traced_memory()[0] - before
-        finally:
-            tracemalloc.stop()
-    finally:
-        await client.close()
+
+        kept = await traced_growth(distinct_answers)
     assert kept < 48 * MIB  # the encodings' 32 MiB and the 1 MiB caches
 
 
