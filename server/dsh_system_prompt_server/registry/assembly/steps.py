@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from dsh_system_prompt_core import TOOL_ORDER_REST, Reason
 
@@ -36,6 +37,8 @@ from .invariants import validate
 from .origins import entry_origin, record_changes, snapshot
 from .plan import Plan
 from .tool_order import check_known, order_tools
+
+R = TypeVar("R")
 
 # Seconds left to answer, or None without a limit; asked anew at every call.
 Timeout = Budget  # each callback's time, asked anew at every call; told how each did
@@ -205,6 +208,13 @@ async def _evaluate(
     by_host = _dynamic_calls(plan, values)
     if not by_host:
         return values
+    if len(by_host) == 1:  # one host: asked from this task, with no task of its own to wake
+        [((host, _), pairs)] = by_host.items()
+        given = timeout(_own_timeout(pairs))
+        exchange = await _settled(host.provide([call for _, call in pairs], context, given))
+        _judge(exchange, pairs, given, timeout)
+        _keep(values, _answers(exchange, pairs, timeout), cached)
+        return values
     tasks = {}
     for (host, _), pairs in by_host.items():
         given = timeout(_own_timeout(pairs))
@@ -217,14 +227,32 @@ async def _evaluate(
             for task in done:
                 _judge(task, *tasks[task], timeout)
             for task in done:  # the first failure under FAIL raises
-                for entry, answer in _answers(task, tasks[task][0], timeout):
-                    values[entry] = answer
-                    if cached is not None:
-                        cached.keep_answer(entry, answer)
+                _keep(values, _answers(task, tasks[task][0], timeout), cached)
     finally:
         for task in tasks:
             task.cancel()
     return values
+
+
+async def _settled(work: Awaitable[R]) -> asyncio.Future[R]:
+    """`work` awaited here, its outcome held as a task's would be (a failure, not raised)."""
+    settled: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+    try:
+        settled.set_result(await work)
+    except Exception as error:
+        settled.set_exception(error)
+    return settled
+
+
+def _keep(
+    values: dict[ValueRegistration, ProvidedValue],
+    answers: list[tuple[ValueRegistration, ProvidedValue]],
+    cached: _Cached | None,
+) -> None:
+    for entry, answer in answers:
+        values[entry] = answer
+        if cached is not None:
+            cached.keep_answer(entry, answer)
 
 
 def _answers(
