@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any
 
 import dsh_system_prompt as dsp
 import grpc
@@ -15,64 +13,9 @@ import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server import Sidecar
-from helpers import raw_channel, raw_stub, tool_names
+from helpers import RawListener, raw_channel, raw_listener, raw_stub, tool_names
 
 TOOLS = [dsp.ToolSchema(name, f"the {name} tool", {"type": "object"}) for name in ("a", "b")]
-
-
-@dataclass
-class RawListener:
-    """A listener written straight on the stubs, as another language would."""
-
-    stub: pb_grpc.SystemPromptServiceStub
-    stream: grpc.aio.StreamStreamCall  # type: ignore[type-arg]
-    registered: pb.ListenerRegistered
-
-    async def invocation(self) -> pb.ListenerInvocation:
-        return (await self.stream.read()).invocation
-
-    async def send(self, **reply: object) -> None:
-        await self.stream.write(pb.ListenRequest(**reply))  # type: ignore[arg-type]
-
-    async def invoked_by(
-        self, client: dsp.Client
-    ) -> tuple[asyncio.Future[dsp.PromptAssembly], pb.ListenerInvocation]:
-        """`client`'s assembly under way, and this listener's invocation for it."""
-        assembling = asyncio.ensure_future(client.assemble(timeout=5))
-        return assembling, await self.invocation()
-
-    async def reply(self, invocation: pb.ListenerInvocation, **result: Any) -> None:
-        """Answer `invocation` with a ListenerResult of the fields `result`."""
-        await self.send(result=pb.ListenerResult(invocation_id=invocation.invocation_id, **result))
-
-    async def call_next(
-        self, invocation: pb.ListenerInvocation, tool_slots: list[int]
-    ) -> pb.ListenerNextResult:
-        """Call next() with the invocation's sections and `tool_slots`; what it returned."""
-        assembly = pb.PromptAssembly(sections=invocation.assembly.sections)
-        next_ = pb.ListenerNext(
-            invocation_id=invocation.invocation_id, assembly=assembly, tool_slots=tool_slots
-        )
-        await self.send(next=next_)
-        return (await self.stream.read()).next_result
-
-
-@asynccontextmanager
-async def raw_listener(sidecar: Sidecar, *features: str) -> AsyncIterator[RawListener]:
-    async with raw_channel(sidecar.address) as channel:
-        stub = raw_stub(channel)
-        session = stub.OpenSession()
-        await session.write(pb.OpenSessionRequest(start=pb.SessionStart(client_name="raw")))
-        session_id = (await session.read()).opened.session_id
-        stream = stub.Listen()
-        start = pb.ListenStart(session_id=session_id, name="raw", features=list(features))
-        await stream.write(pb.ListenRequest(start=start))
-        registered = (await stream.read()).registered
-        try:
-            yield RawListener(stub, stream, registered)
-        finally:
-            stream.cancel()
-            session.cancel()
 
 
 @asynccontextmanager

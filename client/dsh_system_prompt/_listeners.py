@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Protocol
 
 import grpc
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
-from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, FEATURE_TOOL_SLOTS, Reason
+from dsh_system_prompt_core import (
+    FEATURE_CALLBACK_CACHE,
+    FEATURE_PART_SLOTS,
+    FEATURE_TOOL_SLOTS,
+    Reason,
+)
 
-from ._convert import assembly_from_proto, assembly_to_proto, context_from_proto
+from ._convert import context_from_proto
 from ._dispatch import Dispatch, Handler
 from ._opening import confirmed
+from ._part_slots import Invocation, Parts, Slotted
 from ._tracing import span
-from .errors import SystemPromptError, protocol_error
-from .types import AssembleContext, PromptAssembly, ToolSchema
+from .errors import SystemPromptError
+from .types import AssembleContext, PromptAssembly
 
 Next = Callable[..., Awaitable[PromptAssembly]]
 """The `next` a listener receives: `await next()` (or `next(assembly)`) runs the rest."""
@@ -48,6 +54,8 @@ class _ListenCall(Protocol):
     async def write(self, request: pb.ListenRequest) -> None: ...
 
     async def read(self) -> object: ...  # a ListenResponse, or grpc.aio.EOF at the end
+
+    async def done_writing(self) -> None: ...
 
     async def code(self) -> grpc.StatusCode: ...
 
@@ -82,6 +90,8 @@ class ListenerStream:
         self._stream = Dispatch(pb.ListenResponse, handlers)
         self._next_results: dict[int, asyncio.Future[pb.ListenerNextResult]] = {}
         self.tool_slots = False  # whether the sidecar confirmed `tool-slots`
+        self.part_slots = False  # ... and `part-slots`: both sides keep the stream's base
+        self._base: Parts | None = None  # the last invocation's parts, with part slots
         self.callback_cache = False  # whether it confirmed `callback-cache`
 
     async def start(self, start: pb.ListenStart, timeout: float) -> str:
@@ -95,6 +105,9 @@ class ListenerStream:
         # Only what both sides support: a sidecar that confirms no feature gets none.
         self.tool_slots = FEATURE_TOOL_SLOTS in start.features and (
             FEATURE_TOOL_SLOTS in first.registered.features
+        )
+        self.part_slots = FEATURE_PART_SLOTS in start.features and (
+            FEATURE_PART_SLOTS in first.registered.features
         )
         self.callback_cache = FEATURE_CALLBACK_CACHE in first.registered.features
         self._stream.call = call
@@ -133,7 +146,31 @@ class ListenerStream:
         self._ejected = ejected.message or ejected.reason or "ejected"
 
     def _start(self, invocation: pb.ListenerInvocation) -> None:
-        self._stream.start(invocation.invocation_id, lambda: self._invoke(invocation))
+        # Read here, in the stream's order: each invocation is the base of the next.
+        invocation_id = invocation.invocation_id
+        slots = invocation.slots if self.part_slots else pb.PartSlots()
+        try:
+            parts = Parts.received(invocation.assembly, slots, self._base)
+        except SystemPromptError as error:
+            self._base = None
+            refused = error  # the except clause unbinds `error`; the task runs later
+            self._stream.start(invocation_id, lambda: self._refuse(invocation_id, refused))
+            return
+        if self.part_slots:
+            self._base = parts
+        slotted: Slotted = "parts" if self.part_slots else "tools" if self.tool_slots else None
+        running = Invocation(parts, slotted)
+        self._stream.start(invocation_id, lambda: self._invoke(invocation, running))
+
+    async def _refuse(self, invocation_id: int, error: SystemPromptError) -> None:
+        """An invocation whose slots cannot be right: this stream's base is lost, so the
+        invocation fails and the stream is closed, which ends it and installs the
+        listener again (half-closed, not cancelled, so that the failure arrives first)."""
+        failure = pb.ListenerFailure(invocation_id=invocation_id, message=str(error))
+        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+            await self._stream.write(pb.ListenRequest(failure=failure))  # written, then closed
+            if self._call is not None:
+                await self._call.done_writing()
 
     def _next_result(self, result: pb.ListenerNextResult) -> None:
         waiting = self._next_results.get(result.invocation_id)
@@ -143,14 +180,13 @@ class ListenerStream:
     def _cancel(self, cancel: pb.ListenerCancel) -> None:
         self._stream.cancel(cancel.invocation_id)
 
-    async def _invoke(self, invocation: pb.ListenerInvocation) -> None:
+    async def _invoke(self, invocation: pb.ListenerInvocation, sent: Invocation) -> None:
         with span(f'listener "{self._name}"', invocation.trace_context):
-            await self._answer(invocation)
+            await self._answer(invocation, sent)
 
-    async def _answer(self, invocation: pb.ListenerInvocation) -> None:
+    async def _answer(self, invocation: pb.ListenerInvocation, sent: Invocation) -> None:
         invocation_id = invocation.invocation_id
-        sent = _SentTools(invocation.assembly.tools, slots=self.tool_slots)
-        assembly = assembly_from_proto(invocation.assembly, sent.tools)
+        assembly = sent.view()
         next_ = _Next(self, invocation_id, assembly, sent)
         try:
             result = await self._listener(assembly, context_from_proto(invocation.context), next_)
@@ -162,9 +198,7 @@ class ListenerStream:
                 raise TypeError(f"a listener must return a PromptAssembly, not {result!r}")
             message, slots = sent.encode(result)
             reply = pb.ListenRequest(
-                result=pb.ListenerResult(
-                    invocation_id=invocation_id, assembly=message, tool_slots=slots
-                )
+                result=pb.ListenerResult(invocation_id=invocation_id, assembly=message, **slots)
             )
         except asyncio.CancelledError:
             return  # the sidecar abandoned this invocation
@@ -177,13 +211,11 @@ class ListenerStream:
         await self._write(reply)
 
     async def _next(
-        self, invocation_id: int, handed: PromptAssembly, sent: _SentTools, tail: bool
+        self, invocation_id: int, handed: PromptAssembly, sent: Invocation, tail: bool
     ) -> PromptAssembly | None:
         assembly, slots = sent.encode(handed)
         message = pb.ListenRequest(
-            next=pb.ListenerNext(
-                invocation_id=invocation_id, assembly=assembly, tail=tail, tool_slots=slots
-            )
+            next=pb.ListenerNext(invocation_id=invocation_id, assembly=assembly, tail=tail, **slots)
         )
         if tail:
             await self._write(message)
@@ -193,7 +225,7 @@ class ListenerStream:
         try:
             await self._write(message)
             returned = await waiting
-            return sent.decode(returned.assembly, returned.tool_slots)
+            return sent.decode(returned.assembly, returned.slots, returned.tool_slots)
         finally:
             del self._next_results[invocation_id]
 
@@ -207,7 +239,7 @@ class NextCall:
     which saves the sidecar a round trip."""
 
     def __init__(
-        self, stream: ListenerStream, invocation_id: int, handed: PromptAssembly, sent: _SentTools
+        self, stream: ListenerStream, invocation_id: int, handed: PromptAssembly, sent: Invocation
     ) -> None:
         self._stream = stream
         self._invocation_id = invocation_id
@@ -237,7 +269,7 @@ class _Next:
         stream: ListenerStream,
         invocation_id: int,
         assembly: PromptAssembly,
-        sent: _SentTools,
+        sent: Invocation,
     ) -> None:
         self._stream = stream
         self._invocation_id = invocation_id
@@ -255,66 +287,3 @@ class _Next:
         self._called = True
         chosen = self._assembly if handed is None else handed
         return NextCall(self._stream, self._invocation_id, chosen, self._sent)
-
-
-class _SentTools:
-    """The tools an invocation came with. With `tool-slots` in effect, replies name
-    the unchanged ones by their slot instead of sending their schemas back."""
-
-    def __init__(self, messages: Sequence[pb.ToolSchema], slots: bool) -> None:
-        self._originals = [(m.name, m.description, m.parameters_json) for m in messages]
-        self.tools = [ToolSchema.from_json(*original) for original in self._originals]
-        self._index = {id(tool): slot for slot, tool in enumerate(self.tools)}
-        self._slots = slots
-
-    def encode(self, assembly: PromptAssembly) -> tuple[pb.PromptAssembly, list[int]]:
-        """The assembly with untouched invocation tools as slots, the others in full."""
-        if not self._slots:
-            return assembly_to_proto(assembly), []
-        slots = [self._slot(tool) for tool in assembly.tools]
-        fresh = [tool for tool, slot in zip(assembly.tools, slots, strict=True) if slot < 0]
-        message = assembly_to_proto(
-            PromptAssembly(assembly.sections, assembly.contexts, fresh, assembly.variables)
-        )
-        return message, slots
-
-    def decode(self, message: pb.PromptAssembly, slots: Sequence[int]) -> PromptAssembly:
-        """An assembly the sidecar sent, with slots into this invocation's tools or not
-        (a sidecar may send slots unasked: an older one always did)."""
-        assembly = assembly_from_proto(message)
-        if slots:
-            self._check(slots, len(assembly.tools))
-            fresh = iter(assembly.tools)
-            assembly.tools = [self._tool(slot) if slot >= 0 else next(fresh) for slot in slots]
-        return assembly
-
-    def _check(self, slots: Sequence[int], sent: int) -> None:
-        bad = [slot for slot in slots if not -1 <= slot < len(self.tools)]
-        if bad:
-            raise protocol_error(
-                f"next() came back with tool slot {bad[0]}, "
-                f"but the invocation had {len(self.tools)} tools"
-            )
-        wanted = sum(1 for slot in slots if slot == -1)
-        if wanted != sent:
-            raise protocol_error(
-                f"next() came back with {wanted} new tool slots but {sent} new tools"
-            )
-
-    def _slot(self, tool: ToolSchema) -> int:
-        slot = self._index.get(id(tool), -1)
-        return slot if slot >= 0 and self._untouched(slot) else -1
-
-    def _tool(self, slot: int) -> ToolSchema:
-        # The listener may have changed its copy in place since: then rebuild the original.
-        if self._untouched(slot):
-            return self.tools[slot]
-        return ToolSchema.from_json(*self._originals[slot])
-
-    def _untouched(self, slot: int) -> bool:
-        tool, (name, description, parameters) = self.tools[slot], self._originals[slot]
-        return (
-            tool.parameters_json() is parameters
-            and tool.name == name
-            and tool.description == description
-        )

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, FEATURE_TOOL_SLOTS
+from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, FEATURE_PART_SLOTS, FEATURE_TOOL_SLOTS
 
 from ._callback_cache import Cache
 from ._connection import Connection
@@ -227,7 +227,7 @@ class _Registrar:
         start = pb.ListenStart(
             prepend=prepend,
             name=name or listener_name(listener),
-            features=[FEATURE_TOOL_SLOTS, FEATURE_CALLBACK_CACHE],
+            features=[FEATURE_TOOL_SLOTS, FEATURE_CALLBACK_CACHE, FEATURE_PART_SLOTS],
             timeout_s=_Asked(None, timeout_s).seconds(),
         )
         if cache is not None:

@@ -230,6 +230,13 @@ _PARTS = ("sections", "contexts", "tools", "variables")
 _RECEIVED = "_received_parts"
 
 
+def unconverted(assembly: PromptAssembly, name: str) -> ReceivedParts | None:
+    """What a received `assembly` converts field `name` from, while it has not been read
+    (nor assigned); None once it has, or for a built assembly."""
+    parts: ReceivedParts | None = assembly.__dict__.get(_RECEIVED)
+    return None if parts is None or name in assembly.__dict__ else parts
+
+
 @dataclass(frozen=True)
 class AssembleContext:
     """What one assembly is for: the scope and the caller's free-form fields."""

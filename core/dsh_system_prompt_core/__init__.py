@@ -9,6 +9,7 @@ without a task in between. The client wraps a render failure as
 from .names import (
     CONTEXT_SNAPSHOT_HEADER,
     FEATURE_CALLBACK_CACHE,
+    FEATURE_PART_SLOTS,
     FEATURE_TOOL_SLOTS,
     HARNESS_IDENTITY_ORDER,
     HARNESS_IDENTITY_SECTION,
@@ -35,6 +36,7 @@ from .stepping import Finished, step_through
 __all__ = [
     "CONTEXT_SNAPSHOT_HEADER",
     "FEATURE_CALLBACK_CACHE",
+    "FEATURE_PART_SLOTS",
     "FEATURE_TOOL_SLOTS",
     "HARNESS_IDENTITY_ORDER",
     "HARNESS_IDENTITY_SECTION",

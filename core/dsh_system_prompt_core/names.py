@@ -33,6 +33,7 @@ def is_variable_name(name: str) -> bool:
 # Protocol features a peer may list in a stream's start message (docs/protocol.md).
 FEATURE_TOOL_SLOTS = "tool-slots"
 FEATURE_CALLBACK_CACHE = "callback-cache"
+FEATURE_PART_SLOTS = "part-slots"
 
 
 def package_version() -> str:

@@ -17,7 +17,6 @@ from ..registry import (
     SIDECAR_OWNER,
     Action,
     AssembleContext,
-    Assembly,
     CachePolicy,
     ChangeEvent,
     Dynamic,
@@ -26,7 +25,6 @@ from ..registry import (
     Filter,
     Kind,
     Missed,
-    Part,
     ProvidedValue,
     ProviderCall,
     ProviderHost,
@@ -43,42 +41,6 @@ from ..registry.model import AnyRegistration, ContextRegistration, SectionRegist
 from .encoding import delimited, tool_to_proto
 from .json_text import load_json
 from .status import bad_request
-
-
-def assembly_from_proto(
-    message: pb.PromptAssembly, slots: Sequence[int] = (), sent: Sequence[Tool] = ()
-) -> Assembly:
-    """An assembly from a client (a listener's reply): new tools' JSON checked like any
-    registration; with `slots`, unchanged tools are those of `sent`, not re-read."""
-    return Assembly(
-        sections=[Part(name=s.name, text=s.text) for s in message.sections],
-        contexts=[Part(name=c.name, text=c.text) for c in message.contexts],
-        tools=tools_from_slots(slots, message.tools, sent)
-        if slots
-        else [tool_from_proto(t) for t in message.tools],
-        variables={v.name: v.value if v.HasField("value") else None for v in message.variables},
-    )
-
-
-def tools_from_slots(
-    slots: Sequence[int], fresh: Sequence[pb.ToolSchema], sent: Sequence[Tool]
-) -> list[Tool]:
-    """Rebuild a tool list from slots: indexes into `sent`, or -1 for the next fresh tool."""
-    tools: list[Tool] = []
-    remaining = iter(fresh)
-    for slot in slots:
-        if slot >= 0:
-            if slot >= len(sent):
-                raise bad_request(Reason.BAD_TOOL_SLOT, f"tool slot {slot} is out of range")
-            tools.append(sent[slot])
-            continue
-        message = next(remaining, None)
-        if message is None:
-            raise bad_request(Reason.BAD_TOOL_SLOT, "more -1 tool slots than tools sent")
-        tools.append(tool_from_proto(message))
-    if next(remaining, None) is not None:
-        raise bad_request(Reason.BAD_TOOL_SLOT, "more tools sent than -1 tool slots")
-    return tools
 
 
 def tool_from_proto(message: pb.ToolSchema) -> Tool:

@@ -3320,6 +3320,10 @@ class ListenStart(_message.Message):
         sends every tool in full. See docs/protocol.md, "Tool slots".
         "callback-cache": the client sends CacheInvalidate and reads
         CacheInvalidated.
+        "part-slots": the client keeps the stream's base and decodes PartSlots in
+        invocations and next results, so the sidecar sends only the parts that
+        changed; its replies may name unchanged parts by slot. See
+        docs/protocol.md, "Part slots".
         """
 
     @_builtins.property
@@ -3359,6 +3363,7 @@ class ListenerNext(_message.Message):
     ASSEMBLY_FIELD_NUMBER: _builtins.int
     TAIL_FIELD_NUMBER: _builtins.int
     TOOL_SLOTS_FIELD_NUMBER: _builtins.int
+    SLOTS_FIELD_NUMBER: _builtins.int
     invocation_id: _builtins.int
     """The invocation this belongs to."""
     tail: _builtins.bool
@@ -3380,6 +3385,12 @@ class ListenerNext(_message.Message):
         assembly (LISTENER_FAILED, naming the slot).
         """
 
+    @_builtins.property
+    def slots(self) -> Global___PartSlots:
+        """Feature "part-slots": every part named against the invocation's assembly
+        (see PartSlots); slots.tools and tool_slots are not both non-empty.
+        """
+
     def __init__(
         self,
         *,
@@ -3387,10 +3398,11 @@ class ListenerNext(_message.Message):
         assembly: Global___PromptAssembly | None = ...,
         tail: _builtins.bool = ...,
         tool_slots: _abc.Iterable[_builtins.int] | None = ...,
+        slots: Global___PartSlots | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "slots", b"slots"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "invocation_id", b"invocation_id", "tail", b"tail", "tool_slots", b"tool_slots"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "invocation_id", b"invocation_id", "slots", b"slots", "tail", b"tail", "tool_slots", b"tool_slots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -3405,6 +3417,7 @@ class ListenerResult(_message.Message):
     INVOCATION_ID_FIELD_NUMBER: _builtins.int
     ASSEMBLY_FIELD_NUMBER: _builtins.int
     TOOL_SLOTS_FIELD_NUMBER: _builtins.int
+    SLOTS_FIELD_NUMBER: _builtins.int
     invocation_id: _builtins.int
     """The invocation this belongs to."""
     @_builtins.property
@@ -3422,16 +3435,23 @@ class ListenerResult(_message.Message):
         assembly (LISTENER_FAILED, naming the slot).
         """
 
+    @_builtins.property
+    def slots(self) -> Global___PartSlots:
+        """Feature "part-slots": every part named against the invocation's assembly
+        (see PartSlots); slots.tools and tool_slots are not both non-empty.
+        """
+
     def __init__(
         self,
         *,
         invocation_id: _builtins.int = ...,
         assembly: Global___PromptAssembly | None = ...,
         tool_slots: _abc.Iterable[_builtins.int] | None = ...,
+        slots: Global___PartSlots | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "slots", b"slots"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "invocation_id", b"invocation_id", "tool_slots", b"tool_slots"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "invocation_id", b"invocation_id", "slots", b"slots", "tool_slots", b"tool_slots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -3585,6 +3605,7 @@ class ListenerInvocation(_message.Message):
     ASSEMBLY_FIELD_NUMBER: _builtins.int
     CONTEXT_FIELD_NUMBER: _builtins.int
     TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
+    SLOTS_FIELD_NUMBER: _builtins.int
     invocation_id: _builtins.int
     """Identifies the invocation within the stream."""
     @_builtins.property
@@ -3601,6 +3622,14 @@ class ListenerInvocation(_message.Message):
         this listener hop, as ProvideRequest.trace_context; empty when not tracing.
         """
 
+    @_builtins.property
+    def slots(self) -> Global___PartSlots:
+        """Feature "part-slots" (only when in effect): the assembly's parts named
+        against the stream's base, the assembly of the previous invocation on
+        this stream (none before the first: every slot list empty). The
+        invocation's resolved assembly is the base for the next one.
+        """
+
     def __init__(
         self,
         *,
@@ -3608,10 +3637,11 @@ class ListenerInvocation(_message.Message):
         assembly: Global___PromptAssembly | None = ...,
         context: Global___AssembleContext | None = ...,
         trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        slots: Global___PartSlots | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "context", b"context"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "context", b"context", "slots", b"slots"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "context", b"context", "invocation_id", b"invocation_id", "trace_context", b"trace_context"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "context", b"context", "invocation_id", b"invocation_id", "slots", b"slots", "trace_context", b"trace_context"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -3626,6 +3656,7 @@ class ListenerNextResult(_message.Message):
     INVOCATION_ID_FIELD_NUMBER: _builtins.int
     ASSEMBLY_FIELD_NUMBER: _builtins.int
     TOOL_SLOTS_FIELD_NUMBER: _builtins.int
+    SLOTS_FIELD_NUMBER: _builtins.int
     invocation_id: _builtins.int
     """The invocation this belongs to."""
     @_builtins.property
@@ -3641,20 +3672,81 @@ class ListenerNextResult(_message.Message):
         assembly.tools (a new or changed one).
         """
 
+    @_builtins.property
+    def slots(self) -> Global___PartSlots:
+        """Feature "part-slots" (only when in effect): every part named against the
+        invocation's resolved assembly (see PartSlots); tool_slots is then empty.
+        """
+
     def __init__(
         self,
         *,
         invocation_id: _builtins.int = ...,
         assembly: Global___PromptAssembly | None = ...,
         tool_slots: _abc.Iterable[_builtins.int] | None = ...,
+        slots: Global___PartSlots | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "slots", b"slots"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "invocation_id", b"invocation_id", "tool_slots", b"tool_slots"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "invocation_id", b"invocation_id", "slots", b"slots", "tool_slots", b"tool_slots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListenerNextResult: _TypeAlias = ListenerNextResult  # noqa: Y015
+
+@_typing.final
+class PartSlots(_message.Message):
+    """An assembly's parts named by slot instead of sent again (feature
+    "part-slots"). Each list is for one kind of part and is read against a
+    reference assembly (the stream's base for an invocation, the invocation's
+    resolved assembly for replies and next results). Empty: that kind's parts
+    are exactly the message's own (assembly.sections, ...). Non-empty: the
+    parts of that kind in order, one entry each: the index of a part of the
+    reference's list of that kind (unchanged: same name and text; for tools
+    same name, description and parameters_json; for variables same name and
+    value, present or not), or -1 for the next part of the message's own list
+    (a new or changed one), which then holds exactly as many parts as there
+    are -1 entries. An index past the reference's list, or -1 entries that do
+    not match the message's parts one for one, is a bad slot.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SECTIONS_FIELD_NUMBER: _builtins.int
+    CONTEXTS_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    VARIABLES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def sections(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Slots of the sections, in order."""
+
+    @_builtins.property
+    def contexts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Slots of the runtime contexts, in order."""
+
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Slots of the tools, in order."""
+
+    @_builtins.property
+    def variables(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Slots of the variables, in order."""
+
+    def __init__(
+        self,
+        *,
+        sections: _abc.Iterable[_builtins.int] | None = ...,
+        contexts: _abc.Iterable[_builtins.int] | None = ...,
+        tools: _abc.Iterable[_builtins.int] | None = ...,
+        variables: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["contexts", b"contexts", "sections", b"sections", "tools", b"tools", "variables", b"variables"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartSlots: _TypeAlias = PartSlots  # noqa: Y015
 
 @_typing.final
 class ListenerCancel(_message.Message):

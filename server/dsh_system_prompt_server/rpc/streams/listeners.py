@@ -5,10 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, FEATURE_TOOL_SLOTS, Reason
+from dsh_system_prompt_core import (
+    FEATURE_CALLBACK_CACHE,
+    FEATURE_PART_SLOTS,
+    FEATURE_TOOL_SLOTS,
+    Reason,
+)
 
 from ...registry import (
     AssembleContext,
@@ -19,12 +24,10 @@ from ...registry import (
     RegistryError,
     ServiceError,
     Status,
-    Tool,
 )
 from ...telemetry.metrics import Metrics
 from ...telemetry.tracing import Tracing, hop
 from ..convert import (
-    assembly_from_proto,
     cache_from_proto,
     context_to_proto,
     failure_policy_from_proto,
@@ -33,10 +36,11 @@ from ..convert import (
 from . import encoded
 from .broker import Broker, Ended, Replies, Stream
 from .outbox import Outbox, OutboxLimits
+from .part_slots import Reference
 from .sessions import Sessions
 
 # What this sidecar can do on a listener stream, when the client says it can too.
-LISTENER_FEATURES = frozenset({FEATURE_TOOL_SLOTS, FEATURE_CALLBACK_CACHE})
+LISTENER_FEATURES = frozenset({FEATURE_TOOL_SLOTS, FEATURE_CALLBACK_CACHE, FEATURE_PART_SLOTS})
 
 
 ListenStream = Stream[pb.ListenResponse]
@@ -73,7 +77,11 @@ class Listeners(Broker[pb.ListenRequest, pb.ListenResponse, "ListenerStream"]):
         self._registry.limits.check_count("listener start features", len(begin.features))
         features = [name for name in begin.features if name in LISTENER_FEATURES]
         listener = ListenerStream(
-            begin.name, outbox, tool_slots=FEATURE_TOOL_SLOTS in features, tracing=self._tracing
+            begin.name,
+            outbox,
+            tool_slots=FEATURE_TOOL_SLOTS in features,
+            part_slots=FEATURE_PART_SLOTS in features,
+            tracing=self._tracing,
         )
         owner = self._sessions.get(begin.session_id).id
         entry = self._registry.add_listener(
@@ -114,11 +122,14 @@ class ListenerStream:
         outbox: Outbox[pb.ListenResponse],
         *,
         tool_slots: bool = False,
+        part_slots: bool = False,
         tracing: Tracing | None = None,
     ) -> None:
         self.name = name or "(unnamed)"
         self._tracing = tracing
         self._tool_slots = tool_slots  # the client decodes slots in next results
+        self._part_slots = part_slots  # ... and keeps the stream's base
+        self._base: Reference | None = None  # the last invocation's assembly, with part slots
         self.outbox = outbox
         self._replies = Replies[pb.ListenRequest]()
         self._invocation_ids = itertools.count(1)
@@ -143,14 +154,27 @@ class ListenerStream:
         )
         # The hop's span holds the rest of the chain too: listeners nest as they run.
         with hop(self._tracing, f'listener "{self.name}"', head.trace_context):
-            message = encoded.invocation(head, assembly)
-            return await self._run(head.invocation_id, message, assembly.tools, next_, timeout)
+            sent = Reference(assembly)
+            message = encoded.invocation(head, self._against_base(head, sent))
+            return await self._run(head.invocation_id, message, sent, next_, timeout)
+
+    def _against_base(self, head: pb.ListenerInvocation, sent: Reference) -> Assembly:
+        """What of `sent` goes in full; with part slots the rest is named in `head` against
+        the base, and `sent` becomes the base (invocations are written in this order)."""
+        if not self._part_slots:
+            return sent.assembly
+        base, self._base = self._base, sent
+        if base is None:
+            return sent.assembly
+        slots, fresh = base.encode(sent.assembly)
+        head.slots.CopyFrom(slots)
+        return fresh
 
     async def _run(
         self,
         invocation_id: int,
         invocation: bytes,
-        sent: Sequence[Tool],  # what the client holds: its replies refer to these by slot
+        sent: Reference,  # what the client holds: its replies refer to it by slot
         next_: NextFn,
         timeout: float | None,
     ) -> Assembly:
@@ -159,12 +183,11 @@ class ListenerStream:
             self._send(invocation)
             reply = await self._receive(invocation_id, timeout)
             if reply.WhichOneof("kind") == "next":
-                handed = self._decode(reply.next.assembly, reply.next.tool_slots, sent)
+                handed = self._decode(reply.next, sent)
                 returned = await next_(handed)
                 if reply.next.tail:
                     return returned
-                held = sent if self._tool_slots else None
-                self._send(encoded.next_result(invocation_id, returned, held))
+                self._send(self._next_result(invocation_id, returned, sent))
                 reply = await self._receive(invocation_id, timeout)
             return self._final(reply, sent)
         except BaseException:
@@ -218,19 +241,23 @@ class ListenerStream:
         except Ended:
             raise self._unavailable() from None
 
-    def _final(self, reply: pb.ListenRequest, sent: Sequence[Tool]) -> Assembly:
+    def _next_result(self, invocation_id: int, returned: Assembly, sent: Reference) -> bytes:
+        if not (self._part_slots or self._tool_slots):
+            return encoded.next_result(invocation_id, returned)
+        slots, fresh = sent.encode(returned, tools_only=not self._part_slots)
+        return encoded.next_result(invocation_id, fresh, slots if self._part_slots else slots.tools)
+
+    def _final(self, reply: pb.ListenRequest, sent: Reference) -> Assembly:
         kind = reply.WhichOneof("kind")
         if kind == "result":
-            return self._decode(reply.result.assembly, reply.result.tool_slots, sent)
+            return self._decode(reply.result, sent)
         if kind == "failure":
             raise self._failed(reply.failure.message)
         raise self._failed("it called next() more than once")
 
-    def _decode(
-        self, message: pb.PromptAssembly, slots: Sequence[int], sent: Sequence[Tool]
-    ) -> Assembly:
-        try:
-            return assembly_from_proto(message, slots, sent)
+    def _decode(self, reply: pb.ListenerNext | pb.ListenerResult, sent: Reference) -> Assembly:
+        try:  # slots are read whether or not the features are in effect (docs/protocol.md)
+            return sent.decode(reply.assembly, reply.slots, reply.tool_slots)
         except Failure as error:  # the listener broke the protocol, like a provider would
             raise self._failed(error.message) from None
 
