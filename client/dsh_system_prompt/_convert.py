@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
-from .errors import invalid_value
+from .errors import as_reason, invalid_value
 from .types import (
     AssembleContext,
     AssembledContext,
@@ -23,6 +23,7 @@ from .types import (
     PrefixStability,
     PromptAssembly,
     Size,
+    SkippedStep,
     Source,
     SourceKind,
     ToolProviderResult,
@@ -209,6 +210,21 @@ def report_from_proto(message: pb.AssemblyReport) -> AssemblyReport:
         render_error=message.render_error,
         prefix_layout=LAYOUTS.get(message.prefix_layout, "system-first"),
         history_key=message.history_key,
+        skipped=skipped_from_proto(message.skipped),
+    )
+
+
+def skipped_from_proto(steps: Iterable[pb.SkippedStep]) -> tuple[SkippedStep, ...]:
+    return tuple(
+        SkippedStep(
+            kind=CHANGE_KINDS.get(step.kind, "unknown"),
+            name=step.name,
+            scope=step.scope or None,
+            ref=step.ref,
+            reason=as_reason(step.reason),
+            message=step.message,
+        )
+        for step in steps
     )
 
 

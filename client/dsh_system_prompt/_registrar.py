@@ -18,7 +18,7 @@ from ._listeners import Listener, label, listener_name
 from ._replay import Contribution, ListenerRegistration, Registration, ScopeHandle
 from ._updates import update_for
 from .errors import invalid_value
-from .types import AssembleContext, ToolProviderResult, ToolSchema
+from .types import AssembleContext, FailurePolicy, ToolProviderResult, ToolSchema
 
 TextProvider = Callable[[AssembleContext], str | Awaitable[str]]
 """A dynamic section or context: asked for its text at every assembly."""
@@ -120,14 +120,19 @@ class _Registrar:
         complete: bool = False,
         cache: Cache | None = None,
         timeout_s: float | None = None,
+        failure_policy: FailurePolicy | None = None,
     ) -> Handle:
         """Contribute a prompt section; `text` is a string or a provider of one (with
         `cache`, a provider whose answer the sidecar may reuse: see `Cache`; with
         `timeout_s`, one given that many seconds to answer instead of the sidecar's
-        provider_timeout_s, up to its max_callback_timeout_s)."""
+        provider_timeout_s, up to its max_callback_timeout_s; with `failure_policy`
+        FailurePolicy.IGNORE, one an assembly goes on without when it fails, for a
+        provider that decorates, never one that filters: see docs/protocol.md)."""
         request = pb.RegisterSectionRequest(name=name, order=_order(order), complete=complete)
         labelled = f'section provider "{name}"'
-        source = _with_text(request, self._source(text, "text", labelled, _Asked(cache, timeout_s)))
+        source = _with_text(
+            request, self._source(text, "text", labelled, _Asked(cache, timeout_s, failure_policy))
+        )
         record = Contribution(request=request, rpc=self._stub.RegisterSection)
         return await self._register_value(record, source)
 
@@ -139,12 +144,15 @@ class _Registrar:
         *,
         cache: Cache | None = None,
         timeout_s: float | None = None,
+        failure_policy: FailurePolicy | None = None,
     ) -> Handle:
         """Contribute an ordered runtime context; `text` is a string or a provider
-        (`cache` and `timeout_s` as for `section`)."""
+        (`cache`, `timeout_s` and `failure_policy` as for `section`)."""
         request = pb.RegisterContextRequest(name=name, order=_order(order))
         labelled = f'context provider "{name}"'
-        source = _with_text(request, self._source(text, "text", labelled, _Asked(cache, timeout_s)))
+        source = _with_text(
+            request, self._source(text, "text", labelled, _Asked(cache, timeout_s, failure_policy))
+        )
         record = Contribution(request=request, rpc=self._stub.RegisterContext)
         return await self._register_value(record, source)
 
@@ -161,21 +169,22 @@ class _Registrar:
         name: str | None = None,
         cache: Cache | None = None,
         timeout_s: float | None = None,
+        failure_policy: FailurePolicy | None = None,
     ) -> Handle:
         """Contribute tool schemas: a list, a ToolProviderResult, or a provider of one.
 
         `name` labels a provider in errors, reports and traces (default: its function name);
-        `cache` and `timeout_s` as for `section`.
+        `cache`, `timeout_s` and `failure_policy` as for `section`.
         """
         request = pb.RegisterToolsRequest()
         source = None
         if callable(provider):
             request.name = name or label(getattr(provider, "__qualname__", ""))
             labelled = f'tools provider "{request.name}"'
-            source = self._dynamic(provider, labelled, _Asked(cache, timeout_s))
+            source = self._dynamic(provider, labelled, _Asked(cache, timeout_s, failure_policy))
             request.dynamic.CopyFrom(source)
         else:
-            _Asked(cache, timeout_s).refuse_static()
+            _Asked(cache, timeout_s, failure_policy).refuse_static()
             request.result.CopyFrom(tools_to_proto(provider))
         record = Contribution(request=request, rpc=self._stub.RegisterTools)
         return await self._register_value(record, source)
@@ -187,16 +196,19 @@ class _Registrar:
         *,
         cache: Cache | None = None,
         timeout_s: float | None = None,
+        failure_policy: FailurePolicy | None = None,
     ) -> Handle:
         """Contribute {{name}}: a value, None (no value), or a provider of either
-        (`cache` and `timeout_s` as for `section`)."""
+        (`cache`, `timeout_s` and `failure_policy` as for `section`)."""
         request = pb.RegisterVariableRequest(name=name)
         labelled = f'variable provider "{name}"'
         source = None
         if value is None:
-            _Asked(cache, timeout_s).refuse_static()
+            _Asked(cache, timeout_s, failure_policy).refuse_static()
         else:
-            source = self._source(value, "value", labelled, _Asked(cache, timeout_s))
+            source = self._source(
+                value, "value", labelled, _Asked(cache, timeout_s, failure_policy)
+            )
         if source is None:
             request.no_value.SetInParent()
         elif isinstance(source, str):
@@ -215,6 +227,7 @@ class _Registrar:
         name: str | None = None,
         cache: Cache | None = None,
         timeout_s: float | None = None,
+        failure_policy: FailurePolicy | None = None,
     ) -> ListenerHandle:
         """Install a waterfall listener: `async def listener(assembly, context, next)`.
 
@@ -222,13 +235,17 @@ class _Registrar:
         With `cache`, the sidecar may reuse its result for the same input assembly
         instead of invoking it (see `Cache`; `await handle.invalidate()` drops it).
         With `timeout_s`, each of its replies may take that many seconds instead of the
-        sidecar's provider_timeout_s (up to its max_callback_timeout_s).
+        sidecar's provider_timeout_s (up to its max_callback_timeout_s). With
+        `failure_policy` FailurePolicy.IGNORE, an assembly it fails goes on as if it had
+        called next() unchanged: only for a listener that decorates, never one that
+        filters (docs/protocol.md, "Failure policy").
         """
         start = pb.ListenStart(
             prepend=prepend,
             name=name or listener_name(listener),
             features=[FEATURE_TOOL_SLOTS, FEATURE_CALLBACK_CACHE, FEATURE_PART_SLOTS],
             timeout_s=_Asked(None, timeout_s).seconds(),
+            failure_policy=_Asked(None, None, failure_policy).policy(),
         )
         if cache is not None:
             start.cache.CopyFrom(cache.to_proto())
@@ -256,7 +273,9 @@ class _Registrar:
     def _dynamic(self, provider: Any, labelled: str, asked: _Asked) -> pb.Dynamic:
         seconds = asked.seconds()  # refused before the provider is kept
         dynamic = pb.Dynamic(
-            provider_key=self._connection.providers.add(provider, labelled), timeout_s=seconds
+            provider_key=self._connection.providers.add(provider, labelled),
+            timeout_s=seconds,
+            failure_policy=asked.policy(),
         )
         if asked.cache is not None:
             dynamic.cache.CopyFrom(asked.cache.to_proto())
@@ -300,14 +319,21 @@ def _with_text(request: _TextRequest, source: str | pb.Dynamic) -> str | pb.Dyna
 
 @dataclass(frozen=True)
 class _Asked:
-    """How a callback is asked, as its registration says: `cache=` and `timeout_s=`."""
+    """How a callback is asked, as its registration says: `cache=`, `timeout_s=` and
+    `failure_policy=`."""
 
     cache: Cache | None
     timeout_s: float | None
+    failure_policy: FailurePolicy | None = None
 
     def refuse_static(self) -> None:
         """Both are for providers: a static value is never asked for."""
-        for given, option in ((self.cache, "cache="), (self.timeout_s, "timeout_s=")):
+        given_options = (
+            (self.cache, "cache="),
+            (self.timeout_s, "timeout_s="),
+            (self.failure_policy, "failure_policy="),
+        )
+        for given, option in given_options:
             if given is not None:
                 raise invalid_value(
                     f"{option} applies to a provider (a callable), not to a static value"
@@ -324,6 +350,25 @@ class _Asked:
                 f"timeout_s must be a positive number of seconds, not {timeout_s!r}"
             )
         return float(timeout_s)
+
+    def policy(self) -> pb.FailurePolicy.ValueType:
+        """The failure policy as sent; unspecified (FAIL, the sidecar's default) if none."""
+        if self.failure_policy is None:
+            return pb.FAILURE_POLICY_UNSPECIFIED
+        try:
+            policy = FailurePolicy(self.failure_policy)
+        except ValueError:
+            raise invalid_value(
+                f"failure_policy must be dsp.FailurePolicy.FAIL or .IGNORE,"
+                f" not {self.failure_policy!r}"
+            ) from None
+        return _POLICIES[policy]
+
+
+_POLICIES = {
+    FailurePolicy.FAIL: pb.FAILURE_POLICY_FAIL,
+    FailurePolicy.IGNORE: pb.FAILURE_POLICY_IGNORE,
+}
 
 
 def _order(order: float) -> float:

@@ -21,7 +21,13 @@ from ._cache_history import (
 from ._changes import WATCH_FEATURES, ChangeStream
 from ._channel import TLS, default_address, open_channel
 from ._connection import CALL_TIMEOUT_S, Connection, not_ready, open_when_ready
-from ._convert import assembly_from_proto, context_to_proto, layout_to_proto, report_from_proto
+from ._convert import (
+    assembly_from_proto,
+    context_to_proto,
+    layout_to_proto,
+    report_from_proto,
+    skipped_from_proto,
+)
 from ._local_cache import LocalCache
 from ._prompts import PromptStream
 from ._registrar import (
@@ -424,4 +430,6 @@ def _assembly(reply: pb.AssembleResponse) -> PromptAssembly:
     assembly = assembly_from_proto(reply.assembly)
     if reply.HasField("report"):
         assembly.report = report_from_proto(reply.report)
+    if reply.skipped:
+        assembly.skipped = skipped_from_proto(reply.skipped)
     return assembly

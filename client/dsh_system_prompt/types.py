@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from dsh_system_prompt_core import Reason
 
 # "unknown": a value this client does not know, sent by a newer sidecar.
 ChangeKind = Literal[
@@ -24,6 +27,31 @@ SourceKind = Literal["builtin", "global", "scope", "listener", "unknown"]
 PartKind = Literal["tool", "section", "context", "unknown"]
 # The order a model server caches tools and the system prompt in (see docs/prompt-cache.md).
 PrefixLayout = Literal["tools-first", "system-first"]
+
+
+class FailurePolicy(enum.StrEnum):
+    """What an assembly does when a provider or listener fails or does not answer in time
+    (docs/protocol.md, "Failure policy"), as a Kubernetes admission webhook's
+    `failurePolicy`."""
+
+    FAIL = "fail"
+    """The assembly fails, naming the callback: the spec's behaviour and the default."""
+    IGNORE = "ignore"
+    """The assembly goes on without the callback's step, and says so (`assembly.skipped`).
+    Only for a callback that decorates the prompt, never for one that filters it."""
+
+
+@dataclass(frozen=True)
+class SkippedStep:
+    """A step an assembly went on without: a callback under `FailurePolicy.IGNORE` that
+    failed, did not answer in time, or was gone."""
+
+    kind: ChangeKind  # a provider's kind ("section", "context", "tools", "variable") or "listener"
+    name: str  # its name, or the label of a tool provider or listener
+    scope: str | None  # the scope whose layer holds it; None for the global layer
+    ref: str  # its public reference, as in change events and listings
+    reason: Reason | str  # PROVIDER_FAILED, PROVIDER_TIMEOUT, LISTENER_FAILED, ...
+    message: str  # what the assembly would have failed with under FailurePolicy.FAIL
 
 
 @dataclass
@@ -176,14 +204,17 @@ class AssemblyReport:
     render_error: str = ""  # why the assembly does not render, naming the part; "" if it does
     prefix_layout: PrefixLayout = "system-first"
     history_key: str = ""  # e.g. 'scope "agent-1"' or 'key "conv-7"'
+    skipped: tuple[SkippedStep, ...] = ()  # the steps the assembly went on without
 
 
 @dataclass
 class PromptAssembly:
     """What the model is told: sections, contexts, tools and resolved variables.
 
-    `report` is set when the assembly was asked for with `report=True`; it is
-    not part of the assembly's value (equality ignores it). One received from the
+    `report` is set when the assembly was asked for with `report=True`, and
+    `skipped` lists the steps the sidecar's assembly went on without (callbacks
+    under `FailurePolicy.IGNORE` that failed; empty when it is complete); neither is
+    part of the assembly's value (equality ignores them). One received from the
     sidecar converts each part from the message when that part is first read.
     """
 
@@ -192,6 +223,7 @@ class PromptAssembly:
     tools: list[ToolSchema] = field(default_factory=list)
     variables: dict[str, str | None] = field(default_factory=dict)
     report: AssemblyReport | None = field(default=None, compare=False, repr=False)
+    skipped: tuple[SkippedStep, ...] = field(default=(), compare=False, repr=False)
 
     @classmethod
     def _received(cls, parts: ReceivedParts) -> PromptAssembly:
@@ -256,6 +288,11 @@ class RenderedPrompt:
     prompt: str
     context_snapshot: str
     assembly: PromptAssembly
+
+    @property
+    def skipped(self) -> tuple[SkippedStep, ...]:
+        """The steps the assembly went on without (`assembly.skipped`)."""
+        return self.assembly.skipped
 
 
 @dataclass(frozen=True)
