@@ -5,11 +5,12 @@ import type { ClientDuplexStream } from "@grpc/grpc-js";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import { Deferred } from "./async.js";
 import { openCallbackStream } from "./callbackStream.js";
-import { assemblyFromProto, assemblyToProto, contextFromProto } from "./convert.js";
-import { Code, Reason, SystemPromptError, protocolError } from "./errors.js";
+import { contextFromProto } from "./convert.js";
+import { Code, Reason, SystemPromptError } from "./errors.js";
+import { Invocation, Parts, type Slotted } from "./partSlots.js";
 import { describe } from "./providers.js";
 import type { Rpc } from "./rpc.js";
-import { ToolSchema, type AssembleContext, type PromptAssembly, type ToolSchemaLike } from "./types.js";
+import type { AssembleContext, PromptAssembly } from "./types.js";
 
 /**
  * The `next` a listener receives: hands `assembly` (default: the one the
@@ -42,6 +43,8 @@ export function label(name: string): string {
 const LABEL_LIMIT = 120;
 /** The ListenStart feature: this client decodes ListenerNextResult.tool_slots. */
 export const FEATURE_TOOL_SLOTS = "tool-slots";
+/** The ListenStart feature: this client keeps the stream's base and reads and sends PartSlots. */
+export const FEATURE_PART_SLOTS = "part-slots";
 const TAIL = Symbol("tail call sent");
 
 type ListenStream = ClientDuplexStream<pb.ListenRequest, pb.ListenResponse>;
@@ -61,8 +64,10 @@ export class ListenerStream {
   #ejected = "";
   #call: ListenStream | undefined;
   #closing = false;
-  /** Whether the sidecar confirmed `tool-slots`: only then do replies carry slots. */
-  #slots = false;
+  /** What the sidecar confirmed (`part-slots`, else `tool-slots`): only that do replies carry. */
+  #slotted: Slotted = undefined;
+  /** With `part-slots`, the last invocation's parts: the next one's slots refer to them. */
+  #base: Parts | undefined;
   readonly #running = new Map<bigint, AbortController>();
   readonly #nextResults = new Map<bigint, Waiting>();
 
@@ -95,7 +100,8 @@ export class ListenerStream {
         const kind = first.kind;
         if (kind.case !== "registered" || !kind.value.registrationId) return undefined;
         // Only what both sides support: a sidecar that confirms no feature gets none.
-        this.#slots = start.features.includes(FEATURE_TOOL_SLOTS) && kind.value.features.includes(FEATURE_TOOL_SLOTS);
+        const both = (feature: string) => start.features.includes(feature) && kind.value.features.includes(feature);
+        this.#slotted = both(FEATURE_PART_SLOTS) ? "parts" : both(FEATURE_TOOL_SLOTS) ? "tools" : undefined;
         return kind.value.registrationId;
       },
       receive: (message) => this.#receive(message),
@@ -111,7 +117,8 @@ export class ListenerStream {
   #receive(message: pb.ListenResponse): void {
     const kind = message.kind;
     if (kind.case === "invocation") {
-      if (!this.#running.has(kind.value.invocationId)) void this.#invoke(kind.value); // else: a repeat, running
+      const sent = this.#read(kind.value);
+      if (sent !== undefined && !this.#running.has(kind.value.invocationId)) void this.#invoke(kind.value, sent); // else: a repeat, running
     } else if (kind.case === "nextResult") {
       this.#nextResults.get(kind.value.invocationId)?.resolve(kind.value);
     } else if (kind.case === "cancel") {
@@ -121,6 +128,26 @@ export class ListenerStream {
     }
     // A next_result nobody waits for, a second `registered` and a kind this client
     // does not know (a newer sidecar's) are ignored.
+  }
+
+  /**
+   * An invocation's parts, read here in the stream's order: with `part-slots` each is
+   * the base of the next. One whose slots cannot be right is failed, and the stream,
+   * whose base is lost, half-closed: the sidecar ends it and the listener is installed again.
+   */
+  #read(invocation: pb.ListenerInvocation): Invocation | undefined {
+    const parts = this.#slotted === "parts";
+    try {
+      const read = Parts.received(invocation.assembly, parts ? invocation.slots : undefined, this.#base);
+      if (parts) this.#base = read;
+      return new Invocation(read, this.#slotted);
+    } catch (error) {
+      this.#base = undefined;
+      const failure = { invocationId: invocation.invocationId, message: describe(error) };
+      this.write(create(pb.ListenRequestSchema, { kind: { case: "failure", value: failure } }));
+      this.#call?.end();
+      return undefined;
+    }
   }
 
   /** End the stream: the sidecar removes the listener. */
@@ -138,12 +165,11 @@ export class ListenerStream {
       ?.reject(new SystemPromptError("the sidecar abandoned this invocation", Code.CANCELLED, Reason.UNKNOWN));
   }
 
-  async #invoke(invocation: pb.ListenerInvocation): Promise<void> {
+  async #invoke(invocation: pb.ListenerInvocation, sent: Invocation): Promise<void> {
     const id = invocation.invocationId;
     const controller = new AbortController();
     this.#running.set(id, controller);
-    const sent = new SentTools(invocation.assembly?.tools ?? [], this.#slots);
-    const assembly = assemblyFromProto(invocation.assembly, sent.tools);
+    const assembly = sent.view();
     const context = contextFromProto(invocation.context, controller.signal);
     let reply: pb.ListenRequest;
     try {
@@ -170,7 +196,7 @@ export class ListenerStream {
       if (controller.signal.aborted) return;
       const [message, slots] = sent.encode(result);
       reply = create(pb.ListenRequestSchema, {
-        kind: { case: "result", value: { invocationId: id, assembly: message, toolSlots: slots } },
+        kind: { case: "result", value: { invocationId: id, assembly: message, ...slots } },
       });
     } catch (error) {
       if (controller.signal.aborted) return; // the sidecar abandoned this invocation
@@ -187,12 +213,12 @@ export class ListenerStream {
   async next(
     invocationId: bigint,
     handed: PromptAssembly,
-    sent: SentTools,
+    sent: Invocation,
     tail: boolean,
   ): Promise<PromptAssembly | undefined> {
-    const [assembly, toolSlots] = sent.encode(handed);
+    const [assembly, slots] = sent.encode(handed);
     const message = create(pb.ListenRequestSchema, {
-      kind: { case: "next", value: { invocationId, assembly, tail, toolSlots } },
+      kind: { case: "next", value: { invocationId, assembly, tail, ...slots } },
     });
     if (tail) {
       this.write(message);
@@ -203,7 +229,7 @@ export class ListenerStream {
     try {
       this.write(message);
       const returned = await waiting.promise;
-      return sent.decode(returned.assembly, returned.toolSlots);
+      return sent.decode(returned.assembly, returned.slots, returned.toolSlots);
     } finally {
       this.#nextResults.delete(invocationId);
     }
@@ -231,7 +257,7 @@ class NextCall {
   readonly #stream: ListenerStream;
   readonly #invocationId: bigint;
   readonly #handed: PromptAssembly;
-  readonly #sent: SentTools;
+  readonly #sent: Invocation;
   readonly #signal: AbortSignal;
   readonly #onTail: () => void;
   readonly #settle = new Deferred<PromptAssembly>();
@@ -242,7 +268,7 @@ class NextCall {
     stream: ListenerStream,
     invocationId: bigint,
     handed: PromptAssembly,
-    sent: SentTools,
+    sent: Invocation,
     signal: AbortSignal,
     onTail: () => void,
   ) {
@@ -299,78 +325,4 @@ function isResolvingFunction(value: unknown): boolean {
     value.name === "" &&
     Function.prototype.toString.call(value).includes("[native code]")
   );
-}
-
-/**
- * The tools an invocation came with. With `tool-slots` in effect, replies name
- * the unchanged ones by their slot instead of sending their schemas back.
- */
-export class SentTools {
-  readonly tools: ToolSchema[];
-  readonly #originals: [string, string, string][];
-  readonly #index = new Map<ToolSchemaLike, number>();
-  readonly #slots: boolean;
-
-  constructor(messages: readonly pb.ToolSchema[], slots: boolean) {
-    this.#originals = messages.map((m) => [m.name, m.description, m.parametersJson]);
-    this.tools = this.#originals.map(([name, description, json]) => ToolSchema.fromJson(name, description, json));
-    this.tools.forEach((tool, slot) => this.#index.set(tool, slot));
-    this.#slots = slots;
-  }
-
-  /** The assembly with untouched invocation tools as slots (when in effect), the others in full. */
-  encode(assembly: PromptAssembly): [pb.PromptAssembly, number[]] {
-    if (assembly === null || typeof assembly !== "object" || !Array.isArray(assembly.tools)) {
-      throw new TypeError(`a listener must return a PromptAssembly, not ${String(assembly)}`);
-    }
-    if (!this.#slots) return [assemblyToProto(assembly), []];
-    const slots = assembly.tools.map((tool) => this.#slot(tool));
-    const fresh = assembly.tools.filter((_, i) => slots[i] === -1);
-    return [assemblyToProto({ ...assembly, tools: fresh }), slots];
-  }
-
-  /**
-   * An assembly the sidecar sent, with slots into this invocation's tools or not
-   * (a sidecar may send slots unasked: an older one always did).
-   */
-  decode(message: pb.PromptAssembly | undefined, slots: readonly number[]): PromptAssembly {
-    const assembly = assemblyFromProto(message);
-    if (slots.length) {
-      this.#check(slots, assembly.tools.length);
-      const fresh = assembly.tools[Symbol.iterator]();
-      assembly.tools = slots.map((slot) => (slot >= 0 ? this.#tool(slot) : fresh.next().value) as ToolSchemaLike);
-    }
-    return assembly;
-  }
-
-  #check(slots: readonly number[], sent: number): void {
-    const bad = slots.find((slot) => !(slot >= -1 && slot < this.tools.length));
-    if (bad !== undefined) {
-      throw protocolError(`next() came back with tool slot ${bad}, but the invocation had ${this.tools.length} tools`);
-    }
-    const wanted = slots.filter((slot) => slot === -1).length;
-    if (wanted !== sent) {
-      throw protocolError(`next() came back with ${wanted} new tool slots but ${sent} new tools`);
-    }
-  }
-
-  #slot(tool: ToolSchemaLike): number {
-    const slot = this.#index.get(tool) ?? -1;
-    return slot >= 0 && this.#untouched(slot) ? slot : -1;
-  }
-
-  #tool(slot: number): ToolSchema {
-    const [original, tool] = [this.#originals[slot], this.tools[slot]];
-    if (original === undefined || tool === undefined) throw protocolError(`no tool slot ${slot}`);
-    // The listener may have changed its copy in place since: then rebuild the original.
-    return this.#untouched(slot) ? tool : ToolSchema.fromJson(...original);
-  }
-
-  #untouched(slot: number): boolean {
-    const tool = this.tools[slot];
-    const original = this.#originals[slot];
-    if (tool === undefined || original === undefined) return false;
-    const [name, description, json] = original;
-    return tool.parametersJson() === json && tool.name === name && tool.description === description;
-  }
 }

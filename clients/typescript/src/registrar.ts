@@ -5,7 +5,7 @@ import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import { answerError, Connection, type Registration } from "./connection.js";
 import { toolsToProto } from "./convert.js";
 import { invalid } from "./errors.js";
-import { FEATURE_TOOL_SLOTS, label, ListenerStream, type Listener } from "./listeners.js";
+import { FEATURE_PART_SLOTS, FEATURE_TOOL_SLOTS, label, ListenerStream, type Listener } from "./listeners.js";
 import type { Provider } from "./providers.js";
 import type { Method } from "./rpc.js";
 import { updateFor, type UpdatableRequest } from "./updates.js";
@@ -229,7 +229,7 @@ export class Registrar {
       prepend: options.prepend ?? false,
       global: options.global ?? false,
       name: label(listener.name || "anonymous"),
-      features: [FEATURE_TOOL_SLOTS], // this client decodes slot-encoded tools in next() results
+      features: [FEATURE_TOOL_SLOTS, FEATURE_PART_SLOTS], // this client reads and sends slots
       timeoutS: timeoutSeconds(options),
     });
     const registration: Registration = {
