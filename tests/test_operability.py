@@ -13,6 +13,7 @@ import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from helpers import ClientOf, SidecarFactory
 from processes import free_port, serve
+from prometheus_client import generate_latest
 
 
 async def scrape(address: str) -> str:
@@ -44,6 +45,27 @@ async def test_metrics_report_sessions_registrations_latency_and_failures(
     assert metric(text, "dsp_registrations") == 4  # two built-ins and two sections
     assert metric(text, "dsp_assemble_seconds_count") == 1
     assert 'dsp_assembly_failures_total{reason="PROVIDER_FAILED"} 1.0' in text
+
+
+async def test_every_assemble_a_kept_answer_too_lands_in_the_latency_histogram(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar()
+    async with dsp.connect(sidecar.address) as client:
+        await client.section("a", 1, "x")
+        for _ in range(3):  # the second and third answered from the kept response
+            await client.assemble()
+    text = generate_latest(sidecar.metrics.registry).decode()  # what /metrics serves
+    buckets = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("dsp_assemble_seconds_bucket{")
+    ]
+    assert "# TYPE dsp_assemble_seconds histogram" in text
+    assert 'dsp_assemble_seconds_bucket{le="+Inf"} 3.0' in text
+    assert buckets == sorted(buckets) and len(buckets) == 12
+    assert metric(text, "dsp_assemble_seconds_count") == 3
+    assert 0 < metric(text, "dsp_assemble_seconds_sum") < 5
 
 
 async def test_json_logs_are_one_object_per_line() -> None:
