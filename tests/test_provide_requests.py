@@ -20,7 +20,8 @@ from helpers import raw_channel, raw_stub
 class RawSession:
     """A session stream held by hand, with two dynamic providers: a section and a variable."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, prefix: str = "") -> None:
+        self.prefix = prefix  # of its registrations' names; its provider keys are its own
         self.stub = raw_stub(channel)
         self.stream = self.stub.OpenSession()
         self.id = ""
@@ -29,11 +30,14 @@ class RawSession:
         await self.stream.write(pb.OpenSessionRequest(start=pb.SessionStart(client_name="raw")))
         self.id = (await self.stream.read()).opened.session_id
         section = pb.RegisterSectionRequest(
-            session_id=self.id, name="dyn", order=1, dynamic=pb.Dynamic(provider_key="s")
+            session_id=self.id,
+            name=f"{self.prefix}dyn",
+            order=1,
+            dynamic=pb.Dynamic(provider_key="s"),
         )
         await self.stub.RegisterSection(section)
         variable = pb.RegisterVariableRequest(
-            session_id=self.id, name="who", dynamic=pb.Dynamic(provider_key="v")
+            session_id=self.id, name=f"{self.prefix}who", dynamic=pb.Dynamic(provider_key="v")
         )
         await self.stub.RegisterVariable(variable)
 
@@ -41,6 +45,12 @@ class RawSession:
         """Assemble for that context, answer the ProvideRequest it sends, and return it."""
         context = pb.AssembleContext(scope=scope, fields_json=fields)
         assembling = self.stub.Assemble(pb.AssembleRequest(context=context), timeout=10)
+        ask = await self.answer()
+        await asyncio.wait_for(assembling, 10)
+        return ask
+
+    async def answer(self) -> pb.ProvideRequest:
+        """Answer the next ProvideRequest on the stream, and return it."""
         ask: pb.ProvideRequest = (await self.stream.read()).provide
         values = [
             pb.ProvidedValue(provider_key="s", text="section text"),
@@ -48,7 +58,6 @@ class RawSession:
         ]
         answer = pb.ProvideResponse(call_id=ask.call_id, values=values)
         await self.stream.write(pb.OpenSessionRequest(provided=answer))
-        await asyncio.wait_for(assembling, 10)
         return ask
 
 
@@ -93,6 +102,22 @@ async def test_the_same_context_again_reuses_the_kept_encoding_under_a_new_id(
     assert second == first
     other = await session.asked(fields='{"turn": 2}')
     assert other.context.fields_json == '{"turn": 2}' and len(kept) == 2
+
+
+async def test_every_session_joins_from_the_same_kept_encodings(sidecar: Sidecar) -> None:
+    async with raw_channel(sidecar.address) as channel:
+        one, two = RawSession(channel, "one_"), RawSession(channel, "two_")
+        await one.open()
+        await two.open()
+        context = pb.AssembleContext(fields_json='{"turn": 1}')
+        assembling = one.stub.Assemble(pb.AssembleRequest(context=context), timeout=10)
+        asks = [await one.answer(), await two.answer()]  # the same calls and context each
+        await asyncio.wait_for(assembling, 10)
+        kept = sidecar.state.sessions.get(one.id).requests
+        assert sidecar.state.sessions.get(two.id).requests is kept
+        assert len(kept) == 1 and calls_of(asks[0]) == calls_of(asks[1])
+        one.stream.cancel()
+        two.stream.cancel()
 
 
 def test_kept_encodings_stay_within_their_bytes() -> None:

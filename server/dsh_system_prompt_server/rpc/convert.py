@@ -181,6 +181,8 @@ def _static(source: str | None, text: str) -> str:
 
 # -- provider calls -------------------------------------------------------------------
 
+# A provide request's calls (provider key, kind) and context: what its kept bytes encode.
+_ProvideKey = tuple[tuple[tuple[str, Kind], ...], AssembleContext]
 PROVIDE_REQUESTS_BYTES = 4 * 1024 * 1024  # the encoded provide requests kept, together
 _KEPT_ENTRY_BYTES = 120  # per kept key part: the dict slot, a tuple's or a call's header
 _PROVIDE = pb.OpenSessionResponse.DESCRIPTOR.fields_by_name["provide"].number
@@ -211,9 +213,7 @@ class ProvideRequests:
         self._size = size
         self._max_bytes = max_bytes
         self.bytes = 0
-        self._kept: OrderedDict[tuple[tuple[ProviderCall, ...], AssembleContext], bytes] = (
-            OrderedDict()
-        )
+        self._kept: OrderedDict[_ProvideKey, bytes] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -227,7 +227,7 @@ class ProvideRequests:
         trace_context: Mapping[str, str],
     ) -> bytes:
         """One ProvideRequest asking a session for every value in `calls`."""
-        key = (tuple(calls), context)
+        key = (tuple([(call.key, call.kind) for call in calls]), context)  # what is encoded
         body = self._kept.get(key)
         if body is None:
             body = self._keep(key)
@@ -238,11 +238,11 @@ class ProvideRequests:
             head.trace_context.update(trace_context)
         return delimited(_PROVIDE, head.SerializeToString() + body)
 
-    def _keep(self, key: tuple[tuple[ProviderCall, ...], AssembleContext]) -> bytes:
+    def _keep(self, key: _ProvideKey) -> bytes:
         calls, context = key
         body = pb.ProvideRequest(
             context=context_to_proto(context),
-            calls=[pb.ProvideCall(provider_key=c.key, kind=_PROVIDER_KINDS[c.kind]) for c in calls],
+            calls=[pb.ProvideCall(provider_key=k, kind=_PROVIDER_KINDS[kind]) for k, kind in calls],
         ).SerializeToString()
         size = len(body) + len(context.fields_json) + _KEPT_ENTRY_BYTES * (1 + len(calls))
         if size <= self._max_bytes:  # else asked for again each time, never kept

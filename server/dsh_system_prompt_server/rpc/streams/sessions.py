@@ -52,7 +52,7 @@ class Session:
         requests: ProvideRequests | None = None,
     ) -> None:
         self.id = session_id
-        self.requests = requests or ProvideRequests()  # the sessions' shared encodings
+        self.requests = ProvideRequests() if requests is None else requests  # shared by all
         self.limits = limits  # what its answers are checked against
         self.tracing = tracing
         self.client_name = client_name
