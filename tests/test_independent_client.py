@@ -151,3 +151,21 @@ async def test_a_listener_that_never_answers_is_ejected_as_the_docs_say(
     assert results["told"][-1] == "ejected"
     assert results["listener_end_status"] == "OK"
     assert results["second_sections"] == ["harness:identity", "deployment:persona"]
+
+
+async def test_a_listener_under_ignore_that_fails_is_skipped_and_named(sidecar: Sidecar) -> None:
+    results = await run_client(sidecar.address, "ignore")
+    ref = results["weather_ref"]
+    assert results["sections"] == ["harness:identity", "deployment:persona", "signature"]
+    assert results["weather_invoked"] == 1
+    assert results["skipped"] == [
+        {
+            "kind": "CHANGE_KIND_LISTENER",
+            "name": "weather",
+            "scope": "",
+            "ref": ref,
+            "reason": "LISTENER_FAILED",
+            "message": 'listener "weather" failed: no weather today',
+        }
+    ]
+    assert results["trailer"] == f"listener:{ref}:LISTENER_FAILED"

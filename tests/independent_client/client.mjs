@@ -2,7 +2,7 @@
 // proto and docs/ alone (issue 12): it exercises every kind of call against a
 // real sidecar and prints one JSON line of what it observed.
 //
-// Usage: node client.mjs HOST:PORT [ejection]
+// Usage: node client.mjs HOST:PORT [ejection|ignore]
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 import grpc from "@grpc/grpc-js";
@@ -157,7 +157,11 @@ async function openSession(stub, name, providers) {
  * either an assembly (its final value) or `{ tail: assembly }` to hand the rest
  * of the chain's result on untouched; `await next(assembly)` runs the rest.
  */
-async function listen(stub, { sessionId, scopeId = "", prepend = false, global = false, name }, handler) {
+async function listen(
+  stub,
+  { sessionId, scopeId = "", prepend = false, global = false, name, failurePolicy = "FAILURE_POLICY_UNSPECIFIED" },
+  handler,
+) {
   const stream = stub.Listen(new grpc.Metadata());
   const status = finalStatus(stream);
   const waiting = new Map(); // invocation_id -> resolve of next()'s result
@@ -194,7 +198,15 @@ async function listen(stub, { sessionId, scopeId = "", prepend = false, global =
   });
   const registered = nextMessage(stream, (m) => m.kind === "registered", "ListenerRegistered");
   stream.write({
-    start: { session_id: sessionId, scope_id: scopeId, prepend, global, name, features: [] },
+    start: {
+      session_id: sessionId,
+      scope_id: scopeId,
+      prepend,
+      global,
+      name,
+      features: [],
+      failure_policy: failurePolicy,
+    },
   });
   const { registered: confirmation } = await registered;
   return { stream, status, seen, registrationId: confirmation.registration_id, features: confirmation.features };
@@ -404,13 +416,67 @@ async function ejection(address) {
   return results;
 }
 
+// -- a listener under FAILURE_POLICY_IGNORE that fails -------------------------
+
+/** An Assemble call's response and its trailers. */
+function assembleWithTrailers(stub, request) {
+  return new Promise((resolve, reject) => {
+    let response;
+    let failed;
+    const call = stub.Assemble(request, new grpc.Metadata(), { deadline: deadline() }, (error, reply) => {
+      if (error) failed = error;
+      response = reply;
+    });
+    call.on("status", (status) =>
+      failed ? reject(failed) : resolve({ response, trailers: status.metadata.getMap() }),
+    );
+  });
+}
+
+/**
+ * A listener that decorates and declares FAILURE_POLICY_IGNORE raises; the one after
+ * it adds a section. The assembly goes on without the first (docs/protocol.md,
+ * "Failure policy"): AssembleResponse.skipped and the "dsh-skipped-steps" trailer
+ * name it; its ref is the one the change stream gave its registration.
+ */
+async function ignore(address) {
+  const results = {};
+  const stub = new Service(address, grpc.credentials.createInsecure());
+  const session = await openSession(stub, "independent-ignore", new Map());
+  const changes = await watch(stub);
+  const weather = await listen(
+    stub,
+    { sessionId: session.id, name: "weather", failurePolicy: "FAILURE_POLICY_IGNORE" },
+    async () => {
+      throw new Error("no weather today");
+    },
+  );
+  await listen(stub, { sessionId: session.id, name: "sign" }, async (assembly) => ({
+    ...assembly,
+    sections: [...assembly.sections, { name: "signature", text: "-- the team" }],
+  }));
+  await changes.until((events) => events.filter((e) => e.kind === "CHANGE_KIND_LISTENER").length === 2, "listeners");
+  results.weather_ref = changes.events.find((e) => e.name === "weather").ref;
+  const { response, trailers } = await assembleWithTrailers(stub, { render: true });
+  results.sections = names(response.assembly.sections);
+  results.skipped = response.skipped;
+  results.trailer = trailers["dsh-skipped-steps"] ?? null;
+  results.weather_invoked = weather.seen.length;
+  changes.stream.cancel();
+  session.stream.end();
+  await session.status;
+  stub.close();
+  return results;
+}
+
+const SCENARIOS = { run, ejection, ignore };
 const [address, scenario = "run"] = process.argv.slice(2);
-if (!address) {
-  console.error("usage: node client.mjs HOST:PORT [ejection]");
+if (!address || !SCENARIOS[scenario]) {
+  console.error("usage: node client.mjs HOST:PORT [ejection|ignore]");
   process.exit(2);
 }
 try {
-  const results = await (scenario === "ejection" ? ejection(address) : run(address));
+  const results = await SCENARIOS[scenario](address);
   console.log(JSON.stringify({ ok: true, ...results }));
 } catch (error) {
   console.log(JSON.stringify({ ok: false, error: String(error.stack ?? error), ...(error.code !== undefined ? reasonOf(error) : {}) }));
