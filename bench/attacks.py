@@ -155,7 +155,8 @@ async def malformed_templates(client: dsp.Client, counts: Counts, until: float) 
 
 
 async def idle_watchers(stub: pb_grpc.SystemPromptServiceStub, counts: Counts) -> list[Any]:
-    """Watchers that subscribe and never read another event."""
+    """Watchers that subscribe and never read another event, on one connection: as many
+    as one client may hold (max_watchers_per_peer), of the 1,000 asked."""
     calls = []
     for _ in range(WATCHERS):
         call = stub.WatchChanges(pb.WatchChangesRequest())

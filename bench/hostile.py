@@ -6,15 +6,18 @@ Twice, each time against a fresh sidecar process: a calm run of the soak's
 clients (`bench.soak`: register, assemble, churn), then the same run while
 `bench.attacks` does every attack of issues 11 and 22 at once from its own process
 (a listener that stops reading, one that reads and never answers, a session that
-never reads, huge scope keys, deep JSON, a session flood, malformed templates, 1,000
-idle watchers, a 20 KB provider error, 400 chained listeners, a 3.5 MiB scope
-assembled in 300 scopes, the largest requests the bounds allow, unread listings,
-256 prompt watchers, 1,100 idle connections, one connection holding every watch it
-may). It passes when the well-behaved clients see no error but the assemblies in
-flight during a silent listener's one timeout, their assembly p99 stays within 2x
-of the calm run's, and the sidecar's
-RSS stays under the memory budget (`[limits] max_total_bytes` where this build
-has it). Exit 1 otherwise.
+never reads, huge scope keys, deep JSON, a session flood, malformed templates, idle
+watchers (as many as one connection may hold of the 1,000 asked), a 20 KB provider
+error, 400 chained listeners, a 3.5 MiB scope assembled in 300 scopes, the largest
+requests the bounds allow, unread listings, 256 prompt watchers, 1,100 idle
+connections, one connection holding every watch it may). Then issue 22's memory
+findings 2-5 each alone (`bench.hostile_figures`). It passes when the well-behaved
+clients see no error but the assemblies in flight during a silent listener's one
+timeout, their assembly p99 stays within 2x of the calm run's, and the sidecar's peak
+RSS, in the hostile run and in each figure, stays under BUDGET_MIB. The sidecar runs
+with the default limits, whose memory budget docs/operations.md states (about 480 MiB
+of data on top of an idle sidecar's 70 MiB: 512 MiB is inside it). The machine's load
+average is reported: on a shared machine the latencies are noisy. Exit 1 otherwise.
 """
 
 from __future__ import annotations
@@ -22,14 +25,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
-from dataclasses import fields
 from typing import Any
 
-from dsh_system_prompt_server.registry import Limits
-
-from . import procs
+from . import hostile_figures, procs
 from .attacks import ATTACKS
 from .soak import Tally, churn
 
@@ -44,9 +45,7 @@ async def run(
     clients: int, seconds: float, hostile: bool, budget_mib: int, skip: str = ""
 ) -> dict[str, Any]:
     """One run; with `hostile`, the attackers' process runs beside the clients."""
-    sidecar = await procs.start_sidecar(
-        label="hostile" if hostile else "calm", config=_config(budget_mib)
-    )
+    sidecar = await procs.start_sidecar(label="hostile" if hostile else "calm")
     attackers = None
     try:
         loop = asyncio.get_running_loop()
@@ -106,28 +105,24 @@ def _percentile_ms(ordered: list[float], share: float) -> float | None:
     return round(1000 * ordered[int(len(ordered) * share)], 2) if ordered else None
 
 
-def _config(budget_mib: int) -> dict[str, Any]:
-    # The memory budget is configured where the sidecar has it (issue 11, item 2).
-    if "max_total_bytes" in {f.name for f in fields(Limits)}:
-        return {"limits": {"max_total_bytes": budget_mib * 1024 * 1024}}
-    return {}
-
-
 async def hostile_soak(
-    clients: int, seconds: float, budget_mib: int, skip: str = ""
+    clients: int, seconds: float, budget_mib: int, skip: str = "", with_figures: bool = True
 ) -> dict[str, Any]:
+    load_before = _load_average()
     calm = await run(clients, seconds, hostile=False, budget_mib=budget_mib)
     hostile = await run(clients, seconds, hostile=True, budget_mib=budget_mib, skip=skip)
     both = calm["p99_ms"] is not None and hostile["p99_ms"] is not None
     ratio = hostile["p99_ms"] / max(calm["p99_ms"], 0.001) if both else None
+    figures = await hostile_figures.figures(budget_mib) if with_figures else {}
     report = {
         "clients": clients,
         "budget_mib": budget_mib,
-        "budget_enforced": bool(_config(budget_mib)),
+        "load_average": {"before": load_before, "after": _load_average()},
         "skipped_attacks": [name for name in skip.split(",") if name],
         "calm": calm,
         "hostile": hostile,
         "p99_ratio": None if ratio is None else round(ratio, 2),
+        "memory_figures": figures,
     }
     report["ok"] = (
         not calm["errors"]
@@ -135,8 +130,13 @@ async def hostile_soak(
         and ratio is not None
         and ratio <= P99_FACTOR
         and hostile["rss_peak_mib"] <= budget_mib
+        and all(figure["under_budget"] for figure in figures.values())
     )
     return report
+
+
+def _load_average() -> list[float]:
+    return [round(load, 2) for load in os.getloadavg()]
 
 
 def main() -> int:
@@ -147,8 +147,13 @@ def main() -> int:
     parser.add_argument(
         "--skip", default="", help=f"attacks to leave out, comma-separated: {', '.join(ATTACKS)}"
     )
+    parser.add_argument(
+        "--no-figures", action="store_true", help="leave out the memory figures (findings 2-5)"
+    )
     args = parser.parse_args()
-    report = asyncio.run(hostile_soak(args.clients, args.seconds, args.budget_mib, args.skip))
+    report = asyncio.run(
+        hostile_soak(args.clients, args.seconds, args.budget_mib, args.skip, not args.no_figures)
+    )
     print(json.dumps(report, indent=2))
     return 0 if report["ok"] else 1
 
