@@ -6,7 +6,7 @@ import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import { entryFromProto, historyFromProto, usageFrom } from "./cacheHistory.js";
 import { ChangeStream, WATCH_FEATURES } from "./changes.js";
 import { answerError, CALL_TIMEOUT_MS, Connection, notReady, type Registration } from "./connection.js";
-import { assemblyFromProto, contextToProto, layoutToProto, reportFromProto } from "./convert.js";
+import { assemblyFromProto, contextToProto, layoutToProto, reportFromProto, skippedFromProto } from "./convert.js";
 import { NoAnswer } from "./errors.js";
 import { cacheKey, LocalCache } from "./localCache.js";
 import { PromptStream } from "./prompts.js";
@@ -354,5 +354,6 @@ async function keepLocally(connection: Connection): Promise<void> {
 function toAssembly(reply: pb.AssembleResponse): PromptAssembly {
   const assembly = assemblyFromProto(reply.assembly);
   if (reply.report !== undefined) assembly.report = reportFromProto(reply.report);
+  if (reply.skipped.length > 0) assembly.skipped = skippedFromProto(reply.skipped);
   return assembly;
 }

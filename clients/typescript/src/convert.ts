@@ -10,6 +10,7 @@ import {
   type ChangeAction,
   type ChangeEvent,
   type ChangeKind,
+  type SkippedStep,
   type JsonObject,
   type PrefixLayout,
   type PromptAssembly,
@@ -189,7 +190,19 @@ export function reportFromProto(message: pb.AssemblyReport): AssemblyReport {
     renderError: message.renderError,
     prefixLayout: layoutFromProto(message.prefixLayout),
     historyKey: message.historyKey,
+    skipped: skippedFromProto(message.skipped),
   };
+}
+
+export function skippedFromProto(steps: pb.SkippedStep[]): SkippedStep[] {
+  return steps.map((step) => ({
+    name: step.name,
+    ref: step.ref,
+    kind: CHANGE_KINDS[step.kind] ?? "unknown",
+    scope: step.scope || undefined,
+    reason: step.reason,
+    message: step.message,
+  }));
 }
 
 function source(message: pb.Source | undefined): Source {

@@ -9,7 +9,7 @@ import { FEATURE_PART_SLOTS, FEATURE_TOOL_SLOTS, label, ListenerStream, type Lis
 import type { Provider } from "./providers.js";
 import type { Method } from "./rpc.js";
 import { updateFor, type UpdatableRequest } from "./updates.js";
-import type { AssembleContext, ToolProviderResult, ToolSchemaLike } from "./types.js";
+import type { AssembleContext, FailurePolicy, ToolProviderResult, ToolSchemaLike } from "./types.js";
 
 /** A section's or context's text: a string, or a provider of one evaluated at each assembly. */
 export type TextSource = string | ((context: AssembleContext) => string | Promise<string>);
@@ -37,6 +37,13 @@ export interface CallbackOptions {
    * of being ejected (docs/protocol.md, "Ejected callbacks").
    */
   timeoutS?: number | undefined;
+  /**
+   * "ignore" (FailurePolicy.IGNORE): an assembly it fails (or that times out waiting
+   * for it) goes on without its step and says so in `assembly.skipped`; only for a
+   * callback that decorates the prompt, never one that filters it. Default "fail"
+   * (docs/protocol.md, "Failure policy").
+   */
+  failurePolicy?: FailurePolicy | undefined;
 }
 
 /** A prompt section in the original API's object form. */
@@ -231,6 +238,7 @@ export class Registrar {
       name: label(listener.name || "anonymous"),
       features: [FEATURE_TOOL_SLOTS, FEATURE_PART_SLOTS], // this client reads and sends slots
       timeoutS: timeoutSeconds(options),
+      failurePolicy: failurePolicyOf(options),
     });
     const registration: Registration = {
       registrationId: "",
@@ -274,7 +282,8 @@ export class Registrar {
   /** A provider kept here, as the sidecar is told of it; a bad option is refused before it is kept. */
   #dynamic(provider: Provider, options: CallbackOptions): pb.Dynamic {
     const timeoutS = timeoutSeconds(options);
-    return create(pb.DynamicSchema, { providerKey: this.connection.providers.add(provider), timeoutS });
+    const failurePolicy = failurePolicyOf(options);
+    return create(pb.DynamicSchema, { providerKey: this.connection.providers.add(provider), timeoutS, failurePolicy });
   }
 
   async #registerValue<I extends DescMessage, O extends DescMessage>(
@@ -326,10 +335,27 @@ function timeoutSeconds(options: CallbackOptions): number {
   return timeoutS;
 }
 
-/** timeoutS is for providers: a static value is never asked for. */
+const FAILURE_POLICIES: Record<FailurePolicy, pb.FailurePolicy> = {
+  fail: pb.FailurePolicy.FAIL,
+  ignore: pb.FailurePolicy.IGNORE,
+};
+
+/** A callback's failure policy as sent: unspecified (the sidecar's "fail") when not given. */
+function failurePolicyOf(options: CallbackOptions): pb.FailurePolicy {
+  const policy: unknown = options.failurePolicy;
+  if (policy === undefined) return pb.FailurePolicy.UNSPECIFIED;
+  if (policy !== "fail" && policy !== "ignore") {
+    throw invalid(`failurePolicy must be "fail" or "ignore", not ${String(policy)}`);
+  }
+  return FAILURE_POLICIES[policy];
+}
+
+/** timeoutS and failurePolicy are for providers: a static value is never asked for. */
 function refuseStatic(options: CallbackOptions): void {
-  if (options.timeoutS !== undefined) {
-    throw invalid("timeoutS applies to a provider (a function), not to a static value");
+  for (const option of ["timeoutS", "failurePolicy"] as const) {
+    if (options[option] !== undefined) {
+      throw invalid(`${option} applies to a provider (a function), not to a static value`);
+    }
   }
 }
 

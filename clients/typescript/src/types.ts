@@ -175,6 +175,36 @@ export interface AssemblyReport {
   prefixLayout: PrefixLayout;
   /** The history key compared with: `scope "agent-1"`, `key "conv-7"`. */
   historyKey: string;
+  /** The steps the assembly went on without (as `assembly.skipped`). */
+  skipped: SkippedStep[];
+}
+
+/**
+ * What an assembly does when a provider or listener fails or does not answer in time
+ * (docs/protocol.md, "Failure policy"), as a Kubernetes admission webhook's
+ * `failurePolicy`: "fail" (the default: the assembly fails, naming it) or "ignore"
+ * (it goes on without the callback's step and says so in `assembly.skipped`; only for a
+ * callback that decorates the prompt, never one that filters it).
+ */
+export type FailurePolicy = "fail" | "ignore";
+
+/** The failure policies by name: `{ failurePolicy: FailurePolicy.IGNORE }`. */
+export const FailurePolicy = Object.freeze({ FAIL: "fail", IGNORE: "ignore" } as const);
+
+/** A step an assembly went on without: a callback under "ignore" that failed. */
+export interface SkippedStep {
+  /** A provider's kind ("section", "context", "tools", "variable") or "listener". */
+  kind: ChangeKind;
+  /** Its name, or the label of a tool provider or listener. */
+  name: string;
+  /** The scope whose layer holds it; undefined for the global layer. */
+  scope: string | undefined;
+  /** Its public reference, as in change events and listings. */
+  ref: string;
+  /** Why: PROVIDER_FAILED, PROVIDER_TIMEOUT, LISTENER_FAILED, LISTENER_TIMEOUT, ... */
+  reason: string;
+  /** What the assembly would have failed with under "fail". */
+  message: string;
 }
 
 /** What the model is told: sections, contexts, tools and resolved variables. */
@@ -186,6 +216,8 @@ export interface PromptAssembly {
   variables: Record<string, string | undefined>;
   /** Set when the assembly was asked for with `report: true`. */
   report?: AssemblyReport | undefined;
+  /** The steps the sidecar's assembly went on without (callbacks under "ignore" that failed); unset when complete. */
+  skipped?: SkippedStep[] | undefined;
 }
 
 /** An assembly rendered by the sidecar. */
