@@ -14,6 +14,14 @@ type AssembleOption func(*assembleRequest)
 type assembleRequest struct {
 	message *pb.AssembleRequest
 	err     error
+	skipped *[]SkippedStep // WithSkipped's
+}
+
+// WithSkipped sets *into to the steps the assembly went on without (callbacks
+// under FailurePolicyIgnore that failed; nil when it is complete), as grpc.Trailer
+// hands back a call's trailers: the Assembly itself stays the assembled prompt.
+func WithSkipped(into *[]SkippedStep) AssembleOption {
+	return func(r *assembleRequest) { r.skipped = into }
 }
 
 // ForScope assembles for scope key: its chain's layers join the global one.
@@ -53,7 +61,7 @@ func (c *Client) Render(ctx context.Context, opts ...AssembleOption) (*Rendered,
 	if err != nil {
 		return nil, err
 	}
-	return &Rendered{Prompt: reply.prompt, ContextSnapshot: reply.contextSnapshot, Assembly: reply.assembly}, nil
+	return &Rendered{Prompt: reply.prompt, ContextSnapshot: reply.contextSnapshot, Assembly: reply.assembly, Skipped: reply.skipped}, nil
 }
 
 func (c *Client) assemble(ctx context.Context, render bool, opts []AssembleOption) (*assembleReply, error) {
@@ -70,6 +78,9 @@ func (c *Client) assemble(ctx context.Context, render bool, opts []AssembleOptio
 	reply := &assembleReply{}
 	if err := c.c.cc.Invoke(ctx, assembleMethod, request.message, reply, grpc.ForceCodec(replyCodec{})); err != nil {
 		return nil, fromRPC(err)
+	}
+	if request.skipped != nil {
+		*request.skipped = reply.skipped
 	}
 	return reply, nil
 }

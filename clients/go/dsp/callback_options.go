@@ -6,9 +6,9 @@ import (
 	pb "dsh.dev/dsh-system-prompt/clients/go/gen/dsh/systemprompt/v1"
 )
 
-// Options of a registration besides its value. One option, WithCallbackTimeout,
-// fits every registration with a callback, so the option types are interfaces
-// (sealed: their methods are unexported) that each option implements where it fits.
+// Options of a registration besides its value. Two options, WithCallbackTimeout and
+// WithFailurePolicy, fit every registration with a callback, so the option types are
+// interfaces (sealed: their methods are unexported) that each option implements where it fits.
 
 // SectionOption configures a section: Complete, and for SectionFunc WithCallbackTimeout.
 type SectionOption interface {
@@ -29,7 +29,7 @@ type ListenerOption interface {
 // CallbackOption is an option of every callback: a provider's (the ...Func
 // registrations) and a listener's.
 type CallbackOption struct {
-	timeout time.Duration
+	apply func(*asked)
 }
 
 // WithCallbackTimeout gives a provider or listener d to answer, instead of the
@@ -38,19 +38,60 @@ type CallbackOption struct {
 // callback says so instead of being ejected (docs/protocol.md, "Ejected
 // callbacks"). For a listener, d bounds each of its replies. d must be positive;
 // a static section refuses it (INVALID_VALUE), as it is never asked for.
-func WithCallbackTimeout(d time.Duration) CallbackOption { return CallbackOption{timeout: d} }
+func WithCallbackTimeout(d time.Duration) CallbackOption {
+	return CallbackOption{func(a *asked) { a.timeout, a.given = d, true }}
+}
 
-func (o CallbackOption) applySection(_ *pb.RegisterSectionRequest, a *asked) { a.set(o.timeout) }
-func (o CallbackOption) applyProvider(a *asked)                              { a.set(o.timeout) }
-func (o CallbackOption) applyListener(_ *pb.ListenStart, a *asked)           { a.set(o.timeout) }
+// FailurePolicy is what an assembly does when a provider or listener fails or does
+// not answer in time (docs/protocol.md, "Failure policy"), as a Kubernetes admission
+// webhook's failurePolicy.
+type FailurePolicy string
+
+const (
+	// FailurePolicyFail fails the assembly, naming the callback: the spec's behaviour
+	// and the default.
+	FailurePolicyFail FailurePolicy = "fail"
+	// FailurePolicyIgnore goes on without the callback's step and says so (see
+	// WithSkipped, Rendered.Skipped). Only for a callback that decorates the prompt,
+	// never for one that filters it.
+	FailurePolicyIgnore FailurePolicy = "ignore"
+)
+
+var failurePolicies = map[FailurePolicy]pb.FailurePolicy{
+	FailurePolicyFail:   pb.FailurePolicy_FAILURE_POLICY_FAIL,
+	FailurePolicyIgnore: pb.FailurePolicy_FAILURE_POLICY_IGNORE,
+}
+
+// WithFailurePolicy says what an assembly does when the provider or listener fails
+// or does not answer in time: FailurePolicyIgnore goes on without it (a listener is
+// passed over as if it had called next unchanged) and names it among the skipped
+// steps. A static section refuses it (INVALID_VALUE), as it is never asked for.
+func WithFailurePolicy(policy FailurePolicy) CallbackOption {
+	return CallbackOption{func(a *asked) { a.policy = &policy }}
+}
+
+func (o CallbackOption) applySection(_ *pb.RegisterSectionRequest, a *asked) { o.apply(a) }
+func (o CallbackOption) applyProvider(a *asked)                              { o.apply(a) }
+func (o CallbackOption) applyListener(_ *pb.ListenStart, a *asked)           { o.apply(a) }
 
 // asked is how a callback is asked, as its options say.
 type asked struct {
 	timeout time.Duration
-	given   bool // WithCallbackTimeout was passed
+	given   bool           // WithCallbackTimeout was passed
+	policy  *FailurePolicy // WithFailurePolicy's, if passed
 }
 
-func (a *asked) set(timeout time.Duration) { a.timeout, a.given = timeout, true }
+// failurePolicy is the callback's policy as sent: unspecified (the sidecar's FAIL) when not given.
+func (a asked) failurePolicy() (pb.FailurePolicy, error) {
+	if a.policy == nil {
+		return pb.FailurePolicy_FAILURE_POLICY_UNSPECIFIED, nil
+	}
+	policy, ok := failurePolicies[*a.policy]
+	if !ok {
+		return 0, invalid("WithFailurePolicy wants FailurePolicyFail or FailurePolicyIgnore, not %q", *a.policy)
+	}
+	return policy, nil
+}
 
 // seconds is the callback's own time as sent: 0 (the sidecar's provider_timeout_s) when not given.
 func (a asked) seconds() (float64, error) {
@@ -68,6 +109,9 @@ func (a asked) static() error {
 	if a.given {
 		return invalid("WithCallbackTimeout applies to a provider (a ...Func registration), not to a static value")
 	}
+	if a.policy != nil {
+		return invalid("WithFailurePolicy applies to a provider (a ...Func registration), not to a static value")
+	}
 	return nil
 }
 
@@ -77,7 +121,11 @@ func (r *registrar) dynamic(provider any, a asked) (*pb.Dynamic, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &pb.Dynamic{ProviderKey: r.c.providers.add(provider), TimeoutS: seconds}, nil
+	policy, err := a.failurePolicy()
+	if err != nil {
+		return nil, err
+	}
+	return &pb.Dynamic{ProviderKey: r.c.providers.add(provider), TimeoutS: seconds, FailurePolicy: policy}, nil
 }
 
 func providerAsked(opts []ProviderOption) asked {

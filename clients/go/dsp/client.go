@@ -401,7 +401,11 @@ func (r *registrar) OnAssemble(ctx context.Context, listener Listener, opts ...L
 	if err != nil {
 		return nil, err
 	}
-	start.TimeoutS = seconds
+	policy, err := a.failurePolicy()
+	if err != nil {
+		return nil, err
+	}
+	start.TimeoutS, start.FailurePolicy = seconds, policy
 	reg := &registration{scope: r.scope}
 	reg.make = func(ctx context.Context, sessionID, scopeID string) (string, *listenerStream, error) {
 		start.SessionId, start.ScopeId = sessionID, scopeID

@@ -3,6 +3,7 @@ package dsp
 import (
 	"fmt"
 
+	pb "dsh.dev/dsh-system-prompt/clients/go/gen/dsh/systemprompt/v1"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
@@ -22,6 +23,7 @@ type assembleReply struct {
 	assembly        *Assembly
 	prompt          string
 	contextSnapshot string
+	skipped         []SkippedStep
 }
 
 // replyCodec marshals requests as protobuf and decodes an *assembleReply by hand.
@@ -57,6 +59,15 @@ func (replyCodec) Unmarshal(data []byte, v any) error {
 					reply.contextSnapshot = w.string(r)
 				}
 				return nil
+			})
+		case 6: // AssembleResponse.skipped: rare, decoded the plain way
+			var step pb.SkippedStep
+			if err := proto.Unmarshal(w.data[f.from:f.to], &step); err != nil {
+				return err
+			}
+			reply.skipped = append(reply.skipped, SkippedStep{
+				Kind: kindFromProto(step.GetKind()), Name: step.GetName(), Scope: step.GetScope(),
+				Ref: step.GetRef(), Reason: Reason(step.GetReason()), Message: step.GetMessage(),
 			})
 		}
 		return nil // revision, report and cacheable are not returned

@@ -80,6 +80,26 @@ type Rendered struct {
 	ContextSnapshot string
 	// Assembly is what was rendered.
 	Assembly *Assembly
+	// Skipped are the steps the assembly went on without (callbacks under
+	// FailurePolicyIgnore that failed); nil when it is complete.
+	Skipped []SkippedStep
+}
+
+// SkippedStep is a step an assembly went on without: a callback under
+// FailurePolicyIgnore that failed, did not answer in time, or was gone.
+type SkippedStep struct {
+	// Kind is a provider's ("section", "context", "tools", "variable") or "listener".
+	Kind ChangeKind
+	// Name is its name, or the label of a tool provider or listener.
+	Name string
+	// Scope is the scope whose layer holds it; "" for the global layer.
+	Scope string
+	// Ref is its public reference, as in change events and listings.
+	Ref string
+	// Reason is why: ReasonProviderFailed, ReasonProviderTimeout, ReasonListenerFailed, ...
+	Reason Reason
+	// Message is what the assembly would have failed with under FailurePolicyFail.
+	Message string
 }
 
 func partsFromProto[M interface {
