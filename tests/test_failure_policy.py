@@ -85,6 +85,16 @@ class Session:
         )
         return (await self.stub.RegisterSection(request)).registration_id
 
+    async def provider(self, kind: str, name: str, **dynamic: Any) -> None:
+        """A variable or tool provider (`kind`) `name`, asked of this session by that key."""
+        registers = {
+            "variable": (pb.RegisterVariableRequest, self.stub.RegisterVariable),
+            "tools": (pb.RegisterToolsRequest, self.stub.RegisterTools),
+        }
+        request, rpc = registers[kind]
+        given = pb.Dynamic(provider_key=name, **dynamic)
+        await rpc(request(session_id=self.id, name=name, dynamic=given))
+
     async def listener(self, name: str, reply: Reply, **start: Any) -> list[int]:
         """Listener `name`, answering each invocation with `reply`; the invocation ids it
         was sent, as they come."""
@@ -272,12 +282,7 @@ async def test_an_ignored_variable_provider_that_fails_leaves_the_variable_witho
 ) -> None:
     async with session(sidecar, by_key(who=error("nobody"), hi=text("Hi {{who}}."))) as s:
         await s.section("hi")
-        variable = pb.RegisterVariableRequest(
-            session_id=s.id,
-            name="who",
-            dynamic=pb.Dynamic(provider_key="who", failure_policy=IGNORE),
-        )
-        await s.stub.RegisterVariable(variable)
+        await s.provider("variable", "who", failure_policy=IGNORE)
         response, _ = await assembled(s.stub)
         render = await refused(s.stub, render=True)
     assert [(v.name, v.HasField("value")) for v in response.assembly.variables] == [("who", False)]
@@ -383,3 +388,16 @@ async def test_skipped_steps_are_logged_once_per_callback_and_reason_in_a_while(
     ]
     labels = {"kind": "provider", "reason": "PROVIDER_FAILED"}
     assert sample(sidecar, "dsp_skipped_callbacks_total", **labels) == 5
+
+
+async def test_a_skipped_tool_provider_does_not_fail_the_tool_orders_check(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(tool_order=["search", "<unlisted-tools>"])
+    async with session(sidecar, error("index offline")) as s:
+        await s.provider("tools", "search", failure_policy=IGNORE)
+        response, _ = await assembled(s.stub)
+    assert [(step.kind, step.reason) for step in response.skipped] == [
+        (pb.CHANGE_KIND_TOOLS, "PROVIDER_FAILED")
+    ]
+    assert list(response.assembly.tools) == []

@@ -1153,7 +1153,9 @@ Global___ProvideCall: _TypeAlias = ProvideCall  # noqa: Y015
 
 @_typing.final
 class ProvideRequest(_message.Message):
-    """All of one session's provider values that one assembly needs, in one message."""
+    """All of one session's provider values that one assembly needs, in one message
+    (those under FAILURE_POLICY_IGNORE in a message of their own).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 

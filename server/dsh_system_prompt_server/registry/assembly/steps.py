@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -86,7 +86,7 @@ async def _run(
     if complete is not None and complete.id in left_out:
         complete = None  # skipped: the sections stand as if it were not registered
     sections = [Part(e.name, _text(e, values)) for e in plan.sections if e.id not in left_out]
-    tools = _collect_tools(plan.tools, values, tool_order)
+    tools = _collect_tools(plan.tools, values, tool_order, left_out)
     assembly = Assembly(
         sections=sections,
         contexts=[Part(e.name, _text(e, values)) for e in plan.contexts if e.id not in left_out],
@@ -349,6 +349,7 @@ def _collect_tools(
     providers: list[ToolsRegistration],
     values: Mapping[ValueRegistration, ProvidedValue],
     tool_order: Sequence[str] | None,
+    left_out: Collection[str] = (),
 ) -> list[Tool]:
     collected: list[Tool] = []
     known: list[str] = []
@@ -360,7 +361,8 @@ def _collect_tools(
         known.extend(source.known())
     if any(tool.name == TOOL_ORDER_REST for tool in collected):
         raise errors.reserved_tool_name(TOOL_ORDER_REST)
-    if tool_order is not None:
+    # A skipped provider's names are unknown: the order is then checked against none.
+    if tool_order is not None and not any(entry.id in left_out for entry in providers):
         check_known(tool_order, known)
     return order_tools(collected, tool_order)
 

@@ -2039,7 +2039,8 @@ func (x *ProvideCall) GetKind() ProviderKind {
 	return ProviderKind_PROVIDER_KIND_UNSPECIFIED
 }
 
-// All of one session's provider values that one assembly needs, in one message.
+// All of one session's provider values that one assembly needs, in one message
+// (those under FAILURE_POLICY_IGNORE in a message of their own).
 type ProvideRequest struct {
 	state         protoimpl.MessageState
 	sizeCache     protoimpl.SizeCache

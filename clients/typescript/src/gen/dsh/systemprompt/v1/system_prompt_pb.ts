@@ -675,7 +675,8 @@ export const ProvideCallSchema: GenMessage<ProvideCall> = /*@__PURE__*/
   messageDesc(file_dsh_systemprompt_v1_system_prompt, 18);
 
 /**
- * All of one session's provider values that one assembly needs, in one message.
+ * All of one session's provider values that one assembly needs, in one message
+ * (those under FAILURE_POLICY_IGNORE in a message of their own).
  *
  * @generated from message dsh.systemprompt.v1.ProvideRequest
  */
