@@ -401,3 +401,16 @@ async def test_a_skipped_tool_provider_does_not_fail_the_tool_orders_check(
         (pb.CHANGE_KIND_TOOLS, "PROVIDER_FAILED")
     ]
     assert list(response.assembly.tools) == []
+
+
+async def test_a_prefix_broken_by_a_skipped_step_says_so_in_the_report(sidecar: Sidecar) -> None:
+    answers = iter([text("cwd: /src"), error("no cwd")])
+    async with session(sidecar, lambda call: next(answers)(call)) as s:
+        await s.section("cwd", failure_policy=IGNORE)
+        await assembled(s.stub, report=True)
+        broken, _ = await assembled(s.stub, report=True)
+    stability = broken.report.stability
+    assert stability.first_changed == 'section "cwd"'
+    assert stability.reason == (
+        'section "cwd" removed; this assembly skipped section "cwd" (PROVIDER_FAILED)'
+    )

@@ -69,6 +69,11 @@ def build_report(
     if previous is not None and previous.layout is not layout:
         previous = None
     stability, stable_count = _stability(current, previous, whole, evicted)
+    if stability.first_changed and assembly.skipped:  # a step left out may be why it broke
+        skipped = ", ".join(f'{s.kind.value} "{s.name}" ({s.reason})' for s in assembly.skipped)
+        stability = replace(
+            stability, reason=f"{stability.reason}; this assembly skipped {skipped}"
+        )
     report = Report(
         tokenizer=tokenizer.name if tokenizer else "",
         layout=layout,
