@@ -133,8 +133,8 @@ async def test_bytes_that_are_no_request_are_refused_and_the_sidecar_serves_on(
 ) -> None:
     await client.section("rules", 10, "be brief")
     refused = await raw.refusal(b"\xff\xff\xff")
-    assert refused.code() == grpc.StatusCode.UNKNOWN
-    assert "Error parsing message" in (refused.details() or "")
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.details() == "the request's bytes are not an AssembleRequest message"
     assert (await raw.sections(request()))["rules"] == "be brief"
 
 
@@ -318,3 +318,17 @@ async def test_reloaded_credentials_decide_the_same_bytes_again(
         refused = await planner.refusal(encoded)
     assert guarded.state.assembler.kept(encoded) is not None  # kept, and still refused
     assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+@pytest.mark.parametrize(
+    ("encoded", "reason"),
+    [(b"\xff\xff\xff", "INVALID_VALUE"), (b"\xff" * 100_000, "VALUE_TOO_LARGE")],
+    ids=["no-message", "too-large"],
+)
+async def test_a_bad_request_gets_its_own_status_with_a_credential_too(
+    guarded: Sidecar, encoded: bytes, reason: str
+) -> None:
+    async with raw_channel(guarded.address) as channel:
+        refused = await Raw(channel, ADMIN).refusal(encoded)
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(refused.trailing_metadata() or ())["dsh-error-reason"] == reason

@@ -13,11 +13,13 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from google.protobuf.message import Message
 
-from ..registry import AnyRegistration, Failure, Limits
-from ..registry.limits import too_large
+from ..registry import AnyRegistration, Failure
 from .assemble.assembler import history_key
 from .convert import (
     SKIPPED_TRAILER,
+    assemble_request,
+    assemble_request_limit,
+    request_too_large,
     skipped_trailer,
     text_from_proto,
     tools_from_proto,
@@ -173,7 +175,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
             with state.gate.call():
                 try:
                     deadline = _deadline(context)
-                    parsed = pb.AssembleRequest.FromString(request)
+                    parsed = assemble_request(request, state.registry.limits)
                     layout = state.prefix_layout
                     answered = await state.assembler.assemble(parsed, deadline, layout, request)
                 finally:
@@ -270,25 +272,6 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
                 return action()
         except Failure as error:
             await abort(context, error)
-
-
-# An AssembleRequest's tags, lengths and flags around its fields_json and names.
-_ASSEMBLE_FRAMING_BYTES = 64
-
-
-def assemble_request_limit(limits: Limits) -> int:
-    """The largest AssembleRequest the limits allow: fields_json, a scope and a report key."""
-    return limits.max_fields_bytes + 2 * limits.max_name_bytes + _ASSEMBLE_FRAMING_BYTES
-
-
-def request_too_large(size: int, limit: int) -> Failure:
-    """An Assemble request refused by its size: only its fields_json can be that large."""
-    return too_large(
-        "assemble request (its context's fields_json at most limits.max_fields_bytes, its"
-        " scope and report key at most limits.max_name_bytes)",
-        size,
-        limit,
-    )
 
 
 def _deadline(context: Context) -> float | None:
