@@ -223,8 +223,20 @@ async def test_next_results_name_unchanged_parts_against_the_invocation(
             "more sections sent than -1 section slots",
         ),
         (pb.PartSlots(tools=[0]), pb.PromptAssembly(), "both tool_slots and slots.tools"),
+        (
+            pb.PartSlots(sections=[0] * 100_000),
+            pb.PromptAssembly(),
+            "100000 section slots are more than the sections held and sent",
+        ),
     ],
-    ids=["past-the-end", "below-minus-one", "fresh-missing", "fresh-extra", "both-tool-slots"],
+    ids=[
+        "past-the-end",
+        "below-minus-one",
+        "fresh-missing",
+        "fresh-extra",
+        "both-tool-slots",
+        "more-than-held",
+    ],
 )
 async def test_a_reply_with_bad_slots_fails_that_assembly_and_the_stream_serves_on(
     sidecar: Sidecar, client: dsp.Client, slots: pb.PartSlots, fresh: pb.PromptAssembly, words: str

@@ -121,6 +121,11 @@ def _decode(
     """Parts from slots: places in `held`, or -1 for the next of `fresh` (converted)."""
     if not slots:
         return [convert(message) for message in fresh]
+    if len(slots) > len(held) + len(fresh):  # so a reply costs no more than what it names
+        raise _bad(
+            f"{len(slots)} {noun} slots are more than the {noun}s held and sent"
+            f" ({len(held)} + {len(fresh)})"
+        )
     parts: list[T] = []
     remaining = iter(fresh)
     for slot in slots:
