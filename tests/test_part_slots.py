@@ -226,7 +226,7 @@ async def test_next_results_name_unchanged_parts_against_the_invocation(
         (
             pb.PartSlots(sections=[0] * 100_000),
             pb.PromptAssembly(),
-            "100000 section slots are more than the sections held and sent",
+            "more section slots than the sections held and sent",
         ),
     ],
     ids=[

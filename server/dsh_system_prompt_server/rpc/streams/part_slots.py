@@ -121,16 +121,15 @@ def _decode(
     """Parts from slots: places in `held`, or -1 for the next of `fresh` (converted)."""
     if not slots:
         return [convert(message) for message in fresh]
-    if len(slots) > len(held) + len(fresh):  # so a reply costs no more than what it names
-        raise _bad(
-            f"{len(slots)} {noun} slots are more than the {noun}s held and sent"
-            f" ({len(held)} + {len(fresh)})"
-        )
     parts: list[T] = []
     remaining = iter(fresh)
-    for slot in slots:
+    for index, slot in enumerate(slots):
         if not -1 <= slot < len(held):
             raise _bad(f"{noun} slot {slot} is out of range ({len(held)} {noun}s held)")
+        if index == len(held) + len(fresh):  # so a reply costs no more than what it names
+            raise _bad(
+                f"more {noun} slots than the {noun}s held and sent ({len(held)} + {len(fresh)})"
+            )
         if slot >= 0:
             parts.append(held[slot])
             continue
