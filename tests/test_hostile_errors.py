@@ -1,8 +1,10 @@
-"""Hostile input gets the right error: deep JSON is INVALID_JSON, long messages are cut."""
+"""Hostile input gets the right error: deep JSON is INVALID_JSON, long messages are cut, bytes
+that are no request are INVALID_VALUE."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import dsh_system_prompt as dsp
 import grpc
@@ -10,9 +12,10 @@ import grpc.aio
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import Sidecar
+from dsh_system_prompt_server.rpc.handlers import SERVICE
 from dsh_system_prompt_server.rpc.json_text import MAX_JSON_DEPTH
 from dsh_system_prompt_server.rpc.status import MAX_MESSAGE_BYTES
-from helpers import failure, raw_channel, raw_stub, refusal, rejection, tool_names
+from helpers import SidecarFactory, failure, raw_channel, raw_stub, refusal, rejection, tool_names
 
 Next = Callable[..., Awaitable[dsp.PromptAssembly]]
 TOO_DEEP = f"nested deeper than {MAX_JSON_DEPTH} levels"
@@ -119,3 +122,48 @@ async def test_a_cut_message_never_splits_a_character(client: dsp.Client) -> Non
     assert error.reason == "PROVIDER_FAILED"
     assert "漢漢漢" in error.message and "\ufffd" not in error.message
     assert len(error.message.encode()) <= MAX_MESSAGE_BYTES
+
+
+# -- bytes that are no request ------------------------------------------------------------
+
+UNARY_REQUESTS = [method.name for method in SERVICE.methods if not method.client_streaming]
+NOT_A_MESSAGE = b"\xff\xff\xff"  # a field number 0 tag: no protobuf message parses it
+
+
+async def _refused_bytes(address: str, method: str, token: str | None) -> grpc.aio.AioRpcError:
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+    async with raw_channel(address) as channel:
+        path = f"/{SERVICE.full_name}/{method}"
+        kind = (
+            channel.unary_stream
+            if SERVICE.methods_by_name[method].server_streaming
+            else (channel.unary_unary)
+        )
+        call = kind(path, request_serializer=bytes, response_deserializer=bytes)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            responses = call(NOT_A_MESSAGE, timeout=5, metadata=metadata)
+            if isinstance(responses, grpc.aio.UnaryStreamCall):
+                async for _ in responses:
+                    pass
+            else:
+                await responses
+        return refused.value
+
+
+@pytest.mark.parametrize("method", UNARY_REQUESTS)
+@pytest.mark.parametrize("token", [None, "admin-token-0123"], ids=["open", "with-a-credential"])
+async def test_bytes_that_are_no_request_are_invalid_value_naming_the_message(
+    make_sidecar: SidecarFactory, tmp_path: Path, method: str, token: str | None
+) -> None:
+    options: dict[str, object] = {}
+    if token:
+        (tmp_path / "admin.token").write_text(token)
+        options["auth_token_file"] = str(tmp_path / "admin.token")
+    sidecar = await make_sidecar(**options)
+    refused = await _refused_bytes(sidecar.address, method, token)
+    request = SERVICE.methods_by_name[method].input_type.name
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(refused.trailing_metadata() or ())["dsh-error-reason"] == "INVALID_VALUE"
+    assert f"are not a{'n' if request[0] in 'AEIOU' else ''} {request} message" in (
+        refused.details() or ""
+    )

@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
-from google.protobuf.message import DecodeError
 
 from ..registry import (
     SIDECAR_OWNER,
@@ -29,7 +28,6 @@ from ..registry import (
     ProvidedValue,
     ProviderCall,
     ProviderHost,
-    RegistryError,
     ServiceError,
     Skipped,
     Status,
@@ -38,7 +36,7 @@ from ..registry import (
     owner_label,
     public_ref,
 )
-from ..registry.limits import Limits, too_large, value_bytes
+from ..registry.limits import Limits, value_bytes
 from ..registry.model import AnyRegistration, ContextRegistration, SectionRegistration
 from .encoding import delimited, tool_to_proto
 from .json_text import load_json
@@ -60,38 +58,6 @@ def toolset_from_proto(message: pb.ToolProviderResult, limits: Limits) -> ToolSe
     limits.check_count("tool known_names", len(message.known_names.names))
     known = tuple(message.known_names.names) if message.HasField("known_names") else None
     return ToolSet(schemas=tuple(tool_from_proto(t) for t in message.schemas), known_names=known)
-
-
-# An AssembleRequest's tags, lengths and flags around its fields_json and names.
-_ASSEMBLE_FRAMING_BYTES = 64
-
-
-def assemble_request_limit(limits: Limits) -> int:
-    """The largest AssembleRequest the limits allow: fields_json, a scope and a report key."""
-    return limits.max_fields_bytes + 2 * limits.max_name_bytes + _ASSEMBLE_FRAMING_BYTES
-
-
-def request_too_large(size: int, limit: int) -> RegistryError:
-    """An Assemble request refused by its size: only its fields_json can be that large."""
-    return too_large(
-        "assemble request (its context's fields_json at most limits.max_fields_bytes, its"
-        " scope and report key at most limits.max_name_bytes)",
-        size,
-        limit,
-    )
-
-
-def assemble_request(data: bytes, limits: Limits) -> pb.AssembleRequest:
-    """An Assemble request's bytes parsed: refused first by their size, then by their form."""
-    limit = assemble_request_limit(limits)
-    if len(data) > limit:
-        raise request_too_large(len(data), limit)
-    try:
-        return pb.AssembleRequest.FromString(data)
-    except DecodeError:
-        raise bad_request(
-            Reason.INVALID_VALUE, "the request's bytes are not an AssembleRequest message"
-        ) from None
 
 
 def context_to_proto(context: AssembleContext) -> pb.AssembleContext:

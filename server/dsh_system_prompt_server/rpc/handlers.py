@@ -1,5 +1,6 @@
-"""The service's method handlers, built from its descriptor, with Assemble taking and
-answering bytes.
+"""The service's method handlers, built from its descriptor, with every unary request
+parsed here (bytes that are no message: INVALID_ARGUMENT INVALID_VALUE, not gRPC's UNKNOWN)
+and Assemble taking and answering bytes.
 
 The generated `add_..._to_server` serializes every response message; Assemble's
 responses are encoded by the service itself (cached ones once, for every caller),
@@ -13,20 +14,78 @@ for listeners' answers and registrations).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeAlias
 
 import grpc
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh_system_prompt_core import Reason
 from google.protobuf.descriptor import MethodDescriptor
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
+
+from ..registry import Failure, Limits
+from ..registry.limits import too_large
+from .status import abort, bad_request
+
+Context: TypeAlias = "grpc.aio.ServicerContext[object, object]"
+Behaviour: TypeAlias = Callable[[Any, Context], Awaitable[Any]]
 
 SERVICE = pb.DESCRIPTOR.services_by_name["SystemPromptService"]
 # Methods whose servicer may return (or write) encoded bytes (WatchPrompt: one prompt, encoded
 # once, for all the watchers of a scope).
 PREENCODED = frozenset({"Assemble", "Listen", "OpenSession", "WatchPrompt"})
-# Methods whose servicer (and the policy, guard.access) parses the request itself.
+# Methods whose servicer parses the request itself (`assemble_request`); every other
+# unary request is parsed by its handler (`parsed`), and the policy parses what it reads.
 RAW_REQUESTS = frozenset({"Assemble"})
+# An AssembleRequest's tags, lengths and flags around its fields_json and names.
+_ASSEMBLE_FRAMING_BYTES = 64
+
+
+def parsed(method: str, data: bytes) -> Message:
+    """`data` parsed as the request of `method` (its short name: `RegisterSection`)."""
+    message: type[Message] = getattr(pb, SERVICE.methods_by_name[method].input_type.name)
+    try:
+        return message.FromString(data)
+    except DecodeError:
+        article = "an" if message.__name__[0] in "AEIOU" else "a"
+        raise bad_request(
+            Reason.INVALID_VALUE,
+            f"the request's bytes are not {article} {message.__name__} message",
+        ) from None
+
+
+def assemble_request_limit(limits: Limits) -> int:
+    """The largest AssembleRequest the limits allow: fields_json, a scope and a report key."""
+    return limits.max_fields_bytes + 2 * limits.max_name_bytes + _ASSEMBLE_FRAMING_BYTES
+
+
+def request_too_large(size: int, limit: int) -> Failure:
+    """An Assemble request refused by its size: only its fields_json can be that large."""
+    return too_large(
+        "assemble request (its context's fields_json at most limits.max_fields_bytes, its"
+        " scope and report key at most limits.max_name_bytes)",
+        size,
+        limit,
+    )
+
+
+def assemble_request(data: bytes, limits: Limits) -> pb.AssembleRequest:
+    """An Assemble request's bytes parsed: refused first by their size, then by their form."""
+    limit = assemble_request_limit(limits)
+    if len(data) > limit:
+        raise request_too_large(len(data), limit)
+    request = parsed("Assemble", data)
+    assert isinstance(request, pb.AssembleRequest)
+    return request
+
+
+def request_of(method: str, data: bytes, limits: Limits) -> Message | None:
+    """The request a unary call's bytes hold, for a reader before the servicer (the policy);
+    None when the servicer will refuse them (too large, or no message)."""
+    try:
+        return assemble_request(data, limits) if method in RAW_REQUESTS else parsed(method, data)
+    except Failure:
+        return None
 
 
 def passthrough(response: Message | bytes) -> bytes:
@@ -42,10 +101,25 @@ def _serializer(method: MethodDescriptor) -> Callable[[Any], bytes]:
     return serialize
 
 
+def _parsing(behaviour: Behaviour, method: str) -> Behaviour:
+    """`behaviour`, given its request parsed from the call's bytes, or the call refused."""
+
+    async def parse_then(data: bytes, context: Context) -> Any:
+        try:
+            request = parsed(method, data)
+        except Failure as error:
+            await abort(context, error)
+        return await behaviour(request, context)
+
+    return parse_then
+
+
 def _handler(servicer: object, method: MethodDescriptor) -> grpc.RpcMethodHandler:
     behaviour = getattr(servicer, method.name)
     request: type[Message] = getattr(pb, method.input_type.name)
-    parse = None if method.name in RAW_REQUESTS else request.FromString
+    parse = request.FromString if method.client_streaming else None
+    if not method.client_streaming and method.name not in RAW_REQUESTS:
+        behaviour = _parsing(behaviour, method.name)
     kind = {
         (False, False): grpc.unary_unary_rpc_method_handler,
         (False, True): grpc.unary_stream_rpc_method_handler,

@@ -17,9 +17,6 @@ from ..registry import AnyRegistration, Failure
 from .assemble.assembler import history_key
 from .convert import (
     SKIPPED_TRAILER,
-    assemble_request,
-    assemble_request_limit,
-    request_too_large,
     skipped_trailer,
     text_from_proto,
     tools_from_proto,
@@ -27,6 +24,7 @@ from .convert import (
     variable_from_proto,
 )
 from .guard.gate import Gate
+from .handlers import assemble_request, assemble_request_limit, request_too_large
 from .report_messages import (
     history_entry_to_proto,
     history_to_proto,

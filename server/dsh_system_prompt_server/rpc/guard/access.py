@@ -12,8 +12,7 @@ from typing import Any
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
-from ...registry import Failure, Limits, Registry
-from ..convert import assemble_request
+from ...registry import Registry
 from .policy import Request, Verb
 
 _UNKNOWN = object()  # a handle the session does not hold
@@ -31,10 +30,6 @@ def describe(method: str, message: Any, registry: Registry) -> Request | None:
 class _Handles:
     def __init__(self, registry: Registry) -> None:
         self._registry = registry
-
-    @property
-    def limits(self) -> Limits:
-        return self._registry.limits
 
     def key(self, session_id: str, scope_id: str) -> object:
         """The key of the session's scope handle; None: the global layer."""
@@ -76,12 +71,7 @@ def _open_scope(message: pb.OpenScopeRequest, handles: _Handles) -> Request:
     return Request(verb=Verb.OPEN_SCOPE, scope=message.key, parent=message.parent_key or None)
 
 
-def _assemble(message: pb.AssembleRequest | bytes, handles: _Handles) -> Request | None:
-    if isinstance(message, bytes):  # the service takes its bytes (handlers.RAW_REQUESTS)
-        try:
-            message = assemble_request(message, handles.limits)
-        except Failure:
-            return None  # too large or no message: the service refuses it, unparsed if large
+def _assemble(message: pb.AssembleRequest, handles: _Handles) -> Request:
     scope = message.context.scope or None
     if message.report:  # a report is kept in the cache history: a write
         return Request(verb=Verb.REPORT, scope=scope, report_key=message.report_key)

@@ -27,6 +27,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
 
 from ...registry import Registry, ServiceError, Status
+from ..handlers import request_of
 from ..status import abort
 from .access import describe, session_of
 from .clients import CALLER
@@ -120,7 +121,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return self._authenticator.identify(metadata, context.auth_context() or {})
 
     def denial(self, method: str, message: Any, credential: Credential) -> ServiceError | None:
-        """Why `credential` may not send `message` to `method`, or None."""
+        """Why `credential` may not send `message` to `method`, or None. A unary call's
+        request comes as its bytes (rpc.handlers); ones the service will refuse are left to it."""
+        if isinstance(message, bytes):
+            message = request_of(method, message, self._registry.limits)
+            if message is None:
+                return None
         session = session_of(method, message)
         owner = self._session_owners.get(session) if session else None
         if owner is not None and owner != credential.name:
