@@ -126,31 +126,35 @@ async def test_a_cut_message_never_splits_a_character(client: dsp.Client) -> Non
 
 # -- bytes that are no request ------------------------------------------------------------
 
-UNARY_REQUESTS = [method.name for method in SERVICE.methods if not method.client_streaming]
+METHODS = [method.name for method in SERVICE.methods]
 NOT_A_MESSAGE = b"\xff\xff\xff"  # a field number 0 tag: no protobuf message parses it
 
 
 async def _refused_bytes(address: str, method: str, token: str | None) -> grpc.aio.AioRpcError:
+    """How `method` refuses NOT_A_MESSAGE as its request, or as a stream's first message."""
     metadata = (("authorization", f"Bearer {token}"),) if token else None
+    described = SERVICE.methods_by_name[method]
+    path, codec = f"/{SERVICE.full_name}/{method}", {"request_serializer": bytes}
     async with raw_channel(address) as channel:
-        path = f"/{SERVICE.full_name}/{method}"
-        kind = (
-            channel.unary_stream
-            if SERVICE.methods_by_name[method].server_streaming
-            else (channel.unary_unary)
-        )
-        call = kind(path, request_serializer=bytes, response_deserializer=bytes)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            responses = call(NOT_A_MESSAGE, timeout=5, metadata=metadata)
-            if isinstance(responses, grpc.aio.UnaryStreamCall):
-                async for _ in responses:
+            if described.client_streaming:
+                stream = channel.stream_stream(path, **codec)(timeout=5, metadata=metadata)
+                await stream.write(NOT_A_MESSAGE)
+                async for _ in stream:
+                    pass
+            elif described.server_streaming:
+                async for _ in channel.unary_stream(path, **codec)(
+                    NOT_A_MESSAGE, timeout=5, metadata=metadata
+                ):
                     pass
             else:
-                await responses
+                await channel.unary_unary(path, **codec)(
+                    NOT_A_MESSAGE, timeout=5, metadata=metadata
+                )
         return refused.value
 
 
-@pytest.mark.parametrize("method", UNARY_REQUESTS)
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("token", [None, "admin-token-0123"], ids=["open", "with-a-credential"])
 async def test_bytes_that_are_no_request_are_invalid_value_naming_the_message(
     make_sidecar: SidecarFactory, tmp_path: Path, method: str, token: str | None
@@ -167,3 +171,27 @@ async def test_bytes_that_are_no_request_are_invalid_value_naming_the_message(
     assert f"are not a{'n' if request[0] in 'AEIOU' else ''} {request} message" in (
         refused.details() or ""
     )
+
+
+async def test_a_session_stream_message_that_is_no_message_ends_the_session(
+    sidecar: Sidecar,
+) -> None:
+    async with raw_channel(sidecar.address) as channel:
+        stub = raw_stub(channel)
+        session = channel.stream_stream(
+            f"/{SERVICE.full_name}/OpenSession",
+            request_serializer=bytes,
+            response_deserializer=pb.OpenSessionResponse.FromString,
+        )(timeout=10)
+        await session.write(pb.OpenSessionRequest(start=pb.SessionStart()).SerializeToString())
+        session_id = (await session.read()).opened.session_id
+        section = pb.RegisterSectionRequest(session_id=session_id, name="mine", text="kept?")
+        await stub.RegisterSection(section)
+        await session.write(NOT_A_MESSAGE)
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            while await session.read() is not grpc.aio.EOF:
+                pass
+        left = await stub.Assemble(pb.AssembleRequest())
+    assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not an OpenSessionRequest message" in (ended.value.details() or "")
+    assert "mine" not in [section.name for section in left.assembly.sections]

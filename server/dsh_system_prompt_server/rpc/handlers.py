@@ -1,6 +1,6 @@
-"""The service's method handlers, built from its descriptor, with every unary request
-parsed here (bytes that are no message: INVALID_ARGUMENT INVALID_VALUE, not gRPC's UNKNOWN)
-and Assemble taking and answering bytes.
+"""The service's method handlers, built from its descriptor, with every request and stream
+message parsed here (bytes that are no message: INVALID_ARGUMENT INVALID_VALUE, not gRPC's
+UNKNOWN) and Assemble taking and answering bytes.
 
 The generated `add_..._to_server` serializes every response message; Assemble's
 responses are encoded by the service itself (cached ones once, for every caller),
@@ -114,11 +114,36 @@ def _parsing(behaviour: Behaviour, method: str) -> Behaviour:
     return parse_then
 
 
+class _ParsingStream:
+    """A stream's context whose reads parse the peer's bytes as `method`'s messages (a Failure,
+    INVALID_VALUE, for bytes that are none); everything else is the context's."""
+
+    def __init__(self, context: Context, method: str) -> None:
+        self._context = context
+        self._method = method
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    async def read(self) -> Any:
+        data = await self._context.read()
+        return data if data is grpc.aio.EOF else parsed(self._method, data)
+
+
+def _reading(behaviour: Behaviour, method: str) -> Behaviour:
+    """A client-streaming `behaviour` (the reader/writer API), its messages parsed as read."""
+
+    async def read_then(requests: Any, context: Context) -> Any:
+        return await behaviour(requests, _ParsingStream(context, method))
+
+    return read_then
+
+
 def _handler(servicer: object, method: MethodDescriptor) -> grpc.RpcMethodHandler:
     behaviour = getattr(servicer, method.name)
-    request: type[Message] = getattr(pb, method.input_type.name)
-    parse = request.FromString if method.client_streaming else None
-    if not method.client_streaming and method.name not in RAW_REQUESTS:
+    if method.client_streaming:
+        behaviour = _reading(behaviour, method.name)
+    elif method.name not in RAW_REQUESTS:
         behaviour = _parsing(behaviour, method.name)
     kind = {
         (False, False): grpc.unary_unary_rpc_method_handler,
@@ -128,7 +153,7 @@ def _handler(servicer: object, method: MethodDescriptor) -> grpc.RpcMethodHandle
     }[(method.client_streaming, method.server_streaming)]
     handler: grpc.RpcMethodHandler = kind(
         behaviour,
-        request_deserializer=parse,
+        request_deserializer=None,  # bytes: parsed above, so a bad one gets our status
         response_serializer=_serializer(method),
     )
     return handler
