@@ -172,3 +172,13 @@ async def test_a_failure_policy_that_is_not_one_is_refused(client: dsp.Client) -
     assert caught.value.message == (
         "failure_policy must be dsp.FailurePolicy.FAIL or .IGNORE, not 'sometimes'"
     )
+
+
+async def test_a_refused_failure_policy_keeps_no_provider_in_the_client(
+    client: dsp.Client,
+) -> None:
+    kept = client._connection.providers  # what the client answers ProvideRequests from
+    for _ in range(3):
+        with pytest.raises(dsp.SystemPromptError):
+            await client.section("cwd", 20, broken, failure_policy="sometimes")  # type: ignore[arg-type]
+    assert len(kept) == 0

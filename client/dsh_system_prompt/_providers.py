@@ -40,6 +40,10 @@ class Providers:
         self._labels[key] = label
         return key
 
+    def __len__(self) -> int:
+        """How many providers are kept (one per live dynamic registration)."""
+        return len(self._providers)
+
     def remove(self, key: str | None) -> None:
         if key is not None:
             self._providers.pop(key, None)

@@ -271,11 +271,11 @@ class _Registrar:
         return value
 
     def _dynamic(self, provider: Any, labelled: str, asked: _Asked) -> pb.Dynamic:
-        seconds = asked.seconds()  # refused before the provider is kept
+        seconds, policy = asked.seconds(), asked.policy()  # refused before the provider is kept
         dynamic = pb.Dynamic(
             provider_key=self._connection.providers.add(provider, labelled),
             timeout_s=seconds,
-            failure_policy=asked.policy(),
+            failure_policy=policy,
         )
         if asked.cache is not None:
             dynamic.cache.CopyFrom(asked.cache.to_proto())
