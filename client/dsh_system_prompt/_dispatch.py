@@ -127,7 +127,7 @@ class Dispatch:
         finally:
             self._starting = False
 
-    def _written(self, written: asyncio.Future[None] | None, error: Exception | None) -> None:
+    def _written(self, written: asyncio.Future[None] | None, error: BaseException | None) -> None:
         self._writing = False
         if written is not None and not written.done():
             if error is None:

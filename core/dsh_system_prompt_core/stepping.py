@@ -15,8 +15,8 @@ import functools
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
-Finished = Callable[[Exception | None], None]
-"""Hears a stepped coroutine's end: None, or the exception it raised."""
+Finished = Callable[[BaseException | None], None]
+"""Hears a stepped coroutine's end: None, or the exception it raised (a cancellation too)."""
 
 
 def step_through(work: Awaitable[object], finished: Finished) -> None:
@@ -31,7 +31,7 @@ def _step(steps: Generator[Any, None, object], finished: Finished, _: object = N
     except StopIteration:
         finished(None)
         return
-    except Exception as error:
+    except (Exception, asyncio.CancelledError) as error:  # a cancelled wait ends it too
         finished(error)
         return
     if waiting is None:  # a bare yield: on the loop's next turn

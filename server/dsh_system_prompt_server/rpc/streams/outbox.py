@@ -120,7 +120,7 @@ class Outbox(Generic[M]):
         if not self._writing:
             self._empty.set()
 
-    def _written_one(self, write: int, error: Exception | None) -> None:
+    def _written_one(self, write: int, error: BaseException | None) -> None:
         if write != self._writing:
             return
         self._writing = 0
