@@ -255,6 +255,16 @@ async def test_a_reload_of_limits_refuses_the_same_bytes(
     assert "fields_json" in (refused.details() or "")
 
 
+async def test_requests_varying_only_in_what_a_static_plan_ignores_push_no_answer_out(
+    sidecar: Sidecar, client: dsp.Client, raw: Raw
+) -> None:
+    await (await client.scope("other")).section("theirs", 5, "kept")
+    await raw.answer(request("other"))
+    for n in range(2100):  # past the cache's 2,048 entries, each request new bytes
+        await raw.answer(request(fields={"n": str(n)}))
+    assert sidecar.state.assembler.kept(request("other")) is not None
+
+
 # -- the policy decides every call ----------------------------------------------------
 
 ADMIN, PLANNER = "admin-token-0123", "planner-token-4567"

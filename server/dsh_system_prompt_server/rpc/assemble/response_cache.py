@@ -6,7 +6,7 @@ request before it is parsed."""
 from __future__ import annotations
 
 import sys
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Hashable
 from typing import NamedTuple
 
@@ -18,6 +18,11 @@ from ...registry.callbacks.cache import context_key
 Key = Hashable
 MAX_BYTES = 32 * 1024 * 1024  # limits.max_response_cache_bytes
 _ENTRY_BYTES = 200  # the key tuple, the dict slot and the bytes object's header
+# A response is indexed by at most this many requests' bytes, each at most this long, so
+# requests that vary only in what a static plan ignores (its fields) cannot push every
+# other kept answer out of the shared bound; the rest are answered after parsing.
+MAX_INDEXED_PER_RESPONSE = 16
+MAX_INDEXED_REQUEST_BYTES = 4096
 
 
 class Stamp(NamedTuple):
@@ -59,9 +64,9 @@ class ResponseCache:
     least recently used dropped first.
 
     Two kinds of entries share the bound: a response under its `reuse_key`, and a
-    request's bytes indexing it (`index`), which count their own bytes (the response
-    is counted once, under its key). Keys carry the revision, so a change makes older
-    entries unreachable; they age out as new ones come in.
+    request's bytes indexing it (`index`: a few short ones per response), which count
+    their own bytes (the response is counted once, under its key). Keys carry the
+    revision, so a change makes older entries unreachable; they age out as new ones come in.
     """
 
     def __init__(self, size: int = 2048, max_bytes: int = MAX_BYTES) -> None:
@@ -69,6 +74,7 @@ class ResponseCache:
         self.max_bytes = max_bytes  # a reload may change it; it applies from the next put
         self.bytes = 0  # what the kept responses take, keys included
         self._entries: OrderedDict[Key, tuple[bytes | _Indexed, int]] = OrderedDict()
+        self._indexed: Counter[Key] = Counter()  # index entries per response key
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -98,9 +104,13 @@ class ResponseCache:
 
     def index(self, request: bytes, key: Key, stamp: Stamp) -> None:
         """Answer `request`'s bytes with the response kept under `key` while `stamp` holds."""
-        if key in self._entries:  # not when the response itself was too large to keep
-            size = sys.getsizeof(request) + _ENTRY_BYTES
-            self._keep(request, _Indexed(key, stamp), size)
+        if key not in self._entries:  # the response itself was too large to keep
+            return
+        if len(request) > MAX_INDEXED_REQUEST_BYTES:
+            return
+        if request not in self._entries and self._indexed[key] >= MAX_INDEXED_PER_RESPONSE:
+            return
+        self._keep(request, _Indexed(key, stamp), sys.getsizeof(request) + _ENTRY_BYTES)
 
     def _keep(self, key: Key, kept: bytes | _Indexed, size: int) -> None:
         if size > self.max_bytes:
@@ -108,13 +118,20 @@ class ResponseCache:
         self._drop(key)
         self._entries[key] = (kept, size)
         self.bytes += size
+        if isinstance(kept, _Indexed):
+            self._indexed[kept.key] += 1
         while len(self._entries) > self._size or self.bytes > self.max_bytes:
             self._drop(next(iter(self._entries)))  # the least recently used
 
     def _drop(self, key: Key) -> None:
         kept = self._entries.pop(key, None)
-        if kept is not None:
-            self.bytes -= kept[1]
+        if kept is None:
+            return
+        self.bytes -= kept[1]
+        if isinstance(kept[0], _Indexed):
+            self._indexed[kept[0].key] -= 1
+            if self._indexed[kept[0].key] <= 0:
+                del self._indexed[kept[0].key]
 
 
 def _key_bytes(key: Key) -> int:
