@@ -143,8 +143,9 @@ async def test_a_listener_slow_to_read_invocations_whose_assemblies_gave_up_stil
 ) -> None:
     # Invocations are still being written when their assemblies' deadline passes: the
     # writes must go on (a write cancelled half-sent fails the stream's next one, and so
-    # do two at once), not end the stream.
-    sidecar = await make_sidecar(provider_timeout_s=10)
+    # do two at once), not end the stream. The outbox's bound is raised past the five
+    # invocations' 15 MiB, which this test is not about (when they are queued is a race).
+    sidecar = await make_sidecar(provider_timeout_s=10, limits={"max_outbox_bytes": 64 * 2**20})
     async with _big_session(sidecar, 12) as (stub, session_id):  # 3 MiB an invocation
         listener = await _listening(stub, session_id)  # its invocations left unread for now
         given_up = await asyncio.gather(
