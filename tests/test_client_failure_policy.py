@@ -11,7 +11,7 @@ import dsh_system_prompt as dsp
 import grpc
 import pytest
 from dsh_system_prompt_server import Sidecar
-from helpers import ClientOf, SidecarFactory, section_names, tool
+from helpers import ClientOf, SidecarFactory, rejection, section_names, tool
 
 IGNORE = dsp.FailurePolicy.IGNORE
 
@@ -39,6 +39,17 @@ async def test_an_ignored_provider_that_raises_is_skipped_and_named_on_the_assem
     )
     assert step.message.startswith('section provider "cwd" (global) failed: ')
     assert "no cwd here" in step.message
+
+
+@pytest.mark.parametrize(("named", "skipped"), [("ignore", 1), ("fail", None)])
+async def test_a_failure_policy_may_be_named_by_its_plain_string(
+    client: dsp.Client, named: str, skipped: int | None
+) -> None:
+    await client.section("cwd", 20, broken, failure_policy=named)  # type: ignore[arg-type]
+    if skipped is None:
+        assert (await rejection(client.assemble())).reason is dsp.Reason.PROVIDER_FAILED
+    else:
+        assert len((await client.assemble()).skipped) == skipped
 
 
 async def test_skipped_steps_are_not_part_of_the_assemblys_value(client: dsp.Client) -> None:
