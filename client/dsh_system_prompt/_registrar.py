@@ -240,15 +240,16 @@ class _Registrar:
         called next() unchanged: only for a listener that decorates, never one that
         filters (docs/protocol.md, "Failure policy").
         """
+        asked = _Asked(cache, timeout_s, failure_policy)
         start = pb.ListenStart(
             prepend=prepend,
             name=name or listener_name(listener),
             features=[FEATURE_TOOL_SLOTS, FEATURE_CALLBACK_CACHE, FEATURE_PART_SLOTS],
-            timeout_s=_Asked(None, timeout_s).seconds(),
-            failure_policy=_Asked(None, None, failure_policy).policy(),
+            timeout_s=asked.seconds(),
+            failure_policy=asked.policy(),
         )
-        if cache is not None:
-            start.cache.CopyFrom(cache.to_proto())
+        if asked.cache is not None:
+            start.cache.CopyFrom(asked.cache.to_proto())
         setattr(start, "global", global_)  # a Python keyword as a field name
         record = ListenerRegistration(
             start=start,
@@ -327,7 +328,7 @@ class _Asked:
     failure_policy: FailurePolicy | None = None
 
     def refuse_static(self) -> None:
-        """Both are for providers: a static value is never asked for."""
+        """They are for providers: a static value is never asked for."""
         given_options = (
             (self.cache, "cache="),
             (self.timeout_s, "timeout_s="),

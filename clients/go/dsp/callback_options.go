@@ -115,13 +115,19 @@ func (a asked) static() error {
 	return nil
 }
 
-// dynamic is the Dynamic of a provider asked as opts say; nothing is kept when they are refused.
-func (r *registrar) dynamic(provider any, a asked) (*pb.Dynamic, error) {
+// sent is the callback's own time and failure policy as sent, or why they are refused.
+func (a asked) sent() (float64, pb.FailurePolicy, error) {
 	seconds, err := a.seconds()
 	if err != nil {
-		return nil, err
+		return 0, 0, err
 	}
 	policy, err := a.failurePolicy()
+	return seconds, policy, err
+}
+
+// dynamic is the Dynamic of a provider asked as opts say; nothing is kept when they are refused.
+func (r *registrar) dynamic(provider any, a asked) (*pb.Dynamic, error) {
+	seconds, policy, err := a.sent()
 	if err != nil {
 		return nil, err
 	}

@@ -397,11 +397,7 @@ func (r *registrar) OnAssemble(ctx context.Context, listener Listener, opts ...L
 	for _, opt := range opts {
 		opt.applyListener(start, &a)
 	}
-	seconds, err := a.seconds()
-	if err != nil {
-		return nil, err
-	}
-	policy, err := a.failurePolicy()
+	seconds, policy, err := a.sent()
 	if err != nil {
 		return nil, err
 	}

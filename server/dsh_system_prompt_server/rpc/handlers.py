@@ -104,7 +104,9 @@ def _serializer(method: MethodDescriptor) -> Callable[[Any], bytes]:
 def _parsing(behaviour: Behaviour, method: str) -> Behaviour:
     """`behaviour`, given its request parsed from the call's bytes, or the call refused."""
 
-    async def parse_then(data: bytes, context: Context) -> Any:
+    async def parse_then(data: bytes | Message, context: Context) -> Any:
+        if isinstance(data, Message):  # the policy parsed it already (guard.auth)
+            return await behaviour(data, context)
         try:
             request = parsed(method, data)
         except Failure as error:

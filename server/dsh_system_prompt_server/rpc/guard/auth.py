@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
 
 from ...registry import Registry, ServiceError, Status
-from ..handlers import request_of
+from ..handlers import RAW_REQUESTS, request_of
 from ..status import abort
 from .access import describe, session_of
 from .clients import CALLER
@@ -120,13 +119,19 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         metadata = context.invocation_metadata() or ()
         return self._authenticator.identify(metadata, context.auth_context() or {})
 
-    def denial(self, method: str, message: Any, credential: Credential) -> ServiceError | None:
-        """Why `credential` may not send `message` to `method`, or None. A unary call's
-        request comes as its bytes (rpc.handlers); ones the service will refuse are left to it."""
+    def read(self, method: str, message: Any) -> Any:
+        """`message` as the policy reads it: a call's bytes (rpc.handlers) parsed; None for
+        bytes the service will refuse."""
         if isinstance(message, bytes):
-            message = request_of(method, message, self._registry.limits)
-            if message is None:
-                return None
+            return request_of(method, message, self._registry.limits)
+        return message
+
+    def denial(self, method: str, message: Any, credential: Credential) -> ServiceError | None:
+        """Why `credential` may not send `message` to `method`, or None; a message the
+        service will refuse is left to it."""
+        message = self.read(method, message)
+        if message is None:
+            return None
         session = session_of(method, message)
         owner = self._session_owners.get(session) if session else None
         if owner is not None and owner != credential.name:
@@ -199,20 +204,14 @@ def _wrapped(handler: Any, call: _Call) -> Any:
 
         return make(streamed, **options)
     behaviour = handler.unary_stream or handler.unary_unary
-    if handler.response_streaming and inspect.isasyncgenfunction(behaviour):
-
-        async def generated(request: Any, context: Any) -> AsyncIterator[Any]:
-            credential = await call.admitted(context, streaming=False)
-            await call.check(context, request, credential)
-            async for response in behaviour(request, context):
-                yield response
-
-        return grpc.unary_stream_rpc_method_handler(generated, **options)
 
     async def unary(request: Any, context: Any) -> Any:
         credential = await call.admitted(context, streaming=False)
-        await call.check(context, request, credential)
-        return await behaviour(request, context)
+        message = call.interceptor.read(call.method, request)
+        await call.check(context, message, credential)
+        # parsed once: the servicer takes the policy's message, but Assemble its bytes
+        handed = request if message is None or call.method in RAW_REQUESTS else message
+        return await behaviour(handed, context)
 
     make = (
         grpc.unary_stream_rpc_method_handler
