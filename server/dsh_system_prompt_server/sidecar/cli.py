@@ -17,7 +17,8 @@ from ..rpc.addresses import AddressError, check_listen
 from ..telemetry.logs import configure_logging, logger
 from ..telemetry.tracing import tracing_from_env
 from .app import start_sidecar
-from .commands import add_connection_options, run
+from .command_io import add_connection_options
+from .commands import run
 from .config import LOG_LEVELS, SidecarConfig, load_config, with_overrides
 from .config_values import ConfigError
 from .reload import POLL_S, Reloader

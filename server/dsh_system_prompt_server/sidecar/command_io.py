@@ -1,0 +1,70 @@
+"""What every client command shares: its exit codes, its one-line error, the connection
+options and the consoles it prints on."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import dsh_system_prompt as dsp
+import grpc
+from rich.console import Console
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+class CommandError(Exception):
+    """A one-line failure and the exit code it means."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """--address and the auth/TLS options every client command takes."""
+    parser.add_argument(
+        "--address",
+        default=None,
+        help=f"sidecar HOST:PORT or unix:PATH (default: $DSP_ADDRESS, else {dsp.DEFAULT_ADDRESS})",
+    )
+    parser.add_argument("--auth-token-file", help="send the bearer token in this file")
+    parser.add_argument("--tls-ca", help="CA certificate (PEM) to trust: switches TLS on")
+    parser.add_argument("--tls-cert", help="client certificate (PEM) for mutual TLS")
+    parser.add_argument("--tls-key", help="client private key (PEM) for mutual TLS")
+    parser.add_argument("--tls-server-name", help="name the server certificate carries")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+
+
+def connect(args: argparse.Namespace) -> Any:
+    token = _read(args.auth_token_file).decode().strip() if args.auth_token_file else None
+    return dsp.connect(
+        args.address, client_name="dsh-system-prompt-cli", token=token, tls=tls_of(args)
+    )
+
+
+def tls_of(args: argparse.Namespace) -> dsp.TLS | None:
+    if not (args.tls_ca or args.tls_cert):
+        return None
+    return dsp.TLS(
+        root_certificates=_read(args.tls_ca) if args.tls_ca else None,
+        private_key=_read(args.tls_key) if args.tls_key else None,
+        certificate_chain=_read(args.tls_cert) if args.tls_cert else None,
+        server_name=args.tls_server_name,
+    )
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as error:
+        raise CommandError(f"cannot read {path}: {error.strerror}", EXIT_USAGE) from None
+
+
+def styled_console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
