@@ -39,6 +39,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+## mypy --strict on what pyproject.toml's [tool.mypy] files name: the packages and bench/.
 typecheck: $(STAMP)
 	$(BIN)/mypy
 

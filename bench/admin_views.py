@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from typing import Any
 
 import aiohttp
 
@@ -42,7 +43,8 @@ async def main(url: str, count: int) -> None:
         for i in range(count)
     ]
     waiting = asyncio.gather(*(event.wait() for event in firsts))
-    done, _ = await asyncio.wait([waiting, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    racing: list[asyncio.Future[Any]] = [waiting, *tasks]  # the first update, or a view failing
+    done, _ = await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
     for task in done:
         if task is not waiting:
             task.result()  # a view that failed: say why

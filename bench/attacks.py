@@ -373,7 +373,7 @@ async def attack(address: str, seconds: float, skip: frozenset[str] = frozenset(
             held += await stuck_listener(stub, counts)
         if "idle-connections" not in skip:
             held += await idle_connections(address, counts)
-        running = {
+        running: dict[str, Callable[[], Awaitable[object]]] = {
             "stalled-session": lambda: stalled_session(stub, counts, until),
             "huge-scope-keys": lambda: huge_scope_keys(stub, counts, until),
             "deep-json": lambda: deep_json(client, stub, counts, until),

@@ -61,7 +61,7 @@ async def one_round(
     client: dsp.Client, index: int, round_: int, rng: random.Random, tally: Tally
 ) -> None:
     scope = await client.scope(f"agent-{index}-{round_ % 5}", parent=f"team-{index % 3}")
-    offs = [
+    offs: list[dsp.Disposer] = [
         await client.section(f"c{index}-static-{round_}", index * 100 + 1, "static"),
         await scope.section(f"c{index}-dynamic", 2, lambda ctx: f"turn {ctx.get('turn')}"),
         await scope.variable("turn_note", lambda ctx: str(ctx.get("turn"))),
@@ -112,6 +112,7 @@ async def soak(clients: int, seconds: float) -> dict[str, Any]:
             final = await check.assemble(timeout=10)
         leftover = [s.name for s in final.sections if s.name not in BUILT_INS]
         half = samples[len(samples) // 2 :] or [rss_start]
+        growth_pct = round(100 * (max(half) - half[0]) / half[0], 1)
         report = {
             "clients": clients,
             "seconds": round(elapsed, 1),
@@ -122,16 +123,11 @@ async def soak(clients: int, seconds: float) -> dict[str, Any]:
             "unexpected_errors": len(tally.errors),
             "first_errors": tally.errors[:5],
             "rss_kib": {"start": rss_start, "mid": half[0], "end": samples[-1] if samples else 0},
-            "rss_growth_second_half_pct": round(100 * (max(half) - half[0]) / half[0], 1),
+            "rss_growth_second_half_pct": growth_pct,
             "leftover_sections": leftover,
             "leftover_tools": [t.name for t in final.tools],
         }
-        report["ok"] = (
-            not tally.errors
-            and not leftover
-            and not final.tools
-            and report["rss_growth_second_half_pct"] < 10
-        )
+        report["ok"] = not tally.errors and not leftover and not final.tools and growth_pct < 10
         return report
     finally:
         await sidecar.stop()

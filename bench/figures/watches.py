@@ -133,6 +133,12 @@ async def _watch(
         now = time.perf_counter_ns()
         if isinstance(item, dsp.ChangesMissed):
             missed += item.count
+        elif isinstance(item, dsp.ChangesResynced):  # behind: its snapshot stands for the events
+            missed += sum(
+                1
+                for info in item.snapshot.registrations
+                if info.name.startswith(prefix) and info.name not in received
+            )
         elif item.action == "registered" and item.name.startswith(prefix):
             received[item.name] = now
         if len(received) + missed >= expected:
