@@ -392,7 +392,7 @@ func (r *registrar) SuppressRuntimeContext(ctx context.Context) (*Registration, 
 
 // OnAssemble installs a waterfall listener (see Listener).
 func (r *registrar) OnAssemble(ctx context.Context, listener Listener, opts ...ListenerOption) (*Registration, error) {
-	start := &pb.ListenStart{Name: label(funcName(listener)), Features: []string{featureToolSlots}}
+	start := &pb.ListenStart{Name: label(funcName(listener)), Features: []string{featureToolSlots, featurePartSlots}}
 	var a asked
 	for _, opt := range opts {
 		opt.applyListener(start, &a)

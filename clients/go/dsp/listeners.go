@@ -31,19 +31,12 @@ type Next struct {
 // Call runs the rest of the chain on assembly and returns what it returned,
 // for the listener to post-process.
 func (n *Next) Call(assembly *Assembly) (*Assembly, error) {
-	if err := n.use(); err != nil {
+	if err := n.send(assembly, false); err != nil {
 		return nil, err
 	}
-	message, slots, err := n.invocation.tools.encode(assembly)
-	if err != nil {
-		return nil, err
-	}
-	n.stream.send(&pb.ListenRequest{Kind: &pb.ListenRequest_Next{Next: &pb.ListenerNext{
-		InvocationId: n.invocation.id, Assembly: message, ToolSlots: slots,
-	}}})
 	select {
 	case returned := <-n.invocation.results:
-		return n.invocation.tools.decode(returned.GetAssembly(), returned.GetToolSlots())
+		return n.invocation.parts.decode(returned)
 	case <-n.invocation.ctx.Done():
 		return nil, newError(codes.Canceled, ReasonUnknown, "the sidecar abandoned this invocation")
 	}
@@ -54,25 +47,24 @@ func (n *Next) Call(assembly *Assembly) (*Assembly, error) {
 // returns (`return next.Tail(assembly)`); whatever the listener returns after
 // a Tail is ignored.
 func (n *Next) Tail(assembly *Assembly) (*Assembly, error) {
-	if err := n.use(); err != nil {
-		return nil, err
-	}
-	message, slots, err := n.invocation.tools.encode(assembly)
-	if err != nil {
-		return nil, err
-	}
-	n.tail = true
-	n.stream.send(&pb.ListenRequest{Kind: &pb.ListenRequest_Next{Next: &pb.ListenerNext{
-		InvocationId: n.invocation.id, Assembly: message, ToolSlots: slots, Tail: true,
-	}}})
-	return nil, nil
+	return nil, n.send(assembly, true)
 }
 
-func (n *Next) use() error {
+// send hands assembly to the rest of the chain, its unchanged parts by slot.
+func (n *Next) send(assembly *Assembly, tail bool) error {
 	if n.used {
 		return newError(codes.FailedPrecondition, ReasonListenerFailed, "next may be called once per invocation")
 	}
 	n.used = true
+	encoded, err := n.invocation.parts.encode(assembly, n.stream.slotting)
+	if err != nil {
+		return err
+	}
+	n.tail = tail
+	n.stream.send(&pb.ListenRequest{Kind: &pb.ListenRequest_Next{Next: &pb.ListenerNext{
+		InvocationId: n.invocation.id, Assembly: encoded.assembly, ToolSlots: encoded.toolSlots,
+		Slots: encoded.slots, Tail: tail,
+	}}})
 	return nil
 }
 
@@ -86,9 +78,6 @@ func Global() ListenerOption { return listenerFlag(func(s *pb.ListenStart) { s.G
 func ListenerName(name string) ListenerOption {
 	return listenerFlag(func(s *pb.ListenStart) { s.Name = label(name) })
 }
-
-// featureToolSlots: this client decodes ListenerNextResult.tool_slots.
-const featureToolSlots = "tool-slots"
 
 const labelLimit = 120
 
@@ -119,7 +108,12 @@ type listenerStream struct {
 	listener  Listener
 	stream    pb.SystemPromptService_ListenClient
 	cancel    context.CancelFunc
-	slots     bool // the sidecar confirmed tool-slots: replies may carry slots
+	slotting  slotting // what the sidecar confirmed: what replies name by slot
+	// base is, with part-slots, the last invocation's parts, which the next one's
+	// slots name (read goroutine only); lostBase: an invocation could not be read
+	// against it, so the stream is half-closed and later invocations go unread.
+	base     *parts
+	lostBase bool
 
 	sendMu sync.Mutex
 
@@ -134,7 +128,7 @@ type invocation struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 	results chan *pb.ListenerNextResult
-	tools   *sentTools
+	parts   *parts // what its replies and next() results are named against
 }
 
 // startListener installs listener with start (owner's registration), confirmed within timeout.
@@ -157,8 +151,7 @@ func startListener(c *conn, owner *registration, listener Listener, start *pb.Li
 	}
 	s := &listenerStream{
 		c: c, owner: owner, sessionID: start.GetSessionId(), listener: listener, stream: stream, cancel: cancel,
-		slots:   contains(start.GetFeatures(), featureToolSlots) && contains(registered.GetFeatures(), featureToolSlots),
-		running: map[uint64]*invocation{},
+		slotting: slottingOf(start, registered), running: map[uint64]*invocation{},
 	}
 	go s.read()
 	return registered.GetRegistrationId(), s, nil
@@ -226,7 +219,25 @@ func (s *listenerStream) abandonAll() {
 	}
 }
 
+// invoke starts an invocation, read here in the stream's order: with part-slots
+// each one is the base of the next, whether it is answered, repeated or cancelled.
 func (s *listenerStream) invoke(message *pb.ListenerInvocation) {
+	if s.lostBase {
+		return // the stream is half-closed: nothing could be answered
+	}
+	var slots *pb.PartSlots // without part-slots none are read, and no base is kept
+	if s.slotting == slotsParts {
+		slots = message.GetSlots()
+	}
+	held, err := invocationParts(message.GetAssembly(), slots, s.base)
+	if err != nil {
+		s.base, s.lostBase = nil, true
+		go s.refuse(message.GetInvocationId(), err)
+		return
+	}
+	if s.slotting == slotsParts {
+		s.base = held
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, repeated := s.running[message.GetInvocationId()]; repeated {
@@ -236,7 +247,7 @@ func (s *listenerStream) invoke(message *pb.ListenerInvocation) {
 	running := &invocation{
 		id: message.GetInvocationId(), ctx: ctx, cancel: cancel,
 		results: make(chan *pb.ListenerNextResult, 1),
-		tools:   newSentTools(message.GetAssembly().GetTools(), s.slots),
+		parts:   held,
 	}
 	s.running[running.id] = running
 	go s.run(running, message)
@@ -257,12 +268,10 @@ func (s *listenerStream) run(running *invocation, message *pb.ListenerInvocation
 		return // the rest of the chain answers, or the sidecar abandoned this invocation
 	}
 	if err == nil {
-		var assembly *pb.PromptAssembly
-		var slots []int32
-		assembly, slots, err = running.tools.encode(result)
-		if err == nil {
+		var encoded reply
+		if encoded, err = running.parts.encode(result, s.slotting); err == nil {
 			s.send(&pb.ListenRequest{Kind: &pb.ListenRequest_Result{Result: &pb.ListenerResult{
-				InvocationId: running.id, Assembly: assembly, ToolSlots: slots,
+				InvocationId: running.id, Assembly: encoded.assembly, ToolSlots: encoded.toolSlots, Slots: encoded.slots,
 			}}})
 			return
 		}
@@ -279,21 +288,29 @@ func (s *listenerStream) call(running *invocation, message *pb.ListenerInvocatio
 			result, err = nil, fmt.Errorf("the listener panicked: %v", panicked)
 		}
 	}()
-	assembly, err := running.tools.decode(message.GetAssembly(), nil)
-	if err != nil {
-		return nil, err
-	}
 	info, err := contextFromProto(message.GetContext())
 	if err != nil {
 		return nil, err
 	}
-	return s.listener(running.ctx, assembly, info, next)
+	return s.listener(running.ctx, running.parts.assembly(), info, next)
 }
 
 func (s *listenerStream) send(message *pb.ListenRequest) {
 	s.sendMu.Lock()
 	defer s.sendMu.Unlock()
 	_ = s.stream.Send(message) // the stream is over: the sidecar has failed or dropped this invocation
+}
+
+// refuse fails an invocation whose slots cannot be right: the stream's base is
+// lost, so the stream is half-closed after the failure; the sidecar then ends it,
+// and the session is made again with the listener on a new stream.
+func (s *listenerStream) refuse(id uint64, err error) {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	_ = s.stream.Send(&pb.ListenRequest{Kind: &pb.ListenRequest_Failure{Failure: &pb.ListenerFailure{
+		InvocationId: id, Message: err.Error(),
+	}}})
+	_ = s.stream.CloseSend()
 }
 
 // close ends the stream: the sidecar removes the listener.
@@ -303,78 +320,4 @@ func (s *listenerStream) close() {
 	s.abandonAll()
 	s.mu.Unlock()
 	s.cancel()
-}
-
-// sentTools are the tools an invocation came with. With tool-slots in effect,
-// replies name the unchanged ones by their slot instead of sending them back.
-type sentTools struct {
-	originals []*pb.ToolSchema
-	slots     bool
-	index     map[ToolSchema]int // the first slot of each original, built on first use
-}
-
-func newSentTools(originals []*pb.ToolSchema, slots bool) *sentTools {
-	return &sentTools{originals: originals, slots: slots}
-}
-
-// encode is assembly as a message, its unchanged invocation tools as slots when in effect.
-func (t *sentTools) encode(assembly *Assembly) (*pb.PromptAssembly, []int32, error) {
-	if assembly == nil {
-		return nil, nil, invalid("a listener must return an assembly, not nil")
-	}
-	if !t.slots || len(t.originals) == 0 {
-		return assemblyToProto(assembly), nil, nil
-	}
-	if t.index == nil {
-		t.index = make(map[ToolSchema]int, len(t.originals))
-		for i := len(t.originals) - 1; i >= 0; i-- {
-			t.index[toolFromProto(t.originals[i])] = i
-		}
-	}
-	slots := make([]int32, len(assembly.Tools))
-	fresh := []ToolSchema{}
-	for i, tool := range assembly.Tools {
-		slot, found := t.index[tool]
-		if !found {
-			slot = -1
-			fresh = append(fresh, tool)
-		}
-		slots[i] = int32(slot)
-	}
-	withFresh := *assembly
-	withFresh.Tools = fresh
-	return assemblyToProto(&withFresh), slots, nil
-}
-
-// decode is an assembly the sidecar sent, with slots into this invocation's tools
-// or not (a sidecar may send slots unasked: an older one always did).
-func (t *sentTools) decode(message *pb.PromptAssembly, slots []int32) (*Assembly, error) {
-	assembly := assemblyFromProto(message)
-	if len(slots) == 0 {
-		return assembly, nil
-	}
-	fresh := 0
-	for _, slot := range slots {
-		if slot < -1 || int(slot) >= len(t.originals) {
-			return nil, protocolError("next came back with tool slot %d, but the invocation had %d tools", slot, len(t.originals))
-		}
-		if slot == -1 {
-			fresh++
-		}
-	}
-	if fresh != len(assembly.Tools) {
-		return nil, protocolError("next came back with %d new tool slots but %d new tools", fresh, len(assembly.Tools))
-	}
-	tools := make([]ToolSchema, len(slots))
-	next := 0
-	for i, slot := range slots {
-		if slot == -1 {
-			tools[i] = assembly.Tools[next]
-			next++
-		} else {
-			tools[i] = toolFromProto(t.originals[slot])
-		}
-	}
-	assembly.Tools = tools
-	return assembly, nil
 }

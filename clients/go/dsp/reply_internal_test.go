@@ -12,7 +12,7 @@ import (
 func value(text string) *string { return &text }
 
 // The hand decoder of Assemble's reply gives what the generated code and
-// assemblyFromProto give, for every field it reads.
+// a listener's decoding give, for every field it reads.
 func TestTheReplyDecoderAgreesWithTheGeneratedCode(t *testing.T) {
 	replies := []*pb.AssembleResponse{
 		{},
@@ -47,7 +47,11 @@ func TestTheReplyDecoderAgreesWithTheGeneratedCode(t *testing.T) {
 		if err := (replyCodec{}).Unmarshal(data, &decoded); err != nil {
 			t.Fatal(err)
 		}
-		want := assemblyFromProto(reply.GetAssembly())
+		held, err := invocationParts(reply.GetAssembly(), nil, nil) // as a listener is handed it
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := held.assembly()
 		if !reflect.DeepEqual(decoded.assembly, want) {
 			t.Fatalf("decoded %#v\nwant %#v", decoded.assembly, want)
 		}

@@ -232,8 +232,10 @@ func nextResult(id uint64, slots []int32, tools ...string) *pb.ListenResponse {
 
 func TestListenerRepliesUseToolSlotsAndBadSlotsFailNext(t *testing.T) {
 	replies := make(chan *pb.ListenRequest, 10)
+	offered := make(chan []string, 1)
 	s := &script{listen: func(start *pb.ListenStart, stream pb.SystemPromptService_ListenServer) error {
-		check(t, stream.Send(registered(start)))
+		offered <- start.GetFeatures()
+		check(t, stream.Send(registeredWith("tool-slots"))) // a sidecar without part-slots
 		// A good round: next with the tools as slots, a result with slots.
 		next := invoke(t, stream, 1, "a", "b")
 		replies <- next
@@ -253,13 +255,15 @@ func TestListenerRepliesUseToolSlotsAndBadSlotsFailNext(t *testing.T) {
 	}}
 	client := connectScripted(t, serveScript(t, s))
 	must[*dsp.Registration](t)(client.OnAssemble(bg, passThrough))
+	equal(t, <-offered, []string{"tool-slots", "part-slots"}) // part-slots offered, not confirmed
 	next := (<-replies).GetNext()
-	if next == nil || len(next.GetAssembly().GetTools()) != 0 || fmt.Sprint(next.GetToolSlots()) != "[0 1]" {
-		t.Fatalf("unchanged tools go to next() as slots: %v", next)
+	if next == nil || len(next.GetAssembly().GetTools()) != 0 || fmt.Sprint(next.GetToolSlots()) != "[0 1]" || next.GetSlots() != nil {
+		t.Fatalf("unchanged tools go to next() as tool slots alone: %v", next)
 	}
 	result := (<-replies).GetResult()
-	if result == nil || fmt.Sprint(result.GetToolSlots()) != "[1 -1 0]" || result.GetAssembly().GetTools()[0].GetName() != "new" {
-		t.Fatalf("the result names the invocation's tools by slot: %v", result)
+	if result == nil || fmt.Sprint(result.GetToolSlots()) != "[1 -1 0]" || result.GetAssembly().GetTools()[0].GetName() != "new" ||
+		result.GetSlots() != nil {
+		t.Fatalf("the result names the invocation's tools by tool slot: %v", result)
 	}
 	for i := 0; i < 2; i++ {
 		failure := (<-replies).GetFailure()

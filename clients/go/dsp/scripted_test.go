@@ -169,9 +169,15 @@ func (s *script) Listen(stream pb.SystemPromptService_ListenServer) error {
 	return drain(stream)
 }
 
+// registered confirms a listener with every feature its start offered.
 func registered(start *pb.ListenStart) *pb.ListenResponse {
+	return registeredWith(start.GetFeatures()...)
+}
+
+// registeredWith confirms a listener with features, as a sidecar that knows only those.
+func registeredWith(features ...string) *pb.ListenResponse {
 	return &pb.ListenResponse{Kind: &pb.ListenResponse_Registered{Registered: &pb.ListenerRegistered{
-		RegistrationId: "listener", Features: start.GetFeatures(),
+		RegistrationId: "listener", Features: features,
 	}}}
 }
 

@@ -125,19 +125,6 @@ func toolsFromProto(messages []*pb.ToolSchema) []ToolSchema {
 	return tools
 }
 
-func assemblyFromProto(m *pb.PromptAssembly) *Assembly {
-	a := &Assembly{
-		Sections:  partsFromProto(m.GetSections()),
-		Contexts:  partsFromProto(m.GetContexts()),
-		Tools:     toolsFromProto(m.GetTools()),
-		Variables: make([]Variable, len(m.GetVariables())),
-	}
-	for i, v := range m.GetVariables() {
-		a.Variables[i] = Variable{Name: v.GetName(), Value: v.Value}
-	}
-	return a
-}
-
 func toolToProto(t ToolSchema) *pb.ToolSchema {
 	parameters := t.ParametersJSON
 	if parameters == "" {
