@@ -173,7 +173,8 @@ async def idle_watchers(stub: pb_grpc.SystemPromptServiceStub, counts: Counts) -
 async def loud_provider_and_deep_waterfall(
     client: dsp.Client, counts: Counts, until: float
 ) -> None:
-    """In its own scope: a 20 KB provider error, and 400 listeners that all call next()."""
+    """In its own scope: a 20 KB provider error, and listeners that all call next(): as many
+    as one client may hold (max_listeners_per_peer), of the 400 asked."""
     scope = await client.scope("hostile-loud")
 
     def loud(ctx: dsp.AssembleContext) -> str:
@@ -190,11 +191,16 @@ async def loud_provider_and_deep_waterfall(
         return await next_()
 
     loop = asyncio.get_running_loop()
-    installed = 0
+    installed, refused = 0, False
     while loop.time() < until:
         await _tally(counts, "loud provider", client.assemble(scope="hostile-loud", timeout=5))
-        for _ in range(min(50, 400 - installed)):  # the chain grows while it is assembled
-            await waterfall.on_assemble(passing)
+        for _ in range(0 if refused else min(50, 400 - installed)):  # grows while assembled
+            try:
+                await waterfall.on_assemble(passing)
+            except dsp.SystemPromptError as error:  # past the client's listener quota
+                counts[f"chained listener: {error.code.name} {error.reason}"] += 1
+                refused = True
+                break
             installed += 1
         await _tally(
             counts,

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import subprocess
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -24,6 +26,14 @@ from dsh_system_prompt_server import Sidecar, parse_config, start_sidecar
 from helpers import ClientFactory, ClientOf, SidecarFactory, raw_channel, raw_stub
 from processes import sidecar_command
 from scripted import LoopWatch, Script, ScriptedSidecar, left_behind
+
+
+@pytest.fixture
+def unix_address() -> Iterator[str]:
+    """A unix socket path short enough for sun_path (pytest's tmp_path may not be)."""
+    directory = tempfile.mkdtemp(prefix="dsp-", dir="/tmp")
+    yield f"unix:{directory}/sidecar.sock"
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

@@ -248,6 +248,8 @@ def _bad_files(folder: Path) -> dict[str, Path]:
         ("limits.max_message_bytes", "[limits]\nmax_message_bytes = 4294967296"),
         ("limits.max_sessions", "[limits]\nmax_sessions = 0"),
         ("limits.max_sessions_per_peer", "[limits]\nmax_sessions_per_peer = 0"),
+        ("limits.max_listeners_per_peer", "[limits]\nmax_listeners_per_peer = 0"),
+        ("limits.max_bytes_per_peer", "[limits]\nmax_bytes_per_peer = 2147483648"),
         ("limits.max_text_bytes", "[limits]\nmax_text_bytes = -5"),
         ("metrics_listen", 'metrics_listen = "nonsense"'),
         ("metrics_listen", 'metrics_listen = "127.0.0.1:99999"'),

@@ -12,12 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import shutil
 import signal
 import socket
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +36,6 @@ SESSIONS_REFUSED = (
 WATCHES_REFUSED = (
     "{who} already has 2 watches, the limit per client (limits.max_watchers_per_peer): close some"
 )
-
-
-@pytest.fixture
-def unix_address() -> Iterator[str]:
-    """A unix socket path short enough for sun_path (pytest's tmp_path may not be)."""
-    directory = tempfile.mkdtemp(prefix="dsp-", dir="/tmp")
-    yield f"unix:{directory}/sidecar.sock"
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 def credentials(folder: Path) -> dict[str, Any]:
@@ -290,37 +280,52 @@ asyncio.run(main())
 """
 
 
-async def test_a_killed_clients_sessions_and_watches_go_back_to_its_credentials_quota(
-    make_sidecar: SidecarFactory, tmp_path: Path
-) -> None:
-    quotas = {**QUOTAS, "max_watchers_per_peer": QUOTAS["max_sessions_per_peer"]}
-    sidecar = await make_sidecar(limits=quotas, **credentials(tmp_path))
-    held = str(QUOTAS["max_sessions_per_peer"])
-    command = (sys.executable, "-c", _HOG, sidecar.address, TOKENS["hog"], held)
+@contextlib.asynccontextmanager
+async def ready_process(script: str, *args: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """A Python process running `script` with `args`, once it has printed "ready" (it
+    holds what it was told to); killed at the end if it is still running."""
+    command = (sys.executable, "-c", script, *args)
     pipe = asyncio.subprocess.PIPE
     process = await asyncio.create_subprocess_exec(*command, stdout=pipe, stderr=pipe)
     try:
         assert process.stdout is not None
         line = await asyncio.wait_for(process.stdout.readline(), 20)
         assert line.strip() == b"ready", (await process.communicate())[1].decode()[-2000:]
-        async with hog_of(sidecar.address, TOKENS["hog"]) as hog:
-            assert_quota_exceeded(
-                await refusal(hog.session()), SESSIONS_REFUSED.format(who='credential "hog"')
-            )
-            process.send_signal(signal.SIGKILL)
-            await asyncio.wait_for(process.wait(), 5)
-            await eventually(
-                lambda: len(sidecar.state.sessions) == 0, "the killed client's sessions end", 10
-            )
-            await eventually(
-                lambda: sidecar.registry.changes.subscriber_count() == 0,
-                "the killed client's watches end",
-                10,
-            )
-            for _ in range(QUOTAS["max_sessions_per_peer"]):  # its whole quota is free again
-                await hog.session()
-                await hog.watch()
+        yield process
     finally:
         if process.returncode is None:
             process.kill()
         await asyncio.wait_for(process.wait(), 5)
+
+
+async def kill(process: asyncio.subprocess.Process) -> None:
+    """SIGKILL: the process says nothing more, its connections are closed by the kernel."""
+    process.send_signal(signal.SIGKILL)
+    await asyncio.wait_for(process.wait(), 5)
+
+
+async def test_a_killed_clients_sessions_and_watches_go_back_to_its_credentials_quota(
+    make_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    quotas = {**QUOTAS, "max_watchers_per_peer": QUOTAS["max_sessions_per_peer"]}
+    sidecar = await make_sidecar(limits=quotas, **credentials(tmp_path))
+    held = str(QUOTAS["max_sessions_per_peer"])
+    async with (
+        ready_process(_HOG, sidecar.address, TOKENS["hog"], held) as process,
+        hog_of(sidecar.address, TOKENS["hog"]) as hog,
+    ):
+        assert_quota_exceeded(
+            await refusal(hog.session()), SESSIONS_REFUSED.format(who='credential "hog"')
+        )
+        await kill(process)
+        await eventually(
+            lambda: len(sidecar.state.sessions) == 0, "the killed client's sessions end", 10
+        )
+        await eventually(
+            lambda: sidecar.registry.changes.subscriber_count() == 0,
+            "the killed client's watches end",
+            10,
+        )
+        for _ in range(QUOTAS["max_sessions_per_peer"]):  # its whole quota is free again
+            await hog.session()
+            await hog.watch()

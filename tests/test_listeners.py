@@ -404,13 +404,17 @@ async def test_tools_handed_back_reordered_keep_their_exact_schemas(client: dsp.
 
 
 async def test_the_documented_maximum_of_listeners_all_calling_next_assemble(
-    client: dsp.Client,
+    connect: ClientFactory,
 ) -> None:
     async def passing(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Next):
         return await next_()
 
-    for _ in range(999):  # and one more that leaves its mark: 1,000, the default maximum
-        await client.on_assemble(passing)
-    await client.on_assemble(appending("last"))
+    # 1,000, the default maximum, from ten clients: 100 each is one client's limit
+    # (limits.max_listeners_per_peer; each client is a loopback connection of its own).
+    clients = [await connect() for _ in range(10)]
+    for client in clients:
+        for _ in range(100 if client is not clients[-1] else 99):
+            await client.on_assemble(passing)
+    await client.on_assemble(appending("last"))  # the 1,000th leaves its mark
     assembly = await client.assemble(timeout=20)
     assert section_names(assembly)[-1] == "last"

@@ -27,7 +27,9 @@ from .harness import (
 async def many_scopes(h: Harness) -> list[Figure]:
     """The client assemble on a sidecar that also holds 1,000 other scopes, each
     with 20 sections and one scoped listener, vs the same on a twin without them."""
-    scopes, per_scope, holders = 1000, 20, 4
+    # 10 holders: 100 scoped listeners each, as many as one client may hold
+    # (limits.max_listeners_per_peer; each client is a loopback connection of its own)
+    scopes, per_scope, holders = 1000, 20, 10
     started = time.perf_counter()
     clients: list[dsp.Client] = []
     async with fresh_sidecars(h, "127.0.0.1:0", "127.0.0.1:0", label="scopes") as (plain, loaded):

@@ -7,6 +7,7 @@ is made in `assembly/`; the registry's side of callbacks (listeners, cached answ
 `callbacks/`. Everything above imports it; it imports only the shared core.
 """
 
+from .accounts import Client, ClientCounts
 from .assembly.tool_order import validate_tool_order
 from .callbacks.cache import CallbackCache
 from .changes import ChangeFeed, Missed, Subscription
@@ -51,6 +52,8 @@ __all__ = [
     "CallbackCache",
     "ChangeEvent",
     "ChangeFeed",
+    "Client",
+    "ClientCounts",
     "Dynamic",
     "Failure",
     "FailurePolicy",

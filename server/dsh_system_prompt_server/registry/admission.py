@@ -2,8 +2,9 @@
 
 Every check runs before the registry changes anything, so a refused registration
 or update leaves no trace. `Admission` holds what the checks count across
-registrations: the bytes registered against `limits.max_total_bytes`, and the
-provider keys live per session (a session answers by key, so one each).
+registrations: the bytes registered against `limits.max_total_bytes`, the bytes and
+listeners of each client (`accounts.py`), and the provider keys live per session (a
+session answers by key, so one each).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dsh_system_prompt_core import (
 )
 
 from . import errors
+from .accounts import Accounts
 from .layers import Layer
 from .limits import Limits, quota_exceeded, value_bytes
 from .model import (
@@ -48,6 +50,7 @@ class Admission:
     def __init__(self, settings: Callable[[], RegistrySettings]) -> None:
         self._settings = settings  # the registry's, as a reload leaves them
         self.total_bytes = 0  # what sessions registered, against limits.max_total_bytes
+        self.clients = Accounts()  # what each client's sessions hold, against its quotas
         # (owner, provider key) of live dynamic entries: a session answers by key, so one each.
         self._provider_keys: set[tuple[str, str]] = set()
 
@@ -97,7 +100,7 @@ class Admission:
             self.limits.check_text(what, value)
         self.check_provider_key(owner, value)
         self.check_quota(owned)
-        self.limits.check_total(self.total_bytes, value_bytes(value))
+        self.check_bytes(owner, value_bytes(value))
 
     def check_tools(self, owner: str, owned: int, source: ToolSet | Dynamic) -> None:
         """A tool provider of `owner`: static schemas within limits, then quota and budget."""
@@ -106,7 +109,12 @@ class Admission:
             check_tool_names(source)
         self.check_provider_key(owner, source)
         self.check_quota(owned)
-        self.limits.check_total(self.total_bytes, value_bytes(source))
+        self.check_bytes(owner, value_bytes(source))
+
+    def check_bytes(self, owner: str, adding: int) -> None:
+        """`owner` may register `adding` bytes more: the sidecar's budget, then its client's."""
+        self.limits.check_total(self.total_bytes, adding)
+        self.clients.check_bytes(owner, adding, self.limits)
 
     def check_provider_key(self, owner: str, value: object) -> None:
         if isinstance(value, Dynamic) and (owner, value.key) in self._provider_keys:
@@ -132,12 +140,13 @@ class Admission:
                 f"this session already has {owned} registrations, the limit per session"
             )
 
-    def check_listeners(self, listeners: int, timeout_s: float | None = None) -> None:
-        """The sidecar, with `listeners` installed, may install one more (that may take
-        `timeout_s` to answer)."""
+    def check_listeners(self, owner: str, listeners: int, timeout_s: float | None = None) -> None:
+        """The sidecar, with `listeners` installed, may install one more for `owner` (that
+        may take `timeout_s` to answer), and so may `owner`'s client."""
         self.check_timeout("listener", timeout_s)
         if listeners >= self.limits.max_listeners:
             raise quota_exceeded(f"the sidecar already has {listeners} listeners, its limit")
+        self.clients.check_listener(owner, self.limits)
 
     def check_update(self, entry: AnyRegistration, value: StaticValue) -> None:
         """The checks registration makes of a value of the entry's kind."""
@@ -163,8 +172,9 @@ class Admission:
     def grow(self, entry: AnyRegistration, value: StaticValue) -> None:
         """Count the change in size of replacing the entry's value, or refuse it."""
         growth = value_bytes(value) - value_bytes(entry.value)
-        self.limits.check_total(self.total_bytes, max(0, growth))
+        self.check_bytes(entry.owner, growth)
         self.total_bytes += growth
+        self.clients.count(entry.owner, growth, 0)
 
     def admitted(self, entry: AnyRegistration) -> None:
         """Count a registration in: its provider key, and its bytes (the config's are free)."""
@@ -172,6 +182,7 @@ class Admission:
             self._provider_keys.add((entry.owner, entry.value.key))
         if entry.owner != SIDECAR_OWNER:
             self.total_bytes += value_bytes(entry.value)
+        self.clients.count(entry.owner, value_bytes(entry.value), _listener(entry))
 
     def released(self, entry: AnyRegistration) -> None:
         """Count a disposed registration out."""
@@ -179,6 +190,11 @@ class Admission:
             self._provider_keys.discard((entry.owner, entry.value.key))
         if entry.owner != SIDECAR_OWNER:
             self.total_bytes -= value_bytes(entry.value)
+        self.clients.count(entry.owner, -value_bytes(entry.value), -_listener(entry))
+
+
+def _listener(entry: AnyRegistration) -> int:
+    return 1 if entry.kind is Kind.LISTENER else 0
 
 
 def check_tool_names(tools: ToolSet) -> None:

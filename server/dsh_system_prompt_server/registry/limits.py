@@ -19,7 +19,9 @@ class Limits:
     max_tool_schema_bytes: int = 64 * 1024
     max_registrations_per_session: int = 10_000
     max_listeners: int = 1_000
+    max_listeners_per_peer: int = 100  # per client (accounts.py): headroom for others
     max_total_bytes: int = 256 * 1024 * 1024  # every session's registered values together
+    max_bytes_per_peer: int = 64 * 1024 * 1024  # one client's sessions' values: a quarter
     max_fields_bytes: int = 64 * 1024  # an assemble context's fields_json
     max_list_items: int = 1024  # entries of any one repeated field of a request
     max_callback_cache_bytes: int = 32 * 1024 * 1024  # cached callback answers together

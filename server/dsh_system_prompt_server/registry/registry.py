@@ -77,6 +77,7 @@ class Registry:
         self._by_owner: dict[str, dict[str, AnyRegistration]] = {}
         self._unlinks: dict[str, Remover] = {}  # by entry id: takes it out of where it lives
         self._admission = Admission(lambda: self.settings)
+        self.clients = self._admission.clients  # the layer above binds each owner to a client
         self._listeners = ListenerIndex()
         self._plans: OrderedDict[str | None, Plan] = OrderedDict()
         self.callbacks = CallbackCache(max_bytes=self.settings.limits.max_callback_cache_bytes)
@@ -230,7 +231,7 @@ class Registry:
         scope_handle = self._handle(owner, handle)
         self.limits.check_name("listener", name)
         self._admission.check_quota(self._owned(owner))
-        self._admission.check_listeners(len(self._listeners), timeout_s)
+        self._admission.check_listeners(owner, len(self._listeners), timeout_s)
         entry = ListenerRegistration(
             **self._fields(owner, Kind.LISTENER, scope_handle, name),
             value=host,
@@ -273,6 +274,7 @@ class Registry:
             self._remove(next(reversed(owned.values())))
             count += 1
         self._by_owner.pop(owner, None)
+        self.clients.unbind(owner)
         return count
 
     # -- updates ----------------------------------------------------------------------

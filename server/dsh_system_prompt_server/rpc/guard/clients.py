@@ -1,5 +1,7 @@
 """Who a call comes from, as far as the sidecar can tell clients apart: what the per-client
-quotas (`limits.max_sessions_per_peer`, `limits.max_watchers_per_peer`) count by.
+quotas (`limits.max_sessions_per_peer`, `limits.max_watchers_per_peer`, and through the
+sessions that hold them, `limits.max_listeners_per_peer` and `limits.max_bytes_per_peer`)
+count by.
 
 In order of what is known about the call:
 
@@ -19,22 +21,14 @@ from __future__ import annotations
 
 import ipaddress
 from contextvars import ContextVar
-from dataclasses import dataclass
 from urllib.parse import unquote
+
+from ...registry import Client
 
 # The credential name of the call being served, set by the AuthInterceptor for each call it
 # admits; each gRPC call runs in a context of its own, so one call never sees another's.
 CALLER: ContextVar[str | None] = ContextVar("caller", default=None)
 _TCP = ("ipv4:", "ipv6:")
-
-
-@dataclass(frozen=True)
-class Client:
-    """One client as the quotas count it: `key` tells it apart, `name` is how a refusal
-    names it."""
-
-    key: str
-    name: str
 
 
 def client_of(peer: str) -> Client | None:

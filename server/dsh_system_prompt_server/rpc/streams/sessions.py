@@ -11,6 +11,8 @@ from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, Reason, package_versi
 
 from ...registry import (
     AssembleContext,
+    Client,
+    ClientCounts,
     Failure,
     Limits,
     ProvidedValue,
@@ -24,11 +26,10 @@ from ...registry.limits import quota_exceeded
 from ...telemetry.metrics import Metrics
 from ...telemetry.tracing import Tracing, hop
 from ..convert import ProvideRequests, provided_from_proto
-from ..guard.clients import Client, client_of
+from ..guard.clients import client_of
 from ..status import unknown_session
 from .broker import Broker, Ended, Replies, Stream
 from .outbox import Outbox, OutboxLimits
-from .quotas import ClientCounts
 
 SIDECAR_VERSION = f"dsh-system-prompt/{package_version()}"
 # What this sidecar can do on a session stream, when the client says it can too.
@@ -189,6 +190,7 @@ class Sessions(Broker[pb.OpenSessionRequest, pb.OpenSessionResponse, Session]):
             requests=self._requests,
         )
         session.on_invalidate = lambda request: self._invalidate(session, request)
+        self._registry.clients.bind(session.id, client)  # its bytes and listeners count there
         self._open[session.id] = session
         opened = pb.SessionOpened(
             session_id=session.id,

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from google.protobuf.message import Message
 
-from ...registry import AnyRegistration, Filter, Registry, Subscription
+from ...registry import AnyRegistration, Client, ClientCounts, Filter, Registry, Subscription
 from ...registry.changes import Missed
 from ...registry.limits import quota_exceeded
 from ...registry.model import ChangeEvent
@@ -31,14 +31,13 @@ from ..convert import (
     filter_from_proto,
     registration_to_proto,
 )
-from ..guard.clients import Client, client_of
+from ..guard.clients import client_of
 from ..guard.gate import Gate
 from ..report_messages import layout_from_proto
 from .broker import Stream, stalled, write_all
 from .in_flight import InFlight
 from .outbox import Outbox, OutboxLimits
 from .prompt_watch import PromptWatch, ScopePrompt
-from .quotas import ClientCounts
 from .turns import Turns
 
 _BATCH_COUNT = 256  # registrations per listing message
