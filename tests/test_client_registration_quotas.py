@@ -23,6 +23,7 @@ from dsh_system_prompt_server.registry import Kind
 from dsh_system_prompt_server.sidecar.reload import Reloader
 from helpers import SidecarFactory, eventually, failure, rejection, section_names
 from test_client_quotas import TOKENS, credentials, kill, ready_process
+from test_hostile_ejection import _listener, _outcome, _silent
 
 LIMITS = {"max_listeners_per_peer": 2, "max_bytes_per_peer": 1000}
 LISTENERS_REFUSED = (
@@ -215,6 +216,25 @@ async def test_a_closed_session_gives_its_listeners_and_bytes_back_to_its_client
         assert_quota_exceeded(
             await rejection(other.on_assemble(passthrough)), refused_listener(HOG)
         )
+
+
+async def test_an_ejected_listener_gives_its_place_back(make_sidecar: SidecarFactory) -> None:
+    # Raw streams: the Python client would install an ejected listener again.
+    sidecar = await make_sidecar(limits=LIMITS, provider_timeout_s=0.5)
+    async with _silent(sidecar) as (stub, _):  # one loopback connection: one client
+        session_id = sidecar.state.sessions.all()[0].id
+        await _listener(stub, session_id, "second")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await _listener(stub, session_id, "third")
+        message = refused.value.details() or ""
+        who = message.split(" already has ")[0]
+        assert (refused.value.code(), message) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            refused_listener(who),
+        )
+        assert await _outcome(stub) == "LISTENER_TIMEOUT"  # the first one, silent: ejected
+        await eventually(lambda: listeners_of(sidecar) == 1, "the silent listener is ejected")
+        await _listener(stub, session_id, "third")  # in the ejected one's place
 
 
 _HOLDER = """
