@@ -33,6 +33,7 @@ CHROMIUM_ARGS = [
 ]
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "admin"
 TOKEN = "admin-test-token"
+IGNORE = dsp.FailurePolicy.IGNORE
 WAIT_MS = 10_000  # a loaded 2-core machine; the page itself updates within a tick
 
 
@@ -200,6 +201,40 @@ async def test_the_cache_chart_shows_a_break_after_a_timestamp_section_is_added(
         await screenshot(page, "cache", tmp_path)
 
 
+async def test_the_cache_history_names_the_steps_each_reported_assembly_skipped(
+    admin: Sidecar, page: Page
+) -> None:
+    def failing(name: str) -> dsp.TextProvider:
+        def provide(_: dsp.AssembleContext) -> str:
+            raise RuntimeError(f"{name} is down" + ("!" * 50_000 if name == "probe-3" else ""))
+
+        return provide
+
+    async with dsp.connect(admin.address) as client:
+        agent = await client.scope("agent-1")
+        await agent.section("rules", 10, "Be brief.")
+        await client.assemble("agent-1", report=True)
+        for index in range(5):
+            name = f"probe-{index}"
+            await agent.section(name, 20 + index, failing(name), failure_policy=IGNORE)
+        await client.assemble("agent-1", report=True)
+        await page.goto(url(admin, "/cache?scope=agent-1"))
+        rows = page.locator("table.reports tbody tr")
+        await expect(rows).to_have_count(2, timeout=WAIT_MS)
+        newest = rows.nth(0).locator("td.skipped li")
+        await expect(newest).to_have_count(5)  # four kept, and the rest counted
+        assert await newest.nth(0).text_content() == (
+            'section "probe-0" (scope "agent-1"): PROVIDER_FAILED: '
+            'section provider "probe-0" in scope "agent-1" failed: RuntimeError: probe-0 is down'
+        )
+        await expect(newest.nth(4)).to_have_text("and 1 more")
+        long = await newest.nth(3).text_content() or ""  # its message cut: the history is bounded
+        assert long.startswith('section "probe-3"') and len(long) < 400
+        assert await rows.nth(1).locator("td.skipped li").count() == 0
+        skipping = page.locator("#cache-chart rect.bar").nth(1).locator("title")
+        assert (await skipping.text_content() or "").endswith("; 5 skipped")
+
+
 # -- scopes and sessions --------------------------------------------------------------
 
 
@@ -249,6 +284,25 @@ async def test_the_sessions_view_shows_clients_and_health(
         await expect(live.locator(".health")).to_contain_text("SERVING")
         await screenshot(page, "sessions", tmp_path)
     await expect(page.locator("#live")).to_contain_text("No client is connected", timeout=WAIT_MS)
+
+
+async def test_the_sessions_view_counts_skipped_steps_by_kind_and_reason(
+    admin: Sidecar, page: Page
+) -> None:
+    async def weather(
+        assembly: dsp.PromptAssembly, context: dsp.AssembleContext, next_: dsp.Next
+    ) -> dsp.PromptAssembly:
+        raise RuntimeError("no weather today")
+
+    async with dsp.connect(admin.address) as client:
+        await client.on_assemble(weather, name="weather", failure_policy=IGNORE)
+        for _ in range(3):
+            await client.assemble()
+        await page.goto(url(admin, "/sessions"))
+        skipped = page.locator("#live table.skipped tbody tr")
+        await expect(skipped).to_have_count(1, timeout=WAIT_MS)
+        cells = await skipped.locator("td").all_text_contents()
+        assert cells == ["listener", "LISTENER_FAILED", "3"]
 
 
 # -- security -------------------------------------------------------------------------

@@ -5,12 +5,19 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import dsh_system_prompt as dsp
 from dsh_system_prompt_core import package_version
 from dsh_system_prompt_server import Sidecar
-from helpers import IDENTITY, eventually, tool
+from helpers import IDENTITY, SidecarFactory, eventually, tool
 from processes import cli, free_port, running
+
+IGNORE = dsp.FailurePolicy.IGNORE
+
+
+def no_cwd(_: dsp.AssembleContext) -> str:
+    raise RuntimeError("no cwd here")
 
 
 async def test_assemble_prints_the_rendered_prompt(sidecar: Sidecar, client: dsp.Client) -> None:
@@ -82,6 +89,62 @@ async def test_assemble_json_is_the_assembly(sidecar: Sidecar, client: dsp.Clien
     ]
     assert printed["variables"] == {"cwd": None}
     assert [s["name"] for s in printed["sections"]] == ["harness:identity", "deployment:persona"]
+
+
+async def test_assemble_names_each_skipped_step_on_stderr_and_prints_the_prompt_without_it(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    await client.section("rules", 10, "Be precise.")
+    await client.section("cwd", 20, no_cwd, failure_policy=IGNORE)
+    code, out, err = await cli("assemble", "--address", sidecar.address)
+    assert (code, out) == (0, f"{IDENTITY}\n\nBe precise.\n")
+    (line,) = err.splitlines()
+    assert line.startswith(
+        'dsh-system-prompt assemble: skipped section "cwd" (global): PROVIDER_FAILED: '
+        'section provider "cwd" (global) failed: '
+    )
+    assert line.endswith("no cwd here")
+
+
+async def test_assemble_json_lists_the_skipped_steps(sidecar: Sidecar, client: dsp.Client) -> None:
+    async def weather(assembly: dsp.PromptAssembly, context: Any, next_: dsp.Next) -> Any:
+        raise RuntimeError("no weather today")
+
+    off = await client.on_assemble(weather, name="weather", failure_policy=IGNORE)
+    listed = [info for info in (await client.snapshot()).registrations if info.name == "weather"]
+    _, out, _ = await cli("assemble", "--address", sidecar.address, "--json")
+    (step,) = json.loads(out)["skipped"]
+    assert step == {
+        "kind": "listener",
+        "name": "weather",
+        "scope": None,
+        "ref": listed[0].ref,
+        "reason": "LISTENER_FAILED",
+        "message": step["message"],
+    }
+    assert "no weather today" in step["message"]
+    await off()
+    _, complete, _ = await cli("assemble", "--address", sidecar.address, "--json")
+    assert json.loads(complete)["skipped"] == []
+
+
+async def test_assemble_report_names_a_step_that_timed_out(make_sidecar: SidecarFactory) -> None:
+    sidecar = await make_sidecar(provider_timeout_s=0.5)
+
+    async def slow(_: dsp.AssembleContext) -> str:
+        await asyncio.sleep(5)
+        return "cwd: /src"
+
+    async with dsp.connect(sidecar.address) as client:
+        agent = await client.scope("agent-1")
+        await agent.context("cwd", 1, slow, failure_policy=IGNORE)
+        code, out, err = await cli(
+            "assemble", "--address", sidecar.address, "--scope", "agent-1", "--report"
+        )
+    assert (code, err) == (0, "")
+    skipped = [line for line in out.splitlines() if line.startswith("skipped ")]
+    assert len(skipped) == 1
+    assert skipped[0].startswith('skipped context "cwd" (scope "agent-1"): PROVIDER_TIMEOUT: ')
 
 
 async def test_render_renders_what_assemble_json_printed(

@@ -20,6 +20,7 @@ from ..registry import (
     Kind,
     Origin,
     OriginKind,
+    Skipped,
     ToolSet,
 )
 from ..registry.filters import owner_label
@@ -170,6 +171,7 @@ class ReportRow:
     stable: str
     recomputed: str
     observed: str
+    skipped: list[str]  # the steps the assembly went on without, each with why
 
 
 @dataclass(frozen=True)
@@ -256,7 +258,22 @@ def _report_row(entry: HistoryEntry) -> ReportRow:
         stable=f"{_stable_share(entry):.0%}",
         recomputed=size_text(entry.recomputed),
         observed=observed,
+        skipped=_skipped(entry),
     )
+
+
+def skipped_text(step: Skipped) -> str:
+    """A skipped step as the page names it: which callback, its reason, its message."""
+    where = "global" if step.scope is None else f'scope "{step.scope}"'
+    name = f' "{step.name}"' if step.name else ""
+    return f"{step.kind.value}{name} ({where}): {step.reason}: {step.message}"
+
+
+def _skipped(entry: HistoryEntry) -> list[str]:
+    shown = [skipped_text(step) for step in entry.skipped]
+    if entry.skipped_count > len(shown):
+        shown.append(f"and {entry.skipped_count - len(shown)} more")
+    return shown
 
 
 def _bars(recent: list[HistoryEntry]) -> list[Bar]:
@@ -273,6 +290,8 @@ def _bars(recent: list[HistoryEntry]) -> list[Bar]:
         title = f"#{entry.sequence} at {_clock(entry.at)}: " + _report_row(entry).verdict
         if state == "break":
             title += f" ({size_text(entry.recomputed)} recomputed)"
+        if entry.skipped_count:
+            title += f"; {entry.skipped_count} skipped"
         bars.append(
             Bar(
                 x=round(CHART_PAD + index * slot + slot * 0.15, 1),
@@ -316,6 +335,7 @@ class SessionsView:
     health: list[tuple[str, str]]
     failures: list[tuple[str, int]]
     sessions: list[SessionRow]
+    skipped: list[tuple[str, str, int]]  # kind, reason, steps assemblies went on without
 
 
 def sessions_view(state: ServerState, address: str, started: float) -> SessionsView:
@@ -359,7 +379,7 @@ def sessions_view(state: ServerState, address: str, started: float) -> SessionsV
         ("tokenizer", state.tokenizer.name if state.tokenizer else "none (bytes only)"),
         ("prefix layout", state.prefix_layout.value),
     ]
-    return SessionsView(health, _failures(state), rows)
+    return SessionsView(health, _failures(state), rows, _skipped_counts(state))
 
 
 def _provider(entry: AnyRegistration) -> str:
@@ -387,6 +407,16 @@ def _failures(state: ServerState) -> list[tuple[str, int]]:
             if sample.name.endswith("_total") and sample.value:
                 failures.append((sample.labels["reason"], int(sample.value)))
     return sorted(failures)
+
+
+def _skipped_counts(state: ServerState) -> list[tuple[str, str, int]]:
+    counted = []
+    for metric in state.metrics.skipped_callbacks.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total") and sample.value:
+                labels = sample.labels
+                counted.append((labels["kind"], labels["reason"], int(sample.value)))
+    return sorted(counted)
 
 
 def _duration(seconds: float) -> str:

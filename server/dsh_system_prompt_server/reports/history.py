@@ -3,9 +3,10 @@
 A key is the assembly's scope unless the caller names one (`report_key`, e.g.
 one per conversation), so two agents sharing a scope need not see each
 other's assemblies as breaks. Everything is bounded: `depth` recent reports
-per key, `max_keys` keys and `max_bytes` of memory (prefix text, diffs, records); the least
-recently reported keys go first, and the sidecar remembers (up to
-`4 * max_keys`) which keys it evicted so it never calls them new.
+per key, `max_keys` keys and `max_bytes` of memory (prefix text, diffs, records, the
+first `MAX_SKIPPED` steps each report went on without); the least recently reported
+keys go first, and the sidecar remembers (up to `4 * max_keys`) which keys it evicted
+so it never calls them new.
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from ..registry import Skipped
 from .values import Layout, Previous, Report, Size
 
 MAX_BREAKERS = 16  # parts counted per key; the least counted goes to make room
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # limits.max_report_history_bytes
 _KEY_BYTES = 4096  # a key's own objects: its history, counts, breakers, the deque
 _ENTRY_BYTES = 400  # one summarised report (a HistoryEntry and its Sizes)
+MAX_SKIPPED = 4  # skipped steps kept per report; the rest are counted
+MAX_SKIPPED_MESSAGE = 240  # characters of a kept step's message
+_STEP_BYTES = 120  # a kept Skipped and its slot, besides its name and message
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,8 @@ class HistoryEntry:
     observed_cached_tokens: int | None = None
     observed_prompt_tokens: int | None = None
     at: float = field(default_factory=time.time)  # when it was reported (Unix seconds)
+    skipped: tuple[Skipped, ...] = ()  # the first MAX_SKIPPED steps it went on without
+    skipped_count: int = 0  # all of them
 
     @property
     def broke(self) -> bool:
@@ -148,7 +155,10 @@ class ReportHistory:
         self._bytes += previous.memory()
         entry = _history_entry(kept.reports + 1, revision, report)
         dropped = _count(kept, entry)
+        if len(kept.recent) == kept.recent.maxlen:
+            self._bytes -= _skipped_bytes(kept.recent[0])
         kept.recent.append(entry)
+        self._bytes += _skipped_bytes(entry)
         if entry.broke:
             stability = report.stability
             if kept.last_break is not None:
@@ -199,7 +209,16 @@ def _kept_bytes(kept: KeyHistory, depth: int) -> int:
     """What one key's history counts against the budget (as `remember` added it)."""
     previous = 0 if kept.previous is None else kept.previous.memory()
     diff = 0 if kept.last_break is None else sys.getsizeof(kept.last_break.diff)
-    return _KEY_BYTES + depth * _ENTRY_BYTES + previous + diff
+    skipped = sum(_skipped_bytes(entry) for entry in kept.recent)
+    return _KEY_BYTES + depth * _ENTRY_BYTES + previous + diff + skipped
+
+
+def _skipped_bytes(entry: HistoryEntry) -> int:
+    """What an entry's kept steps count against the budget, beyond `_ENTRY_BYTES`."""
+    return sum(
+        _STEP_BYTES + sys.getsizeof(step.name) + sys.getsizeof(step.message)
+        for step in entry.skipped
+    )
 
 
 def _history_entry(sequence: int, revision: int, report: Report) -> HistoryEntry:
@@ -215,6 +234,11 @@ def _history_entry(sequence: int, revision: int, report: Report) -> HistoryEntry
         stable_bytes=stability.stable_bytes,
         stable_tokens=stability.stable_tokens,
         recomputed=stability.recomputed,
+        skipped=tuple(
+            replace(step, message=step.message[:MAX_SKIPPED_MESSAGE])
+            for step in report.skipped[:MAX_SKIPPED]
+        ),
+        skipped_count=len(report.skipped),
     )
 
 

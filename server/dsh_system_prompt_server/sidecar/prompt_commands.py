@@ -25,6 +25,7 @@ async def assemble(args: argparse.Namespace) -> int:
         if args.json:
             assembly = await client.assemble(args.scope, fields, timeout=args.timeout, **report)
             shown = assembly_json(assembly)
+            shown["skipped"] = [dataclasses.asdict(step) for step in assembly.skipped]
             if assembly.report is not None:
                 shown["report"] = dataclasses.asdict(assembly.report)
             print(json.dumps(shown, ensure_ascii=False, indent=2))
@@ -38,6 +39,8 @@ async def assemble(args: argparse.Namespace) -> int:
             return _show_report(reported.report)
         rendered = await client.render(args.scope, fields, timeout=args.timeout)
     _show_prompt(rendered.prompt, rendered.context_snapshot, rendered.assembly, args)
+    for step in rendered.skipped:  # stdout stays the prompt, for scripts that pipe it
+        print(f"dsh-system-prompt assemble: {skipped_line(step)}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -106,6 +109,14 @@ def assembly_from_json(raw: object) -> dsp.PromptAssembly:
         raise _not_an_assembly() from None
 
 
+def skipped_line(step: dsp.SkippedStep) -> str:
+    """A step the assembly went on without: which callback, its reason, and the message the
+    assembly would have failed with under FailurePolicy.FAIL."""
+    where = "global" if step.scope is None else f'scope "{step.scope}"'
+    name = f' "{step.name}"' if step.name else ""
+    return f"skipped {step.kind}{name} ({where}): {step.reason}: {step.message}"
+
+
 def _not_an_assembly() -> CommandError:
     return CommandError(
         "an assembly file is a JSON object with sections and contexts ([{name, text}]),"
@@ -149,8 +160,9 @@ def _show_prompt(
 
 
 def _show_report(report: dsp.AssemblyReport) -> int:
-    """A table: part, source, size, stable/changed; then the prefix verdict, the diff and,
-    when the assembly does not render, why (exit EXIT_REFUSED: the pod's renders fail)."""
+    """A table: part, source, size, stable/changed; then the prefix verdict, the steps the
+    assembly skipped, the diff and, when the assembly does not render, why (exit
+    EXIT_REFUSED: the pod's renders fail)."""
     unit = f"tokens ({report.tokenizer})" if report.tokenizer else None
     title = f"prompt parts in model order ({report.prefix_layout})"
     table = Table(title=title, title_justify="left")
@@ -166,6 +178,8 @@ def _show_report(report: dsp.AssemblyReport) -> int:
     console.print(table)
     for line in verdict(report):
         console.print(line, highlight=False, markup=False)
+    for step in report.skipped:  # one line each, however long its message
+        console.print(skipped_line(step), highlight=False, markup=False, soft_wrap=True)
     if report.stability.diff:
         console.print(report.stability.diff, highlight=False, markup=False)
     if report.render_error:
