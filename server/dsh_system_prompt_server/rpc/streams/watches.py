@@ -114,7 +114,8 @@ class Watches:
         """Serve one WatchPrompt stream until its peer stops reading it."""
         client = client_of(stream.peer())
         watch, subscription = self._open(client, gate, lambda: self.prompt_watch(request))
-        await self._serve(stream, client, subscription, self.prompts(watch, subscription))
+        key = None if client is None else client.key
+        await self._serve(stream, client, subscription, self.prompts(watch, subscription, key))
 
     def _open(self, client: Client | None, gate: Gate, start: Callable[[], Opened]) -> Opened:
         """Admit one more watch of `client` and start it; nothing is held if it fails."""
@@ -279,17 +280,18 @@ class Watches:
         return PromptWatch(shown), subscription
 
     async def prompts(
-        self, watch: PromptWatch, subscription: Subscription
+        self, watch: PromptWatch, subscription: Subscription, client: str | None
     ) -> AsyncGenerator[bytes, None]:
-        """The prompt now, then again after each burst of changes that affects it."""
+        """The prompt now, then again after each burst of changes that affects it; its
+        messages being written count against `client`'s share of the prompts in flight."""
         in_flight = self.prompts_in_flight
         try:
-            async with in_flight.reserved(await watch.size()):  # given back once written
+            async with in_flight.reserved(await watch.size(), client):  # given back once written
                 yield await watch.prompt()
             while True:
                 burst: list[Any] = [await subscription.next()]
                 await asyncio.sleep(self._settings.coalesce_s)
-                async with in_flight.reserved(await watch.size()):
+                async with in_flight.reserved(await watch.size(), client):
                     while (item := subscription.poll()) is not None:  # also while it waited
                         burst.append(item)
                     turn = await self.turns.take()
