@@ -4,13 +4,15 @@ prompt each, whether they read or stop reading."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
-from dsh_system_prompt_server import Sidecar
-from helpers import SidecarFactory, traced_growth
+from dsh_system_prompt_server import Sidecar, load_config
+from dsh_system_prompt_server.sidecar.reload import Reloader
+from helpers import SidecarFactory, eventually, traced_growth
 
 BIG = "x" * (250 * 1024)
 MIB = 1024 * 1024
@@ -96,6 +98,42 @@ async def _latest(watcher: Any, revision: int) -> None:
         pass
 
 
+class _Scopes:
+    """A session's two scopes: "big" with a 3 MiB prompt (more than a stream's window),
+    "small" with next to nothing."""
+
+    def __init__(self, stub: pb_grpc.SystemPromptServiceStub) -> None:
+        self._stub = stub
+        self.ids: dict[str, str] = {}
+        self._changes = 0
+
+    async def open(self) -> object:
+        session, self._session_id = await _open_session(self._stub)
+        for key in ("big", "small"):
+            opened = await self._stub.OpenScope(
+                pb.OpenScopeRequest(session_id=self._session_id, key=key)
+            )
+            self.ids[key] = opened.scope_id
+        for index in range(12):
+            await self._register("big", f"b{index}", BIG)
+        return session
+
+    async def change(self) -> dict[str, int]:
+        """A change in each scope; the revision of each."""
+        self._changes += 1
+        return {key: await self._register(key, f"c{self._changes}", "c") for key in self.ids}
+
+    async def _register(self, key: str, name: str, text: str) -> int:
+        request = pb.RegisterSectionRequest(
+            session_id=self._session_id, scope_id=self.ids[key], name=name, text=text
+        )
+        return int((await self._stub.RegisterSection(request)).revision)
+
+
+def _watch(channel: grpc.aio.Channel, scope: str) -> Any:
+    return pb_grpc.SystemPromptServiceStub(channel).WatchPrompt(pb.WatchPromptRequest(scope=scope))
+
+
 async def test_one_clients_stalled_prompt_watchers_cost_only_its_share_of_the_prompts_in_flight(
     make_sidecar: SidecarFactory,
 ) -> None:
@@ -108,46 +146,48 @@ async def test_one_clients_stalled_prompt_watchers_cost_only_its_share_of_the_pr
         grpc.aio.insecure_channel(sidecar.address, options=UNREAD) as hog,
         grpc.aio.insecure_channel(sidecar.address, options=OWN_CONNECTION) as other,
     ):
-        stub = pb_grpc.SystemPromptServiceStub(owner)
-        session, session_id = await _open_session(stub)
-        scopes = {}
-        for key in ("big", "small"):
-            opened = await stub.OpenScope(pb.OpenScopeRequest(session_id=session_id, key=key))
-            scopes[key] = opened.scope_id
-        for index in range(12):  # a 3 MiB prompt, more than a stream's window
-            await stub.RegisterSection(
-                pb.RegisterSectionRequest(
-                    session_id=session_id, scope_id=scopes["big"], name=f"b{index}", text=BIG
-                )
-            )
-        hogs = [
-            pb_grpc.SystemPromptServiceStub(hog).WatchPrompt(pb.WatchPromptRequest(scope="big"))
-            for _ in range(8)
-        ]
+        scopes = _Scopes(pb_grpc.SystemPromptServiceStub(owner))
+        session = await scopes.open()
+        hogs = [_watch(hog, "big") for _ in range(8)]
         await asyncio.gather(*(watcher.read() for watcher in hogs))  # and never again
-        theirs = pb_grpc.SystemPromptServiceStub(other)
-        same, small = (theirs.WatchPrompt(pb.WatchPromptRequest(scope=s)) for s in scopes)
-        await same.read()
-        await small.read()
-
-        async def change_and_read(index: int) -> None:
-            revisions = {}
-            for key in scopes:
-                changed = await stub.RegisterSection(
-                    pb.RegisterSectionRequest(
-                        session_id=session_id, scope_id=scopes[key], name=f"c{index}", text="c"
-                    )
-                )
-                revisions[key] = changed.revision
+        same, small = _watch(other, "big"), _watch(other, "small")
+        await asyncio.gather(same.read(), small.read())
+        for _ in range(3):
+            revisions = await scopes.change()
             # within a third of the write timeout: nobody waits for the hog's stalls to end
             await asyncio.wait_for(
                 asyncio.gather(_latest(same, revisions["big"]), _latest(small, revisions["small"])),
                 20,
             )
-
-        for index in range(3):
-            await change_and_read(index)
             # the hog holds its share: a prompt of it being written, the others waiting
             assert in_flight.bytes > 0 and in_flight.waiting() > 0
         assert not any(watcher.done() for watcher in hogs)
         _cancel(session, same, small, *hogs)
+
+
+async def test_a_reload_raising_max_outbox_bytes_lets_the_prompts_waiting_on_it_go(
+    make_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    config = tmp_path / "sidecar.toml"
+    config.write_text("provider_timeout_s = 60\n[limits]\nmax_outbox_bytes = 262144\n")
+    sidecar = await make_sidecar(provider_timeout_s=60, limits={"max_outbox_bytes": 256 * 1024})
+    reloader = Reloader(sidecar, str(config), lambda: load_config(config))
+    in_flight = sidecar.state.watches.prompts_in_flight
+    async with (
+        grpc.aio.insecure_channel(sidecar.address) as owner,
+        grpc.aio.insecure_channel(sidecar.address, options=UNREAD) as client,
+    ):
+        scopes = _Scopes(pb_grpc.SystemPromptServiceStub(owner))
+        session = await scopes.open()
+        stalled, small = _watch(client, "big"), _watch(client, "small")
+        await asyncio.gather(stalled.read(), small.read())  # then the big one is never read
+        revisions = await scopes.change()
+        # its 3 MiB prompt stalled fills the client's share: the small prompt waits on it
+        await eventually(lambda: in_flight.waiting() == 1, "the small prompt waiting")
+        config.write_text("provider_timeout_s = 60\n[limits]\nmax_outbox_bytes = 4194304\n")
+        reloaded = reloader.reload("SIGHUP")
+        assert reloaded is not None and reloaded.applied == ["limits.max_outbox_bytes"]
+        # room for both now: it goes at once, not when the stalled write times out (60 s)
+        await asyncio.wait_for(_latest(small, revisions["small"]), 20)
+        assert in_flight.max_bytes == 4 * 4194304 and not stalled.done()
+        _cancel(session, stalled, small)

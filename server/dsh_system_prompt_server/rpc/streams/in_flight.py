@@ -44,6 +44,12 @@ class InFlight:
         """What one client's reservations may take together."""
         return max(1, self.max_bytes // SHARES)
 
+    def resize(self, max_bytes: int) -> None:
+        """Take a reloaded bound: a raised one lets the reservations that now fit go at once,
+        a lowered one holds the next back until what is held fits."""
+        self.max_bytes = max_bytes
+        self._wake()
+
     def waiting(self) -> int:
         """Reservations waiting to fit now."""
         return len(self._waiters)

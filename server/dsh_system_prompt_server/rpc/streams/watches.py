@@ -95,7 +95,7 @@ class Watches:
         """Take reloaded settings; watches already open keep their buffer."""
         self._settings = settings
         self._per_client.limit = settings.max_per_peer
-        self.prompts_in_flight.max_bytes = settings.prompt_bytes
+        self.prompts_in_flight.resize(settings.prompt_bytes)  # waiters that now fit go
 
     # -- the streams ------------------------------------------------------------------
 
