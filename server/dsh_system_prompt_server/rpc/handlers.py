@@ -14,7 +14,7 @@ for listeners' answers and registrations).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeAlias
 
 import grpc
@@ -28,7 +28,7 @@ from ..registry.limits import too_large
 from .status import abort, bad_request
 
 Context: TypeAlias = "grpc.aio.ServicerContext[object, object]"
-Behaviour: TypeAlias = Callable[[Any, Context], Awaitable[Any]]
+Behaviour: TypeAlias = Callable[[Any, Context], Coroutine[Any, Any, Any]]
 
 SERVICE = pb.DESCRIPTOR.services_by_name["SystemPromptService"]
 # Methods whose servicer may return (or write) encoded bytes (WatchPrompt: one prompt, encoded
@@ -141,12 +141,15 @@ def _reading(behaviour: Behaviour, method: str) -> Behaviour:
     return read_then
 
 
-def _handler(servicer: object, method: MethodDescriptor) -> grpc.RpcMethodHandler:
+def _handler(
+    servicer: object, method: MethodDescriptor, around: Callable[[Behaviour], Behaviour]
+) -> grpc.RpcMethodHandler:
     behaviour = getattr(servicer, method.name)
     if method.client_streaming:
         behaviour = _reading(behaviour, method.name)
     elif method.name not in RAW_REQUESTS:
         behaviour = _parsing(behaviour, method.name)
+    behaviour = around(behaviour)
     kind = {
         (False, False): grpc.unary_unary_rpc_method_handler,
         (False, True): grpc.unary_stream_rpc_method_handler,
@@ -161,9 +164,14 @@ def _handler(servicer: object, method: MethodDescriptor) -> grpc.RpcMethodHandle
     return handler
 
 
-def add_service(servicer: object, server: grpc.aio.Server) -> None:
-    """Serve every method of SystemPromptService with `servicer`'s behaviour."""
-    handlers = {method.name: _handler(servicer, method) for method in SERVICE.methods}
+def add_service(
+    servicer: object,
+    server: grpc.aio.Server,
+    around: Callable[[Behaviour], Behaviour] = lambda behaviour: behaviour,
+) -> None:
+    """Serve every method of SystemPromptService with `servicer`'s behaviour, each call
+    (its parse included) run by `around` (the clients' shares of the loop)."""
+    handlers = {method.name: _handler(servicer, method, around) for method in SERVICE.methods}
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),)
     )

@@ -19,6 +19,7 @@ from ..telemetry.metrics import Metrics
 from ..telemetry.tracing import Tracing
 from .assemble.assembler import Assembler
 from .guard.gate import Gate
+from .guard.shares import Shares, ShareSettings
 from .streams.listeners import Listeners
 from .streams.outbox import OutboxLimits
 from .streams.sessions import Sessions
@@ -42,6 +43,7 @@ class StateSettings:
     report_keys: int  # history keys kept
     report_bytes: int  # what the report history may take in memory (live)
     response_bytes: int  # what the kept encoded responses may take (live)
+    shares: ShareSettings  # when clients are held to a fair share of the loop (live)
 
 
 class ServerState:
@@ -77,8 +79,15 @@ class ServerState:
         self.assembler = Assembler(
             registry, self.reporter, metrics, settings.max_message_bytes, settings.response_bytes
         )
+        self.shares = Shares(settings.shares)  # each client's share of the event loop
+        self.shares.on_wait = metrics.share_waits.inc
         self.watches = Watches(
-            registry, settings.watches, self.sessions.client_name, self.tokenizer, metrics
+            registry,
+            settings.watches,
+            self.sessions.client_name,
+            self.tokenizer,
+            metrics,
+            self.shares,
         )
         self.gate = Gate()
         self.prefix_layout = settings.prefix_layout
@@ -110,3 +119,4 @@ class ServerState:
         self.assembler.responses.max_bytes = settings.response_bytes
         self.assembler.parts.max_bytes = settings.response_bytes
         self.reports.max_bytes = settings.report_bytes
+        self.shares.settings = settings.shares

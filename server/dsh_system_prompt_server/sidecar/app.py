@@ -26,6 +26,7 @@ from ..rpc.addresses import (
     host_and_port,
 )
 from ..rpc.guard.auth import Authenticator, AuthInterceptor
+from ..rpc.guard.shares import ShareSettings, sharing
 from ..rpc.handlers import add_service
 from ..rpc.service import SystemPromptService
 from ..rpc.state import ServerState, StateSettings
@@ -98,7 +99,7 @@ async def start_sidecar(
     server = grpc.aio.server(interceptors=interceptors, options=server_options(config))
     metrics = Metrics(key_labels=config.metrics_key_labels)
     state = ServerState(registry, state_settings(config), metrics, tracing)
-    add_service(SystemPromptService(state), server)
+    add_service(SystemPromptService(state), server, sharing(state.shares))
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if reflection_enabled(config, listen):
@@ -178,6 +179,7 @@ def state_settings(config: SidecarConfig) -> StateSettings:
         response_bytes=limits.max_response_cache_bytes,
         report_depth=config.report_history,
         report_keys=config.report_keys,
+        shares=ShareSettings(busy=config.fair_share_busy),
     )
 
 

@@ -70,6 +70,7 @@ class SidecarConfig:
     watch_buffer: int = 1024
     prompt_coalesce_s: float = 0.1  # a prompt watcher's wait for a burst of changes to end
     watch_coalesce_s: float = 0.005  # a batching change watcher's wait for a burst to end
+    fair_share_busy: float = 0.5  # the loop's share past which clients get fair shares of it
     reflection: bool | None = None  # None: on when listening on loopback or a unix socket
     log_level: str = "info"
     log_format: LogFormat = "text"
@@ -91,6 +92,7 @@ _TOP_KEYS = {  # every top-level key a config file may have, sorted
     "credentials",
     "dead_peer_timeout_s",
     "eject_after_timeouts",
+    "fair_share_busy",
     "handshake_timeout_s",
     "include_harness_identity",
     "include_runtime_context",
@@ -186,6 +188,7 @@ def parse_config(raw: dict[str, Any]) -> SidecarConfig:
             watch_buffer=count(raw, "watch_buffer", 1024),
             prompt_coalesce_s=seconds(raw, "prompt_coalesce_s", 0.1, allow_zero=True),
             watch_coalesce_s=_watch_coalesce(raw),
+            fair_share_busy=_fair_share_busy(raw),
             reflection=reflection,
             log_level=log_level,
             log_format="json" if log_format == "json" else "text",
@@ -238,6 +241,16 @@ def _callback_timeout(raw: dict[str, Any]) -> float:
             f" 'provider_timeout_s' ({default:g})"
         )
     return value
+
+
+def _fair_share_busy(raw: dict[str, Any]) -> float:
+    value = raw.get("fair_share_busy", 0.5)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise ConfigError(
+            "config key 'fair_share_busy' must be a share of the event loop's time, greater"
+            f" than 0 and up to 1 (1: clients are never held to a share), not {value!r}"
+        )
+    return float(value)
 
 
 def _watch_coalesce(raw: dict[str, Any]) -> float:

@@ -49,6 +49,7 @@ LIVE_KEYS = frozenset(
         "change_history",
         "prompt_coalesce_s",
         "watch_coalesce_s",
+        "fair_share_busy",
         "credentials",
         "auth_token_file",
     }
@@ -103,6 +104,7 @@ def apply(sidecar: Sidecar, new: SidecarConfig, loaded: SidecarConfig) -> Reload
         watch_buffer=new.watch_buffer,
         prompt_coalesce_s=new.prompt_coalesce_s,
         watch_coalesce_s=new.watch_coalesce_s,
+        fair_share_busy=new.fair_share_busy,
         log_level=new.log_level,
         prefix_layout=new.prefix_layout,
     )

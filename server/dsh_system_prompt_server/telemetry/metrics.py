@@ -76,6 +76,12 @@ class Metrics:
             ["kind", "reason"],
             registry=self.registry,
         )
+        self.share_waits = Counter(
+            "dsp_share_waits",
+            "Calls and watch writes made to wait for their client's fair share of the event"
+            " loop (fair_share_busy)",
+            registry=self.registry,
+        )
         self.stalled_peers = Counter(
             "dsp_stalled_peers",
             "Sessions, listeners and watchers closed for not reading their stream, by kind",

@@ -33,6 +33,7 @@ from ..convert import (
 )
 from ..guard.clients import client_of
 from ..guard.gate import Gate
+from ..guard.shares import Shares, key_of
 from ..report_messages import layout_from_proto
 from .broker import Stream, stalled, write_all
 from .in_flight import InFlight
@@ -76,6 +77,7 @@ class Watches:
         owner_name: Callable[[str], str],
         tokenizer: Tokenizer | None,
         metrics: Metrics,
+        shares: Shares,
     ) -> None:
         self.incarnation = secrets.token_hex(8)
         self._registry = registry
@@ -83,6 +85,7 @@ class Watches:
         self._settings = settings
         self._owner_name = owner_name
         self._tokenizer = tokenizer
+        self._shares = shares  # a watcher over its client's share of the loop writes later
         self.turns = Turns()  # a few watch writes at once: callers never queue behind many
         self.prompts_in_flight = InFlight(settings.prompt_bytes)
         self._entries: dict[int, bytes] = {}  # revision -> its event encoded, the latest ones
@@ -105,7 +108,7 @@ class Watches:
         """Serve one WatchChanges stream until its peer stops reading it."""
         client = client_of(stream.peer())
         subscription = self._open(client, gate, lambda: self.subscribe(request))
-        responses = self.changes(subscription, request.features)
+        responses = self.changes(subscription, request.features, key_of(stream.peer()))
         await self._serve(stream, client, subscription, responses)
 
     async def serve_prompts(
@@ -115,7 +118,8 @@ class Watches:
         client = client_of(stream.peer())
         watch, subscription = self._open(client, gate, lambda: self.prompt_watch(request))
         key = None if client is None else client.key
-        await self._serve(stream, client, subscription, self.prompts(watch, subscription, key))
+        prompts = self.prompts(watch, subscription, key, key_of(stream.peer()))
+        await self._serve(stream, client, subscription, prompts)
 
     def _open(self, client: Client | None, gate: Gate, start: Callable[[], Opened]) -> Opened:
         """Admit one more watch of `client` and start it; nothing is held if it fails."""
@@ -177,7 +181,7 @@ class Watches:
         )
 
     async def changes(
-        self, subscription: Subscription, features: Iterable[str]
+        self, subscription: Subscription, features: Iterable[str], sharer: str = ""
     ) -> AsyncGenerator[pb.WatchChangesResponse, None]:
         """The stream of one subscription: confirmation, replayed events, then live ones.
 
@@ -198,6 +202,7 @@ class Watches:
             first = await subscription.next()
             if batches and not isinstance(first, Missed) and self._settings.change_coalesce_s:
                 await asyncio.sleep(self._settings.change_coalesce_s)  # gather the burst
+            await self._shares.turn(sharer)  # what comes meanwhile goes in the same batch
             turn = await self.turns.take()
             try:
                 # What is pending at the turn goes now: a long wait, a big batch.
@@ -280,7 +285,11 @@ class Watches:
         return PromptWatch(shown), subscription
 
     async def prompts(
-        self, watch: PromptWatch, subscription: Subscription, client: str | None
+        self,
+        watch: PromptWatch,
+        subscription: Subscription,
+        client: str | None,
+        sharer: str = "",
     ) -> AsyncGenerator[bytes, None]:
         """The prompt now, then again after each burst of changes that affects it; its
         messages being written count against `client`'s share of the prompts in flight."""
@@ -291,6 +300,7 @@ class Watches:
             while True:
                 burst: list[Any] = [await subscription.next()]
                 await asyncio.sleep(self._settings.coalesce_s)
+                await self._shares.turn(sharer)  # the changes meanwhile make one prompt
                 async with in_flight.reserved(await watch.size(), client):
                     while (item := subscription.poll()) is not None:  # also while it waited
                         burst.append(item)

@@ -1,0 +1,194 @@
+"""Each client's share of the event loop: the time its calls and writes take is measured,
+and when the loop is busy, a client using more than its fair share waits before its next
+call or write until its use is back to that share.
+
+One event loop serves every client, and a step of one call runs to its end before
+anything else does: a few clients sending the costliest requests the bounds allow
+(the largest fields, 3.5 MiB scopes, hundreds of watchers) kept it busy enough to
+make everyone else's assemblies six times slower (issue 22). As Kubernetes' API
+priority and fairness queues each user's requests apart, and Envoy's overload
+manager acts only past a threshold, nothing waits while the loop has time to spare,
+and when it has not, its time is divided max-min fairly (water-filling): clients
+using less than an equal share keep what they use, what is left is split equally
+among the others, and only those above that split wait. A client is what the
+quotas count (`clients.client_of`): on a unix socket without credentials every
+peer is one, and nobody waits for anyone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import types
+from collections.abc import Callable, Coroutine, Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ..handlers import Behaviour, Context
+from .clients import client_of
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ShareSettings:
+    """When shares apply and how use is measured."""
+
+    # The loop's time the clients' calls take together past which shares apply (config key
+    # `fair_share_busy`; 1: never). What gRPC itself does for a call is not counted: with the
+    # clients' calls at half the loop's time, the loop had none to spare in the hostile soak.
+    busy: float = 0.5
+    window_s: float = 0.5  # how fast a client's measured use forgets (its decay's time)
+    refresh_s: float = 0.1  # how often the fair share is recomputed from everyone's use
+    over: float = 1.25  # how far past the fair share a client may go before it waits
+    idle: float = 1e-5  # a client using less than this (10 µs a second) is forgotten
+
+
+class Use:
+    """The share of the loop's time one client took lately: seconds per second, each
+    second's use weighing less as it ages (an exponential decay over `window_s`)."""
+
+    __slots__ = ("at", "rate")
+
+    def __init__(self) -> None:
+        self.rate = 0.0
+        self.at = 0.0
+
+    def now(self, now: float, window_s: float) -> float:
+        """The rate at `now`, decayed since it was last added to."""
+        return self.rate * math.exp((self.at - now) / window_s) if now > self.at else self.rate
+
+    def add(self, now: float, window_s: float, seconds: float) -> None:
+        self.rate = self.now(now, window_s) + seconds / window_s
+        self.at = now
+
+
+class Shares:
+    """The clients' use of the loop, and the fair share past which one waits."""
+
+    def __init__(
+        self, settings: ShareSettings = ShareSettings(), clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._uses: dict[str, Use] = {}
+        self._waited: dict[str, int] = {}  # how often each client waited, while it is seen
+        self._total = Use()
+        self._fair = math.inf  # the share above which a client waits; inf: nobody waits
+        self._refreshed = 0.0
+        self.on_wait: Callable[[], None] = lambda: None  # a call or write waits (the metrics)
+
+    def charge(self, key: str, seconds: float) -> None:
+        """Count `seconds` of the loop's time against the client `key`."""
+        now = self._clock()
+        window = self.settings.window_s
+        use = self._uses.get(key)
+        if use is None:
+            use = self._uses[key] = Use()
+        use.add(now, window, seconds)
+        self._total.add(now, window, seconds)
+        if now - self._refreshed >= self.settings.refresh_s:
+            self._refresh(now)
+
+    def use(self, key: str) -> float:
+        """The share of the loop `key` took lately (0 for a client not seen)."""
+        use = self._uses.get(key)
+        return 0.0 if use is None else use.now(self._clock(), self.settings.window_s)
+
+    def waits_of(self, key: str) -> int:
+        """How often `key`'s calls and writes waited for its share since it was last idle."""
+        return self._waited.get(key, 0)
+
+    def fair_share(self) -> float:
+        """The share of the loop above which a client waits now (inf when nobody does)."""
+        return self._fair
+
+    def wait_s(self, key: str) -> float:
+        """How long `key` must wait for its use to fall back to its fair share (0: none)."""
+        if self._fair == math.inf:
+            return 0.0
+        rate = self.use(key)
+        limit = self._fair * self.settings.over
+        if rate <= limit:
+            return 0.0
+        return self.settings.window_s * math.log(rate / self._fair)
+
+    async def turn(self, key: str) -> None:
+        """Return once `key` may go on: at once unless the loop is busy and `key` is over
+        its fair share (a call's deadline still ends a wait)."""
+        wait = self.wait_s(key)
+        if wait:
+            self._waited[key] = self._waited.get(key, 0) + 1
+            self.on_wait()
+        while wait:
+            await asyncio.sleep(wait)
+            wait = self.wait_s(key)
+
+    async def metered(self, key: str, work: Coroutine[Any, Any, T]) -> T:
+        """`work` run to its end, the time of each of its steps counted against `key`."""
+        return await _stepped(work, lambda seconds: self.charge(key, seconds))
+
+    def _refresh(self, now: float) -> None:
+        """Forget idle clients; then, when the clients together keep the loop busy, the fair
+        share is an equal split of that busy part among the clients that use it."""
+        self._refreshed = now
+        window, idle = self.settings.window_s, self.settings.idle
+        for key, use in list(self._uses.items()):
+            if use.now(now, window) < idle:
+                del self._uses[key]
+                self._waited.pop(key, None)
+        busy = self.settings.busy
+        if busy >= 1 or self._total.now(now, window) < busy or len(self._uses) < 2:
+            self._fair = math.inf
+            return
+        rates = sorted(use.now(now, window) for use in self._uses.values())
+        left, count = busy, len(rates)
+        for rate in rates:
+            if rate * count > left:  # above an equal split of what is left: the share
+                break
+            left -= rate
+            count -= 1
+        self._fair = left / count if count else math.inf
+
+
+def key_of(peer: str) -> str:
+    """The key a call's use is counted by: its client's, else the peer's (`unix:`)."""
+    client = client_of(peer)
+    return peer if client is None else client.key
+
+
+def sharing(shares: Shares) -> Callable[[Behaviour], Behaviour]:
+    """A behaviour's calls made to wait for their client's share, and metered against it."""
+
+    def around(behaviour: Behaviour) -> Behaviour:
+        async def in_turn(request: Any, context: Context) -> Any:
+            key = key_of(context.peer())
+            await shares.turn(key)
+            return await shares.metered(key, behaviour(request, context))
+
+        return in_turn
+
+    return around
+
+
+@types.coroutine
+def _stepped(
+    work: Coroutine[Any, Any, T], charge: Callable[[float], None]
+) -> Generator[Any, Any, T]:
+    """Drive `work` as its task would, timing each step (from one await to the next): the
+    time a step holds the loop is what a call costs everyone else."""
+    sent: Any = None
+    thrown: BaseException | None = None
+    while True:
+        started = time.perf_counter()
+        try:
+            awaited = work.send(sent) if thrown is None else work.throw(thrown)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        finally:
+            charge(time.perf_counter() - started)
+        try:
+            sent, thrown = (yield awaited), None
+        except BaseException as error:  # a cancellation thrown into the task: work's to handle
+            sent, thrown = None, error

@@ -1,0 +1,255 @@
+"""Each client's share of the event loop (issue 22): when the clients' calls together keep
+the loop busier than `fair_share_busy`, a client using more than its max-min fair share
+waits before its next call or watch write, and the others go on at once.
+
+A client is what the quotas count: here each side presents a credential of its own.
+The sidecar-level tests drive a real sidecar; the arithmetic of shares (decay,
+water-filling) is checked on its own with a clock the test moves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import dsh_system_prompt as dsp
+import pytest
+from dsh_system_prompt_server import load_config
+from dsh_system_prompt_server.rpc.guard.shares import Shares, ShareSettings
+from dsh_system_prompt_server.sidecar.reload import Reloader
+from helpers import SidecarFactory, next_events
+
+TOKENS = {"hog": "hog-token-0123456789", "light": "light-token-0123456789"}
+HOG, LIGHT = "credential:hog", "credential:light"
+FIELDS_PAD = 60 * 1024  # under max_fields_bytes: each call parses this much JSON
+
+
+def credentials(folder: Path) -> dict[str, Any]:
+    entries = []
+    for name, token in TOKENS.items():
+        path = folder / f"{name}.token"
+        path.write_text(token + "\n")
+        entry = {"name": name, "role": "agent", "scopes": ["*"], "token_file": str(path)}
+        entries.append({**entry, "global": True})  # the writer registers global sections
+    return {"credentials": entries}
+
+
+async def hog(address: str, seconds: float) -> int:
+    """Four calls at a time, each with new large fields (never answered from a cache)."""
+    calls = 0
+    async with dsp.connect(address, token=TOKENS["hog"]) as client:
+        until = time.monotonic() + seconds
+
+        async def loop(lane: int) -> None:
+            nonlocal calls
+            while time.monotonic() < until:
+                calls += 1
+                fields = {"lane": lane, "n": calls, "pad": "p" * FIELDS_PAD}
+                await client.assemble(scope="hog", fields=fields, timeout=30)
+
+        await asyncio.gather(*(loop(lane) for lane in range(4)))
+    return calls
+
+
+async def light(address: str, seconds: float) -> int:
+    """One small call now and then."""
+    calls = 0
+    async with dsp.connect(address, token=TOKENS["light"]) as client:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            await client.assemble(scope="light", timeout=30)
+            calls += 1
+            await asyncio.sleep(0.1)
+    return calls
+
+
+async def test_a_client_over_its_fair_share_of_a_busy_loop_waits_and_a_light_one_does_not(
+    make_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    sidecar = await make_sidecar(fair_share_busy=0.05, **credentials(tmp_path))
+    shares = sidecar.state.shares
+    served, lit = await asyncio.gather(hog(sidecar.address, 2.0), light(sidecar.address, 2.0))
+    assert served > 0 and lit > 0
+    assert shares.waits_of(HOG) > 0
+    assert shares.waits_of(LIGHT) == 0
+    assert _metric(sidecar, "dsp_share_waits_total") >= shares.waits_of(HOG)
+
+
+async def test_a_client_held_to_its_share_uses_about_that_share(
+    make_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    sidecar = await make_sidecar(fair_share_busy=0.05, **credentials(tmp_path))
+    shares = sidecar.state.shares
+    uses: list[float] = []
+
+    async def sample() -> None:
+        await asyncio.sleep(1.0)  # the shares have formed
+        for _ in range(10):
+            assert shares.fair_share() < math.inf  # the loop is busy past fair_share_busy
+            uses.append(shares.use(HOG) / shares.fair_share())
+            await asyncio.sleep(0.1)
+
+    await asyncio.gather(hog(sidecar.address, 2.5), light(sidecar.address, 2.5), sample())
+    # the hog is over its share by its allowance (1.25) and what one call costs past it, not
+    # by its four lanes
+    assert sorted(uses)[len(uses) // 2] < 2, uses
+
+
+async def test_nobody_waits_when_fair_share_busy_is_1(
+    make_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    sidecar = await make_sidecar(fair_share_busy=1, **credentials(tmp_path))
+    await asyncio.gather(hog(sidecar.address, 1.0), light(sidecar.address, 1.0))
+    assert sidecar.state.shares.waits_of(HOG) == 0
+    assert _metric(sidecar, "dsp_share_waits_total") == 0
+
+
+async def test_a_lone_client_never_waits_however_busy(
+    make_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    sidecar = await make_sidecar(fair_share_busy=0.05, **credentials(tmp_path))
+    assert await hog(sidecar.address, 1.0) > 0
+    assert sidecar.state.shares.waits_of(HOG) == 0
+
+
+async def test_a_change_watcher_over_its_share_still_gets_every_change(
+    make_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    sidecar = await make_sidecar(fair_share_busy=0.05, **credentials(tmp_path))
+    async with dsp.connect(sidecar.address, token=TOKENS["hog"]) as watcher:
+        changes = await watcher.watch_changes(kinds=["section"])
+        shares = sidecar.state.shares
+        shares.charge(HOG, 10.0)  # the watcher's client is far over any share
+        shares.charge(LIGHT, 0.5)
+        async with dsp.connect(sidecar.address, token=TOKENS["light"]) as writer:
+            for index in range(200):
+                await writer.section(f"burst-{index}", index, "text")
+        seen = [(event.action, event.name) for event in await next_events(changes, 200)]
+        assert seen == [("registered", f"burst-{index}") for index in range(200)]
+        assert shares.waits_of(HOG) > 0
+
+
+def _metric(sidecar: Any, name: str) -> float:
+    value = sidecar.metrics.registry.get_sample_value(name)
+    return 0.0 if value is None else float(value)
+
+
+# -- the arithmetic ---------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def shares_at(clock: Clock, busy: float = 0.5) -> Shares:
+    return Shares(ShareSettings(busy=busy, window_s=1.0, refresh_s=0.0), clock)
+
+
+def test_use_is_seconds_per_second_and_decays_over_the_window() -> None:
+    clock = Clock()
+    shares = shares_at(clock)
+    shares.charge("a", 0.3)
+    assert shares.use("a") == pytest.approx(0.3)
+    clock.now += 1.0
+    assert shares.use("a") == pytest.approx(0.3 / math.e)
+
+
+def test_nobody_waits_while_the_clients_together_use_less_than_busy() -> None:
+    clock = Clock()
+    shares = shares_at(clock, busy=0.5)
+    shares.charge("a", 0.4)
+    shares.charge("b", 0.05)
+    assert shares.fair_share() == math.inf
+    assert shares.wait_s("a") == 0
+
+
+def test_the_fair_share_is_what_the_light_clients_leave_split_among_the_others() -> None:
+    clock = Clock()
+    shares = shares_at(clock, busy=0.5)
+    for key, seconds in (("light-1", 0.02), ("light-2", 0.03), ("hog-1", 0.6), ("hog-2", 0.3)):
+        shares.charge(key, seconds)
+    assert shares.fair_share() == pytest.approx((0.5 - 0.05) / 2)
+    assert shares.wait_s("light-1") == 0
+    assert shares.wait_s("hog-1") == pytest.approx(math.log(0.6 / 0.225))
+    assert shares.wait_s("hog-2") == pytest.approx(math.log(0.3 / 0.225))
+
+
+def test_a_client_a_little_over_its_share_does_not_wait() -> None:
+    clock = Clock()
+    shares = shares_at(clock, busy=0.5)
+    shares.charge("a", 0.27)  # 1.2 times the fair share of 0.225 (the allowance is 1.25)
+    shares.charge("b", 0.6)
+    assert shares.wait_s("a") == 0
+    assert shares.wait_s("b") > 0
+
+
+def test_idle_clients_are_forgotten() -> None:
+    clock = Clock()
+    shares = shares_at(clock)
+    shares.charge("a", 0.001)
+    clock.now += 30
+    shares.charge("b", 0.1)
+    assert shares.use("a") == 0
+    assert shares.fair_share() == math.inf  # one client left: nobody to be fair to
+
+
+async def test_a_metered_call_counts_its_steps_not_its_waits() -> None:
+    shares = Shares()
+
+    async def work() -> str:
+        _busy(0.02)
+        await asyncio.sleep(0.3)
+        _busy(0.02)
+        return "done"
+
+    started = time.perf_counter()
+    assert await shares.metered("a", work()) == "done"
+    assert time.perf_counter() - started >= 0.3
+    charged = shares.use("a") * shares.settings.window_s  # decayed a little since
+    assert 0.02 < charged < 0.3
+
+
+async def test_a_metered_call_cancelled_while_it_waits_is_cancelled_inside() -> None:
+    shares = Shares()
+    cleaned = asyncio.Event()
+
+    async def work() -> None:
+        try:
+            await asyncio.sleep(10)
+        finally:
+            cleaned.set()
+
+    task = asyncio.create_task(shares.metered("a", work()))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert task.cancelled() and cleaned.is_set()
+
+
+def _busy(seconds: float) -> None:
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        json.dumps(list(range(100)))
+
+
+async def test_a_reload_changes_fair_share_busy_live(
+    make_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    config = tmp_path / "sidecar.toml"
+    config.write_text("fair_share_busy = 0.5\n")
+    sidecar = await make_sidecar(fair_share_busy=0.5)
+    reloader = Reloader(sidecar, str(config), lambda: load_config(config))
+    config.write_text("fair_share_busy = 0.25\n")
+    reloaded = reloader.reload("test")
+    assert reloaded is not None and "fair_share_busy" in reloaded.applied
+    assert sidecar.state.shares.settings.busy == 0.25
