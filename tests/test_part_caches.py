@@ -4,7 +4,10 @@ encoding or rendering of a part (or variable) that changed."""
 
 from __future__ import annotations
 
+import gc
 import itertools
+import sys
+import types
 from collections.abc import AsyncIterator
 
 import dsh_system_prompt as dsp
@@ -12,7 +15,8 @@ import grpc
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import Sidecar
-from helpers import IDENTITY, ClientFactory, raw_channel
+from dsh_system_prompt_server.rpc import encoding
+from helpers import IDENTITY, ClientFactory, SidecarFactory, raw_channel
 
 ASSEMBLE = "/dsh.systemprompt.v1.SystemPromptService/Assemble"
 Raw = grpc.aio.UnaryUnaryMultiCallable
@@ -179,3 +183,54 @@ async def test_a_listener_that_reorders_adds_and_removes_parts_is_encoded_as_it_
         ["First.", "Second.", "Added."],
         ["Second."],
     ]
+
+
+def reachable_bytes(*roots: object) -> int:
+    """The memory of every object `roots` keep alive, each once: not classes, modules and
+    functions (what they are, not what they keep), nor numbers (their bookkeeping)."""
+    seen: dict[int, object] = {}
+    todo = list(roots)
+    skipped = type | types.ModuleType | types.FunctionType | int
+    while todo:
+        kept = todo.pop()
+        if id(kept) in seen or isinstance(kept, skipped):
+            continue
+        seen[id(kept)] = kept
+        todo.extend(gc.get_referents(kept))
+    return sum(map(sys.getsizeof, seen.values()))
+
+
+WIDE = "x" * (200 * 1024) + "\U0001f600"  # one emoji: Python keeps 4 bytes a character
+
+
+async def answered_in_scopes(client: dsp.Client, count: int) -> None:
+    """`count` scopes, each with a provider answering its own 200 KiB text, assembled and
+    rendered once each: `count` dynamic plans' caches, each ~1 MB."""
+    for index in range(count):
+        scope = await client.scope(f"agent-{index}")
+        answer = f"{index} {WIDE}"
+        await scope.section("wide", 10, lambda context, answer=answer: answer)
+        await client.assemble(f"agent-{index}")
+        await client.render(f"agent-{index}")
+
+
+async def test_the_part_caches_keep_no_more_than_max_response_cache_bytes_with_their_texts(
+    make_sidecar: SidecarFactory,
+) -> None:
+    budget = 4 * 1024 * 1024
+    sidecar = await make_sidecar(limits={"max_response_cache_bytes": budget})
+    async with dsp.connect(sidecar.address) as client:
+        await answered_in_scopes(client, 12)
+    parts = sidecar.state.assembler.parts
+    assert len(parts) >= 2  # the bound holds with caches kept, not by keeping none
+    # counting their fields alone, they kept twice the bound (8.2 MB)
+    assert reachable_bytes(*parts) <= budget
+
+
+async def test_the_encoded_parts_kept_by_value_stay_within_their_bound_with_their_texts(
+    client: dsp.Client,
+) -> None:
+    await answered_in_scopes(client, 48)  # 48 MB of answers, held and encoded
+    # counting each as twice its encoding, they kept 59 MB against 32 MiB
+    kept = itertools.chain.from_iterable(encoding.ENCODINGS.kept())
+    assert reachable_bytes(*kept) <= encoding.ENCODINGS.max_bytes

@@ -3,8 +3,9 @@ cached encodings of the immutable parts and tools, not built message by message.
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from google.protobuf.message import Message
@@ -74,35 +75,59 @@ _SECTIONS, _CONTEXTS, _TOOLS, _VARIABLES = (
 )
 
 
+def held(value: object) -> Iterator[object]:
+    """The objects a kept part, tool or variable (name, value) holds: itself and its strings."""
+    yield value
+    if isinstance(value, Part):
+        yield from (value.name, value.text)
+    elif isinstance(value, Tool):
+        yield from (value.name, value.description, value.parameters_json)
+    elif isinstance(value, tuple):
+        yield from value
+
+
+def held_bytes(value: object) -> int:
+    """The memory `value` holds (a str takes up to 4 bytes a character: one emoji in a text
+    makes every character 4, so its encoding's length is no measure of it)."""
+    return sum(map(sys.getsizeof, held(value)))
+
+
 class _Encodings:
     """Encoded fields of immutable parts, tools and variables by value, at most `max_bytes`
-    together, least recently used dropped first. It was 16,384 entries whatever their size:
-    a cacheable provider answering 250 KiB for each distinct context kept every answer it
-    gave, encoded (400 answers: sidecar RSS +234 MiB)."""
+    together (each counted with the value it is kept by), least recently used dropped first.
+    It was 16,384 entries whatever their size: a cacheable provider answering 250 KiB for
+    each distinct context kept every answer it gave, encoded (400 answers: sidecar RSS
+    +234 MiB)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._kept: OrderedDict[tuple[int, Hashable], bytes] = OrderedDict()
+        self._kept: OrderedDict[tuple[int, Hashable], tuple[bytes, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._kept)
 
+    def kept(self) -> Iterator[tuple[Hashable, bytes]]:
+        """Each value kept now, with its encoding."""
+        return ((value, encoded) for (_, value), (encoded, _) in self._kept.items())
+
     def field(self, number: int, value: Hashable, message: Callable[[], Message]) -> bytes:
         """`value`'s field `number`, encoded from `message()` unless it is kept."""
         key = (number, value)
-        encoded = self._kept.get(key)
-        if encoded is not None:
+        kept = self._kept.get(key)
+        if kept is not None:
             self._kept.move_to_end(key)
-            return encoded
+            return kept[0]
         encoded = _field(number, message())
-        size = 2 * len(encoded)  # the encoding, and about as much the value holds
+        # the encoding and the value (it was counted as long as the encoding: a text with
+        # one emoji in it holds four times that)
+        size = sys.getsizeof(encoded) + held_bytes(value)
         if size <= self.max_bytes:
-            self._kept[key] = encoded
+            self._kept[key] = encoded, size
             self.bytes += size
             while self.bytes > self.max_bytes:
-                _, oldest = self._kept.popitem(last=False)
-                self.bytes -= 2 * len(oldest)
+                _, (_, oldest) = self._kept.popitem(last=False)
+                self.bytes -= oldest
         return encoded
 
 

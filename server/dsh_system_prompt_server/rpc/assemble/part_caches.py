@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from dsh_system_prompt_core import CONTEXT_SNAPSHOT_HEADER, SECTION_SEPARATOR, interpolate
 
@@ -31,12 +31,18 @@ Variables = Mapping[str, str | None]
 class _Fields(Generic[T]):
     """One list of an assembly's parts as last encoded: the parts and their fields."""
 
-    __slots__ = ("_fields", "_parts", "bytes")
+    __slots__ = ("_fields", "_parts", "changed")
 
     def __init__(self) -> None:
         self._parts: list[T] = []
         self._fields: list[bytes] = []
-        self.bytes = 0
+        self.changed = False  # since `held()` was last counted
+
+    def held(self) -> Iterator[object]:
+        """What it keeps alive: the parts (with their texts) as well as their fields."""
+        yield from (self, self._parts, self._fields, *self._fields)
+        for part in self._parts:
+            yield from encoding.held(part)
 
     def fields(self, parts: Sequence[T], encode: Callable[[T], bytes]) -> list[bytes]:
         """The parts' fields: the kept field of each unchanged part (by position) and
@@ -49,21 +55,31 @@ class _Fields(Generic[T]):
         else:  # a listener added or removed parts: positions moved
             fields = [encode(part) for part in parts]
         self._parts, self._fields = list(parts), fields
-        self.bytes = sum(map(len, fields))
+        self.changed = True
         return fields
 
 
 class _Texts:
     """One list of parts as last interpolated, under the variables it was done with."""
 
-    __slots__ = ("_noun", "_parts", "_texts", "_variables", "bytes")
+    __slots__ = ("_noun", "_parts", "_texts", "_variables", "changed")
 
     def __init__(self, noun: str) -> None:
         self._noun = noun
         self._parts: list[Part] = []
         self._texts: list[str] = []
         self._variables: dict[str, str | None] | None = None
-        self.bytes = 0
+        self.changed = False  # since `held()` was last counted
+
+    def held(self) -> Iterator[object]:
+        """What it keeps alive: the texts, and the parts and variables they were made from."""
+        yield from (self, self._noun, self._parts, self._texts, *self._texts)
+        for part in self._parts:
+            yield from encoding.held(part)
+        if self._variables is not None:
+            yield self._variables
+            for item in self._variables.items():
+                yield from item
 
     def render(self, parts: Sequence[Part], variables: Variables) -> str:
         """render_prompt's join of the interpolated, non-empty texts (RenderFailure as it)."""
@@ -81,7 +97,7 @@ class _Texts:
         if texts is not self._texts:
             self._parts, self._texts = list(parts), texts
             self._variables = dict(variables)
-            self.bytes = sum(map(sys.getsizeof, texts))
+            self.changed = True
         return SECTION_SEPARATOR.join(text for text in texts if text)
 
     def _text(self, part: Part, variables: Variables) -> str:
@@ -98,12 +114,25 @@ class PartCaches:
     variables: _Fields[tuple[str, str | None]] = field(default_factory=_Fields)
     prompt: _Texts = field(default_factory=lambda: _Texts("section"))
     snapshot: _Texts = field(default_factory=lambda: _Texts("context"))
+    _size: int = 0  # of what was held when last counted
 
     @property
     def size(self) -> int:
-        """What the kept fields and texts take, in bytes (shared ones counted in each plan)."""
-        kinds = (self.sections, self.contexts, self.tools, self.variables)
-        return sum(kind.bytes for kind in kinds) + self.prompt.bytes + self.snapshot.bytes
+        """What the kept fields and texts take in memory, with the parts and variables they
+        keep alive, each object once (ones shared with others counted in each plan). The
+        fields alone were counted: a plan kept twice that, and ten times with one emoji in
+        a provider's text (its str takes 4 bytes a character)."""
+        kinds: tuple[_Fields[Any] | _Texts, ...] = (
+            *(self.sections, self.contexts, self.tools, self.variables),
+            *(self.prompt, self.snapshot),
+        )
+        if any(kind.changed for kind in kinds):
+            held = {id(kept): kept for kind in kinds for kept in kind.held()}
+            held[id(self)] = self
+            self._size = sum(map(sys.getsizeof, held.values()))
+            for kind in kinds:
+                kind.changed = False
+        return self._size
 
     def encoding(self, assembly: Assembly) -> bytes:
         """assembly_encoding(assembly), from the kept fields of its unchanged parts."""
@@ -121,6 +150,7 @@ class PartCaches:
         self.sections, self.contexts = _Fields(), _Fields()
         self.tools, self.variables = _Fields(), _Fields()
         self.prompt, self.snapshot = _Texts("section"), _Texts("context")
+        self._size = 0
 
     def render_prompt(self, assembly: Assembly) -> str:
         """render_prompt(assembly), from the kept texts of its unchanged sections."""
@@ -144,6 +174,10 @@ class PartBudget:
 
     def __len__(self) -> int:
         return len(self._kept)
+
+    def __iter__(self) -> Iterator[PartCaches]:
+        """The plans' caches kept now."""
+        return (caches for caches, _ in self._kept.values())
 
     def of(self, plan: Plan) -> PartCaches:
         """The plan's caches, made at its first response."""
