@@ -200,3 +200,22 @@ async def test_the_identity_switch_can_go_off_on_and_off_again() -> None:
     assert (await registry.assemble()).sections[0].name == "harness:identity"
     registry.reconfigure(off)
     assert [s.name for s in (await registry.assemble()).sections] == [dsp.PERSONA_SECTION]
+
+
+async def test_a_reload_applies_the_cache_byte_bounds_it_says_it_applied(
+    make_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    config = tmp_path / "sidecar.toml"
+    write(
+        config, "[limits]\nmax_response_cache_bytes = 1048576\nmax_report_history_bytes = 2097152\n"
+    )
+    sidecar = await make_sidecar()
+    reloaded = Reloader(sidecar, str(config), lambda: load_config(config)).reload("SIGHUP")
+    assert reloaded is not None
+    assert reloaded.applied == [
+        "limits.max_response_cache_bytes",
+        "limits.max_report_history_bytes",
+    ]
+    assembler = sidecar.state.assembler
+    assert (assembler.responses.max_bytes, assembler.parts.max_bytes) == (1048576, 1048576)
+    assert sidecar.state.reports.max_bytes == 2097152

@@ -88,17 +88,15 @@ def apply(sidecar: Sidecar, new: SidecarConfig, loaded: SidecarConfig) -> Reload
     before, after = config_keys(loaded), config_keys(new)
     changed = [key for key in after if after[key] != before[key]]
     running = sidecar.config
-    limits = new.server_limits
+    bound = running.server_limits  # what the gRPC server was built with stays
     live = replace(
         running,
         registry=new.registry,
+        # every other limit is live (the cache bounds were listed so, but never applied)
         server_limits=replace(
-            running.server_limits,
-            max_sessions=limits.max_sessions,
-            max_sessions_per_peer=limits.max_sessions_per_peer,
-            max_watchers=limits.max_watchers,
-            max_watchers_per_peer=limits.max_watchers_per_peer,
-            max_outbox_bytes=limits.max_outbox_bytes,
+            new.server_limits,
+            max_message_bytes=bound.max_message_bytes,
+            max_connections=bound.max_connections,
         ),
         shutdown_grace_s=new.shutdown_grace_s,
         watch_buffer=new.watch_buffer,
