@@ -13,6 +13,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,6 +23,7 @@ import grpc
 import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
+from dsh_system_prompt._channel import _bearer_token
 
 Counts = collections.Counter[str]
 Stub = pb_grpc.SystemPromptServiceStub
@@ -31,6 +33,15 @@ OWN_CONNECTION = [
 ]
 WATCHERS = 1_000
 DEEP = 100_000
+# The attackers' credential, when the sidecar has credentials (`bench.hostile --credentials`):
+# every channel presents it, so the sidecar counts them all as one client.
+TOKEN = os.environ.get("DSP_HOSTILE_TOKEN") or None
+
+
+def _channel(address: str, options: Any = None) -> grpc.aio.Channel:
+    """A channel to the sidecar, presenting the attackers' credential when there is one."""
+    interceptors = [] if TOKEN is None else _bearer_token(TOKEN)  # the client's own
+    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
 
 
 def _nested(depth: int) -> str:
@@ -130,7 +141,7 @@ async def deep_json(
 
 async def session_flood(address: str, counts: Counts, until: float) -> list[Any]:
     """One connection opens sessions until refused, and keeps them."""
-    channel = grpc.aio.insecure_channel(address)
+    channel = _channel(address)
     stub = pb_grpc.SystemPromptServiceStub(channel)
     held: list[Any] = [channel]
     loop = asyncio.get_running_loop()
@@ -296,7 +307,7 @@ async def prompt_watchers(address: str, counts: Counts) -> list[Any]:
     """256 WatchPrompt streams of one 3.5 MiB scope, on four connections of 64."""
     held: list[Any] = []
     for _ in range(4):
-        channel = grpc.aio.insecure_channel(address, options=OWN_CONNECTION)
+        channel = _channel(address, options=OWN_CONNECTION)
         held.append(channel)
         stub = pb_grpc.SystemPromptServiceStub(channel)
         for _ in range(64):
@@ -329,7 +340,7 @@ async def idle_connections(address: str, counts: Counts) -> list[Any]:
 
 async def quota_hog(address: str, counts: Counts, until: float) -> list[Any]:
     """One connection opens watches until refused, and keeps them."""
-    channel = grpc.aio.insecure_channel(address, options=OWN_CONNECTION)
+    channel = _channel(address, options=OWN_CONNECTION)
     stub = pb_grpc.SystemPromptServiceStub(channel)
     held: list[Any] = [channel]
     while asyncio.get_running_loop().time() < until:
@@ -366,9 +377,9 @@ ATTACKS = (
 async def attack(address: str, seconds: float, skip: frozenset[str] = frozenset()) -> Counts:
     counts: Counts = collections.Counter()
     until = asyncio.get_running_loop().time() + seconds
-    channel = grpc.aio.insecure_channel(address)
+    channel = _channel(address)
     stub = pb_grpc.SystemPromptServiceStub(channel)
-    client = await dsp.connect(address, client_name="hostile")
+    client = await dsp.connect(address, client_name="hostile", token=TOKEN)
     held: list[Any] = []
     try:
         if "idle-watchers" not in skip:

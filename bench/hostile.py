@@ -17,8 +17,12 @@ clients see no error but the assemblies in flight during a silent listener's one
 timeout, their assembly p99 stays within 2x of the calm run's, and the sidecar's peak
 RSS, in the hostile run and in each figure, stays under BUDGET_MIB. The sidecar runs
 with the default limits, whose memory budget docs/operations.md states (about 480 MiB
-of data on top of an idle sidecar's 70 MiB: 512 MiB is inside it). The machine's load
-average is reported: on a shared machine the latencies are noisy. Exit 1 otherwise.
+of data on top of an idle sidecar's 70 MiB: 512 MiB is inside it), and with a credential
+per well-behaved client and one for every attacker together, as docs/operations.md says
+to deploy for quotas and shares per client (so the attackers hold one client's quotas:
+their watches past 64 are refused, and counted); `--no-credentials` runs it without,
+where over loopback every connection is a client. The machine's load average is
+reported: on a shared machine the latencies are noisy. Exit 1 otherwise.
 """
 
 from __future__ import annotations
@@ -27,8 +31,11 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from . import hostile_figures, procs
@@ -42,15 +49,49 @@ P99_FACTOR = 2.0
 SILENT_LISTENERS = ('listener "stuck"', 'listener "stall"')
 
 
+@dataclass(frozen=True)
+class Credentials:
+    """A credential per well-behaved client and one for every attacker together, as
+    docs/operations.md says to deploy for quotas and shares per client."""
+
+    config: dict[str, Any]  # the sidecar's [[credentials]]
+    clients: list[str]  # the well-behaved clients' tokens, one each
+    hostile: str  # the attackers' token
+
+
+def credentials(folder: str, clients: int) -> Credentials:
+    tokens = {f"soak-{index}": secrets.token_hex(16) for index in range(clients)}
+    tokens["hostile"] = secrets.token_hex(16)
+    entries = []
+    for name, token in tokens.items():
+        path = os.path.join(folder, f"{name}.token")
+        with open(path, "w") as file:
+            file.write(token + "\n")
+        entries.append(
+            {"name": name, "role": "agent", "scopes": ["*"], "global": True, "token_file": path}
+        )
+    hostile = tokens.pop("hostile")
+    return Credentials({"credentials": entries}, list(tokens.values()), hostile)
+
+
 async def run(
-    clients: int, seconds: float, hostile: bool, budget_mib: int, skip: str = ""
+    clients: int,
+    seconds: float,
+    hostile: bool,
+    budget_mib: int,
+    skip: str = "",
+    keys: Credentials | None = None,
 ) -> dict[str, Any]:
     """One run; with `hostile`, the attackers' process runs beside the clients."""
-    sidecar = await procs.start_sidecar(label="hostile" if hostile else "calm")
+    label = "hostile" if hostile else "calm"
+    config = None if keys is None else keys.config
+    sidecar = await procs.start_sidecar(config=config, label=label)
     attackers = None
+    tokens: list[str | None] = [None] * clients if keys is None else list(keys.clients)
     try:
         loop = asyncio.get_running_loop()
         if hostile:
+            env = os.environ | ({} if keys is None else {"DSP_HOSTILE_TOKEN": keys.hostile})
             attackers = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
@@ -60,6 +101,7 @@ async def run(
                 skip,
                 stdout=asyncio.subprocess.PIPE,
                 cwd=procs.ROOT,
+                env=env,
             )
             await asyncio.sleep(5)  # the attacks are under way before the clients start
         tally = Tally()
@@ -74,7 +116,8 @@ async def run(
 
         started = time.perf_counter()
         await asyncio.gather(
-            sample_memory(), *(churn(sidecar.address, i, deadline, tally) for i in range(clients))
+            sample_memory(),
+            *(churn(sidecar.address, i, deadline, tally, token=tokens[i]) for i in range(clients)),
         )
         elapsed = time.perf_counter() - started
         seen = None
@@ -107,16 +150,26 @@ def _percentile_ms(ordered: list[float], share: float) -> float | None:
 
 
 async def hostile_soak(
-    clients: int, seconds: float, budget_mib: int, skip: str = "", with_figures: bool = True
+    clients: int,
+    seconds: float,
+    budget_mib: int,
+    skip: str = "",
+    with_figures: bool = True,
+    with_credentials: bool = True,
 ) -> dict[str, Any]:
     load_before = _load_average()
-    calm = await run(clients, seconds, hostile=False, budget_mib=budget_mib)
-    hostile = await run(clients, seconds, hostile=True, budget_mib=budget_mib, skip=skip)
+    with tempfile.TemporaryDirectory(prefix="dsp-soak-") as folder:
+        keys = credentials(folder, clients) if with_credentials else None
+        calm = await run(clients, seconds, hostile=False, budget_mib=budget_mib, keys=keys)
+        hostile = await run(
+            clients, seconds, hostile=True, budget_mib=budget_mib, skip=skip, keys=keys
+        )
     both = calm["p99_ms"] is not None and hostile["p99_ms"] is not None
     ratio = hostile["p99_ms"] / max(calm["p99_ms"], 0.001) if both else None
     figures = await hostile_figures.figures(budget_mib) if with_figures else {}
     report = {
         "clients": clients,
+        "credentials": with_credentials,
         "budget_mib": budget_mib,
         "load_average": {"before": load_before, "after": _load_average()},
         "skipped_attacks": [name for name in skip.split(",") if name],
@@ -151,9 +204,23 @@ def main() -> int:
     parser.add_argument(
         "--no-figures", action="store_true", help="leave out the memory figures (findings 2-5)"
     )
+    parser.add_argument(
+        "--no-credentials",
+        dest="credentials",
+        action="store_false",
+        help="no credentials: over loopback each connection is a client of its own (by"
+        " default each well-behaved client has a credential, and all the attackers one)",
+    )
     args = parser.parse_args()
     report = asyncio.run(
-        hostile_soak(args.clients, args.seconds, args.budget_mib, args.skip, not args.no_figures)
+        hostile_soak(
+            args.clients,
+            args.seconds,
+            args.budget_mib,
+            args.skip,
+            not args.no_figures,
+            args.credentials,
+        )
     )
     print(json.dumps(report, indent=2))
     return 0 if report["ok"] else 1

@@ -32,6 +32,7 @@ class ServerProcess:
     process: asyncio.subprocess.Process
     address: str
     label: str
+    config: str | None = None  # the config file written for it, removed when it stops
 
     @property
     def pid(self) -> int:
@@ -58,6 +59,9 @@ class ServerProcess:
             except TimeoutError:
                 self.process.kill()
                 await self.process.wait()
+        if self.config is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.config)
 
 
 async def start_sidecar(
@@ -65,12 +69,18 @@ async def start_sidecar(
 ) -> ServerProcess:
     """`dsh-system-prompt serve` with a config file written from `config`."""
     argv = [sys.executable, "-c", _CLI, "serve", "--listen", listen]
-    if config:
-        handle, path = tempfile.mkstemp(prefix="dsp-bench-", suffix=".toml")
-        with os.fdopen(handle, "w") as file:
-            file.write(_toml(config))
-        argv += ["--config", path]
-    return await _start(argv, SIDECAR_READY, label)
+    if not config:
+        return await _start(argv, SIDECAR_READY, label)
+    handle, path = tempfile.mkstemp(prefix="dsp-bench-", suffix=".toml")
+    with os.fdopen(handle, "w") as file:
+        file.write(_toml(config))
+    try:
+        sidecar = await _start([*argv, "--config", path], SIDECAR_READY, label)
+    except BaseException:
+        os.unlink(path)
+        raise
+    sidecar.config = path
+    return sidecar
 
 
 async def start_echo(listen: str = "127.0.0.1:0") -> ServerProcess:
@@ -123,16 +133,29 @@ async def _start(argv: Sequence[str], ready: str, label: str) -> ServerProcess:
 def _toml(config: dict[str, Any]) -> str:
     lines = []
     tables = {key: value for key, value in config.items() if isinstance(value, dict)}
+    arrays = {
+        key: value
+        for key, value in config.items()
+        if isinstance(value, list) and value and all(isinstance(item, dict) for item in value)
+    }
     for key, value in config.items():
-        if key in tables:
+        if key in tables or key in arrays:
             continue
         if isinstance(value, bool):
             rendered = "true" if value else "false"
         elif isinstance(value, str):
-            rendered = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            rendered = _string(value)
+        elif isinstance(value, list):
+            rendered = "[" + ", ".join(_string(item) for item in value) + "]"
         else:
             rendered = repr(value)
         lines.append(f"{key} = {rendered}")
     for key, table in tables.items():  # after every top-level key, as TOML wants
         lines.append(f"[{key}]\n{_toml(table)}")
+    for key, items in arrays.items():  # arrays of tables: [[credentials]]
+        lines += [f"[[{key}]]\n{_toml(item)}" for item in items]
     return "\n".join(lines) + "\n"
+
+
+def _string(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -36,29 +36,42 @@ class Tally:
     latencies: list[float] = field(default_factory=list)  # seconds per assemble call
 
 
-async def churn(address: str, index: int, deadline: float, tally: Tally) -> None:
-    """One client's loop until `deadline` (event-loop time)."""
+async def churn(
+    address: str,
+    index: int,
+    deadline: float,
+    tally: Tally,
+    pace_s: float = 0.0,
+    token: str | None = None,
+) -> None:
+    """One client's loop until `deadline` (event-loop time), `pace_s` between its turns,
+    presenting `token` (a credential of its own) when the sidecar has credentials."""
     loop = asyncio.get_running_loop()
     rng = random.Random(index)
-    client = await dsp.connect(address, client_name=f"soak-{index}")
+    client = await dsp.connect(address, client_name=f"soak-{index}", token=token)
     round_ = 0
     try:
         while loop.time() < deadline:
             round_ += 1
             try:
-                await one_round(client, index, round_, rng, tally)
+                await one_round(client, index, round_, rng, tally, pace_s)
             except dsp.SystemPromptError as error:
                 tally.errors.append(f"client {index} round {round_}: {error.code.name}: {error}")
             if rng.random() < 0.1:  # a fresh session now and then
                 await client.close()
-                client = await dsp.connect(address, client_name=f"soak-{index}")
+                client = await dsp.connect(address, client_name=f"soak-{index}", token=token)
                 tally.reconnects += 1
     finally:
         await client.close()
 
 
 async def one_round(
-    client: dsp.Client, index: int, round_: int, rng: random.Random, tally: Tally
+    client: dsp.Client,
+    index: int,
+    round_: int,
+    rng: random.Random,
+    tally: Tally,
+    pace_s: float = 0.0,
 ) -> None:
     scope = await client.scope(f"agent-{index}-{round_ % 5}", parent=f"team-{index % 3}")
     offs: list[dsp.Disposer] = [
@@ -81,6 +94,8 @@ async def one_round(
                 await client.assemble(scope=scoped, fields={"turn": turn}, timeout=10)
                 tally.latencies.append(time.perf_counter() - started)
             tally.assemblies += 2
+            if pace_s:
+                await asyncio.sleep(pace_s)  # an agent's turn: the model answers in between
         for off in rng.sample(offs, k=rng.randint(0, len(offs))):
             await off()
     finally:

@@ -113,6 +113,7 @@ async def start_sidecar(
         await _serve_admin(state, config, address, authenticator) if config.admin_listen else None
     )
     await server.start()
+    state.shares.start()  # measures how late the loop runs, for the clients' shares
     for name in ("", SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     _log.info(
@@ -179,7 +180,7 @@ def state_settings(config: SidecarConfig) -> StateSettings:
         response_bytes=limits.max_response_cache_bytes,
         report_depth=config.report_history,
         report_keys=config.report_keys,
-        shares=ShareSettings(busy=config.fair_share_busy),
+        shares=ShareSettings(lag_s=config.fair_share_lag_s),
     )
 
 

@@ -29,6 +29,7 @@ LogFormat = Literal["text", "json"]
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_HISTORY = 1_000_000  # change events kept for resuming watchers, at most
 MAX_WATCH_COALESCE_S = 1.0  # every batching watcher's events wait this long at most
+MAX_FAIR_SHARE_LAG_S = 1.0  # how late the loop may run before clients get equal shares, at most
 MAX_EJECT_AFTER = 1_000  # consecutive timeouts before a callback is ejected, at most
 
 
@@ -70,7 +71,7 @@ class SidecarConfig:
     watch_buffer: int = 1024
     prompt_coalesce_s: float = 0.1  # a prompt watcher's wait for a burst of changes to end
     watch_coalesce_s: float = 0.005  # a batching change watcher's wait for a burst to end
-    fair_share_busy: float = 0.5  # the loop's share past which clients get fair shares of it
+    fair_share_lag_s: float = 0.002  # how late the loop may run before clients get equal shares
     reflection: bool | None = None  # None: on when listening on loopback or a unix socket
     log_level: str = "info"
     log_format: LogFormat = "text"
@@ -92,7 +93,7 @@ _TOP_KEYS = {  # every top-level key a config file may have, sorted
     "credentials",
     "dead_peer_timeout_s",
     "eject_after_timeouts",
-    "fair_share_busy",
+    "fair_share_lag_s",
     "handshake_timeout_s",
     "include_harness_identity",
     "include_runtime_context",
@@ -188,7 +189,7 @@ def parse_config(raw: dict[str, Any]) -> SidecarConfig:
             watch_buffer=count(raw, "watch_buffer", 1024),
             prompt_coalesce_s=seconds(raw, "prompt_coalesce_s", 0.1, allow_zero=True),
             watch_coalesce_s=_watch_coalesce(raw),
-            fair_share_busy=_fair_share_busy(raw),
+            fair_share_lag_s=_fair_share_lag(raw),
             reflection=reflection,
             log_level=log_level,
             log_format="json" if log_format == "json" else "text",
@@ -243,14 +244,14 @@ def _callback_timeout(raw: dict[str, Any]) -> float:
     return value
 
 
-def _fair_share_busy(raw: dict[str, Any]) -> float:
-    value = raw.get("fair_share_busy", 0.5)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+def _fair_share_lag(raw: dict[str, Any]) -> float:
+    value = seconds(raw, "fair_share_lag_s", 0.002, allow_zero=True)
+    if value > MAX_FAIR_SHARE_LAG_S:  # a loop that late has long failed its callers
         raise ConfigError(
-            "config key 'fair_share_busy' must be a share of the event loop's time, greater"
-            f" than 0 and up to 1 (1: clients are never held to a share), not {value!r}"
+            f"config key 'fair_share_lag_s' must be from 0 (never) to {MAX_FAIR_SHARE_LAG_S:g}"
+            f" seconds, not {value!r}"
         )
-    return float(value)
+    return value
 
 
 def _watch_coalesce(raw: dict[str, Any]) -> float:

@@ -49,7 +49,7 @@ LIVE_KEYS = frozenset(
         "change_history",
         "prompt_coalesce_s",
         "watch_coalesce_s",
-        "fair_share_busy",
+        "fair_share_lag_s",
         "credentials",
         "auth_token_file",
     }
@@ -102,7 +102,7 @@ def apply(sidecar: Sidecar, new: SidecarConfig, loaded: SidecarConfig) -> Reload
         watch_buffer=new.watch_buffer,
         prompt_coalesce_s=new.prompt_coalesce_s,
         watch_coalesce_s=new.watch_coalesce_s,
-        fair_share_busy=new.fair_share_busy,
+        fair_share_lag_s=new.fair_share_lag_s,
         log_level=new.log_level,
         prefix_layout=new.prefix_layout,
     )

@@ -1,16 +1,18 @@
 """Each client's share of the event loop: the time its calls and writes take is measured,
-and when the loop is busy, a client using more than its fair share waits before its next
+and when the loop is busy, a client using more than an equal share waits before its next
 call or write until its use is back to that share.
 
 One event loop serves every client, and a step of one call runs to its end before
 anything else does: a few clients sending the costliest requests the bounds allow
 (the largest fields, 3.5 MiB scopes, hundreds of watchers) kept it busy enough to
 make everyone else's assemblies six times slower (issue 22). As Kubernetes' API
-priority and fairness queues each user's requests apart, and Envoy's overload
-manager acts only past a threshold, nothing waits while the loop has time to spare,
-and when it has not, its time is divided max-min fairly (water-filling): clients
-using less than an equal share keep what they use, what is left is split equally
-among the others, and only those above that split wait. A client is what the
+priority and fairness queues each user's requests apart and serves them in turn
+(fair queuing: every client with work waiting gets an equal share), and as Envoy's
+overload manager acts only past a threshold, nothing waits while the loop has time
+to spare (it runs late by less than `fair_share_lag_s`: a timer's lateness says
+both that work is queued and that the process is short of CPU); when it has not,
+the time the clients' calls take is split equally among the clients that use it,
+and one more than 1.25 times over its split waits. A client is what the
 quotas count (`clients.client_of`): on a unix socket without credentials every
 peer is one, and nobody waits for anyone.
 """
@@ -35,10 +37,12 @@ T = TypeVar("T")
 class ShareSettings:
     """When shares apply and how use is measured."""
 
-    # The loop's time the clients' calls take together past which shares apply (config key
-    # `fair_share_busy`; 1: never). What gRPC itself does for a call is not counted: with the
-    # clients' calls at half the loop's time, the loop had none to spare in the hostile soak.
-    busy: float = 0.5
+    # How late the loop runs (a timer's lateness, averaged over `window_s`) before shares
+    # apply: config key `fair_share_lag_s`, 0 never. Lateness, not the clients' calls' time
+    # or the thread's: what gRPC does around the servicer is counted against no one, and a
+    # process short of CPU runs late with its thread three quarters busy (the hostile soak).
+    lag_s: float = 0.002
+    beat_s: float = 0.025  # how often the loop's lateness is measured
     window_s: float = 0.5  # how fast a client's measured use forgets (its decay's time)
     refresh_s: float = 0.1  # how often the fair share is recomputed from everyone's use
     over: float = 1.25  # how far past the fair share a client may go before it waits
@@ -68,7 +72,9 @@ class Shares:
     """The clients' use of the loop, and the fair share past which one waits."""
 
     def __init__(
-        self, settings: ShareSettings = ShareSettings(), clock: Callable[[], float] = time.monotonic
+        self,
+        settings: ShareSettings = ShareSettings(),
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self._clock = clock
@@ -77,6 +83,9 @@ class Shares:
         self._total = Use()
         self._fair = math.inf  # the share above which a client waits; inf: nobody waits
         self._refreshed = 0.0
+        self._lag = 0.0  # how late the loop ran lately, seconds
+        self._late_at = -math.inf  # when it last ran later than the setting
+        self._beat: asyncio.TimerHandle | None = None
         self.on_wait: Callable[[], None] = lambda: None  # a call or write waits (the metrics)
 
     def charge(self, key: str, seconds: float) -> None:
@@ -105,7 +114,8 @@ class Shares:
         return self._fair
 
     def wait_s(self, key: str) -> float:
-        """How long `key` must wait for its use to fall back to its fair share (0: none)."""
+        """How long `key` must wait for its use to fall back to its fair share (0: none):
+        once more than `over` times past it, until it is back to it."""
         if self._fair == math.inf:
             return 0.0
         rate = self.use(key)
@@ -129,27 +139,52 @@ class Shares:
         """`work` run to its end, the time of each of its steps counted against `key`."""
         return await _stepped(work, lambda seconds: self.charge(key, seconds))
 
+    def lag_s(self) -> float:
+        """How late the loop ran lately: a timer's lateness, averaged."""
+        return self._lag
+
+    def start(self) -> None:
+        """Measure the loop's lateness from now on (in the running loop)."""
+        if self._beat is None:
+            loop = asyncio.get_running_loop()
+            beat = self.settings.beat_s
+            self._beat = loop.call_later(beat, self._beaten, loop.time() + beat)
+
+    def stop(self) -> None:
+        """Stop measuring the loop's lateness."""
+        if self._beat is not None:
+            self._beat.cancel()
+            self._beat = None
+
+    def late(self, lag: float, elapsed: float) -> None:
+        """Count a timer `lag` seconds late, `elapsed` after the one before."""
+        kept = math.exp(-elapsed / self.settings.window_s)
+        self._lag = self._lag * kept + lag * (1 - kept)
+
+    def _beaten(self, due: float) -> None:
+        loop = asyncio.get_running_loop()
+        now, beat = loop.time(), self.settings.beat_s
+        self.late(max(0.0, now - due), beat + max(0.0, now - due))
+        self._beat = loop.call_later(beat, self._beaten, now + beat)
+
     def _refresh(self, now: float) -> None:
-        """Forget idle clients; then, when the clients together keep the loop busy, the fair
-        share is an equal split of that busy part among the clients that use it."""
+        """Forget idle clients; then, when the loop runs late, split the time the clients'
+        calls take equally among them."""
         self._refreshed = now
         window, idle = self.settings.window_s, self.settings.idle
         for key, use in list(self._uses.items()):
             if use.now(now, window) < idle:
                 del self._uses[key]
                 self._waited.pop(key, None)
-        busy = self.settings.busy
-        if busy >= 1 or self._total.now(now, window) < busy or len(self._uses) < 2:
+        lag_s = self.settings.lag_s
+        if lag_s and self._lag >= lag_s:
+            self._late_at = now
+        # Shares hold for a window after the loop last ran late: held back, the heaviest
+        # client lets the loop catch up at once, and would otherwise be let go at once.
+        if not lag_s or now - self._late_at > window or len(self._uses) < 2:
             self._fair = math.inf
-            return
-        rates = sorted(use.now(now, window) for use in self._uses.values())
-        left, count = busy, len(rates)
-        for rate in rates:
-            if rate * count > left:  # above an equal split of what is left: the share
-                break
-            left -= rate
-            count -= 1
-        self._fair = left / count if count else math.inf
+        else:
+            self._fair = self._total.now(now, window) / len(self._uses)
 
 
 def key_of(peer: str) -> str:
