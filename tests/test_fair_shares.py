@@ -19,9 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import dsh_system_prompt as dsp
+import grpc
+import grpc.aio
 import pytest
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server import load_config
-from dsh_system_prompt_server.rpc.guard.shares import Shares, ShareSettings
+from dsh_system_prompt_server.rpc.guard.shares import Shares, ShareSettings, wire_s
 from dsh_system_prompt_server.sidecar.reload import Reloader
 from helpers import SidecarFactory, next_events
 
@@ -283,3 +287,20 @@ async def test_a_reload_changes_fair_share_lag_s_live(
     reloaded = reloader.reload("test")
     assert reloaded is not None and "fair_share_lag_s" in reloaded.applied
     assert sidecar.state.shares.settings.lag_s == 0.01
+
+
+async def test_a_request_refused_for_its_size_costs_its_client_its_bytes(
+    make_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    sidecar = await make_sidecar(**credentials(tmp_path))
+    request = pb.AssembleRequest(context=pb.AssembleContext(fields_json="x" * (3 << 20)))
+    metadata = (("authorization", f"Bearer {TOKENS['hog']}"),)
+    async with grpc.aio.insecure_channel(sidecar.address) as channel:
+        stub = pb_grpc.SystemPromptServiceStub(channel)
+        for _ in range(5):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Assemble(request, metadata=metadata)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    shares = sidecar.state.shares
+    # gRPC's work for the 15 MiB received, though the servicer refused each by its size
+    assert shares.use(HOG) * shares.settings.window_s > 0.5 * wire_s(5 * request.ByteSize())

@@ -33,7 +33,7 @@ from ..convert import (
 )
 from ..guard.clients import client_of
 from ..guard.gate import Gate
-from ..guard.shares import Shares, key_of
+from ..guard.shares import Shares, key_of, wire_s
 from ..report_messages import layout_from_proto
 from .broker import Stream, stalled, write_all
 from .in_flight import InFlight
@@ -306,11 +306,17 @@ class Watches:
                         burst.append(item)
                     turn = await self.turns.take()
                     try:
-                        yield await watch.prompt(burst)
+                        # no name for it: the stream keeps no prompt once it is written
+                        yield self._charged(sharer, await watch.prompt(burst))
                     finally:
                         turn.done()
         finally:
             self._leave(watch.shown)
+
+    def _charged(self, sharer: str, prompt: bytes) -> bytes:
+        """`prompt`, its sending counted against `sharer`'s share of the loop."""
+        self._shares.charge(sharer, wire_s(len(prompt)))
+        return prompt
 
     def shared_prompts(self) -> list[ScopePrompt]:
         """The prompts watchers share now, one per scope, render and layout watched."""
