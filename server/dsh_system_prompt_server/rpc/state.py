@@ -120,3 +120,6 @@ class ServerState:
         self.assembler.parts.max_bytes = settings.response_bytes
         self.reports.max_bytes = settings.report_bytes
         self.shares.settings = settings.shares
+        if self.shares.running:  # a reload turns the loop's measuring on or off with them
+            self.shares.stop()
+            self.shares.start()

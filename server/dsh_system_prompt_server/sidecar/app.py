@@ -66,6 +66,7 @@ class Sidecar:
         finish within the grace period, then end every session and stop."""
         await self.health.enter_graceful_shutdown()
         self.state.gate.close()
+        self.state.shares.stop()
         loop = asyncio.get_running_loop()
         ends = loop.time() + self.config.shutdown_grace_s
         finished = await self.state.gate.wait_idle(self.config.shutdown_grace_s)

@@ -49,6 +49,8 @@ class ShareSettings:
     # process short of CPU runs late with its thread three quarters busy (the hostile soak).
     lag_s: float = 0.002
     beat_s: float = 0.025  # how often the loop's lateness is measured
+    max_wait_s: float = 2.0  # the longest one call or write waits, however far over it is
+    floor: float = 0.5  # a split is at least this much of a whole loop split equally
     window_s: float = 0.5  # how fast a client's measured use forgets (its decay's time)
     refresh_s: float = 0.1  # how often the fair share is recomputed from everyone's use
     over: float = 1.25  # how far past the fair share a client may go before it waits
@@ -92,6 +94,7 @@ class Shares:
         self._lag = 0.0  # how late the loop ran lately, seconds
         self._late_at = -math.inf  # when it last ran later than the setting
         self._beat: asyncio.TimerHandle | None = None
+        self.running = False  # started and not stopped: the sidecar is serving
         self.on_wait: Callable[[], None] = lambda: None  # a call or write waits (the metrics)
 
     def charge(self, key: str, seconds: float) -> None:
@@ -122,6 +125,9 @@ class Shares:
     def wait_s(self, key: str) -> float:
         """How long `key` must wait for its use to fall back to its fair share (0: none):
         once more than `over` times past it, until it is back to it."""
+        now = self._clock()
+        if now - self._refreshed >= self.settings.refresh_s:
+            self._refresh(now)  # not judged against a split from before the loop caught up
         if self._fair == math.inf:
             return 0.0
         rate = self.use(key)
@@ -132,13 +138,18 @@ class Shares:
 
     async def turn(self, key: str) -> None:
         """Return once `key` may go on: at once unless the loop is busy and `key` is over
-        its fair share (a call's deadline still ends a wait)."""
+        its fair share, and after `max_wait_s` at the latest (a client whose streams work
+        for others may stay over its share; its own calls, a Dispose among them, still go
+        on). A call's deadline still ends a wait."""
         wait = self.wait_s(key)
-        if wait:
-            self._waited[key] = self._waited.get(key, 0) + 1
-            self.on_wait()
-        while wait:
-            await asyncio.sleep(wait)
+        if not wait:
+            return
+        self._waited[key] = self._waited.get(key, 0) + 1
+        self.on_wait()
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.settings.max_wait_s
+        while wait and (left := until - loop.time()) > 0:
+            await asyncio.sleep(min(wait, left))
             wait = self.wait_s(key)
 
     async def metered(self, key: str, work: Coroutine[Any, Any, T]) -> T:
@@ -150,14 +161,17 @@ class Shares:
         return self._lag
 
     def start(self) -> None:
-        """Measure the loop's lateness from now on (in the running loop)."""
-        if self._beat is None:
+        """Measure the loop's lateness from now on (in the running loop), until `stop()`;
+        shares off (`lag_s` 0) measure nothing until started again."""
+        self.running = True
+        if self._beat is None and self.settings.lag_s:
             loop = asyncio.get_running_loop()
             beat = self.settings.beat_s
             self._beat = loop.call_later(beat, self._beaten, loop.time() + beat)
 
     def stop(self) -> None:
         """Stop measuring the loop's lateness."""
+        self.running = False
         if self._beat is not None:
             self._beat.cancel()
             self._beat = None
@@ -190,7 +204,10 @@ class Shares:
         if not lag_s or now - self._late_at > window or len(self._uses) < 2:
             self._fair = math.inf
         else:
-            self._fair = self._total.now(now, window) / len(self._uses)
+            # at least `floor` of a whole loop split equally: held to the quiet clients' use
+            # alone, a busy client would leave the loop idle while the host is short of CPU
+            count = len(self._uses)
+            self._fair = max(self._total.now(now, window), self.settings.floor) / count
 
 
 def key_of(peer: str) -> str:
@@ -245,7 +262,8 @@ def _stepped(
         try:
             awaited = work.send(sent) if thrown is None else work.throw(thrown)
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+            value: T = done.value
+            return value
         finally:
             charge(time.perf_counter() - started)
         try:
