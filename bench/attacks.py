@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import json
 import os
 import sys
@@ -71,7 +70,11 @@ async def stalled_listener(stub: pb_grpc.SystemPromptServiceStub, counts: Counts
     session, session_id = await _raw_session(stub)
     listen = stub.Listen()
     await listen.write(pb.ListenRequest(start=pb.ListenStart(session_id=session_id, name="stall")))
-    counts["stalled listener: installed"] += 1
+    try:
+        installed = await listen.read()  # then never read again
+        counts[f"stalled listener: {installed.WhichOneof('kind')}"] += 1
+    except grpc.aio.AioRpcError as error:
+        counts[f"stalled listener: {error.code().name} {error.details()[:60]}"] += 1
     return [session, listen]
 
 
@@ -83,9 +86,11 @@ async def stuck_listener(stub: Stub, counts: Counts) -> list[Any]:
     await listen.write(pb.ListenRequest(start=pb.ListenStart(session_id=session_id, name="stuck")))
 
     async def read_all() -> None:
-        with contextlib.suppress(grpc.aio.AioRpcError):
+        try:
             while (message := await listen.read()) is not grpc.aio.EOF:
                 counts[f"stuck listener: {message.WhichOneof('kind')}"] += 1
+        except grpc.aio.AioRpcError as error:
+            counts[f"stuck listener: {error.code().name} {error.details()[:60]}"] += 1
 
     return [session, listen, asyncio.create_task(read_all())]
 

@@ -70,6 +70,8 @@ def credentials(folder: str, clients: int) -> Credentials:
         entries.append(
             {"name": name, "role": "agent", "scopes": ["*"], "global": True, "token_file": path}
         )
+    # the attackers may do what the most trusted agent may: listeners on every assembly too
+    entries[-1]["global_listeners"] = True
     hostile = tokens.pop("hostile")
     return Credentials({"credentials": entries}, list(tokens.values()), hostile)
 
