@@ -106,6 +106,39 @@ async def test_assemble_names_each_skipped_step_on_stderr_and_prints_the_prompt_
     assert line.endswith("no cwd here")
 
 
+def hostile_cwd(_: dsp.AssembleContext) -> str:
+    raise RuntimeError("no cwd\nforged: line \x1b[31mred\x1b[0m café")
+
+
+HOSTILE_ESCAPED = "no cwd\\nforged: line \\x1b[31mred\\x1b[0m café"
+
+
+async def test_assemble_prints_a_skipped_steps_control_characters_as_escapes_one_line_each(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    await client.section("rules", 10, "Be precise.")
+    await client.section("cwd", 20, hostile_cwd, failure_policy=IGNORE)
+    await client.context("pwd", 1, hostile_cwd, failure_policy=IGNORE)
+    code, out, err = await cli("assemble", "--address", sidecar.address)
+    assert (code, out) == (0, f"{IDENTITY}\n\nBe precise.\n")
+    assert "\x1b" not in err
+    lines = err.splitlines()
+    assert len(lines) == 2
+    assert all(line.endswith(HOSTILE_ESCAPED) for line in lines)
+
+
+async def test_assemble_report_prints_a_skipped_steps_control_characters_as_escapes(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    await client.section("cwd", 20, hostile_cwd, failure_policy=IGNORE)
+    code, out, _ = await cli("assemble", "--address", sidecar.address, "--report")
+    assert code == 0
+    assert "\x1b" not in out
+    (line,) = [line for line in out.splitlines() if "no cwd" in line]
+    assert line.startswith('skipped section "cwd" (global): PROVIDER_FAILED: ')
+    assert line.endswith(HOSTILE_ESCAPED)
+
+
 async def test_assemble_json_lists_the_skipped_steps(sidecar: Sidecar, client: dsp.Client) -> None:
     async def weather(assembly: dsp.PromptAssembly, context: Any, next_: dsp.Next) -> Any:
         raise RuntimeError("no weather today")

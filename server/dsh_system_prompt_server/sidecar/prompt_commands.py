@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -111,10 +112,24 @@ def assembly_from_json(raw: object) -> dsp.PromptAssembly:
 
 def skipped_line(step: dsp.SkippedStep) -> str:
     """A step the assembly went on without: which callback, its reason, and the message the
-    assembly would have failed with under FailurePolicy.FAIL."""
+    assembly would have failed with under FailurePolicy.FAIL, on one line: control
+    characters shown as escapes (`\\n`, `\\x1b`), as the message is a client's."""
     where = "global" if step.scope is None else f'scope "{step.scope}"'
     name = f' "{step.name}"' if step.name else ""
-    return f"skipped {step.kind}{name} ({where}): {step.reason}: {step.message}"
+    return _escape_controls(f"skipped {step.kind}{name} ({where}): {step.reason}: {step.message}")
+
+
+# Controls, format characters (bidi overrides among them) and line/paragraph separators:
+# what would break the line or reach the terminal as a command rather than as text.
+_CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def _escape_controls(text: str) -> str:
+    """`text` with each control character as its repr escape; printable text (non-ASCII
+    too) as is."""
+    return "".join(
+        repr(c)[1:-1] if unicodedata.category(c) in _CONTROL_CATEGORIES else c for c in text
+    )
 
 
 def _not_an_assembly() -> CommandError:
