@@ -121,6 +121,31 @@ async def test_chained_listeners_each_change_what_the_one_before_handed_on(
     assert assemblies == [expected, expected]
 
 
+def repeat_tools(assembly: dsp.PromptAssembly) -> None:
+    assembly.tools = [assembly.tools[0]] * 5  # more parts than the three held: not all by slot
+
+
+async def test_a_listener_may_repeat_an_unchanged_part_more_often_than_parts_are_held(
+    client: dsp.Client,
+) -> None:
+    await load(client)
+    plain = await client.assemble()
+
+    async def repeat_sections(assembly: dsp.PromptAssembly, context: Any, next_: Any) -> Any:
+        unique = list(assembly.sections)
+        assembly.sections = [unique[0]] * 4 + unique  # handed on with names repeated
+        result: dsp.PromptAssembly = await next_(assembly)
+        assert result.sections == [unique[0]] * 4 + unique  # as the rest of the chain saw them
+        result.sections = unique
+        return result
+
+    await client.on_assemble(repeat_sections)
+    await client.on_assemble(after_next(repeat_tools))
+    assemblies = [await client.assemble() for _ in range(2)]  # the second against a base
+    expected = changed(plain, repeat_tools)
+    assert assemblies == [expected, expected]
+
+
 # -- the wire, as a client in another language sees it -----------------------------------
 
 
@@ -329,21 +354,31 @@ async def test_the_client_reads_invocations_against_its_base_and_replies_by_slot
     assert list(second.slots.sections) == [] and list(second.slots.variables) == []
 
 
+@pytest.mark.parametrize(
+    ("slots", "words"),
+    [
+        (pb.PartSlots(tools=[3]), "tool slot 3"),
+        (pb.PartSlots(tools=[0, 0]), "2 tool slots, more than the 1 tools held and 0 sent"),
+    ],
+    ids=["past-the-end", "more-than-held"],
+)
 async def test_the_client_that_cannot_read_an_invocation_fails_it_and_listens_anew(
-    scripted: ScriptedSidecar,
+    scripted: ScriptedSidecar, slots: pb.PartSlots, words: str
 ) -> None:
     scripted.script = PartSlots()
 
     async with connect(scripted) as client:
         await client.on_assemble(before_next(lambda assembly: None))
         stream = scripted.script.listeners[0]
-        stream.outbox.put(invocation(1, pb.PartSlots(tools=[3])))
+        stream.outbox.put(invocation(1, None, wire_tool("a")))  # the base: one tool
+        await taken(stream)
+        stream.outbox.put(invocation(2, slots))
         reply = await taken(stream)
         await eventually(
             lambda: len(scripted.script.listeners) == 2, "the listener is installed again"
         )
     assert reply.WhichOneof("kind") == "failure"
-    assert "tool slot 3" in reply.failure.message
+    assert words in reply.failure.message
 
 
 async def test_the_client_sends_tool_slots_alone_to_a_sidecar_without_part_slots(

@@ -10,7 +10,7 @@ listener sees ordinary objects, made from those tuples when it first reads a fie
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Literal
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
@@ -156,7 +156,7 @@ class Invocation:
         value = getattr(assembly, KINDS[k])
         parts = list(value.items()) if isinstance(value, dict) else value
         key, place = _KEYS[k], self.parts.place
-        slots = [place(k, key(part)) for part in parts]
+        slots = _bounded([place(k, key(part)) for part in parts], len(self.parts.kinds[k]))
         fresh = [part for part, slot in zip(parts, slots, strict=True) if slot < 0]
         return slots, dict(fresh) if isinstance(value, dict) else fresh
 
@@ -186,14 +186,28 @@ class _View:
         originals = self.originals[k]
         if self.placed is None:
             return list(range(len(originals))), _MAKE[k]([])
-        placed = self.placed[k]
+        placed = self.placed[k]  # read within the limit, so sent back within it
         return list(placed), _MAKE[k](
             [part for part, slot in zip(originals, placed, strict=True) if slot < 0]
         )
 
 
+def _bounded(slots: list[int], held: int) -> list[int]:
+    """`slots` naming at most `held` parts, the others -1: the sidecar refuses a list
+    longer than the parts held and sent (docs/protocol.md, "Bad slots")."""
+    if len(slots) <= held:
+        return slots
+    named = 0
+    for index, slot in enumerate(slots):
+        if slot >= 0:
+            named += 1
+            if named > held:  # a repeat past the bound: this part goes in full
+                slots[index] = -1
+    return slots
+
+
 def _resolve(
-    slots: Sequence[int], fresh: Iterable[Any], held: list[Held], k: int, where: str
+    slots: Sequence[int], fresh: Sequence[Any], held: list[Held], k: int, where: str
 ) -> tuple[list[Held], list[int]]:
     """Kind `k`'s parts from slots into `held`, or -1 for the next of `fresh`; and the
     slots (all -1 when none came: every part was sent)."""
@@ -203,10 +217,15 @@ def _resolve(
         return parts, [-1] * len(parts)
     noun, remaining = _NOUNS[k], iter(fresh)
     parts = []
-    for slot in slots:
+    for index, slot in enumerate(slots):
         if not -1 <= slot < len(held):
             raise protocol_error(
                 f"{where} came with {noun} slot {slot}, but {len(held)} {noun}s were held"
+            )
+        if index == len(held) + len(fresh):  # as the sidecar bounds replies
+            raise protocol_error(
+                f"{where} came with {len(slots)} {noun} slots, more than the {len(held)}"
+                f" {noun}s held and {len(fresh)} sent"
             )
         message = next(remaining, None) if slot < 0 else None
         if slot < 0 and message is None:

@@ -40,13 +40,18 @@ class Reference:
     def encode(self, assembly: Assembly, tools_only: bool = False) -> tuple[pb.PartSlots, Assembly]:
         """`assembly` as slots into this one and the assembly of its other (fresh) parts;
         with `tools_only` (feature "tool-slots" alone) every part but the tools goes in full."""
-        tool_slots, fresh_tools = _encode(self._tools, assembly.tools, _TOOL_KEY)
+        held = self.assembly
+        tool_slots, fresh_tools = _encode(self._tools, assembly.tools, _TOOL_KEY, held.tools)
         if tools_only:
             return pb.PartSlots(tools=tool_slots), dataclasses.replace(assembly, tools=fresh_tools)
         items = list(assembly.variables.items())
-        section_slots, fresh_sections = _encode(self._sections, assembly.sections, _TEXT_KEY)
-        context_slots, fresh_contexts = _encode(self._contexts, assembly.contexts, _TEXT_KEY)
-        variable_slots, fresh_items = _encode(self._variables, items, tuple)
+        section_slots, fresh_sections = _encode(
+            self._sections, assembly.sections, _TEXT_KEY, held.sections
+        )
+        context_slots, fresh_contexts = _encode(
+            self._contexts, assembly.contexts, _TEXT_KEY, held.contexts
+        )
+        variable_slots, fresh_items = _encode(self._variables, items, tuple, self.variables)
         slots = pb.PartSlots(
             sections=section_slots,
             contexts=context_slots,
@@ -105,9 +110,17 @@ def _index(keys: Iterable[Hashable]) -> dict[Hashable, int]:
 
 
 def _encode(
-    places: dict[Hashable, int], parts: Sequence[T], key: Callable[[T], Hashable]
+    places: dict[Hashable, int],
+    parts: Sequence[T],
+    key: Callable[[T], Hashable],
+    held: Sequence[object],
 ) -> tuple[list[int], list[T]]:
     slots = [places.get(k, -1) for k in map(key, parts)]
+    if len(slots) > len(held):  # a peer refuses more named than held: the rest in full
+        named = itertools.accumulate(slot >= 0 for slot in slots)
+        slots = [
+            slot if count <= len(held) else -1 for slot, count in zip(slots, named, strict=True)
+        ]
     return slots, [part for part, slot in zip(parts, slots, strict=True) if slot < 0]
 
 
