@@ -90,24 +90,29 @@ func (k *kind[T]) place(part T) int32 {
 }
 
 // slots are each part's slot in k, or -1 for one it does not hold; nil when it
-// holds none of them (the parts then go in full, which means the same).
+// holds none of them (the parts then go in full, which means the same). At most
+// len(k.parts) parts are named (the limit in docs/protocol.md, "Part slots": the
+// sidecar refuses a longer list), so a part repeated past that goes in full.
 func (k *kind[T]) slots(parts []T) []int32 {
 	slots := make([]int32, len(parts))
-	named := false
+	named := 0
 	guess := 0
 	for i, part := range parts {
 		slot := int32(-1)
-		if guess < len(k.parts) && k.parts[guess] == part {
+		switch {
+		case named == len(k.parts):
+			// the limit reached: the rest in full
+		case guess < len(k.parts) && k.parts[guess] == part:
 			slot = int32(guess) // a run of unchanged parts is matched without hashing them
-		} else {
+		default:
 			slot = k.place(part)
 		}
 		if slot >= 0 {
-			guess, named = int(slot)+1, true
+			guess, named = int(slot)+1, named+1
 		}
 		slots[i] = slot
 	}
-	if !named {
+	if named == 0 {
 		return nil
 	}
 	return slots

@@ -364,3 +364,43 @@ func firstOf[M any](found, m *M) *M {
 	}
 	return m
 }
+
+func TestAListenerMayRepeatAPartMoreOftenThanPartsAreHeld(t *testing.T) {
+	w := &listenWire{}
+	client, scope := slotted(t, w)
+	loadParts(t, scope)
+	in := dsp.ForScope(scope.Key)
+	plainly := must[*dsp.Assembly](t)(client.Assemble(bg, in))
+	repeatTools := func(a *dsp.Assembly) { // five copies of one of the three tools held
+		a.Tools = []dsp.ToolSchema{a.Tools[0], a.Tools[0], a.Tools[0], a.Tools[0], a.Tools[0]}
+	}
+	must[*dsp.Registration](t)(scope.OnAssemble(bg, func(_ context.Context, a *dsp.Assembly, _ dsp.AssembleContext, next *dsp.Next) (*dsp.Assembly, error) {
+		unique := a.Sections
+		a.Sections = append([]dsp.Part{unique[0], unique[0], unique[0], unique[0]}, unique...) // handed on with names repeated
+		result, err := next.Call(a)
+		if err != nil {
+			return nil, err
+		}
+		result.Sections = unique
+		return result, nil
+	}))
+	must[*dsp.Registration](t)(scope.OnAssemble(bg, after(repeatTools)))
+	w.take()
+	for i := 0; i < 2; i++ { // the second invocation of each stream against its base
+		same(t, fmt.Sprintf("assembly %d", i), plain(must[*dsp.Assembly](t)(client.Assemble(bg, in, changing))), changed(plainly, repeatTools))
+	}
+	sent, _ := w.take()
+	repeated := 0
+	for _, m := range sent {
+		if result := m.GetResult(); result != nil && len(result.GetSlots().GetTools()) == 5 {
+			equal(t, result.GetSlots().GetTools(), []int32{0, 0, 0, -1, -1}) // three held: two in full
+			if len(result.GetAssembly().GetTools()) != 2 {
+				t.Fatalf("a result's tools in full: %v, want the two past the limit", result.GetAssembly().GetTools())
+			}
+			repeated++
+		}
+	}
+	if repeated != 4 { // both listeners return the five tools, in both assemblies
+		t.Fatalf("%d results repeated the tools by slot, want 4", repeated)
+	}
+}
