@@ -96,11 +96,12 @@ export class Invocation {
       throw new TypeError(`a listener must return a PromptAssembly, not ${String(assembly)}`);
     }
     if (this.#slotted === undefined) return [assemblyToProto(assembly), {}];
-    const [toolSlots, tools] = this.#slots(assembly.tools, (part, slot) => untouchedTool(part, this.#parts.tools[slot]));
+    const held = this.#parts;
+    const [toolSlots, tools] = this.#slots(assembly.tools, held.tools.length, (part, slot) => untouchedTool(part, held.tools[slot]));
     if (this.#slotted === "tools") return [assemblyToProto({ ...assembly, tools }), { toolSlots }];
     const same = (held: readonly Text[]) => (part: AssembledSection, slot: number) => sameText(part, held[slot]);
-    const [sectionSlots, sections] = this.#slots(assembly.sections, same(this.#parts.sections));
-    const [contextSlots, contexts] = this.#slots(assembly.contexts ?? [], same(this.#parts.contexts));
+    const [sectionSlots, sections] = this.#slots(assembly.sections, held.sections.length, same(held.sections));
+    const [contextSlots, contexts] = this.#slots(assembly.contexts ?? [], held.contexts.length, same(held.contexts));
     const variableSlots: number[] = [];
     const variables: Record<string, string | undefined> = {};
     for (const [name, value] of Object.entries(assembly.variables ?? {})) {
@@ -120,11 +121,18 @@ export class Invocation {
     return [message, { slots }];
   }
 
-  /** Each part's slot when it is an object handed out for it and still unchanged, else -1; and the others. */
-  #slots<T extends object>(parts: readonly T[], unchanged: (part: T, slot: number) => boolean): [number[], T[]] {
+  /**
+   * Each part's slot when it is an object handed out for it and still unchanged, else -1; and
+   * the others. At most `held` are named (the limit in docs/protocol.md, "Part slots": the
+   * sidecar refuses a longer list), so a part repeated past that goes in full.
+   */
+  #slots<T extends object>(parts: readonly T[], held: number, unchanged: (part: T, slot: number) => boolean): [number[], T[]] {
+    let named = 0;
     const slots = parts.map((part) => {
-      const slot = part !== null && typeof part === "object" ? this.#handed.get(part) : undefined;
-      return slot !== undefined && unchanged(part, slot) ? slot : -1;
+      const slot = part !== null && typeof part === "object" && named < held ? this.#handed.get(part) : undefined;
+      if (slot === undefined || !unchanged(part, slot)) return -1;
+      named++;
+      return slot;
     });
     return [slots, parts.filter((_, i) => slots[i] === -1)];
   }

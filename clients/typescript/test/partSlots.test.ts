@@ -119,3 +119,27 @@ test("chained listeners each change what the one before handed on", async () => 
   assert.deepEqual(plain(await client.assemble()), expected);
   assert.deepEqual(plain(await client.assemble()), expected);
 });
+
+test("a listener may repeat an unchanged part more often than parts are held", async () => {
+  const client = await harness.connect();
+  await load(client);
+  const base = await client.assemble();
+  const repeatTools: Change = (a) => {
+    a.tools = Array.from({ length: 5 }, () => a.tools[0]!); // five copies of one of the three tools held
+  };
+  await client.onAssemble(async (assembly, _context, next) => {
+    const unique = assembly.sections;
+    assembly.sections = [...Array.from({ length: 4 }, () => unique[0]!), ...unique]; // handed on with names repeated
+    const result = await next(assembly);
+    result.sections = unique;
+    return result;
+  });
+  await client.onAssemble(async (_assembly, _context, next) => {
+    const result = await next();
+    repeatTools(result);
+    return result;
+  });
+  const expected = changed(base, repeatTools);
+  assert.deepEqual(plain(await client.assemble()), expected);
+  assert.deepEqual(plain(await client.assemble()), expected); // each stream's second invocation against its base
+});
