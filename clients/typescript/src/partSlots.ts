@@ -206,9 +206,15 @@ function resolve<M, H>(
   if (!slots?.length) return [messages.map(convert), messages.length ? messages.map(() => -1) : NO_SLOTS];
   const have = held ?? [];
   let next = 0;
-  const parts = slots.map((slot) => {
+  const parts = slots.map((slot, index) => {
     if (!(Number.isInteger(slot) && slot >= -1 && slot < have.length)) {
       throw protocolError(`${where} came with ${noun} slot ${slot}, but ${have.length} ${noun}s were held`);
+    }
+    if (index === have.length + messages.length) {
+      // as the sidecar bounds replies (docs/protocol.md, "Part slots")
+      throw protocolError(
+        `${where} came with ${slots.length} ${noun} slots, more than the ${have.length} ${noun}s held and ${messages.length} sent`,
+      );
     }
     if (slot >= 0) return have[slot] as H;
     const message = messages[next++];

@@ -60,6 +60,19 @@ test("the client that cannot read an invocation fails it and listens anew", asyn
   await waitFor(() => script.listeners.length === 2, "the listener is installed again");
 });
 
+test("the client that reads an invocation with more slots than parts held and sent fails it", async () => {
+  const script = harness.use(new PartSlots());
+  const client = await harness.connect();
+  await client.onAssemble(async (_assembly, _context, next) => next());
+  const stream = script.listeners[0]!;
+  stream.send(invocation(1, undefined, { tools: [create(pb.ToolSchemaSchema, wireTool("a"))] })); // the base: one tool
+  await stream.next();
+  stream.send(invocation(2, create(pb.PartSlotsSchema, { tools: [0, 0] })));
+  const reply = await stream.next();
+  assert.ok(reply.kind.case === "failure");
+  assert.match(reply.kind.value.message, /2 tool slots, more than the 1 tools held and 0 sent/);
+});
+
 test("the client sends tool slots alone to a sidecar without part-slots", async () => {
   const script = harness.use(new Script());
   const client = await harness.connect();
