@@ -258,6 +258,20 @@ async def test_a_call_waits_for_its_share_at_most_max_wait_s() -> None:
     assert 0.1 <= time.monotonic() - started < 0.3
 
 
+def test_the_split_is_among_the_clients_charged_within_the_window() -> None:
+    clock = Clock()
+    shares = shares_at(clock)
+    shares.late(0.05, 1.0)
+    for gone in range(20):  # connections that closed a moment ago, their use still decaying
+        shares.charge(f"gone-{gone}", 0.05)
+    clock.now += 1.5
+    shares.charge("a", 0.3)
+    shares.charge("b", 0.3)
+    total = 0.6 + 20 * 0.05 * math.exp(-1.5)
+    assert shares.fair_share() == pytest.approx(total / 2)  # not total / 22
+    assert shares.wait_s("a") == 0
+
+
 def test_idle_clients_are_forgotten() -> None:
     clock = Clock()
     shares = shares_at(clock)
@@ -344,3 +358,19 @@ async def test_a_drained_sidecar_stops_measuring_its_loop(make_sidecar: SidecarF
     assert sidecar.state.shares.running
     await sidecar.drain()
     assert not sidecar.state.shares.running
+
+
+async def test_over_loopback_without_credentials_nobody_is_held(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(fair_share_lag_s=LAG_S)
+    sidecar.state.shares.settings = dataclasses.replace(sidecar.state.shares.settings, floor=0)
+
+    async def loop(seconds: float) -> None:
+        async with dsp.connect(sidecar.address) as client:
+            until = time.monotonic() + seconds
+            while time.monotonic() < until:
+                await client.assemble(fields={"pad": "p" * FIELDS_PAD}, timeout=30)
+
+    await asyncio.gather(*(loop(1.0) for _ in range(4)))  # connections, not clients
+    assert _metric(sidecar, "dsp_share_waits_total") == 0

@@ -29,6 +29,7 @@ from ...registry import Client
 # admits; each gRPC call runs in a context of its own, so one call never sees another's.
 CALLER: ContextVar[str | None] = ContextVar("caller", default=None)
 _TCP = ("ipv4:", "ipv6:")
+IDENTIFIED = ("credential:", "ip:")  # the keys of clients told apart by more than a connection
 
 
 def client_of(peer: str) -> Client | None:

@@ -12,9 +12,9 @@ overload manager acts only past a threshold, nothing waits while the loop has ti
 to spare (it runs late by less than `fair_share_lag_s`: a timer's lateness says
 both that work is queued and that the process is short of CPU); when it has not,
 the time the clients' calls take is split equally among the clients that use it,
-and one more than 1.25 times over its split waits. A client is what the
-quotas count (`clients.client_of`): on a unix socket without credentials every
-peer is one, and nobody waits for anyone.
+and one more than 1.25 times over its split waits. A client is one told apart by
+its credential or its address (`key_of`): over loopback or a unix socket without
+credentials nobody waits for anyone.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from google.protobuf.message import Message
 
 from ..handlers import Behaviour, Context
-from .clients import client_of
+from .clients import IDENTIFIED, client_of
 
 T = TypeVar("T")
 # What gRPC does for each byte of a request or a response around the servicer (receiving,
@@ -97,8 +97,10 @@ class Shares:
         self.running = False  # started and not stopped: the sidecar is serving
         self.on_wait: Callable[[], None] = lambda: None  # a call or write waits (the metrics)
 
-    def charge(self, key: str, seconds: float) -> None:
-        """Count `seconds` of the loop's time against the client `key`."""
+    def charge(self, key: str | None, seconds: float) -> None:
+        """Count `seconds` of the loop's time against the client `key` (None: nobody)."""
+        if key is None:
+            return
         now = self._clock()
         window = self.settings.window_s
         use = self._uses.get(key)
@@ -136,11 +138,13 @@ class Shares:
             return 0.0
         return self.settings.window_s * math.log(rate / self._fair)
 
-    async def turn(self, key: str) -> None:
+    async def turn(self, key: str | None) -> None:
         """Return once `key` may go on: at once unless the loop is busy and `key` is over
         its fair share, and after `max_wait_s` at the latest (a client whose streams work
         for others may stay over its share; its own calls, a Dispose among them, still go
-        on). A call's deadline still ends a wait."""
+        on). A call's deadline still ends a wait; None, a client not told apart, never waits."""
+        if key is None:
+            return
         wait = self.wait_s(key)
         if not wait:
             return
@@ -201,19 +205,27 @@ class Shares:
             self._late_at = now
         # Shares hold for a window after the loop last ran late: held back, the heaviest
         # client lets the loop catch up at once, and would otherwise be let go at once.
-        if not lag_s or now - self._late_at > window or len(self._uses) < 2:
+        # Split among the clients charged within the window: a client gone (a closed
+        # connection is one) still decays for seconds, and counted, would shrink everyone's
+        # split (the soak's reconnecting clients, held in a calm run).
+        count = sum(1 for use in self._uses.values() if now - use.at <= window)
+        if not lag_s or now - self._late_at > window or count < 2:
             self._fair = math.inf
         else:
             # at least `floor` of a whole loop split equally: held to the quiet clients' use
             # alone, a busy client would leave the loop idle while the host is short of CPU
-            count = len(self._uses)
             self._fair = max(self._total.now(now, window), self.settings.floor) / count
 
 
-def key_of(peer: str) -> str:
-    """The key a call's use is counted by: its client's, else the peer's (`unix:`)."""
+def key_of(peer: str) -> str | None:
+    """The client a call's use is counted against: one told apart by its credential or its
+    address; None over loopback or a unix socket without credentials, where nobody is held
+    (a connection is no client there: an agent reconnecting is a new one each time, and
+    splitting the loop among connections held calm agents back)."""
     client = client_of(peer)
-    return peer if client is None else client.key
+    if client is None or not client.key.startswith(IDENTIFIED):
+        return None
+    return client.key
 
 
 def wire_s(size: int) -> float:
@@ -228,6 +240,8 @@ def sharing(shares: Shares) -> Callable[[Behaviour], Behaviour]:
     def around(behaviour: Behaviour) -> Behaviour:
         async def in_turn(request: Any, context: Context) -> Any:
             key = key_of(context.peer())
+            if key is None:
+                return await behaviour(request, context)
             await shares.turn(key)
             size = _size(request)
             try:

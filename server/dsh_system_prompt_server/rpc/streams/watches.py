@@ -181,7 +181,7 @@ class Watches:
         )
 
     async def changes(
-        self, subscription: Subscription, features: Iterable[str], sharer: str = ""
+        self, subscription: Subscription, features: Iterable[str], sharer: str | None
     ) -> AsyncGenerator[pb.WatchChangesResponse, None]:
         """The stream of one subscription: confirmation, replayed events, then live ones.
 
@@ -289,7 +289,7 @@ class Watches:
         watch: PromptWatch,
         subscription: Subscription,
         client: str | None,
-        sharer: str = "",
+        sharer: str | None,
     ) -> AsyncGenerator[bytes, None]:
         """The prompt now, then again after each burst of changes that affects it; its
         messages being written count against `client`'s share of the prompts in flight."""
@@ -313,7 +313,7 @@ class Watches:
         finally:
             self._leave(watch.shown)
 
-    def _charged(self, sharer: str, prompt: bytes) -> bytes:
+    def _charged(self, sharer: str | None, prompt: bytes) -> bytes:
         """`prompt`, its sending counted against `sharer`'s share of the loop."""
         self._shares.charge(sharer, wire_s(len(prompt)))
         return prompt
