@@ -173,6 +173,13 @@ def shares_at(clock: Clock, lag_s: float = 0.002, floor: float = 0.0) -> Shares:
     return Shares(settings, clock)
 
 
+def late_shares(clock: Clock, floor: float = 0.0) -> Shares:
+    """Shares on `clock` whose loop ran 50 ms late on average: they apply."""
+    shares = shares_at(clock, floor=floor)
+    shares.late(0.05, 1.0)
+    return shares
+
+
 def test_use_is_seconds_per_second_and_decays_over_the_window() -> None:
     clock = Clock()
     shares = shares_at(clock)
@@ -202,8 +209,7 @@ def test_nobody_waits_while_the_loop_runs_on_time() -> None:
 
 def test_when_the_loop_runs_late_the_calls_time_is_split_equally() -> None:
     clock = Clock()
-    shares = shares_at(clock)
-    shares.late(0.05, 1.0)
+    shares = late_shares(clock)
     for key, seconds in (("light-1", 0.02), ("light-2", 0.03), ("hog-1", 0.6), ("hog-2", 0.15)):
         shares.charge(key, seconds)
     assert shares.fair_share() == pytest.approx(0.8 / 4)
@@ -214,8 +220,7 @@ def test_when_the_loop_runs_late_the_calls_time_is_split_equally() -> None:
 
 def test_a_client_a_little_over_its_share_does_not_wait() -> None:
     clock = Clock()
-    shares = shares_at(clock)
-    shares.late(0.05, 1.0)
+    shares = late_shares(clock)
     shares.charge("a", 0.12)  # 1.2 times the split of 0.1 (the allowance is 1.25)
     shares.charge("b", 0.08)
     assert shares.fair_share() == pytest.approx(0.1)
@@ -224,8 +229,7 @@ def test_a_client_a_little_over_its_share_does_not_wait() -> None:
 
 def test_shares_hold_for_a_window_after_the_loop_last_ran_late() -> None:
     clock = Clock()
-    shares = shares_at(clock)
-    shares.late(0.05, 1.0)
+    shares = late_shares(clock)
     shares.charge("hog", 0.9)
     shares.charge("light", 0.01)
     shares.late(0.0, 10.0)  # on time again
@@ -239,8 +243,7 @@ def test_shares_hold_for_a_window_after_the_loop_last_ran_late() -> None:
 
 def test_a_split_is_at_least_half_a_whole_loop_split_equally() -> None:
     clock = Clock()
-    shares = shares_at(clock, floor=0.5)
-    shares.late(0.05, 1.0)  # the host is short of CPU: the loop runs late
+    shares = late_shares(clock, floor=0.5)  # the host is short of CPU: the loop runs late
     shares.charge("busy", 0.1)  # all a busy client got done, held to the quiet one's use
     shares.charge("quiet", 0.01)
     assert shares.fair_share() == pytest.approx(0.5 / 2)  # not (0.1 + 0.01) / 2
@@ -260,8 +263,7 @@ async def test_a_call_waits_for_its_share_at_most_max_wait_s() -> None:
 
 def test_the_split_is_among_the_clients_charged_within_the_window() -> None:
     clock = Clock()
-    shares = shares_at(clock)
-    shares.late(0.05, 1.0)
+    shares = late_shares(clock)
     for gone in range(20):  # connections that closed a moment ago, their use still decaying
         shares.charge(f"gone-{gone}", 0.05)
     clock.now += 1.5
@@ -274,8 +276,7 @@ def test_the_split_is_among_the_clients_charged_within_the_window() -> None:
 
 def test_idle_clients_are_forgotten() -> None:
     clock = Clock()
-    shares = shares_at(clock)
-    shares.late(0.05, 1.0)
+    shares = late_shares(clock)
     shares.charge("a", 0.001)
     clock.now += 30
     shares.charge("b", 0.1)

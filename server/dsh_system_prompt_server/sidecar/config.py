@@ -245,21 +245,23 @@ def _callback_timeout(raw: dict[str, Any]) -> float:
 
 
 def _fair_share_lag(raw: dict[str, Any]) -> float:
-    value = seconds(raw, "fair_share_lag_s", 0.002, allow_zero=True)
-    if value > MAX_FAIR_SHARE_LAG_S:  # a loop that late has long failed its callers
-        raise ConfigError(
-            f"config key 'fair_share_lag_s' must be from 0 (never) to {MAX_FAIR_SHARE_LAG_S:g}"
-            f" seconds, not {value!r}"
-        )
-    return value
+    # a loop that late has long failed its callers
+    return _seconds_up_to(raw, "fair_share_lag_s", 0.002, MAX_FAIR_SHARE_LAG_S, " (never)")
 
 
 def _watch_coalesce(raw: dict[str, Any]) -> float:
-    value = seconds(raw, "watch_coalesce_s", 0.005, allow_zero=True)
-    if value > MAX_WATCH_COALESCE_S:  # a delay on every change event of every watcher
+    # a delay on every change event of every watcher
+    return _seconds_up_to(raw, "watch_coalesce_s", 0.005, MAX_WATCH_COALESCE_S)
+
+
+def _seconds_up_to(
+    raw: dict[str, Any], key: str, default: float, most: float, zero_means: str = ""
+) -> float:
+    """Seconds from 0 (which means `zero_means`, when said) to `most`."""
+    value = seconds(raw, key, default, allow_zero=True)
+    if value > most:
         raise ConfigError(
-            f"config key 'watch_coalesce_s' must be from 0 to {MAX_WATCH_COALESCE_S:g}"
-            f" seconds, not {value!r}"
+            f"config key '{key}' must be from 0{zero_means} to {most:g} seconds, not {value!r}"
         )
     return value
 

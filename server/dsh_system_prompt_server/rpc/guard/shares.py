@@ -13,7 +13,7 @@ to spare (it runs late by less than `fair_share_lag_s`: a timer's lateness says
 both that work is queued and that the process is short of CPU); when it has not,
 the time the clients' calls take is split equally among the clients that use it,
 and one more than 1.25 times over its split waits. A client is one told apart by
-its credential or its address (`key_of`): over loopback or a unix socket without
+its credential or its address (`share_key`): over loopback or a unix socket without
 credentials nobody waits for anyone.
 """
 
@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
+from ...registry import Client
 from ..handlers import Behaviour, Context
 from .clients import IDENTIFIED, client_of
 
@@ -217,12 +218,11 @@ class Shares:
             self._fair = max(self._total.now(now, window), self.settings.floor) / count
 
 
-def key_of(peer: str) -> str | None:
-    """The client a call's use is counted against: one told apart by its credential or its
+def share_key(client: Client | None) -> str | None:
+    """The key `client`'s use is counted against: one told apart by its credential or its
     address; None over loopback or a unix socket without credentials, where nobody is held
     (a connection is no client there: an agent reconnecting is a new one each time, and
     splitting the loop among connections held calm agents back)."""
-    client = client_of(peer)
     if client is None or not client.key.startswith(IDENTIFIED):
         return None
     return client.key
@@ -239,7 +239,7 @@ def sharing(shares: Shares) -> Callable[[Behaviour], Behaviour]:
 
     def around(behaviour: Behaviour) -> Behaviour:
         async def in_turn(request: Any, context: Context) -> Any:
-            key = key_of(context.peer())
+            key = share_key(client_of(context.peer()))
             if key is None:
                 return await behaviour(request, context)
             await shares.turn(key)

@@ -33,7 +33,7 @@ from ..convert import (
 )
 from ..guard.clients import client_of
 from ..guard.gate import Gate
-from ..guard.shares import Shares, key_of, wire_s
+from ..guard.shares import Shares, share_key, wire_s
 from ..report_messages import layout_from_proto
 from .broker import Stream, stalled, write_all
 from .in_flight import InFlight
@@ -108,7 +108,7 @@ class Watches:
         """Serve one WatchChanges stream until its peer stops reading it."""
         client = client_of(stream.peer())
         subscription = self._open(client, gate, lambda: self.subscribe(request))
-        responses = self.changes(subscription, request.features, key_of(stream.peer()))
+        responses = self.changes(subscription, request.features, client)
         await self._serve(stream, client, subscription, responses)
 
     async def serve_prompts(
@@ -117,9 +117,7 @@ class Watches:
         """Serve one WatchPrompt stream until its peer stops reading it."""
         client = client_of(stream.peer())
         watch, subscription = self._open(client, gate, lambda: self.prompt_watch(request))
-        key = None if client is None else client.key
-        prompts = self.prompts(watch, subscription, key, key_of(stream.peer()))
-        await self._serve(stream, client, subscription, prompts)
+        await self._serve(stream, client, subscription, self.prompts(watch, subscription, client))
 
     def _open(self, client: Client | None, gate: Gate, start: Callable[[], Opened]) -> Opened:
         """Admit one more watch of `client` and start it; nothing is held if it fails."""
@@ -181,13 +179,14 @@ class Watches:
         )
 
     async def changes(
-        self, subscription: Subscription, features: Iterable[str], sharer: str | None
+        self, subscription: Subscription, features: Iterable[str], client: Client | None
     ) -> AsyncGenerator[pb.WatchChangesResponse, None]:
         """The stream of one subscription: confirmation, replayed events, then live ones.
 
         With `change-batches` in effect, every event pending for the watcher
         goes in one message, gathered for `watch_coalesce_s` after the first:
-        a burst of changes costs each watcher one write, not one per change.
+        a burst of changes costs each watcher one write, not one per change. A
+        watcher over `client`'s share of the loop writes later.
         """
         in_effect = sorted(FEATURES.intersection(features))
         subscribed = pb.WatchSubscribed(
@@ -197,7 +196,7 @@ class Watches:
             features=in_effect,
         )
         yield pb.WatchChangesResponse(subscribed=subscribed, incarnation=self.incarnation)
-        batches = CHANGE_BATCHES in in_effect
+        batches, sharer = CHANGE_BATCHES in in_effect, share_key(client)
         while True:
             first = await subscription.next()
             if batches and not isinstance(first, Missed) and self._settings.change_coalesce_s:
@@ -285,23 +284,21 @@ class Watches:
         return PromptWatch(shown), subscription
 
     async def prompts(
-        self,
-        watch: PromptWatch,
-        subscription: Subscription,
-        client: str | None,
-        sharer: str | None,
+        self, watch: PromptWatch, subscription: Subscription, client: Client | None
     ) -> AsyncGenerator[bytes, None]:
         """The prompt now, then again after each burst of changes that affects it; its
-        messages being written count against `client`'s share of the prompts in flight."""
+        messages being written count against `client`'s share of the prompts in flight,
+        and their sending against its share of the loop."""
         in_flight = self.prompts_in_flight
+        key, sharer = None if client is None else client.key, share_key(client)
         try:
-            async with in_flight.reserved(await watch.size(), client):  # given back once written
+            async with in_flight.reserved(await watch.size(), key):  # given back once written
                 yield await watch.prompt()
             while True:
                 burst: list[Any] = [await subscription.next()]
                 await asyncio.sleep(self._settings.coalesce_s)
                 await self._shares.turn(sharer)  # the changes meanwhile make one prompt
-                async with in_flight.reserved(await watch.size(), client):
+                async with in_flight.reserved(await watch.size(), key):
                     while (item := subscription.poll()) is not None:  # also while it waited
                         burst.append(item)
                     turn = await self.turns.take()
