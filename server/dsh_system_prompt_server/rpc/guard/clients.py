@@ -19,6 +19,7 @@ In order of what is known about the call:
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from contextvars import ContextVar
 from urllib.parse import unquote
@@ -38,6 +39,12 @@ def client_of(peer: str) -> Client | None:
     credential = CALLER.get()
     if credential is not None:
         return Client(f"credential:{credential}", f'credential "{credential}"')
+    return _by_address(peer)
+
+
+@functools.lru_cache(maxsize=4096)  # a connection's calls name one peer: parsed once each
+def _by_address(peer: str) -> Client | None:
+    """The client of a call without a credential, from its peer's address."""
     if not peer.startswith(_TCP):
         return None
     # gRPC writes the address as a URI: "ipv4:127.0.0.1:53210", "ipv6:%5B::1%5D:53210".
