@@ -49,7 +49,7 @@ async def open_when_ready(connection: Connection, address: str, timeout: float) 
                 except SystemPromptError as error:
                     if error.code != grpc.StatusCode.UNAVAILABLE:
                         raise
-                    _log.debug("waiting for the sidecar at %s: %s", address, error.message)
+                    _log.debug("waiting for the sidecar at %s: %r", address, error.message)
                 # Wake on the channel's next connection, or poll: a READY channel to a
                 # draining sidecar still refuses sessions.
                 with contextlib.suppress(TimeoutError):
@@ -152,7 +152,8 @@ class Connection:
         try:
             await send(record, session_id, self.call_timeout)
         except SystemPromptError as error:  # a lost session replays it anyway
-            _log.warning("could not register an ejected callback again: %s", error)
+            # %r here and below: the sidecar's words, a log line each, their controls escaped
+            _log.warning("could not register an ejected callback again: %r", str(error))
             return
         if record not in self.journal:  # disposed while it was made: the disposer wins
             await self._dispose_on(session_id, record)
@@ -184,7 +185,7 @@ class Connection:
                 try:
                     await self._start_session()
                 except SystemPromptError as error:
-                    _log.info("sidecar unavailable, retrying in %.2fs: %s", delay, error)
+                    _log.info("sidecar unavailable, retrying in %.2fs: %r", delay, str(error))
                     continue
                 if self._session is None or self._session.ended:
                     _log.info("the session ended during its replay, retrying in %.2fs", delay)

@@ -41,7 +41,8 @@ class Reinstalls:
         count = 1 if now - last > CALM_S else count + 1
         self._ejections[record] = (count, now)
         delay = min(FIRST_BACKOFF_S * 2 ** (count - 1), MAX_BACKOFF_S)
-        _log.warning("the sidecar ejected a callback (%s); registering it again in %gs", why, delay)
+        # %r: `why` is the sidecar's text, naming the callback; its controls stay escapes
+        _log.warning("the sidecar ejected a callback (%r); registering it again in %gs", why, delay)
         task = asyncio.create_task(self._later(record, session_id, delay))
         self._waiting.add(task)
         task.add_done_callback(self._waiting.discard)

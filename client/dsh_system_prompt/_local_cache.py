@@ -136,7 +136,7 @@ class LocalCache:
                     self.drop()  # another incarnation's revisions, or a gap
                 self.known = max(self.known, self._changes.last_revision)
         except SystemPromptError as error:
-            _log.warning("local cache off: its change stream ended: %s", error.message)
+            _log.warning("local cache off: its change stream ended: %r", error.message)
         finally:
             self.live = False
             self.drop()

@@ -87,7 +87,8 @@ class Session:
         session = cls(call, first.opened.session_id, providers)
         session.sidecar_version = first.opened.sidecar_version  # for diagnostics only
         session.callback_cache = FEATURE_CALLBACK_CACHE in first.opened.features
-        _log.debug("session %s opened on %s", session.id, session.sidecar_version or "a sidecar")
+        # %r: both are the sidecar's words; a log line carries none of their controls raw
+        _log.debug("session %r opened on %r", session.id, session.sidecar_version or "a sidecar")
         session._reader = asyncio.create_task(session._stream.read(lambda: session._ended(on_lost)))
         return session
 

@@ -22,6 +22,7 @@ from .command_io import (
     EXIT_UNAVAILABLE,
     UNREACHABLE,
     CommandError,
+    escape_controls,
     tls_of,
 )
 from .prompt_commands import assemble, cache_history, render
@@ -35,12 +36,12 @@ def run(command: str, args: argparse.Namespace) -> int:
             return render(args)
         args.address = args.address or dsp.default_address()
         return asyncio.run(_COMMANDS[command](args))
-    except CommandError as error:
-        print(f"dsh-system-prompt {command}: {error}", file=sys.stderr)
+    except CommandError as error:  # it may quote the sidecar: its controls as escapes
+        print(f"dsh-system-prompt {command}: {escape_controls(str(error))}", file=sys.stderr)
         return error.code
-    except dsp.SystemPromptError as error:
+    except dsp.SystemPromptError as error:  # the sidecar's words, a client's message in them
         code = EXIT_UNAVAILABLE if error.code in UNREACHABLE else EXIT_REFUSED
-        print(f"dsh-system-prompt {command}: {error}", file=sys.stderr)
+        print(f"dsh-system-prompt {command}: {escape_controls(str(error))}", file=sys.stderr)
         return code
     except KeyboardInterrupt:
         return EXIT_OK

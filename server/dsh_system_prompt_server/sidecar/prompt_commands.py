@@ -7,7 +7,6 @@ import argparse
 import dataclasses
 import json
 import sys
-import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,18 @@ import dsh_system_prompt as dsp
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from .command_io import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, CommandError, connect, styled_console
+from .command_io import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    CommandError,
+    connect,
+    escape_controls,
+    escape_lines,
+    styled_console,
+)
 
 
 async def assemble(args: argparse.Namespace) -> int:
@@ -116,20 +125,7 @@ def skipped_line(step: dsp.SkippedStep) -> str:
     characters shown as escapes (`\\n`, `\\x1b`), as the message is a client's."""
     where = "global" if step.scope is None else f'scope "{step.scope}"'
     name = f' "{step.name}"' if step.name else ""
-    return _escape_controls(f"skipped {step.kind}{name} ({where}): {step.reason}: {step.message}")
-
-
-# Controls, format characters (bidi overrides among them) and line/paragraph separators:
-# what would break the line or reach the terminal as a command rather than as text.
-_CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
-
-
-def _escape_controls(text: str) -> str:
-    """`text` with each control character as its repr escape; printable text (non-ASCII
-    too) as is."""
-    return "".join(
-        repr(c)[1:-1] if unicodedata.category(c) in _CONTROL_CATEGORIES else c for c in text
-    )
+    return escape_controls(f"skipped {step.kind}{name} ({where}): {step.reason}: {step.message}")
 
 
 def _not_an_assembly() -> CommandError:
@@ -161,17 +157,18 @@ def _show_prompt(
         return
     console = styled_console()
     summary = Table.grid(padding=(0, 2))
+    names = ", ".join(escape(escape_controls(t.name)) for t in assembly.tools)
     summary.add_row(
         f"[bold]{len(assembly.sections)}[/] sections",
         f"[bold]{len(assembly.contexts)}[/] contexts",
-        f"[bold]{len(assembly.tools)}[/] tools: " + ", ".join(t.name for t in assembly.tools),
+        f"[bold]{len(assembly.tools)}[/] tools: " + names,
     )
     console.print(summary)
-    console.rule("system prompt")
-    console.print(prompt, markup=False)
+    console.rule("system prompt")  # a person reads it here: its controls as escapes
+    console.print(escape_lines(prompt), markup=False)
     if args.with_context and snapshot:
         console.rule("runtime context")
-        console.print(snapshot, markup=False)
+        console.print(escape_lines(snapshot), markup=False)
 
 
 def _show_report(report: dsp.AssemblyReport) -> int:
@@ -183,31 +180,35 @@ def _show_report(report: dsp.AssemblyReport) -> int:
     table = Table(title=title, title_justify="left")
     for column in ("part", "source", "bytes", *([unit] if unit else []), "prefix"):
         table.add_column(column, justify="right" if column in ("bytes", unit) else "left")
-    for part in report.parts:
-        cells = [f'{part.kind} "{part.name}"', part.source.description, str(part.bytes)]
+    for part in report.parts:  # names are the clients': no markup, controls escaped
+        name = escape_controls(f'{part.kind} "{part.name}"')
+        cells: list[str | Text] = [name, escape_controls(part.source.description)]
+        cells.append(str(part.bytes))
         if unit:
             cells.append(str(part.tokens))
         cells.append(_part_state(part, report.stability.has_previous))
         table.add_row(*cells)
     console = styled_console() if sys.stdout.isatty() else Console(width=200, no_color=True)
-    console.print(table)
+    console.print(table, markup=False)
     for line in verdict(report):
         console.print(line, highlight=False, markup=False)
     for step in report.skipped:  # one line each, however long its message
         console.print(skipped_line(step), highlight=False, markup=False, soft_wrap=True)
     if report.stability.diff:
-        console.print(report.stability.diff, highlight=False, markup=False)
+        console.print(escape_lines(report.stability.diff), highlight=False, markup=False)
     if report.render_error:
-        console.print(f"[bold red]render fails:[/] {escape(report.render_error)}")
+        console.print(f"[bold red]render fails:[/] {escape(escape_controls(report.render_error))}")
         return EXIT_REFUSED
     return EXIT_OK
 
 
-def _part_state(part: dsp.PartReport, compared: bool) -> str:
+def _part_state(part: dsp.PartReport, compared: bool) -> Text:
+    where = " (not in prefix)" if part.kind == "context" else ""
     if not compared:
-        return "new" + (" (not in prefix)" if part.kind == "context" else "")
-    state = "stable" if part.stable else "[bold red]changed[/]"
-    return state + (" (not in prefix)" if part.kind == "context" else "")
+        return Text("new" + where)
+    if part.stable:
+        return Text("stable" + where)
+    return Text.assemble(("changed", "bold red"), where)
 
 
 def verdict(report: dsp.AssemblyReport) -> list[str]:
@@ -218,7 +219,7 @@ def verdict(report: dsp.AssemblyReport) -> list[str]:
     )
     if not report.tokenizer:
         sizes += " (bytes only: no tokenizer configured)"
-    key = report.history_key
+    key = escape_controls(report.history_key)  # a key, like the reason, names parts
     if stability.previous_evicted:
         return [
             f"prefix: {sizes}; the earlier reports of {key} were evicted to make room for"
@@ -236,7 +237,7 @@ def verdict(report: dsp.AssemblyReport) -> list[str]:
     if recomputed.tokens is not None:
         cost = f"{recomputed.tokens} prefix tokens"
     return [
-        f"prefix: {stable}; cache broken by {stability.reason}",
+        f"prefix: {stable}; cache broken by {escape_controls(stability.reason)}",
         f"cost: {cost} recomputed, and every message after the prefix",
     ]
 
@@ -244,21 +245,22 @@ def verdict(report: dsp.AssemblyReport) -> list[str]:
 def _show_history(history: dsp.CacheHistory) -> None:
     """The key's counts and breakers, then its recent reports in a table."""
     console = styled_console() if sys.stdout.isatty() else Console(width=200, no_color=True)
+    key = escape_controls(history.key)  # keys, parts and reasons name the clients' parts
     if not history.reports:
         gone = " (its earlier history was evicted)" if history.evicted else ""
-        console.print(f"{history.key}: no reported assemblies{gone}", highlight=False)
+        console.print(f"{key}: no reported assemblies{gone}", highlight=False, markup=False)
         return
     unit = "tokens" if history.recomputed.tokens is not None else "bytes"
     total = history.recomputed.tokens if unit == "tokens" else history.recomputed.bytes
     console.print(
-        f"{history.key}: {history.reports} reported, {history.breaks} broke the prefix;"
+        f"{key}: {history.reports} reported, {history.breaks} broke the prefix;"
         f" {total} prefix {unit} recomputed in total",
         highlight=False,
         markup=False,
     )
     for part, count in history.breakers:
         breaks = f"{count} break" + ("" if count == 1 else "s")
-        console.print(f"  {part}: {breaks}", highlight=False, markup=False)
+        console.print(f"  {escape_controls(part)}: {breaks}", highlight=False, markup=False)
     table = Table(title="recent reports, oldest first", title_justify="left")
     columns = ["#", "rev", "first changed", "reason", f"stable {unit}", f"recomputed {unit}"]
     for column in [*columns, "observed cached"]:
@@ -270,10 +272,10 @@ def _show_history(history: dsp.CacheHistory) -> None:
         table.add_row(
             str(entry.sequence),
             str(entry.revision),
-            entry.first_changed or ("—" if entry.has_previous else "(first)"),
-            entry.reason,
+            escape_controls(entry.first_changed) or ("—" if entry.has_previous else "(first)"),
+            escape_controls(entry.reason),
             str(stable),
             str(recomputed),
             "" if entry.observed_cached_tokens is None else str(entry.observed_cached_tokens),
         )
-    console.print(table)
+    console.print(table, markup=False)

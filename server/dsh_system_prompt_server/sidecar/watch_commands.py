@@ -13,7 +13,7 @@ import dsh_system_prompt as dsp
 from rich.console import Console
 from rich.table import Table
 
-from .command_io import EXIT_OK, connect, styled_console
+from .command_io import EXIT_OK, connect, escape_controls, escape_lines, styled_console
 from .prompt_commands import verdict
 
 
@@ -61,16 +61,16 @@ async def list_registrations(args: argparse.Namespace) -> int:
     table = Table(title=f"registrations at revision {snapshot.revision}", title_justify="left")
     for column in ("kind", "name", "scope", "order", "value", "bytes", "fingerprint", "owner"):
         table.add_column(column, justify="right" if column in ("order", "bytes") else "left")
-    for info in snapshot.registrations:
+    for info in snapshot.registrations:  # names are the clients': controls escaped
         table.add_row(
             info.kind,
-            info.name,
-            info.scope or "(global)",
+            escape_controls(info.name),
+            escape_controls(info.scope or "(global)"),
             "" if info.order is None else f"{info.order:g}",
             _value_kind(info),
             str(info.size_bytes),
             info.fingerprint,
-            f"{info.owner} [{info.owner_label}]",
+            escape_controls(f"{info.owner} [{info.owner_label}]"),
         )
     console = styled_console() if sys.stdout.isatty() else Console(width=200, no_color=True)
     console.print(table, markup=False)
@@ -104,7 +104,7 @@ def _event_text(event: dsp.ChangeEvent | dsp.ChangesMissed | dsp.ChangesResynced
         return f"resynced ({why}): {count} registrations at revision {event.snapshot.revision}"
     where = f"scope {event.scope}" if event.scope else "global"
     name = f" {event.name}" if event.name else ""
-    return f"r{event.revision} {event.action} {event.kind}{name} ({where})"
+    return escape_controls(f"r{event.revision} {event.action} {event.kind}{name} ({where})")
 
 
 def _value_kind(info: dsp.RegistrationInfo) -> str:
@@ -121,15 +121,15 @@ def _prompt_text(change: dsp.PromptChange) -> list[str]:
     if change.changes_omitted:
         lines.append(f"changed: {change.changes_omitted} more not listed")
     if change.error:
-        return [*lines, f"does not assemble: {change.error}"]
-    if change.prompt is not None:
-        lines.append(change.prompt)
+        return [*lines, f"does not assemble: {escape_controls(change.error)}"]
+    if change.prompt is not None:  # for a person: its controls as escapes, as below
+        lines.append(escape_lines(change.prompt))
     if change.report is not None:
         lines.extend(verdict(change.report))
         if change.report.stability.diff:
-            lines.append(change.report.stability.diff)
+            lines.append(escape_lines(change.report.stability.diff))
         if change.report.render_error:
-            lines.append(f"render fails: {change.report.render_error}")
+            lines.append(f"render fails: {escape_controls(change.report.render_error)}")
     return lines
 
 
