@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
+from typing import Any
 
 import dsh_system_prompt as dsp
 import grpc
@@ -16,6 +17,29 @@ from processes import cli_output, free_port
 DEEPSEEK = {"prompt_tokens": 1200, "prompt_cache_hit_tokens": 1024, "prompt_cache_miss_tokens": 176}
 ANTHROPIC = {"input_tokens": 20, "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 5}
 OPENAI = {"prompt_tokens": 1500, "prompt_tokens_details": {"cached_tokens": 1280}}
+IGNORE = dsp.FailurePolicy.IGNORE
+
+
+def probe(context: dsp.AssembleContext) -> str:
+    if context.get("down"):
+        raise RuntimeError("the probe is down")
+    return "The probe is up."
+
+
+async def weather(assembly: dsp.PromptAssembly, context: Any, next_: dsp.Next) -> Any:
+    if context.get("down"):
+        raise RuntimeError("no weather today")
+    return await next_(assembly)
+
+
+async def skipping_history(client: dsp.Client, key: str) -> dsp.AssemblyReport:
+    """A complete report of `key`, then one whose five IGNORE sections and one listener
+    fail (more steps than the history keeps of the steps themselves); the latter."""
+    for index in range(5):
+        await client.section(f"probe-{index}", 20 + index, probe, failure_policy=IGNORE)
+    await client.on_assemble(weather, name="weather", failure_policy=IGNORE)
+    await report_of(client, key=key)
+    return await report_of(client, key=key, down=True)
 
 
 async def test_two_agents_sharing_a_scope_see_false_breaks_unless_each_names_its_key(
@@ -199,3 +223,19 @@ async def test_a_timestamp_section_is_named_every_turn_until_moved_to_a_context(
     assert all(e.reason == 'section "clock" text changed' for e in broken.recent[1:])
     assert broken.recomputed.tokens == sum(e.recomputed.tokens or 0 for e in broken.recent) > 0
     assert (fixed.reports, fixed.breaks, fixed.breakers) == (3, 0, [])
+
+
+async def test_each_history_entry_counts_the_steps_its_assembly_skipped_by_kind_and_reason(
+    client: dsp.Client,
+) -> None:
+    skipping = await skipping_history(client, "conv")
+    history = await client.cache_history(report_key="conv")
+    counts = (
+        dsp.SkippedCount("section", dsp.Reason.PROVIDER_FAILED, 5),
+        dsp.SkippedCount("listener", dsp.Reason.LISTENER_FAILED, 1),
+    )
+    assert [entry.skipped_counts for entry in history.recent] == [(), counts]
+    assert sum(counted.count for counted in counts) == len(skipping.skipped) == 6
+    assert history.recent[-1].first_changed == 'section "probe-0"'  # the skips broke it
+    entry = await client.report_usage(DEEPSEEK, report_key="conv")  # the same entry, observed
+    assert entry.skipped_counts == counts

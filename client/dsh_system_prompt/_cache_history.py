@@ -8,9 +8,9 @@ from typing import Any
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
-from ._convert import LAYOUTS, size_from_proto
-from .errors import invalid_value
-from .types import PrefixLayout, Size
+from ._convert import CHANGE_KINDS, LAYOUTS, size_from_proto
+from .errors import as_reason, invalid_value
+from .types import PrefixLayout, Size, SkippedCount
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,8 @@ class CacheHistoryEntry:
     recomputed: Size
     observed_cached_tokens: int | None  # what the model server said (report_usage)
     observed_prompt_tokens: int | None
+    # the steps it went on without, by kind and reason in the order first skipped
+    skipped_counts: tuple[SkippedCount, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,14 @@ def entry_from_proto(message: pb.CacheHistoryEntry) -> CacheHistoryEntry:
         ),
         observed_prompt_tokens=(
             message.observed_prompt_tokens if message.HasField("observed_prompt_tokens") else None
+        ),
+        skipped_counts=tuple(
+            SkippedCount(
+                kind=CHANGE_KINDS.get(counted.kind, "unknown"),
+                reason=as_reason(counted.reason),
+                count=counted.count,
+            )
+            for counted in message.skipped_counts
         ),
     )
 

@@ -54,6 +54,16 @@ class SkippedStep:
     message: str  # what the assembly would have failed with under FailurePolicy.FAIL
 
 
+@dataclass(frozen=True)
+class SkippedCount:
+    """How many steps of one kind a reported assembly went on without for one reason (a
+    cache history's entry counts them; the steps themselves are in its report)."""
+
+    kind: ChangeKind  # as SkippedStep.kind
+    reason: Reason | str  # as SkippedStep.reason
+    count: int  # at least 1
+
+
 @dataclass
 class AssembledSection:
     """A prompt section as assembled: text resolved, not yet interpolated."""

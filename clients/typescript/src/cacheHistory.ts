@@ -1,7 +1,7 @@
 /** Prompt-cache history: reading it, and reading a model server's usage to report against it. */
 
 import type * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
-import { layoutFromProto, sizeFromProto } from "./convert.js";
+import { CHANGE_KINDS, layoutFromProto, sizeFromProto } from "./convert.js";
 import { invalid } from "./errors.js";
 import type { CacheHistory, CacheHistoryEntry } from "./types.js";
 
@@ -78,6 +78,11 @@ export function entryFromProto(message: pb.CacheHistoryEntry | undefined): Cache
     recomputed: sizeFromProto(message?.recomputed),
     observedCachedTokens: optional(message?.observedCachedTokens),
     observedPromptTokens: optional(message?.observedPromptTokens),
+    skippedCounts: (message?.skippedCounts ?? []).map((counted) => ({
+      kind: CHANGE_KINDS[counted.kind] ?? "unknown",
+      reason: counted.reason,
+      count: counted.count,
+    })),
   };
 }
 

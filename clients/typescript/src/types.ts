@@ -207,6 +207,16 @@ export interface SkippedStep {
   message: string;
 }
 
+/** How many steps of one kind a reported assembly went on without for one reason (a cache history's entry counts them; the steps themselves are in its report). */
+export interface SkippedCount {
+  /** As `SkippedStep.kind`. */
+  kind: ChangeKind;
+  /** As `SkippedStep.reason`. */
+  reason: string;
+  /** At least 1. */
+  count: number;
+}
+
 /** What the model is told: sections, contexts, tools and resolved variables. */
 export interface PromptAssembly {
   sections: AssembledSection[];
@@ -352,6 +362,8 @@ export interface CacheHistoryEntry {
   /** What the model server said (`reportUsage`). */
   observedCachedTokens?: number | undefined;
   observedPromptTokens?: number | undefined;
+  /** The steps it went on without, by kind and reason in the order first skipped; empty when complete. */
+  skippedCounts: SkippedCount[];
 }
 
 /** How often the prefix broke for one history key, which parts broke it, and the cost. */

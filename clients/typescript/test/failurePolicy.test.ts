@@ -80,3 +80,28 @@ test("failurePolicy on a static value, or not a policy, is refused in the client
   const listing = await client.snapshot();
   assert.deepEqual(listing.registrations.filter((r) => r.dynamic).map((r) => r.name), []);
 });
+
+test("the cache history counts each reported assembly's skipped steps by kind and reason", async () => {
+  const client = await harness.connect();
+  const probe = (context: dsp.AssembleContext): string => {
+    if (context.fields["down"]) throw new Error("the probe is down");
+    return "The probe is up.";
+  };
+  await client.section("probe-a", 20, probe, { failurePolicy: "ignore" });
+  await client.section("probe-b", 21, probe, { failurePolicy: "ignore" });
+  await client.context("cwd", 1, broken, { failurePolicy: "ignore" });
+  await client.assemble({ scope: "agent-h", report: true, reportKey: "history-skips" });
+  await client.assemble({ scope: "agent-h", fields: { down: true }, report: true, reportKey: "history-skips" });
+  const history = await client.cacheHistory({ reportKey: "history-skips" });
+  assert.deepEqual(
+    history.recent.map((entry) => entry.skippedCounts),
+    [
+      [{ kind: "context", reason: dsp.Reason.PROVIDER_FAILED, count: 1 }],
+      [
+        { kind: "section", reason: dsp.Reason.PROVIDER_FAILED, count: 2 },
+        { kind: "context", reason: dsp.Reason.PROVIDER_FAILED, count: 1 },
+      ],
+    ],
+  );
+  assert.equal(history.recent[1]?.firstChanged, 'section "probe-a"');
+});

@@ -4,7 +4,8 @@ A key is the assembly's scope unless the caller names one (`report_key`, e.g.
 one per conversation), so two agents sharing a scope need not see each
 other's assemblies as breaks. Everything is bounded: `depth` recent reports
 per key, `max_keys` keys and `max_bytes` of memory (prefix text, diffs, records, the
-first `MAX_SKIPPED` steps each report went on without); the least recently reported
+first `MAX_SKIPPED` steps each report went on without and the counts of all of them by
+kind and reason); the least recently reported
 keys go first, and the sidecar remembers (up to `4 * max_keys`) which keys it evicted
 so it never calls them new.
 """
@@ -17,7 +18,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from ..registry import Skipped
+from ..registry import Kind, Skipped
 from .values import Layout, Previous, Report, Size
 
 MAX_BREAKERS = 16  # parts counted per key; the least counted goes to make room
@@ -27,6 +28,7 @@ _ENTRY_BYTES = 400  # one summarised report (a HistoryEntry and its Sizes)
 MAX_SKIPPED = 4  # skipped steps kept per report; the rest are counted
 MAX_SKIPPED_MESSAGE = 240  # characters of a kept step's message
 _STEP_BYTES = 120  # a kept Skipped and its slot, besides its name and message
+_COUNT_BYTES = 100  # a SkippedCount and its slot, besides its reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,15 @@ class HistoryKey:
 
 
 @dataclass(frozen=True, slots=True)
+class SkippedCount:
+    """How many steps of one kind a reported assembly went on without for one reason."""
+
+    kind: Kind
+    reason: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class HistoryEntry:
     """One reported assembly, summarised; `observed_*` arrive later from the model server."""
 
@@ -64,11 +75,17 @@ class HistoryEntry:
     observed_prompt_tokens: int | None = None
     at: float = field(default_factory=time.time)  # when it was reported (Unix seconds)
     skipped: tuple[Skipped, ...] = ()  # the first MAX_SKIPPED steps it went on without
-    skipped_count: int = 0  # all of them
+    # all of them by kind and reason (at most a pair per provider kind or listener and reason)
+    skipped_counts: tuple[SkippedCount, ...] = ()
 
     @property
     def broke(self) -> bool:
         return self.has_previous and bool(self.reason)
+
+    @property
+    def skipped_count(self) -> int:
+        """All the steps it went on without."""
+        return sum(counted.count for counted in self.skipped_counts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,11 +231,12 @@ def _kept_bytes(kept: KeyHistory, depth: int) -> int:
 
 
 def _skipped_bytes(entry: HistoryEntry) -> int:
-    """What an entry's kept steps count against the budget, beyond `_ENTRY_BYTES`."""
-    return sum(
+    """What an entry's kept steps and counts count against the budget, beyond `_ENTRY_BYTES`."""
+    steps = sum(
         _STEP_BYTES + sys.getsizeof(step.name) + sys.getsizeof(step.message)
         for step in entry.skipped
     )
+    return steps + sum(_COUNT_BYTES + sys.getsizeof(c.reason) for c in entry.skipped_counts)
 
 
 def _history_entry(sequence: int, revision: int, report: Report) -> HistoryEntry:
@@ -238,8 +256,16 @@ def _history_entry(sequence: int, revision: int, report: Report) -> HistoryEntry
             replace(step, message=step.message[:MAX_SKIPPED_MESSAGE])
             for step in report.skipped[:MAX_SKIPPED]
         ),
-        skipped_count=len(report.skipped),
+        skipped_counts=_skipped_counts(report.skipped),
     )
+
+
+def _skipped_counts(steps: tuple[Skipped, ...]) -> tuple[SkippedCount, ...]:
+    """The steps counted by kind and reason, each pair where it was first skipped."""
+    counted: dict[tuple[Kind, str], int] = {}
+    for step in steps:
+        counted[step.kind, step.reason] = counted.get((step.kind, step.reason), 0) + 1
+    return tuple(SkippedCount(kind, reason, count) for (kind, reason), count in counted.items())
 
 
 def _count(kept: KeyHistory, entry: HistoryEntry) -> list[str]:

@@ -438,6 +438,10 @@ def skipped_to_proto(step: Skipped) -> pb.SkippedStep:
     )
 
 
+def change_kind_to_proto(kind: Kind) -> pb.ChangeKind.ValueType:
+    return _CHANGE_KINDS[kind]
+
+
 def skipped_trailer(steps: Sequence[Skipped]) -> str:
     """`kind:ref:REASON` per skipped step, comma-separated (ASCII, whatever the names):
     `listener:3f9ac1d2e4b5a697:LISTENER_TIMEOUT,section:0b1c...:PROVIDER_FAILED`."""

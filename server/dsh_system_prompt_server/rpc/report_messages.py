@@ -7,7 +7,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from ..registry import Origin, OriginKind, PartKind
 from ..reports.history import HistoryEntry, HistoryKey, KeyHistory
 from ..reports.values import Layout, Report, Size
-from .convert import skipped_to_proto
+from .convert import change_kind_to_proto, skipped_to_proto
 
 _SOURCE_KINDS = {
     OriginKind.BUILTIN: pb.SOURCE_KIND_BUILTIN,
@@ -96,6 +96,12 @@ def history_entry_to_proto(entry: HistoryEntry) -> pb.CacheHistoryEntry:
         recomputed=size_to_proto(entry.recomputed),
         observed_cached_tokens=entry.observed_cached_tokens,
         observed_prompt_tokens=entry.observed_prompt_tokens,
+        skipped_counts=[
+            pb.SkippedCount(
+                kind=change_kind_to_proto(counted.kind), reason=counted.reason, count=counted.count
+            )
+            for counted in entry.skipped_counts
+        ],
     )
 
 

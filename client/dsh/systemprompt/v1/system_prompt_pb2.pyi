@@ -2557,6 +2557,7 @@ class CacheHistoryEntry(_message.Message):
     RECOMPUTED_FIELD_NUMBER: _builtins.int
     OBSERVED_CACHED_TOKENS_FIELD_NUMBER: _builtins.int
     OBSERVED_PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    SKIPPED_COUNTS_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """1 for the key's first report, counting up."""
     revision: _builtins.int
@@ -2585,6 +2586,14 @@ class CacheHistoryEntry(_message.Message):
     def recomputed(self) -> Global___Size:
         """What the break made the model server recompute of the prefix."""
 
+    @_builtins.property
+    def skipped_counts(self) -> _containers.RepeatedCompositeFieldContainer[Global___SkippedCount]:
+        """The steps the reported assembly went on without (AssemblyReport.skipped),
+        counted by kind and reason, in the order each pair was first skipped; empty
+        when it was complete. Counts, not the steps: a reader without `values` may
+        read the history (counts and sizes, no text), and a step's message is a client's.
+        """
+
     def __init__(
         self,
         *,
@@ -2600,10 +2609,11 @@ class CacheHistoryEntry(_message.Message):
         recomputed: Global___Size | None = ...,
         observed_cached_tokens: _builtins.int | None = ...,
         observed_prompt_tokens: _builtins.int | None = ...,
+        skipped_counts: _abc.Iterable[Global___SkippedCount] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_observed_cached_tokens", b"_observed_cached_tokens", "_observed_prompt_tokens", b"_observed_prompt_tokens", "_stable_tokens", b"_stable_tokens", "observed_cached_tokens", b"observed_cached_tokens", "observed_prompt_tokens", b"observed_prompt_tokens", "prefix", b"prefix", "recomputed", b"recomputed", "stable_tokens", b"stable_tokens"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_observed_cached_tokens", b"_observed_cached_tokens", "_observed_prompt_tokens", b"_observed_prompt_tokens", "_stable_tokens", b"_stable_tokens", "first_changed", b"first_changed", "has_previous", b"has_previous", "observed_cached_tokens", b"observed_cached_tokens", "observed_prompt_tokens", b"observed_prompt_tokens", "prefix", b"prefix", "prefix_layout", b"prefix_layout", "reason", b"reason", "recomputed", b"recomputed", "revision", b"revision", "sequence", b"sequence", "stable_bytes", b"stable_bytes", "stable_tokens", b"stable_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_observed_cached_tokens", b"_observed_cached_tokens", "_observed_prompt_tokens", b"_observed_prompt_tokens", "_stable_tokens", b"_stable_tokens", "first_changed", b"first_changed", "has_previous", b"has_previous", "observed_cached_tokens", b"observed_cached_tokens", "observed_prompt_tokens", b"observed_prompt_tokens", "prefix", b"prefix", "prefix_layout", b"prefix_layout", "reason", b"reason", "recomputed", b"recomputed", "revision", b"revision", "sequence", b"sequence", "skipped_counts", b"skipped_counts", "stable_bytes", b"stable_bytes", "stable_tokens", b"stable_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__observed_cached_tokens: _TypeAlias = _typing.Literal["observed_cached_tokens"]  # noqa: Y015
     _WhichOneofArgType__observed_cached_tokens: _TypeAlias = _typing.Literal["_observed_cached_tokens", b"_observed_cached_tokens"]  # noqa: Y015
@@ -2619,6 +2629,36 @@ class CacheHistoryEntry(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__stable_tokens) -> _WhichOneofReturnType__stable_tokens | None: ...
 
 Global___CacheHistoryEntry: _TypeAlias = CacheHistoryEntry  # noqa: Y015
+
+@_typing.final
+class SkippedCount(_message.Message):
+    """How many steps of one kind one reported assembly skipped for one reason."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    kind: Global___ChangeKind.ValueType
+    """As SkippedStep.kind."""
+    reason: _builtins.str
+    """As SkippedStep.reason: PROVIDER_FAILED, LISTENER_TIMEOUT, ..."""
+    count: _builtins.int
+    """The steps (at least 1)."""
+    def __init__(
+        self,
+        *,
+        kind: Global___ChangeKind.ValueType = ...,
+        reason: _builtins.str = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "kind", b"kind", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SkippedCount: _TypeAlias = SkippedCount  # noqa: Y015
 
 @_typing.final
 class RenderedPrompt(_message.Message):
