@@ -191,6 +191,7 @@ _REPLIES: dict[str, Callable[[], Any]] = {
     "OpenScope": pb.OpenScopeResponse,
     "Dispose": pb.DisposeResponse,
     "Assemble": pb.AssembleResponse,
+    "GetCacheHistory": pb.GetCacheHistoryResponse,
 }
 
 
@@ -279,6 +280,7 @@ class ScriptedSidecar(pb_grpc.SystemPromptServiceServicer):  # type: ignore[misc
     OpenScope = _unary_rpc("OpenScope")
     Dispose = _unary_rpc("Dispose")
     Assemble = _unary_rpc("Assemble")
+    GetCacheHistory = _unary_rpc("GetCacheHistory")
 
     def _unary(self, method: str, request: Any, context: grpc.ServicerContext) -> Any:
         self.script.unary.append((method, request))

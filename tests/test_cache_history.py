@@ -10,14 +10,17 @@ from typing import Any
 import dsh_system_prompt as dsp
 import grpc
 import pytest
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import Sidecar
 from helpers import ClientOf, SidecarFactory, rejection, report_of
 from processes import cli_output, free_port
+from scripted import Script, ScriptedSidecar
 
 DEEPSEEK = {"prompt_tokens": 1200, "prompt_cache_hit_tokens": 1024, "prompt_cache_miss_tokens": 176}
 ANTHROPIC = {"input_tokens": 20, "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 5}
 OPENAI = {"prompt_tokens": 1500, "prompt_tokens_details": {"cached_tokens": 1280}}
 IGNORE = dsp.FailurePolicy.IGNORE
+grpc_max_workers = 4  # pytest-grpc: each open stream of the scripted sidecar holds a thread
 
 
 def probe(context: dsp.AssembleContext) -> str:
@@ -239,3 +242,44 @@ async def test_each_history_entry_counts_the_steps_its_assembly_skipped_by_kind_
     assert history.recent[-1].first_changed == 'section "probe-0"'  # the skips broke it
     entry = await client.report_usage(DEEPSEEK, report_key="conv")  # the same entry, observed
     assert entry.skipped_counts == counts
+
+
+async def test_cli_cache_history_shows_the_steps_each_report_skipped(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    await skipping_history(client, "conv-8")
+    table = await cli_output("cache-history", "--address", sidecar.address, "--key", "conv-8")
+    (row,) = [line for line in table.splitlines() if line.startswith("│ 2 ")]
+    assert "5 section PROVIDER_FAILED, 1 listener LISTENER_FAILED" in row
+    shown = json.loads(
+        await cli_output("cache-history", "--address", sidecar.address, "--key", "conv-8", "--json")
+    )
+    assert [entry["skipped_counts"] for entry in shown["recent"]] == [
+        [],
+        [
+            {"kind": "section", "reason": "PROVIDER_FAILED", "count": 5},
+            {"kind": "listener", "reason": "LISTENER_FAILED", "count": 1},
+        ],
+    ]
+
+
+class ForgedSkips(Script):
+    """A sidecar whose history counts a skip under a reason with control characters."""
+
+    def answer(self, method: str, request: Any, context: grpc.ServicerContext) -> Any:
+        if method != "GetCacheHistory":
+            return super().answer(method, request, context)
+        forged = pb.SkippedCount(kind=pb.CHANGE_KIND_SECTION, reason="FORGED\n\x1b[31mred", count=2)
+        entry = pb.CacheHistoryEntry(sequence=1, revision=1, skipped_counts=[forged])
+        history = pb.CacheHistory(key='key "k"', reports=1, recent=[entry], recomputed=pb.Size())
+        return pb.GetCacheHistoryResponse(history=history)
+
+
+async def test_cli_cache_history_prints_a_skipped_reasons_control_characters_as_escapes(
+    scripted: ScriptedSidecar,
+) -> None:
+    scripted.script = ForgedSkips()
+    table = await cli_output("cache-history", "--address", scripted.address, "--key", "k")
+    assert "\x1b" not in table
+    (row,) = [line for line in table.splitlines() if line.startswith("│ 1 ")]
+    assert "2 section FORGED\\n\\x1b[31mred" in row

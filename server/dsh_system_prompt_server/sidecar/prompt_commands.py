@@ -243,7 +243,8 @@ def verdict(report: dsp.AssemblyReport) -> list[str]:
 
 
 def _show_history(history: dsp.CacheHistory) -> None:
-    """The key's counts and breakers, then its recent reports in a table."""
+    """The key's counts and breakers, then its recent reports in a table (with the steps
+    each skipped, when one did: often why its prefix broke)."""
     console = styled_console() if sys.stdout.isatty() else Console(width=200, no_color=True)
     key = escape_controls(history.key)  # keys, parts and reasons name the clients' parts
     if not history.reports:
@@ -263,8 +264,9 @@ def _show_history(history: dsp.CacheHistory) -> None:
         console.print(f"  {escape_controls(part)}: {breaks}", highlight=False, markup=False)
     table = Table(title="recent reports, oldest first", title_justify="left")
     columns = ["#", "rev", "first changed", "reason", f"stable {unit}", f"recomputed {unit}"]
-    for column in [*columns, "observed cached"]:
-        left = column in ("first changed", "reason")
+    skipping = any(entry.skipped_counts for entry in history.recent)
+    for column in [*columns, "observed cached", *(["skipped"] if skipping else [])]:
+        left = column in ("first changed", "reason", "skipped")
         table.add_column(column, justify="left" if left else "right")
     for entry in history.recent:
         stable = entry.stable_tokens if unit == "tokens" else entry.stable_bytes
@@ -277,5 +279,13 @@ def _show_history(history: dsp.CacheHistory) -> None:
             str(stable),
             str(recomputed),
             "" if entry.observed_cached_tokens is None else str(entry.observed_cached_tokens),
+            *([_skipped_counts_text(entry.skipped_counts)] if skipping else []),
         )
     console.print(table, markup=False)
+
+
+def _skipped_counts_text(counts: tuple[dsp.SkippedCount, ...]) -> str:
+    """`2 section PROVIDER_TIMEOUT, 1 listener LISTENER_FAILED`, control characters as
+    escapes: a reason this client does not know is the sidecar's text."""
+    shown = ", ".join(f"{counted.count} {counted.kind} {counted.reason}" for counted in counts)
+    return escape_controls(shown)
