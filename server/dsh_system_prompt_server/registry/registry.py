@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from collections import OrderedDict
 from collections.abc import Callable, Collection
 from typing import Literal, TypedDict, TypeVar
 
@@ -19,7 +18,7 @@ from dsh_system_prompt_core import (
 from . import errors
 from .admission import Admission, StaticValue
 from .assembly import steps
-from .assembly.plan import Plan, plan_of
+from .assembly.plan import Plan
 from .callbacks.cache import CallbackCache
 from .callbacks.ejection import Budget, Ejector
 from .callbacks.listener_index import ListenerIndex
@@ -48,9 +47,9 @@ from .model import (
     VariableRegistration,
     new_id,
 )
+from .plan_cache import PlanCache
 from .settings import RegistrySettings, settings_keys
 
-_PLANS_KEPT = 1024  # scopes whose plan is remembered between assemblies
 _UPDATABLE = frozenset({Kind.SECTION, Kind.CONTEXT, Kind.VARIABLE, Kind.TOOLS})
 
 E = TypeVar("E", bound=AnyRegistration)
@@ -79,7 +78,7 @@ class Registry:
         self._admission = Admission(lambda: self.settings)
         self.clients = self._admission.clients  # the layer above binds each owner to a client
         self._listeners = ListenerIndex()
-        self._plans: OrderedDict[str | None, Plan] = OrderedDict()
+        self._plans = PlanCache(self._layers, self._scopes, self._listeners)
         self.callbacks = CallbackCache(max_bytes=self.settings.limits.max_callback_cache_bytes)
         self.ejector = Ejector(self._remove, lambda: self.settings.eject_after_timeouts)
         self._builtins: dict[str, SectionRegistration] = {}
@@ -360,26 +359,7 @@ class Registry:
             self.limits.check_name("scope", scope)
             if not self._scopes.knows(scope):
                 scope = None
-        plan = self._plans.get(scope)
-        if plan is not None and plan.revision == self.revision:
-            self._plans.move_to_end(scope)
-            return plan
-        plan = self._make_plan(scope)
-        self._plans[scope] = plan
-        if len(self._plans) > _PLANS_KEPT:
-            self._plans.popitem(last=False)
-        return plan
-
-    def _make_plan(self, scope: str | None) -> Plan:
-        chain = self._scopes.chain(scope)
-        layers = self._layers.along(chain)
-        return plan_of(
-            self.revision,
-            chain,
-            layers,
-            self.settings.include_runtime_context,
-            self._listeners.admitted(chain),
-        )
+        return self._plans.plan(scope, self.revision, self.settings.include_runtime_context)
 
     # -- cached callback answers -------------------------------------------------------
 
