@@ -26,7 +26,13 @@ import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server import load_config
-from dsh_system_prompt_server.rpc.guard.shares import Shares, ShareSettings, wire_s
+from dsh_system_prompt_server.rpc.guard.shares import (
+    CALL_S,
+    MESSAGE_S,
+    Shares,
+    ShareSettings,
+    wire_s,
+)
 from dsh_system_prompt_server.sidecar.reload import Reloader
 from helpers import SidecarFactory, next_events
 
@@ -261,6 +267,60 @@ async def test_a_call_waits_for_its_share_at_most_max_wait_s() -> None:
     assert 0.1 <= time.monotonic() - started < 0.3
 
 
+async def _let_go_times(shares: Shares, key: str, count: int) -> list[float]:
+    """When each of `count` calls of `key`, all waiting at once, was let go."""
+    started, times = time.monotonic(), []
+
+    async def call() -> None:
+        await shares.turn(key)
+        times.append(time.monotonic() - started)
+
+    await asyncio.gather(*(call() for _ in range(count)))
+    return times
+
+
+async def test_past_max_wait_s_a_clients_waiting_calls_go_one_every_overdue_gap_s() -> None:
+    shares = Shares(ShareSettings(max_wait_s=0.1, overdue_gap_s=0.05, floor=0.0, refresh_s=0.0))
+    shares.late(1.0, 1.0)
+    shares.charge("hog", 100.0)  # over throughout: each of its calls goes only as overdue
+    shares.charge("light", 0.001)
+    times = await _let_go_times(shares, "hog", 5)
+    assert times[0] >= 0.1
+    assert times[-1] - times[0] >= 4 * 0.05 * 0.9, times  # not five at once after 0.1 s
+    assert shares.waiting("hog") == 0
+
+
+async def test_a_clients_waiting_calls_go_one_at_a_time_each_within_its_share() -> None:
+    settings = ShareSettings(window_s=0.2, floor=0.5, refresh_s=0.0, max_wait_s=10.0)
+    shares = Shares(settings)
+    shares.late(1.0, 1.0)
+    shares.charge("hog", 0.5)  # decays to its share (the floor split: 0.25) in ~0.4 s
+    shares.charge("light", 0.001)
+    within = []
+
+    async def call() -> None:
+        await shares.turn("hog")
+        within.append(shares.use("hog") <= shares.fair_share() * settings.over)
+        shares.charge("hog", 0.02)  # the call's first step, before the next is looked at
+
+    await asyncio.gather(*(call() for _ in range(6)))
+    assert within == [True] * 6
+
+
+async def test_a_call_cancelled_while_it_waits_leaves_its_clients_line() -> None:
+    shares = Shares(ShareSettings(max_wait_s=0.1, floor=0.0, refresh_s=0.0))
+    shares.late(1.0, 1.0)
+    shares.charge("hog", 100.0)
+    shares.charge("light", 0.001)
+    first = asyncio.create_task(shares.turn("hog"))
+    second = asyncio.create_task(shares.turn("hog"))
+    await asyncio.sleep(0.01)
+    assert shares.waiting("hog") == 2
+    first.cancel()
+    await asyncio.wait_for(second, 1.0)
+    assert first.cancelled() and shares.waiting("hog") == 0
+
+
 def test_the_split_is_among_the_clients_charged_within_the_window() -> None:
     clock = Clock()
     shares = late_shares(clock)
@@ -352,6 +412,50 @@ async def test_a_request_refused_for_its_size_costs_its_client_its_bytes(
     shares = sidecar.state.shares
     # gRPC's work for the 15 MiB received, though the servicer refused each by its size
     assert shares.use(HOG) * shares.settings.window_s > 0.5 * wire_s(5 * request.ByteSize())
+
+
+async def counting_sidecar(make_sidecar: SidecarFactory, tmp_path: Path) -> Any:
+    """A sidecar with credentials whose shares forget nothing within the test."""
+    sidecar = await make_sidecar(**credentials(tmp_path))
+    shares = sidecar.state.shares
+    shares.settings = dataclasses.replace(shares.settings, window_s=1000.0)
+    return sidecar
+
+
+def charged_s(sidecar: Any, key: str) -> float:
+    shares = sidecar.state.shares
+    return float(shares.use(key) * shares.settings.window_s)
+
+
+async def test_each_call_costs_its_client_grpcs_work_for_it_however_little_its_steps_take(
+    make_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    sidecar = await counting_sidecar(make_sidecar, tmp_path)
+    async with dsp.connect(sidecar.address, token=TOKENS["hog"]) as client:
+        before = charged_s(sidecar, HOG)
+        for _ in range(100):  # answered from the response cache: steps of microseconds
+            await client.assemble()
+    assert charged_s(sidecar, HOG) - before >= 0.9 * 100 * CALL_S
+
+
+async def test_each_message_a_stream_reads_costs_its_client_grpcs_work_for_it(
+    make_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    sidecar = await counting_sidecar(make_sidecar, tmp_path)
+    metadata = (("authorization", f"Bearer {TOKENS['hog']}"),)
+    async with grpc.aio.insecure_channel(sidecar.address) as channel:
+        stub = pb_grpc.SystemPromptServiceStub(channel)
+        session = stub.OpenSession(metadata=metadata)
+        await session.write(pb.OpenSessionRequest(start=pb.SessionStart(client_name="s")))
+        await session.read()
+        before = charged_s(sidecar, HOG)
+        for index in range(100):  # read by the sidecar and answered with nothing
+            invalidate = pb.CacheInvalidate(invalidate_id=index + 1)
+            await session.write(pb.OpenSessionRequest(invalidate=invalidate))
+        await session.done_writing()  # the session ends once the sidecar read them all
+        while await session.read() is not grpc.aio.EOF:
+            pass
+    assert charged_s(sidecar, HOG) - before >= 0.9 * 100 * MESSAGE_S
 
 
 async def test_a_drained_sidecar_stops_measuring_its_loop(make_sidecar: SidecarFactory) -> None:
