@@ -116,16 +116,24 @@ def _parsing(behaviour: Behaviour, method: str) -> Behaviour:
     return parse_then
 
 
-class _ParsingStream:
-    """A stream's context whose reads parse the peer's bytes as `method`'s messages (a Failure,
-    INVALID_VALUE, for bytes that are none); everything else is the context's."""
+class ContextAround:
+    """A call's context with some of its methods changed by a subclass (its reads, its
+    writes); everything else is the context's."""
 
-    def __init__(self, context: Context, method: str) -> None:
+    def __init__(self, context: Context) -> None:
         self._context = context
-        self._method = method
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)
+
+
+class _ParsingStream(ContextAround):
+    """A stream's context whose reads parse the peer's bytes as `method`'s messages (a Failure,
+    INVALID_VALUE, for bytes that are none)."""
+
+    def __init__(self, context: Context, method: str) -> None:
+        super().__init__(context)
+        self._method = method
 
     async def read(self) -> Any:
         data = await self._context.read()

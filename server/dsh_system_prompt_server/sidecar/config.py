@@ -14,6 +14,7 @@ from ..reports.tokens import TOKENIZERS
 from ..reports.values import DEFAULT_LAYOUT, Layout
 from ..rpc.addresses import AddressError, host_and_port, is_loopback
 from ..rpc.guard.policy import ADMIN, Credential, Grants, Role
+from ..rpc.guard.shares import DEFAULT_LAG_S
 from .config_values import (
     ConfigError,
     check_pem,
@@ -71,7 +72,7 @@ class SidecarConfig:
     watch_buffer: int = 1024
     prompt_coalesce_s: float = 0.1  # a prompt watcher's wait for a burst of changes to end
     watch_coalesce_s: float = 0.005  # a batching change watcher's wait for a burst to end
-    fair_share_lag_s: float = 0.002  # how late the loop may run before clients get equal shares
+    fair_share_lag_s: float = DEFAULT_LAG_S  # how late the loop may run before shares apply
     reflection: bool | None = None  # None: on when listening on loopback or a unix socket
     log_level: str = "info"
     log_format: LogFormat = "text"
@@ -246,7 +247,7 @@ def _callback_timeout(raw: dict[str, Any]) -> float:
 
 def _fair_share_lag(raw: dict[str, Any]) -> float:
     # a loop that late has long failed its callers
-    return _seconds_up_to(raw, "fair_share_lag_s", 0.002, MAX_FAIR_SHARE_LAG_S, " (never)")
+    return _seconds_up_to(raw, "fair_share_lag_s", DEFAULT_LAG_S, MAX_FAIR_SHARE_LAG_S, " (never)")
 
 
 def _watch_coalesce(raw: dict[str, Any]) -> float:

@@ -26,7 +26,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
 
 from ...registry import Registry, ServiceError, Status
-from ..handlers import RAW_REQUESTS, request_of
+from ..handlers import RAW_REQUESTS, ContextAround, request_of
 from ..status import abort
 from .access import describe, session_of
 from .clients import CALLER
@@ -221,19 +221,16 @@ def _wrapped(handler: Any, call: _Call) -> Any:
     return make(unary, **options)
 
 
-class _CheckedStream:
+class _CheckedStream(ContextAround):
     """A stream's context whose first message read is checked before the service sees it,
     and whose SessionOpened binds the session to the credential."""
 
     def __init__(self, context: Any, call: _Call, credential: Credential) -> None:
-        self._context = context
+        super().__init__(context)
         self._call = call
         self._credential = credential
         self._first = True
         self._session = ""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._context, name)
 
     async def read(self) -> Any:
         message = await self._context.read()
