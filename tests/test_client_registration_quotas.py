@@ -166,6 +166,25 @@ async def test_a_loopback_connection_at_its_quotas_does_not_stop_another_connect
         await agent_listens_and_registers(sidecar.address, 1000)
 
 
+async def test_on_a_unix_socket_without_credentials_a_session_at_its_quotas_does_not_stop_another(
+    make_sidecar: SidecarFactory, unix_address: str
+) -> None:
+    # Nothing tells the clients of a unix socket apart (test_client_quotas.py): what a
+    # session registers counts against the session itself, so none takes all of them.
+    sidecar = await make_sidecar(unix_address, limits=LIMITS)
+    async with dsp.connect(sidecar.address) as hog:
+        scope = await hog.scope("hog")
+        await scope.section("text", 1, "t" * 1000)
+        for _ in range(2):
+            await hog.on_assemble(passthrough)
+        who = f"the session {hog.session_id}"
+        assert_quota_exceeded(await rejection(hog.on_assemble(passthrough)), refused_listener(who))
+        assert_quota_exceeded(
+            await rejection(scope.variable("more", "m")), refused_bytes(who, 1000, 1)
+        )
+        await agent_listens_and_registers(sidecar.address, 1000)
+
+
 # -- what a client held is given back ----------------------------------------------------
 
 

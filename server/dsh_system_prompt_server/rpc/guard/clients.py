@@ -14,7 +14,8 @@ In order of what is known about the call:
 3. nobody, on a unix socket without credentials: gRPC names every such peer `unix:`,
    and grpcio exposes neither the socket nor its SO_PEERCRED (uid, pid), not even
    under local credentials (grpc/grpc#15511, #28755); only the sidecar-wide limits
-   apply there, and the socket file's permissions are the boundary.
+   bound its sessions and watches there (the socket file's permissions are the
+   boundary), and what a session registers counts against the session itself.
 """
 
 from __future__ import annotations

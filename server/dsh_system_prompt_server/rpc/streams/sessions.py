@@ -190,7 +190,10 @@ class Sessions(Broker[pb.OpenSessionRequest, pb.OpenSessionResponse, Session]):
             requests=self._requests,
         )
         session.on_invalidate = lambda request: self._invalidate(session, request)
-        self._registry.clients.bind(session.id, client)  # its bytes and listeners count there
+        # its bytes and listeners count against its client; a session whose client the
+        # sidecar cannot tell apart (a unix socket without credentials) is its own client
+        owner = client or Client(f"session:{session.id}", f"the session {session.id}")
+        self._registry.clients.bind(session.id, owner)
         self._open[session.id] = session
         opened = pb.SessionOpened(
             session_id=session.id,
