@@ -17,7 +17,7 @@ import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import Sidecar
 from helpers import SidecarFactory, eventually, tool
-from processes import cli, running, sidecar_command
+from processes import cli, running, serve, sidecar_command
 from scripted import CALL_TIMEOUT_S, End, Peer, Script, ScriptedSidecar, fail, opened
 
 grpc_max_workers = 8  # pytest-grpc: each open stream of the scripted sidecar holds a thread
@@ -178,6 +178,26 @@ async def test_assemble_on_a_terminal_shows_tool_names_and_the_prompt_with_contr
     assert "\x1b]" not in out
     assert "bash\\x1b]0;pwned\\x07[bold]" in out
     assert "Be \\x1b]0;pwned\\x07precise." in out
+
+
+# -- the sidecar's own log lines ---------------------------------------------------------
+
+
+async def test_the_sidecars_text_log_shows_a_skipped_steps_message_with_controls_escaped() -> None:
+    ignore = dsp.FailurePolicy.IGNORE
+    async with (
+        serve("--listen", "127.0.0.1:0", "--log-format", "text") as served,
+        dsp.connect(served.address) as client,
+    ):
+        await client.section("cwd", 20, hostile_failure, failure_policy=ignore)
+        assembly = await client.assemble()
+        assert [step.name for step in assembly.skipped] == ["cwd"]
+        await eventually(lambda: "went on without" in served.logs(), "the warning")
+        logs = served.logs()
+    assert "\x1b" not in logs
+    (line,) = lines_with("went on without", logs)
+    assert f"no {SHOWN}" in line
+    assert not lines_with("forged", logs.replace(line, ""))  # no line of its own
 
 
 # -- the Python client's log lines -------------------------------------------------------

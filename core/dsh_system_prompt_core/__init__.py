@@ -2,8 +2,9 @@
 
 `names` holds the constants of the contract, `render` the strict interpolation,
 `reasons` the catalogue of error reasons, `stepping` how both sides write to a stream
-without a task in between. The client wraps a render failure as
-`dsp.RenderError`; the sidecar answers it with FAILED_PRECONDITION.
+without a task in between, `peer_text` how a peer's text is shown on a terminal or in a
+log line. The client wraps a render failure as `dsp.RenderError`; the sidecar answers it
+with FAILED_PRECONDITION.
 """
 
 from .names import (
@@ -22,6 +23,7 @@ from .names import (
     is_variable_name,
     package_version,
 )
+from .peer_text import escape_controls
 from .reasons import Reason
 from .render import (
     RenderFailure,
@@ -50,6 +52,7 @@ __all__ = [
     "Reason",
     "RenderFailure",
     "check_template",
+    "escape_controls",
     "interpolate",
     "is_variable_name",
     "package_version",

@@ -4,12 +4,12 @@ options, the consoles it prints on and how it shows text a peer chose."""
 from __future__ import annotations
 
 import argparse
-import unicodedata
 from pathlib import Path
 from typing import Any
 
 import dsh_system_prompt as dsp
 import grpc
+from dsh_system_prompt_core import escape_controls
 from rich.console import Console
 
 EXIT_OK = 0
@@ -69,20 +69,6 @@ def _read(path: str) -> bytes:
 
 def styled_console() -> Console:
     return Console(highlight=False, soft_wrap=True)
-
-
-# Controls, format characters (bidi overrides among them) and line/paragraph separators:
-# what would break the line or reach the terminal as a command rather than as text.
-_CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
-
-
-def escape_controls(text: str) -> str:
-    """`text` with each control character as its repr escape (`\\n`, `\\x1b`, `\\u202e`);
-    printable text (non-ASCII too) as is: for text a peer chose (a name, a message), which
-    must not reach the terminal as commands nor break the line it is shown on."""
-    return "".join(
-        repr(c)[1:-1] if unicodedata.category(c) in _CONTROL_CATEGORIES else c for c in text
-    )
 
 
 def escape_lines(text: str) -> str:

@@ -14,6 +14,7 @@ import sys
 
 import dsh_system_prompt as dsp
 import grpc.aio
+from dsh_system_prompt_core import escape_controls
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from .command_io import (
@@ -22,7 +23,6 @@ from .command_io import (
     EXIT_UNAVAILABLE,
     UNREACHABLE,
     CommandError,
-    escape_controls,
     tls_of,
 )
 from .prompt_commands import assemble, cache_history, render

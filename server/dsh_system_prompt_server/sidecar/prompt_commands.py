@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import dsh_system_prompt as dsp
+from dsh_system_prompt_core import escape_controls
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -22,7 +23,6 @@ from .command_io import (
     EXIT_USAGE,
     CommandError,
     connect,
-    escape_controls,
     escape_lines,
     styled_console,
 )

@@ -10,10 +10,11 @@ import sys
 from typing import Any
 
 import dsh_system_prompt as dsp
+from dsh_system_prompt_core import escape_controls
 from rich.console import Console
 from rich.table import Table
 
-from .command_io import EXIT_OK, connect, escape_controls, escape_lines, styled_console
+from .command_io import EXIT_OK, connect, escape_lines, styled_console
 from .prompt_commands import verdict
 
 

@@ -8,6 +8,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Hashable
 
+from dsh_system_prompt_core import escape_controls
 from pythonjsonlogger.json import JsonFormatter
 
 LOGGER_NAME = "dsh_system_prompt"
@@ -24,11 +25,22 @@ def configure_logging(level: str, log_format: str) -> None:
             )
         )
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(OneLine("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger(LOGGER_NAME)
     logger.handlers[:] = [handler]
     logger.setLevel(level.upper())
     logger.propagate = False
+
+
+class OneLine(logging.Formatter):
+    """The text format, a message's control characters as escapes: a log line is one
+    line, whatever a client named or answered (a newline in a provider's error must not
+    forge a line of its own, nor an ANSI sequence reach the operator's terminal). The JSON
+    format escapes them as JSON does."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)
 
 
 def logger(name: str) -> logging.Logger:
