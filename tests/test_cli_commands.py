@@ -11,7 +11,7 @@ import dsh_system_prompt as dsp
 from dsh_system_prompt_core import package_version
 from dsh_system_prompt_server import Sidecar
 from helpers import IDENTITY, SidecarFactory, eventually, tool
-from processes import cli, free_port, running
+from processes import cli, cli_output, free_port, running
 
 IGNORE = dsp.FailurePolicy.IGNORE
 
@@ -145,7 +145,7 @@ async def test_assemble_json_lists_the_skipped_steps(sidecar: Sidecar, client: d
 
     off = await client.on_assemble(weather, name="weather", failure_policy=IGNORE)
     listed = [info for info in (await client.snapshot()).registrations if info.name == "weather"]
-    _, out, _ = await cli("assemble", "--address", sidecar.address, "--json")
+    out = await cli_output("assemble", "--address", sidecar.address, "--json")  # exit 0
     (step,) = json.loads(out)["skipped"]
     assert step == {
         "kind": "listener",
@@ -157,7 +157,7 @@ async def test_assemble_json_lists_the_skipped_steps(sidecar: Sidecar, client: d
     }
     assert "no weather today" in step["message"]
     await off()
-    _, complete, _ = await cli("assemble", "--address", sidecar.address, "--json")
+    complete = await cli_output("assemble", "--address", sidecar.address, "--json")
     assert json.loads(complete)["skipped"] == []
 
 
