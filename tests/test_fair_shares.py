@@ -279,32 +279,78 @@ async def _let_go_times(shares: Shares, key: str, count: int) -> list[float]:
     return times
 
 
-async def test_past_max_wait_s_a_clients_waiting_calls_go_one_every_overdue_gap_s() -> None:
-    shares = Shares(ShareSettings(max_wait_s=0.1, overdue_gap_s=0.05, floor=0.0, refresh_s=0.0))
+async def test_each_of_a_clients_waiting_calls_goes_after_max_wait_s_at_most() -> None:
+    shares = Shares(ShareSettings(max_wait_s=0.1, floor=0.0, refresh_s=0.0))
     shares.late(1.0, 1.0)
     shares.charge("hog", 100.0)  # over throughout: each of its calls goes only as overdue
     shares.charge("light", 0.001)
     times = await _let_go_times(shares, "hog", 5)
-    assert times[0] >= 0.1
-    assert times[-1] - times[0] >= 4 * 0.05 * 0.9, times  # not five at once after 0.1 s
+    assert times[0] >= 0.1 and times[-1] < 0.5, times  # not each behind the one before
     assert shares.waiting("hog") == 0
+
+
+async def _keep_charging(shares: Shares, key: str, seconds: float) -> None:
+    """`key` a light client that stays counted among those using the loop."""
+    while True:
+        shares.charge(key, seconds)
+        await asyncio.sleep(0.02)
 
 
 async def test_a_clients_waiting_calls_go_one_at_a_time_each_within_its_share() -> None:
     settings = ShareSettings(window_s=0.2, floor=0.5, refresh_s=0.0, max_wait_s=10.0)
     shares = Shares(settings)
     shares.late(1.0, 1.0)
-    shares.charge("hog", 0.5)  # decays to its share (the floor split: 0.25) in ~0.4 s
-    shares.charge("light", 0.001)
-    within = []
+    shares.charge("hog", 0.5)  # over until its rate decays under the floor's split (0.25)
+    light = asyncio.create_task(_keep_charging(shares, "light", 0.0001))
+    within, times, started = [], [], time.monotonic()
 
     async def call() -> None:
         await shares.turn("hog")
         within.append(shares.use("hog") <= shares.fair_share() * settings.over)
+        times.append(time.monotonic() - started)
         shares.charge("hog", 0.02)  # the call's first step, before the next is looked at
 
-    await asyncio.gather(*(call() for _ in range(6)))
+    try:
+        await asyncio.gather(*(call() for _ in range(6)))
+    finally:
+        light.cancel()
     assert within == [True] * 6
+    assert times[-1] - times[0] > 0.2, times  # each after the one before has decayed
+
+
+async def test_a_call_that_comes_while_others_wait_goes_after_them() -> None:
+    shares = Shares(ShareSettings(window_s=1.0, floor=0.0, refresh_s=0.0, max_wait_s=10.0))
+    shares.late(1.0, 1.0)
+    shares.charge("hog", 2.0)
+    shares.charge("light", 0.001)
+    order: list[str] = []
+
+    async def call(name: str) -> None:
+        await shares.turn("hog")
+        order.append(name)
+
+    first = asyncio.create_task(call("first"))
+    await asyncio.sleep(0.01)
+    assert shares.waiting("hog") == 1
+    shares.charge("light", 10.0)  # the split grows: the hog is within its share again
+    await asyncio.wait_for(asyncio.gather(first, call("later")), 1.0)
+    assert order == ["first", "later"]
+
+
+async def test_a_drained_sidecars_shares_let_every_waiting_call_go_at_once() -> None:
+    clock = Clock()  # still: nothing decays, the waits end only by stop()
+    settings = ShareSettings(window_s=10.0, floor=0.0, refresh_s=5.0, max_wait_s=100.0)
+    shares = Shares(settings, clock)
+    shares.late(1.0, 1.0)
+    shares.charge("light", 0.001)
+    clock.now += settings.refresh_s
+    shares.charge("hog", 100.0)
+    waiting = [asyncio.create_task(shares.turn("hog")) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    assert shares.waiting("hog") == 3
+    shares.stop()
+    await asyncio.wait_for(asyncio.gather(*waiting), 1.0)  # not at the next look, 5 s on
+    assert shares.waiting("hog") == 0 and shares.wait_s("hog") == 0
 
 
 async def test_a_call_cancelled_while_it_waits_leaves_its_clients_line() -> None:
@@ -418,7 +464,7 @@ async def counting_sidecar(make_sidecar: SidecarFactory, tmp_path: Path) -> Any:
     """A sidecar with credentials whose shares forget nothing within the test."""
     sidecar = await make_sidecar(**credentials(tmp_path))
     shares = sidecar.state.shares
-    shares.settings = dataclasses.replace(shares.settings, window_s=1000.0)
+    shares.settings = dataclasses.replace(shares.settings, window_s=1000.0, idle=0.0)
     return sidecar
 
 

@@ -12,9 +12,12 @@ overload manager acts only past a threshold, nothing waits while the loop has ti
 to spare (it runs late by less than `fair_share_lag_s`: a timer's lateness says
 both that work is queued and that the process is short of CPU); when it has not,
 the time the clients' calls take is split equally among the clients that use it,
-and one more than 1.25 times over its split waits. A client is one told apart by
-its credential or its address (`share_key`): over loopback or a unix socket without
-credentials nobody waits for anyone.
+and one more than 1.25 times over its split waits, its waiting calls let go one at a
+time, first come first. What a call costs is its steps' time plus what gRPC does
+around them, which no step sees (`CALL_S` a call, `MESSAGE_S` a message the client
+sends on a stream or is sent on a watch, `WIRE_S_PER_BYTE`). A client is one told
+apart by its credential or its address (`share_key`): over loopback or a unix socket
+without credentials nobody waits for anyone.
 """
 
 from __future__ import annotations
@@ -63,7 +66,6 @@ class ShareSettings:
     lag_s: float = DEFAULT_LAG_S
     beat_s: float = 0.025  # how often the loop's lateness is measured
     max_wait_s: float = 2.0  # how long a call or write waits at most before it goes in turn
-    overdue_gap_s: float = 0.025  # past max_wait_s, one waiting call of a client goes this often
     floor: float = 0.5  # a split is at least this much of a whole loop split equally
     window_s: float = 0.5  # how fast a client's measured use forgets (its decay's time)
     refresh_s: float = 0.1  # how often the fair share is recomputed from everyone's use
@@ -98,11 +100,12 @@ class _Line:
         default_factory=collections.deque
     )
     handle: asyncio.Handle | None = None  # when the first one is looked at next
-    overdue_at: float = -math.inf  # when one last went for having waited max_wait_s
 
 
 class Shares:
-    """The clients' use of the loop, and the fair share past which one waits."""
+    """The clients' use of the loop, and the fair share past which one waits. `clock` is
+    the running loop's (waits are timed with its `call_later`), or a test's that never
+    waits."""
 
     def __init__(
         self,
@@ -168,11 +171,10 @@ class Shares:
         """Return once `key` may go on: at once unless the loop is busy and `key` is over
         its fair share or has calls waiting already. A client's waiting calls and writes go
         one at a time, in the order they came, each once the client is back to its share
-        (each call's first step is charged before the next is let go), or once it has
-        waited `max_wait_s`, and then one every `overdue_gap_s` (a client whose streams
-        work for others may stay over its share; its own calls, a Dispose among them,
-        still go on). A call's deadline still ends a wait; None, a client not told apart,
-        never waits."""
+        (the one let go before has taken its first step by then, and counts), or once it
+        has waited `max_wait_s` (a client whose streams work for others may stay over its
+        share; its own calls, a Dispose among them, still go on). A call's deadline still
+        ends a wait; None, a client not told apart, never waits."""
         if key is None:
             return
         line = self._lines.get(key)
@@ -184,8 +186,8 @@ class Shares:
         self.on_wait()
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         line.waiters.append((self._clock(), waiter))
-        if line.handle is None:
-            self._let_go(key)
+        if line.handle is None or not self.wait_s(key):  # back within its share: go now
+            self._look_again(key, line, 0.0)
         await waiter  # one cancelled after it was let go costs the next one a moment only
 
     def waiting(self, key: str) -> int:
@@ -202,21 +204,27 @@ class Shares:
         if not line.waiters:
             del self._lines[key]
             return
-        loop = asyncio.get_running_loop()
-        now, (since, waiter) = self._clock(), line.waiters[0]
+        since, waiter = line.waiters[0]
         wait = self.wait_s(key)
-        overdue = max(
-            since + self.settings.max_wait_s, line.overdue_at + self.settings.overdue_gap_s
-        )
-        if wait and now < overdue:
-            line.handle = loop.call_later(min(wait, overdue - now), self._let_go, key)
+        overdue_in = since + self.settings.max_wait_s - self._clock()
+        if wait and overdue_in > 0:
+            # looked at again at least every refresh_s: the split may have changed
+            self._look_again(key, line, min(wait, overdue_in, self.settings.refresh_s))
             return
-        if wait:
-            line.overdue_at = now
         line.waiters.popleft()
         waiter.set_result(None)
         # after the call let go has taken its first step: its cost counts for the next
-        line.handle = loop.call_soon(self._let_go, key)
+        self._look_again(key, line, 0.0)
+
+    def _look_again(self, key: str, line: _Line, delay: float) -> None:
+        if line.handle is not None:
+            line.handle.cancel()
+        loop = asyncio.get_running_loop()
+        line.handle = (
+            loop.call_soon(self._let_go, key)
+            if delay <= 0
+            else loop.call_later(delay, self._let_go, key)
+        )
 
     async def metered(self, key: str, work: Coroutine[Any, Any, T]) -> T:
         """`work` run to its end, the time of each of its steps counted against `key`."""
@@ -236,11 +244,20 @@ class Shares:
             self._beat = loop.call_later(beat, self._beaten, loop.time() + beat)
 
     def stop(self) -> None:
-        """Stop measuring the loop's lateness."""
+        """Stop measuring the loop's lateness, and let every waiting call go (the sidecar
+        drains: what is in flight is to finish within the grace, not wait its turn)."""
         self.running = False
         if self._beat is not None:
             self._beat.cancel()
             self._beat = None
+        self._lag, self._late_at, self._fair = 0.0, -math.inf, math.inf
+        for line in self._lines.values():
+            if line.handle is not None:
+                line.handle.cancel()
+            for _, waiter in line.waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        self._lines.clear()
 
     def late(self, lag: float, elapsed: float) -> None:
         """Count a timer `lag` seconds late, `elapsed` after the one before."""
@@ -296,24 +313,28 @@ def wire_s(size: int) -> float:
 
 def sharing(shares: Shares) -> Callable[[Behaviour], Behaviour]:
     """A behaviour's calls made to wait for their client's share, and metered against it:
-    their steps; gRPC's work for the call (`CALL_S`) and for each message its stream reads
-    or writes (`MESSAGE_S`, the stream's client paying, whoever the message is for); and
-    the bytes of a unary call's request and encoded response."""
+    their steps; gRPC's work for the call (`CALL_S`) and for each message the client sends
+    on its stream, or is sent on a stream it asked for alone (a watch, a listing;
+    `MESSAGE_S`); and the bytes of a unary call's request and encoded response."""
 
     def around(behaviour: Behaviour) -> Behaviour:
         async def in_turn(request: Any, context: Context) -> Any:
             key = share_key(client_of(context.peer()))
             if key is None:
                 return await behaviour(request, context)
-            await shares.turn(key)
-            cost = CALL_S + wire_s(_size(request))
-            metered = _MeteredStream(context, lambda: shares.charge(key, MESSAGE_S))
             try:
-                response = await shares.metered(key, behaviour(request, metered))
-                cost += wire_s(len(response)) if isinstance(response, bytes) else 0.0
-                return response
-            finally:  # a refused request cost its bytes all the same
-                shares.charge(key, cost)
+                await shares.turn(key)
+            finally:  # counted before its steps, for the next one waiting; a deadline
+                # that ended the wait did not spare gRPC its work
+                shares.charge(key, CALL_S + wire_s(_size(request)))
+            # the messages of a session or listener stream are mostly for others' calls
+            # (invocations): they cost the calls that ask, not the stream's client
+            sent_for_it = isinstance(request, bytes | Message)
+            metered = _MeteredStream(context, lambda: shares.charge(key, MESSAGE_S), sent_for_it)
+            response = await shares.metered(key, behaviour(request, metered))
+            if isinstance(response, bytes):
+                shares.charge(key, wire_s(len(response)))
+            return response
 
         return in_turn
 
@@ -321,11 +342,13 @@ def sharing(shares: Shares) -> Callable[[Behaviour], Behaviour]:
 
 
 class _MeteredStream(ContextAround):
-    """A call's context whose every message read or written costs its client `MESSAGE_S`."""
+    """A call's context whose messages read cost its client `MESSAGE_S` each, and those
+    written too when `writes` (a stream the client asked for alone)."""
 
-    def __init__(self, context: Context, charge: Callable[[], None]) -> None:
+    def __init__(self, context: Context, charge: Callable[[], None], writes: bool) -> None:
         super().__init__(context)
         self._charge = charge
+        self._writes = writes
 
     async def read(self) -> Any:
         message = await self._context.read()
@@ -333,7 +356,8 @@ class _MeteredStream(ContextAround):
         return message
 
     async def write(self, message: Any) -> None:
-        self._charge()
+        if self._writes:
+            self._charge()
         await self._context.write(message)
 
 
