@@ -504,6 +504,26 @@ async def test_each_message_a_stream_reads_costs_its_client_grpcs_work_for_it(
     assert charged_s(sidecar, HOG) - before >= 0.9 * 100 * MESSAGE_S
 
 
+async def test_a_prompt_watchers_first_prompt_costs_its_client_its_bytes(
+    make_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    sidecar = await counting_sidecar(make_sidecar, tmp_path)
+    parts = ["abcdefghijklmn"[index] * 250_000 for index in range(14)]  # 3.5 MB
+    async with (
+        dsp.connect(sidecar.address, token=TOKENS["light"]) as writer,
+        dsp.connect(sidecar.address, token=TOKENS["hog"]) as watcher,
+    ):
+        for index, text in enumerate(parts):
+            await writer.section(f"large-{index}", 5 + index, text)
+        built = await writer.watch_prompt()  # the scope's prompt, built once for both
+        await asyncio.wait_for(anext(built), 10)
+        before = charged_s(sidecar, HOG)
+        prompts = await watcher.watch_prompt()
+        first = await asyncio.wait_for(anext(prompts), 10)
+        assert first.assembly is not None and first.assembly.sections[-1].text == parts[-1]
+        assert charged_s(sidecar, HOG) - before >= wire_s(sum(map(len, parts)))
+
+
 async def test_a_drained_sidecar_stops_measuring_its_loop(make_sidecar: SidecarFactory) -> None:
     sidecar = await make_sidecar()
     assert sidecar.state.shares.running

@@ -293,7 +293,7 @@ class Watches:
         key, sharer = None if client is None else client.key, share_key(client)
         try:
             async with in_flight.reserved(await watch.size(), key):  # given back once written
-                yield await watch.prompt()
+                yield self._charged(sharer, await watch.prompt())
             while True:
                 burst: list[Any] = [await subscription.next()]
                 await asyncio.sleep(self._settings.coalesce_s)
