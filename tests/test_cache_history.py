@@ -263,6 +263,25 @@ async def test_cli_cache_history_shows_the_steps_each_report_skipped(
     ]
 
 
+async def test_a_reason_names_four_skipped_steps_and_counts_the_rest_however_many_failed(
+    client: dsp.Client,
+) -> None:
+    for index in range(50):  # names of 250 bytes: naming them all, the reason would be 14 KB
+        await client.section(
+            f"probe-{index:02}-{'x' * 241}", 20 + index, probe, failure_policy=IGNORE
+        )
+    await report_of(client, key="many")
+    broken = await report_of(client, key="many", down=True)
+    assert len(broken.skipped) == 50  # the report still lists every step
+    named = ", ".join(f'section "{step.name}" ({step.reason})' for step in broken.skipped[:4])
+    assert broken.stability.reason == (
+        f'section "{broken.skipped[0].name}" removed; this assembly skipped {named} and 46 more'
+    )
+    assert len(broken.stability.reason.encode()) < 6 * 256  # a few names of max_name_bytes
+    history = await client.cache_history(report_key="many")
+    assert history.recent[-1].reason == broken.stability.reason
+
+
 class ForgedSkips(Script):
     """A sidecar whose history counts a skip under a reason with control characters."""
 

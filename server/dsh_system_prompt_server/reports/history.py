@@ -19,13 +19,12 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ..registry import Kind, Skipped
-from .values import Layout, Previous, Report, Size
+from .values import MAX_SKIPPED, Layout, Previous, Report, Size
 
 MAX_BREAKERS = 16  # parts counted per key; the least counted goes to make room
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # limits.max_report_history_bytes
 _KEY_BYTES = 4096  # a key's own objects: its history, counts, breakers, the deque
 _ENTRY_BYTES = 400  # one summarised report (a HistoryEntry and its Sizes)
-MAX_SKIPPED = 4  # skipped steps kept per report; the rest are counted
 MAX_SKIPPED_MESSAGE = 240  # characters of a kept step's message
 _STEP_BYTES = 120  # a kept Skipped and its slot, besides its name and message
 _COUNT_BYTES = 100  # a SkippedCount and its slot, besides its reason

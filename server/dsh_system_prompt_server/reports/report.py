@@ -23,11 +23,20 @@ from dsh_system_prompt_core import (
     references,
 )
 
-from ..registry import Assembly, Origin, OriginKind, Origins, PartKey, PartKind, Tool
+from ..registry import (
+    Assembly,
+    Origin,
+    OriginKind,
+    Origins,
+    PartKey,
+    PartKind,
+    Skipped,
+    Tool,
+)
 from .blame import explain
 from .diff import bounded_diff, common_prefix
 from .tokens import Tokenizer
-from .values import Layout, PartPrint, Previous, Report, Size, Stability
+from .values import MAX_SKIPPED, Layout, PartPrint, Previous, Report, Size, Stability
 
 TOOL_SEPARATOR = "\n"  # between two tools' JSON in the tool block
 BLOCK_SEPARATOR = SECTION_SEPARATOR  # between the tool block and the system prompt
@@ -70,9 +79,9 @@ def build_report(
         previous = None
     stability, stable_count = _stability(current, previous, whole, evicted)
     if stability.first_changed and assembly.skipped:  # a step left out may be why it broke
-        skipped = ", ".join(f'{s.kind.value} "{s.name}" ({s.reason})' for s in assembly.skipped)
         stability = replace(
-            stability, reason=f"{stability.reason}; this assembly skipped {skipped}"
+            stability,
+            reason=f"{stability.reason}; this assembly skipped {_skipped_words(assembly.skipped)}",
         )
     report = Report(
         tokenizer=tokenizer.name if tokenizer else "",
@@ -93,6 +102,14 @@ def build_report(
 
 
 _UNKNOWN = Origin(kind=OriginKind.GLOBAL)
+
+
+def _skipped_words(steps: tuple[Skipped, ...]) -> str:
+    """The first `MAX_SKIPPED` steps by name, the rest counted: a reason stays a few names
+    long however many callbacks failed (the history keeps one per recent report)."""
+    named = ", ".join(f'{s.kind.value} "{s.name}" ({s.reason})' for s in steps[:MAX_SKIPPED])
+    more = len(steps) - MAX_SKIPPED
+    return f"{named} and {more} more" if more > 0 else named
 
 
 def _lay_out(

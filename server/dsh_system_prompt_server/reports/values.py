@@ -23,6 +23,9 @@ class Layout(enum.StrEnum):
 
 
 DEFAULT_LAYOUT = Layout.SYSTEM_FIRST  # the harness talks to DeepSeek models
+# Skipped steps a report's reason names and its history entry keeps; the rest are counted,
+# so neither grows with the number of failing callbacks.
+MAX_SKIPPED = 4
 
 
 @dataclass(frozen=True, slots=True)
