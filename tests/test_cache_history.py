@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import urllib.request
 from typing import Any
 
@@ -280,6 +281,70 @@ async def test_a_reason_names_four_skipped_steps_and_counts_the_rest_however_man
     assert len(broken.stability.reason.encode()) < 6 * 256  # a few names of max_name_bytes
     history = await client.cache_history(report_key="many")
     assert history.recent[-1].reason == broken.stability.reason
+
+
+def rewriter(name: str) -> Any:
+    """A listener that rewrites section "turn" when the context names it, so the reason
+    of every report names it: `listener "NAME" changed section "turn"`."""
+
+    async def rewrite(assembly: dsp.PromptAssembly, context: Any, next_: dsp.Next) -> Any:
+        if context.get("who") == name:
+            turn = dsp.AssembledSection("turn", f"Turn {context.get('n')}.")
+            assembly.sections = [turn if s.name == "turn" else s for s in assembly.sections]
+        return await next_(assembly)
+
+    return rewrite
+
+
+SHORT, LONG = "a", "w" * 250
+
+
+async def rewritten_history(client: dsp.Client, key: str, who: str) -> list[str]:
+    """Nine reports of `key` whose section `who` rewrites: the reasons of the 8 kept."""
+    for turn in range(9):
+        await report_of(client, key=key, who=who, n=turn)
+    return [entry.reason for entry in (await client.cache_history(report_key=key)).recent]
+
+
+async def rewriting_client(sidecar: Sidecar) -> dsp.Client:
+    client = await dsp.connect(sidecar.address)
+    await client.section("turn", 10, "Turn 0.")
+    for name in (SHORT, LONG):
+        await client.on_assemble(rewriter(name), name=name)
+    return client
+
+
+async def test_the_history_counts_its_reasons_real_size_and_evicts_at_the_byte_bound(
+    make_sidecar: SidecarFactory,
+) -> None:
+    # Two keys alike but for the listener their reasons name: 1 character or 250.
+    measured = await make_sidecar()
+    client = await rewriting_client(measured)
+    try:
+        short = await rewritten_history(client, "key-s", SHORT)
+        short_bytes = measured.state.reports.bytes
+        long_ = await rewritten_history(client, "key-l", LONG)
+        long_bytes = measured.state.reports.bytes - short_bytes
+    finally:
+        await client.close()
+    assert short[-1] == 'listener "a" changed section "turn"' and LONG in long_[-1]
+    extra = sum(map(sys.getsizeof, long_)) - sum(map(sys.getsizeof, short))
+    assert extra <= long_bytes - short_bytes <= 2 * extra  # each kept reason, as it is held
+    # Room for three short keys and one key's longer reasons: the third long key evicts.
+    bound = 3 * short_bytes + extra
+    bounded = await make_sidecar(limits={"max_report_history_bytes": bound})
+    client = await rewriting_client(bounded)
+    try:
+        for key in ("key-0", "key-1", "key-2"):
+            await rewritten_history(client, key, LONG)
+        kept = [
+            not (await client.cache_history(report_key=k)).evicted
+            for k in ("key-0", "key-1", "key-2")
+        ]
+    finally:
+        await client.close()
+    assert kept == [False, True, True]
+    assert bounded.state.reports.bytes == 2 * long_bytes <= bound  # the two kept, no more
 
 
 class ForgedSkips(Script):

@@ -3,19 +3,20 @@
 A key is the assembly's scope unless the caller names one (`report_key`, e.g.
 one per conversation), so two agents sharing a scope need not see each
 other's assemblies as breaks. Everything is bounded: `depth` recent reports
-per key, `max_keys` keys and `max_bytes` of memory (prefix text, diffs, records, the
-first `MAX_SKIPPED` steps each report went on without and the counts of all of them by
-kind and reason); the least recently reported
-keys go first, and the sidecar remembers (up to `4 * max_keys`) which keys it evicted
-so it never calls them new.
+per key, `max_keys` keys and `max_bytes` of memory (prefix text, diffs, records with
+their reasons, the first `MAX_SKIPPED` steps each report went on without and the counts
+of all of them by kind and reason, each counted as Python holds it); the least
+recently reported keys go first, and the sidecar remembers (up to `4 * max_keys`)
+which keys it evicted so it never calls them new.
 """
 
 from __future__ import annotations
 
+import enum
 import sys
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Literal
 
 from ..registry import Kind, Skipped
@@ -23,11 +24,8 @@ from .values import MAX_SKIPPED, Layout, Previous, Report, Size
 
 MAX_BREAKERS = 16  # parts counted per key; the least counted goes to make room
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # limits.max_report_history_bytes
-_KEY_BYTES = 4096  # a key's own objects: its history, counts, breakers, the deque
-_ENTRY_BYTES = 400  # one summarised report (a HistoryEntry and its Sizes)
+_KEY_BYTES = 4096  # a key's own objects: its KeyHistory, the deque, the dicts' slots
 MAX_SKIPPED_MESSAGE = 240  # characters of a kept step's message
-_STEP_BYTES = 120  # a kept Skipped and its slot, besides its name and message
-_COUNT_BYTES = 100  # a SkippedCount and its slot, besides its reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +108,23 @@ class KeyHistory:
     recomputed_bytes: int = 0
     recomputed_tokens: int | None = None
     last_break: Break | None = None
+    # What each of its parts counts against the budget (`_held_bytes`, Previous.memory):
+    own_bytes: int = _KEY_BYTES
+    previous_bytes: int = 0
+    entry_bytes: deque[int] = field(default_factory=deque)  # each of `recent`'s, in order
+    break_bytes: int = 0
+    breaker_bytes: int = 0  # the breakers' names
+
+    @property
+    def bytes(self) -> int:
+        """What it counts against the history's budget: everything it keeps."""
+        return (
+            self.own_bytes
+            + self.previous_bytes
+            + sum(self.entry_bytes)
+            + self.break_bytes
+            + self.breaker_bytes
+        )
 
     def top_breakers(self) -> list[tuple[str, int]]:
         return sorted(self.breakers.items(), key=lambda item: (-item[1], item[0]))
@@ -138,6 +153,11 @@ class ReportHistory:
         self._bytes = 0
         self.version = 0  # grows at every report and usage: watchers see something new
 
+    @property
+    def bytes(self) -> int:
+        """What the kept histories count against `max_bytes`."""
+        return self._bytes
+
     def history_keys(self) -> list[HistoryKey]:
         """The keys kept, the most recently reported last."""
         return list(self._keys)
@@ -159,34 +179,33 @@ class ReportHistory:
     ) -> Remembered:
         """Keep `report` (and `previous` to compare the next with) as the key's latest."""
         kept = self._keys.get(key)
+        counted = 0 if kept is None else kept.bytes  # what it counted until now
         if kept is None:
-            kept = KeyHistory(previous=None, recent=deque(maxlen=self.depth))
+            kept = KeyHistory(
+                previous=None,
+                recent=deque(maxlen=self.depth),
+                own_bytes=_KEY_BYTES + _held_bytes(key),
+                entry_bytes=deque(maxlen=self.depth),
+            )
             self._keys[key] = kept
             self._evicted.pop(key, None)
-            self._bytes += _KEY_BYTES + self.depth * _ENTRY_BYTES
         self._keys.move_to_end(key)
-        if kept.previous is not None:
-            self._bytes -= kept.previous.memory()
         kept.previous = previous
-        self._bytes += previous.memory()
+        kept.previous_bytes = previous.memory()
         entry = _history_entry(kept.reports + 1, revision, report)
         dropped = _count(kept, entry)
-        if len(kept.recent) == kept.recent.maxlen:
-            self._bytes -= _skipped_bytes(kept.recent[0])
         kept.recent.append(entry)
-        self._bytes += _skipped_bytes(entry)
+        kept.entry_bytes.append(_held_bytes(entry))  # the oldest's goes with it
         if entry.broke:
-            stability = report.stability
-            if kept.last_break is not None:
-                self._bytes -= sys.getsizeof(kept.last_break.diff)
             kept.last_break = Break(
                 sequence=entry.sequence,
                 at=entry.at,
                 first_changed=entry.first_changed,
                 reason=entry.reason,
-                diff=stability.diff,
+                diff=report.stability.diff,
             )
-            self._bytes += sys.getsizeof(stability.diff)
+            kept.break_bytes = _held_bytes(kept.last_break)  # its texts counted here too
+        self._bytes += kept.bytes - counted
         self.version += 1
         return Remembered(
             entry=entry, forgotten_keys=self._make_room(key), forgotten_breakers=dropped
@@ -201,6 +220,9 @@ class ReportHistory:
             kept.recent[-1], observed_cached_tokens=cached, observed_prompt_tokens=prompt
         )
         kept.recent[-1] = entry
+        counted = _held_bytes(entry)
+        self._bytes += counted - kept.entry_bytes[-1]
+        kept.entry_bytes[-1] = counted
         self.version += 1
         return entry
 
@@ -213,7 +235,7 @@ class ReportHistory:
             if key == keep:  # never the key just reported
                 self._keys[key] = kept
                 continue
-            self._bytes -= _kept_bytes(kept, self.depth)
+            self._bytes -= kept.bytes
             forgotten.append((key, list(kept.breakers)))
             self._evicted[key] = None
             while len(self._evicted) > 4 * self.max_keys:
@@ -221,21 +243,29 @@ class ReportHistory:
         return forgotten
 
 
-def _kept_bytes(kept: KeyHistory, depth: int) -> int:
-    """What one key's history counts against the budget (as `remember` added it)."""
-    previous = 0 if kept.previous is None else kept.previous.memory()
-    diff = 0 if kept.last_break is None else sys.getsizeof(kept.last_break.diff)
-    skipped = sum(_skipped_bytes(entry) for entry in kept.recent)
-    return _KEY_BYTES + depth * _ENTRY_BYTES + previous + diff + skipped
+def _held_bytes(value: HistoryKey | HistoryEntry | Break) -> int:
+    """What `value` holds as Python holds it: sys.getsizeof of every object it reaches
+    through dataclass fields and tuples (texts, sizes, numbers, kept steps), each once;
+    enum members are everyone's, so not counted. An object two values share (a reason
+    an entry and the last break both keep) is counted in each."""
+    held: dict[int, object] = {}
+    reach: list[object] = [value]
+    while reach:
+        each = reach.pop()
+        if each is None or isinstance(each, enum.Enum) or id(each) in held:
+            continue
+        held[id(each)] = each
+        if isinstance(each, tuple):
+            reach.extend(each)
+        elif is_dataclass(each):
+            names = _FIELDS.get(type(each))
+            if names is None:
+                names = _FIELDS[type(each)] = tuple(f.name for f in fields(each))
+            reach.extend(getattr(each, name) for name in names)
+    return sum(map(sys.getsizeof, held.values()))
 
 
-def _skipped_bytes(entry: HistoryEntry) -> int:
-    """What an entry's kept steps and counts count against the budget, beyond `_ENTRY_BYTES`."""
-    steps = sum(
-        _STEP_BYTES + sys.getsizeof(step.name) + sys.getsizeof(step.message)
-        for step in entry.skipped
-    )
-    return steps + sum(_COUNT_BYTES + sys.getsizeof(c.reason) for c in entry.skipped_counts)
+_FIELDS: dict[type, tuple[str, ...]] = {}  # each dataclass's field names, looked up once
 
 
 def _history_entry(sequence: int, revision: int, report: Report) -> HistoryEntry:
@@ -280,6 +310,9 @@ def _count(kept: KeyHistory, entry: HistoryEntry) -> list[str]:
     if entry.first_changed not in kept.breakers and len(kept.breakers) >= MAX_BREAKERS:
         least = min(kept.breakers, key=lambda part: (kept.breakers[part], part))
         del kept.breakers[least]
+        kept.breaker_bytes -= sys.getsizeof(least)
         dropped.append(least)
+    if entry.first_changed not in kept.breakers:
+        kept.breaker_bytes += sys.getsizeof(entry.first_changed)
     kept.breakers[entry.first_changed] = kept.breakers.get(entry.first_changed, 0) + 1
     return dropped
