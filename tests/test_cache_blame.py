@@ -107,6 +107,44 @@ async def test_a_variable_a_listener_sets_says_so(client: dsp.Client) -> None:
     )
 
 
+MANY = [f"v{index}" for index in range(10)]
+MANY_TEXT = " ".join(f"{{{{{name}}}}}" for name in MANY)
+
+
+async def test_a_reason_names_four_changed_variables_and_counts_the_rest(
+    client: dsp.Client,
+) -> None:
+    for name in MANY:
+        await client.variable(name, lambda ctx, name=name: f"{name}@{ctx.get('turn')}")
+    await client.section("many", 20, MANY_TEXT)
+    await stability(client, turn=1)
+    after = await stability(client, turn=2)
+    assert after.reason == (
+        'section "many" text changed (variables {{v0}}, {{v1}}, {{v2}}, {{v3}} and 6 more changed)'
+    )
+
+
+async def test_a_reason_names_four_variables_a_listener_set_and_counts_the_rest(
+    client: dsp.Client,
+) -> None:
+    async def setter(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Next):
+        for name in MANY:
+            assembly.variables[name] = f"{name}@{ctx.get('turn')}"
+        return await next_()
+
+    for name in MANY:
+        await client.variable(name, "")
+    await client.section("many", 20, MANY_TEXT)
+    setter.__qualname__ = "setter"
+    await client.on_assemble(setter)
+    await stability(client, turn=1)
+    after = await stability(client, turn=2)
+    said = [f'variable {{{{v{index}}}}} changed, set by listener "setter"' for index in range(4)]
+    assert after.reason == (
+        f'section "many" text changed ({"; ".join(said)}; 6 more variables changed)'
+    )
+
+
 async def test_a_new_shadowing_section_and_its_removal_have_their_own_reasons(
     client: dsp.Client,
 ) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from ..registry import Origin, OriginKind, PartKey, PartKind, Trace
 from .values import PartPrint, Previous
 
+MAX_VARIABLES = 4  # changed variables a reason names; the rest are counted
+
 
 def explain(index: int, current: Previous, previous: Previous) -> tuple[str, str, PartKey]:
     """The first changed part at position `index`, the reason, and the part's key.
@@ -51,24 +53,30 @@ def _changed(now: PartPrint, before: PartPrint, current: Previous, previous: Pre
         return f"{now.label} {what} changed"
     if now.raw == before.raw:
         earlier = dict(before.variables)
-        changed = [
-            (f"{{{{{name}}}}}", _who_set(name, current, previous))
-            for name, value in now.variables
-            if earlier.get(name, value) != value
-        ]
+        changed = [name for name, value in now.variables if earlier.get(name, value) != value]
         if changed:
-            return f"{now.label} text changed ({_variables_changed(changed)})"
+            return f"{now.label} text changed ({_variables_changed(changed, current, previous)})"
     return f"{now.label} text changed"
 
 
-def _variables_changed(changed: list[tuple[str, str]]) -> str:
-    """`variable {{a}} changed`, with who set each one when that is worth saying."""
-    if not any(who for _, who in changed):
+def _variables_changed(changed: list[str], current: Previous, previous: Previous) -> str:
+    """`variable {{a}} changed`, with who set each one when that is worth saying; the
+    first `MAX_VARIABLES` named and the rest counted, so a section referencing thousands
+    of variables, each set by a listener, does not make a reason of megabytes."""
+    named = [
+        (f"{{{{{name}}}}}", _who_set(name, current, previous)) for name in changed[:MAX_VARIABLES]
+    ]
+    more = len(changed) - len(named)
+    if not any(who for _, who in named):
         noun = "variable" if len(changed) == 1 else "variables"
-        return f"{noun} {', '.join(reference for reference, _ in changed)} changed"
-    return "; ".join(
-        f"variable {reference} changed" + (f", {who}" if who else "") for reference, who in changed
-    )
+        references = ", ".join(reference for reference, _ in named)
+        return f"{noun} {references}{f' and {more} more' if more else ''} changed"
+    said = [
+        f"variable {reference} changed" + (f", {who}" if who else "") for reference, who in named
+    ]
+    if more:
+        said.append(f"{more} more variables changed")
+    return "; ".join(said)
 
 
 def _who_set(name: str, current: Previous, previous: Previous) -> str:
