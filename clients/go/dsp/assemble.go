@@ -14,7 +14,8 @@ type AssembleOption func(*assembleRequest)
 type assembleRequest struct {
 	message *pb.AssembleRequest
 	err     error
-	skipped *[]SkippedStep // WithSkipped's
+	skipped *[]SkippedStep  // WithSkipped's
+	report  *AssemblyReport // WithReport's
 }
 
 // WithSkipped sets *into to the steps the assembly went on without (callbacks
@@ -81,6 +82,9 @@ func (c *Client) assemble(ctx context.Context, render bool, opts []AssembleOptio
 	}
 	if request.skipped != nil {
 		*request.skipped = reply.skipped
+	}
+	if request.report != nil && reply.report != nil {
+		*request.report = *reply.report
 	}
 	return reply, nil
 }

@@ -24,6 +24,7 @@ type assembleReply struct {
 	prompt          string
 	contextSnapshot string
 	skipped         []SkippedStep
+	report          *AssemblyReport // when asked for
 }
 
 // replyCodec marshals requests as protobuf and decodes an *assembleReply by hand.
@@ -60,18 +61,28 @@ func (replyCodec) Unmarshal(data []byte, v any) error {
 				}
 				return nil
 			})
+		case 4: // AssembleResponse.report: asked for, and costly on the sidecar anyway
+			var report pb.AssemblyReport
+			if err := proto.Unmarshal(w.data[f.from:f.to], &report); err != nil {
+				return err
+			}
+			reply.report = reportFromProto(&report)
 		case 6: // AssembleResponse.skipped: rare, decoded the plain way
 			var step pb.SkippedStep
 			if err := proto.Unmarshal(w.data[f.from:f.to], &step); err != nil {
 				return err
 			}
-			reply.skipped = append(reply.skipped, SkippedStep{
-				Kind: kindFromProto(step.GetKind()), Name: step.GetName(), Scope: step.GetScope(),
-				Ref: step.GetRef(), Reason: Reason(step.GetReason()), Message: step.GetMessage(),
-			})
+			reply.skipped = append(reply.skipped, skippedFromProto(&step))
 		}
-		return nil // revision, report and cacheable are not returned
+		return nil // revision and cacheable are not returned
 	})
+}
+
+func skippedFromProto(step *pb.SkippedStep) SkippedStep {
+	return SkippedStep{
+		Kind: kindFromProto(step.GetKind()), Name: step.GetName(), Scope: step.GetScope(),
+		Ref: step.GetRef(), Reason: Reason(step.GetReason()), Message: step.GetMessage(),
+	}
 }
 
 func emptyAssembly() *Assembly {

@@ -30,7 +30,7 @@ func TestTheReplyDecoderAgreesWithTheGeneratedCode(t *testing.T) {
 			Rendered:  &pb.RenderedPrompt{Prompt: "P", ContextSnapshot: "S"},
 			Revision:  7,
 			Cacheable: true,
-			Report:    &pb.AssemblyReport{Tokenizer: "ignored"},
+			Report:    &pb.AssemblyReport{Tokenizer: "t", Prompt: &pb.Size{Bytes: 3}},
 		},
 	}
 	for _, reply := range replies {
@@ -57,6 +57,10 @@ func TestTheReplyDecoderAgreesWithTheGeneratedCode(t *testing.T) {
 		}
 		if decoded.prompt != reply.GetRendered().GetPrompt() || decoded.contextSnapshot != reply.GetRendered().GetContextSnapshot() {
 			t.Fatalf("rendered: %q %q", decoded.prompt, decoded.contextSnapshot)
+		}
+		if (decoded.report == nil) != (reply.Report == nil) ||
+			(decoded.report != nil && (decoded.report.Tokenizer != "t" || decoded.report.Prompt.Bytes != 3 || decoded.report.Tools.Tokens != nil)) {
+			t.Fatalf("the report: %+v", decoded.report)
 		}
 	}
 }
