@@ -138,7 +138,7 @@ func (c *Client) WatchChanges(ctx context.Context, opts ...WatchOption) (*Change
 	}
 	o := collect(opts)
 	s := &ChangeStream{
-		c: c.c, closing: make(chan struct{}),
+		stopper: stopper{c: c.c, closing: make(chan struct{})},
 		request: &pb.WatchChangesRequest{
 			Filter: &o.filter, AfterRevision: o.after, Incarnation: o.incarnation, Features: watchFeatures,
 		},
@@ -154,15 +154,8 @@ func (c *Client) WatchChanges(ctx context.Context, opts ...WatchOption) (*Change
 	if s.Revision == 0 {
 		s.Revision = s.lastRevision
 	}
-	c.c.mu.Lock()
-	closed := c.c.closed
-	if !closed {
-		c.c.streams[s] = struct{}{}
-	}
-	c.c.mu.Unlock()
-	if closed {
-		s.Close()
-		return nil, errClosed()
+	if err := s.kept(); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
@@ -173,24 +166,15 @@ type ChangeStream struct {
 	// Revision is the registry's revision when the subscription started.
 	Revision uint64
 
-	c        *conn
+	stopper
 	request  *pb.WatchChangesRequest
-	closing  chan struct{}
-	closeMu  sync.Mutex
-	closed   bool
-	cancel   context.CancelFunc
-	messages chan received
+	messages chan received[*pb.WatchChangesResponse]
 
 	incarnation  string
 	lastRevision uint64
 	skipUntil    uint64 // events up to this revision are in a resync's snapshot
 	pending      []Change
 	batched      []*pb.WatchChangesResponse
-}
-
-type received struct {
-	message *pb.WatchChangesResponse
-	err     error
 }
 
 // LastRevision is the last revision delivered (or covered by a gap or a
@@ -201,25 +185,52 @@ func (s *ChangeStream) LastRevision() uint64 { return s.lastRevision }
 func (s *ChangeStream) Incarnation() string { return s.incarnation }
 
 // Close stops watching; a Next waiting returns io.EOF.
-func (s *ChangeStream) Close() {
-	s.closeMu.Lock()
-	defer s.closeMu.Unlock()
-	if !s.closed {
-		s.closed = true
-		close(s.closing)
-		s.c.mu.Lock()
-		delete(s.c.streams, s)
-		s.c.mu.Unlock()
+func (s *ChangeStream) Close() { s.stop() }
+
+// stopper ends a watch (a ChangeStream, a PromptStream) once, by its owner or
+// with its client.
+type stopper struct {
+	c       *conn
+	closing chan struct{}
+	closeMu sync.Mutex
+	closed  bool
+	cancel  context.CancelFunc // the current call's; nil before the first
+}
+
+// kept has the client close the watch with it; a closed client's is closed now.
+func (w *stopper) kept() error {
+	w.c.mu.Lock()
+	closed := w.c.closed
+	if !closed {
+		w.c.streams[w] = struct{}{}
 	}
-	if s.cancel != nil {
-		s.cancel()
+	w.c.mu.Unlock()
+	if closed {
+		w.stop()
+		return errClosed()
+	}
+	return nil
+}
+
+func (w *stopper) stop() {
+	w.closeMu.Lock()
+	defer w.closeMu.Unlock()
+	if !w.closed {
+		w.closed = true
+		close(w.closing)
+		w.c.mu.Lock()
+		delete(w.c.streams, w)
+		w.c.mu.Unlock()
+	}
+	if w.cancel != nil {
+		w.cancel()
 	}
 }
 
-func (s *ChangeStream) isClosed() bool {
-	s.closeMu.Lock()
-	defer s.closeMu.Unlock()
-	return s.closed
+func (w *stopper) isClosed() bool {
+	w.closeMu.Lock()
+	defer w.closeMu.Unlock()
+	return w.closed
 }
 
 // Next returns the next change: a ChangeEvent, a ChangesMissed or a
@@ -367,7 +378,7 @@ func (s *ChangeStream) subscribe(ctx context.Context) error {
 		return io.EOF
 	}
 	s.cancel = cancel
-	s.messages = make(chan received, 16)
+	s.messages = make(chan received[*pb.WatchChangesResponse], 16)
 	s.closeMu.Unlock()
 	go forward(callCtx, call.Recv, s.messages)
 	restarted := s.incarnation != "" && subscribed.GetIncarnation() != s.incarnation
@@ -384,11 +395,11 @@ func (s *ChangeStream) subscribe(ctx context.Context) error {
 }
 
 // forward reads a watch call into messages until it ends.
-func forward(ctx context.Context, recv func() (*pb.WatchChangesResponse, error), messages chan<- received) {
+func forward[M any](ctx context.Context, recv func() (M, error), messages chan<- received[M]) {
 	for {
 		message, err := recv()
 		select {
-		case messages <- received{message, err}:
+		case messages <- received[M]{message, err}:
 		case <-ctx.Done():
 			return
 		}
@@ -420,6 +431,10 @@ func (s *ChangeStream) event(m *pb.ChangeEvent) (Change, error) {
 		return nil, s.broken("change event %d after %d", m.GetRevision(), s.lastRevision)
 	}
 	s.lastRevision = m.GetRevision()
+	return eventFromProto(m), nil
+}
+
+func eventFromProto(m *pb.ChangeEvent) ChangeEvent {
 	action, ok := changeActions[m.GetAction()]
 	if !ok {
 		action = "unknown"
@@ -427,7 +442,7 @@ func (s *ChangeStream) event(m *pb.ChangeEvent) (Change, error) {
 	return ChangeEvent{
 		Revision: m.GetRevision(), Kind: kindFromProto(m.GetKind()), Action: action,
 		Name: m.GetName(), Scope: m.GetScope(), Ref: m.GetRef(), Fingerprint: m.GetFingerprint(),
-	}, nil
+	}
 }
 
 func (s *ChangeStream) missed(m *pb.ChangesMissed) (Change, error) {

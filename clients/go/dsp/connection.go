@@ -65,8 +65,8 @@ type conn struct {
 	closed       bool
 	reconnecting bool
 	closing      chan struct{}
-	streams      map[*ChangeStream]struct{}
-	background   sync.WaitGroup // the reconnect goroutine and the re-installs of ejected callbacks
+	streams      map[*stopper]struct{} // watches, closed with the client
+	background   sync.WaitGroup        // the reconnect goroutine and the re-installs of ejected callbacks
 }
 
 func newConn(cc *grpc.ClientConn, clientName string, callTimeout time.Duration) *conn {
@@ -78,7 +78,7 @@ func newConn(cc *grpc.ClientConn, clientName string, callTimeout time.Duration) 
 		providers:   newProviders(),
 		up:          make(chan struct{}),
 		closing:     make(chan struct{}),
-		streams:     map[*ChangeStream]struct{}{},
+		streams:     map[*stopper]struct{}{},
 	}
 }
 
@@ -274,13 +274,13 @@ func (c *conn) close() {
 	for _, r := range c.regs {
 		c.cancelReinstall(r) // before the wait below: a backoff is up to 30 s
 	}
-	streams := make([]*ChangeStream, 0, len(c.streams))
+	streams := make([]*stopper, 0, len(c.streams))
 	for s := range c.streams {
 		streams = append(streams, s)
 	}
 	c.mu.Unlock()
 	for _, s := range streams {
-		s.Close()
+		s.stop()
 	}
 	c.background.Wait()
 	c.mu.Lock()

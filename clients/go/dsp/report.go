@@ -161,13 +161,17 @@ func WithReportKey(key string) AssembleOption {
 // sidecar's configured prefix_layout.
 func WithPrefixLayout(layout PrefixLayout) AssembleOption {
 	return func(r *assembleRequest) {
-		value, ok := layoutToProto(layout)
-		if !ok {
-			r.err = invalid("prefix layout must be %q or %q, not %q", PrefixLayoutSystemFirst, PrefixLayoutToolsFirst, layout)
-			return
-		}
-		r.message.PrefixLayout = value
+		r.message.PrefixLayout = layoutOption(layout, &r.err)
 	}
+}
+
+// layoutOption is layout on the wire; an unknown one sets *failed (an option's error).
+func layoutOption(layout PrefixLayout, failed *error) pb.PrefixLayout {
+	value, ok := layoutToProto(layout)
+	if !ok {
+		*failed = invalid("prefix layout must be %q or %q, not %q", PrefixLayoutSystemFirst, PrefixLayoutToolsFirst, layout)
+	}
+	return value
 }
 
 func layoutFromProto(layout pb.PrefixLayout) PrefixLayout {

@@ -2,7 +2,9 @@ package dsp_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"testing"
 	"time"
 
@@ -12,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// Scripted sidecars that misbehave on change streams, updates and disposals.
+// Scripted sidecars that misbehave on change streams, prompt watches, updates and disposals.
 
 func TestAChangeStreamTheSidecarNeverConfirmsFailsWithinTheCallTimeout(t *testing.T) {
 	s := &script{watch: func(_ int, _ *pb.WatchChangesRequest, stream pb.SystemPromptService_WatchChangesServer) error {
@@ -198,4 +200,40 @@ func TestAnUpdateOrDisposalTheSidecarNeverAnswersEndsTheSession(t *testing.T) {
 	<-second.done
 	third := <-s.sessions
 	waitFor(t, "the third session", func() bool { return client.Connected() && client.SessionID() == third.id })
+}
+
+func TestAPromptWatchTheSidecarNeverAnswersFailsWithinTheCallTimeout(t *testing.T) {
+	s := &script{}
+	client := connectScripted(t, serveScript(t, s))
+	_, err := client.WatchPrompt(bg, "agent-1")
+	wantError(t, err, codes.Unavailable, dsp.ReasonSidecarUnavailable)
+	client.Close()
+	nothingLeft(t, s)
+}
+
+func TestAPromptStreamTheSidecarBreaksFailsAndIsNotWatchedAgain(t *testing.T) {
+	s := &script{watchPrompt: func(_ int, request *pb.WatchPromptRequest, stream pb.SystemPromptService_WatchPromptServer) error {
+		_ = stream.Send(&pb.WatchPromptResponse{Revision: 3, Incarnation: "i", Assembly: &pb.PromptAssembly{
+			Sections: []*pb.AssembledSection{{Name: "rules", Text: request.GetScope()}},
+		}})
+		return status.Error(codes.Unavailable, "going away")
+	}}
+	client := connectScripted(t, serveScript(t, s))
+	prompts := must[*dsp.PromptStream](t)(client.WatchPrompt(bg, "agent-1"))
+	first := nextPrompt(t, prompts)
+	if first.Revision != 3 || text(first.Assembly, "rules") != "agent-1" || first.Report != nil || first.Prompt != nil {
+		t.Fatalf("the first prompt: %+v", first)
+	}
+	_, err := prompts.Next(within(t, 5*time.Second))
+	if failed := failure(t, err); failed.Code != codes.Unavailable || errors.Is(err, io.EOF) {
+		t.Fatalf("the broken stream: %+v", failed)
+	}
+	if _, err := prompts.Next(within(t, 5*time.Second)); !errors.Is(err, io.EOF) {
+		t.Fatalf("Next after the break: %v", err)
+	}
+	if n := s.prompts.Load(); n != 1 {
+		t.Fatalf("%d prompt watches, want 1: it does not resume by itself", n)
+	}
+	client.Close()
+	nothingLeft(t, s)
 }

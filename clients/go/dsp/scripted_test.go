@@ -40,10 +40,13 @@ type script struct {
 	listen func(start *pb.ListenStart, stream pb.SystemPromptService_ListenServer) error
 	// watch serves WatchChanges; nil: WatchSubscribed, then silence until the end.
 	watch func(n int, request *pb.WatchChangesRequest, stream pb.SystemPromptService_WatchChangesServer) error
+	// watchPrompt serves WatchPrompt; nil: silence until the end.
+	watchPrompt func(n int, request *pb.WatchPromptRequest, stream pb.SystemPromptService_WatchPromptServer) error
 
 	sessions  chan *scriptedSession // every session opened, as it opens
 	listens   atomic.Int32
 	watches   atomic.Int32
+	prompts   atomic.Int32 // WatchPrompt calls
 	ids       atomic.Int32
 	openCalls atomic.Int32 // streams of any kind still open on the server
 }
@@ -190,10 +193,15 @@ func drain(stream pb.SystemPromptService_ListenServer) error {
 	}
 }
 
-func (s *script) WatchChanges(request *pb.WatchChangesRequest, stream pb.SystemPromptService_WatchChangesServer) error {
+// serving counts a stream open until done, and one more call of its kind (calls).
+func (s *script) serving(calls *atomic.Int32) (n int, done func()) {
 	s.openCalls.Add(1)
-	defer s.openCalls.Add(-1)
-	n := int(s.watches.Add(1))
+	return int(calls.Add(1)), func() { s.openCalls.Add(-1) }
+}
+
+func (s *script) WatchChanges(request *pb.WatchChangesRequest, stream pb.SystemPromptService_WatchChangesServer) error {
+	n, done := s.serving(&s.watches)
+	defer done()
 	if s.watch != nil {
 		return s.watch(n, request, stream)
 	}
@@ -202,6 +210,16 @@ func (s *script) WatchChanges(request *pb.WatchChangesRequest, stream pb.SystemP
 	}
 	<-stream.Context().Done()
 	return nil
+}
+
+func (s *script) WatchPrompt(request *pb.WatchPromptRequest, stream pb.SystemPromptService_WatchPromptServer) error {
+	n, done := s.serving(&s.prompts)
+	defer done()
+	if s.watchPrompt == nil {
+		<-stream.Context().Done() // silence
+		return nil
+	}
+	return s.watchPrompt(n, request, stream)
 }
 
 func subscribed(revision uint64, incarnation string) *pb.WatchChangesResponse {

@@ -65,10 +65,10 @@ func openSession(c *conn, timeout time.Duration) (*session, error) {
 // firstMessage receives a stream's first message within timeout; past it the
 // stream is cancelled (a silent sidecar keeps no stream of ours).
 func firstMessage[M any](recv func() (M, error), timeout time.Duration, cancel func(), what string) (M, error) {
-	arrived := make(chan firstReceived[M], 1)
+	arrived := make(chan received[M], 1)
 	go func() {
 		m, err := recv()
-		arrived <- firstReceived[M]{m, err}
+		arrived <- received[M]{m, err}
 	}()
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
@@ -85,7 +85,8 @@ func firstMessage[M any](recv func() (M, error), timeout time.Duration, cancel f
 	}
 }
 
-type firstReceived[M any] struct {
+// received is one message a stream's Recv returned, or its error.
+type received[M any] struct {
 	message M
 	err     error
 }
