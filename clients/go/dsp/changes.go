@@ -58,6 +58,9 @@ type ChangeEvent struct {
 	Ref string
 	// Fingerprint is its static value's after the change; "" when it has none.
 	Fingerprint string
+	// Reason is why the sidecar disposed it on its own, e.g. `ejected: listener
+	// "sign" did not answer within 5s`; "" for every other change.
+	Reason string
 }
 
 // ChangesMissed says this watcher fell behind and events were dropped.
@@ -442,6 +445,7 @@ func eventFromProto(m *pb.ChangeEvent) ChangeEvent {
 	return ChangeEvent{
 		Revision: m.GetRevision(), Kind: kindFromProto(m.GetKind()), Action: action,
 		Name: m.GetName(), Scope: m.GetScope(), Ref: m.GetRef(), Fingerprint: m.GetFingerprint(),
+		Reason: m.GetReason(),
 	}
 }
 

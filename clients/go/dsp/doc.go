@@ -9,7 +9,8 @@
 // its value at every assembly that needs it, with a context.Context that ends
 // when the sidecar stops waiting. After a sidecar restart the client reconnects
 // and makes every registration again, in order; a provider or listener the
-// sidecar ejected for not answering in time is made again after a backoff.
+// sidecar ejected for not answering in time is made again after a backoff (the
+// change event of its disposal says why, in ChangeEvent.Reason).
 //
 // Every failure is an *Error carrying the gRPC code, the stable Reason and the
 // sidecar's message. The wire contract is proto/dsh/systemprompt/v1 of the

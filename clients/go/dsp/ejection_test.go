@@ -77,3 +77,55 @@ func TestAnEjectedProviderIsRegisteredAgainOnItsSession(t *testing.T) {
 		t.Fatalf("the session was made again (%s, was %s): only the provider should be", client.SessionID(), session)
 	}
 }
+
+// disposal is the next unregistration of name on changes; the events between are skipped.
+func disposal(t *testing.T, changes *dsp.ChangeStream, name string) dsp.ChangeEvent {
+	t.Helper()
+	for {
+		if event := nextEvent(t, changes); event.Action == "unregistered" && event.Name == name {
+			return event
+		}
+	}
+}
+
+func TestTheDisposalOfAnEjectedListenerCarriesTheReason(t *testing.T) {
+	client := connect(t, sharedWith(t, slowCallbacks))
+	scope := must[*dsp.Scope](t)(client.Scope(bg, "go-ejected-listener"))
+	changes := must[*dsp.ChangeStream](t)(client.WatchChanges(bg, dsp.InScope("go-ejected-listener", false)))
+	defer changes.Close()
+	must[*dsp.Registration](t)(scope.OnAssemble(bg, func(ctx context.Context, a *dsp.Assembly, _ dsp.AssembleContext, next *dsp.Next) (*dsp.Assembly, error) {
+		<-ctx.Done() // stuck until the sidecar gives up on it
+		return next.Tail(a)
+	}, dsp.ListenerName("stuck")))
+	_, err := client.Assemble(bg, dsp.ForScope("go-ejected-listener"))
+	wantError(t, err, codes.DeadlineExceeded, dsp.ReasonListenerTimeout)
+
+	event := disposal(t, changes, "stuck")
+	if event.Kind != "listener" || event.Reason != `ejected: listener "stuck" did not answer within 0.5s` {
+		t.Fatalf("the ejected listener's disposal: %+v", event)
+	}
+}
+
+func TestTheDisposalOfAnEjectedProviderCarriesTheReasonAndAPlainOneNone(t *testing.T) {
+	client := connect(t, sharedWith(t, slowCallbacks))
+	scope := must[*dsp.Scope](t)(client.Scope(bg, "go-ejected-provider"))
+	changes := must[*dsp.ChangeStream](t)(client.WatchChanges(bg, dsp.InScope("go-ejected-provider", false)))
+	defer changes.Close()
+	plain := must[*dsp.Handle[string]](t)(scope.Section(bg, "plain", 1, "Disposed by its owner."))
+	check(t, plain.Dispose(bg))
+	must[*dsp.Handle[string]](t)(scope.SectionFunc(bg, "stuck", 10, func(ctx context.Context, _ dsp.AssembleContext) (string, error) {
+		<-ctx.Done()
+		return "", ctx.Err()
+	}))
+	_, err := client.Assemble(bg, dsp.ForScope("go-ejected-provider"))
+	wantError(t, err, codes.DeadlineExceeded, dsp.ReasonProviderTimeout)
+
+	if event := disposal(t, changes, "plain"); event.Reason != "" {
+		t.Fatalf("a disposal by its owner carries no reason: %+v", event)
+	}
+	event := disposal(t, changes, "stuck")
+	want := `ejected: section provider "stuck" in scope "go-ejected-provider" did not answer within 0.5s`
+	if event.Kind != "section" || event.Reason != want {
+		t.Fatalf("the ejected provider's disposal: %+v", event)
+	}
+}

@@ -79,6 +79,30 @@ func TestBatchesAndGapsAreDeliveredAsEventsInOrder(t *testing.T) {
 	}
 }
 
+// ejectedEvent is revision's disposal of name by the sidecar itself, for reason.
+func ejectedEvent(revision uint64, name, reason string) *pb.WatchChangesResponse {
+	return &pb.WatchChangesResponse{Incarnation: "i", Kind: &pb.WatchChangesResponse_Event{Event: &pb.ChangeEvent{
+		Revision: revision, Kind: pb.ChangeKind_CHANGE_KIND_LISTENER, Action: pb.ChangeAction_CHANGE_ACTION_UNREGISTERED,
+		Name: name, Reason: reason,
+	}}}
+}
+
+func TestADisposalsReasonIsDeliveredAloneAndInABatch(t *testing.T) {
+	s := watchScript(
+		ejectedEvent(2, "alone", "ejected: alone"),
+		batch(nil, changeEvent(3, "plain"), ejectedEvent(4, "batched", "ejected: batched")),
+	)
+	client := connectScripted(t, serveScript(t, s))
+	changes := must[*dsp.ChangeStream](t)(client.WatchChanges(bg))
+	defer changes.Close()
+	var got []string
+	for len(got) < 3 {
+		event := nextEvent(t, changes)
+		got = append(got, event.Name+": "+event.Reason)
+	}
+	equal(t, got, []string{"alone: ejected: alone", "plain: ", "batched: ejected: batched"})
+}
+
 func TestChangesOutOfOrderEndTheStreamWithAProtocolError(t *testing.T) {
 	for name, messages := range map[string][]*pb.WatchChangesResponse{
 		"a revision going back": {changeEvent(3, "a"), changeEvent(2, "b")},
