@@ -127,11 +127,11 @@ func unary[Q, A any](ctx context.Context, c *conn, what string, call func(contex
 	if _, err := c.ready(ctx); err != nil {
 		return none, err
 	}
-	callCtx, cancel := context.WithTimeout(ctx, c.callTimeout)
+	callCtx, cancel := bounded(ctx, c.callTimeout)
 	defer cancel()
 	reply, err := call(callCtx, request)
 	if err != nil {
-		return none, answerError(err, what, c.callTimeout)
+		return none, answerError(callCtx, err, what)
 	}
 	return reply, nil
 }

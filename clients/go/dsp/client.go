@@ -53,8 +53,10 @@ func WithWaitForReady(timeout time.Duration) Option {
 
 // WithCallTimeout bounds what the sidecar answers at once (opening a session,
 // a listener or a change stream, a registration, a disposal); default 10 s.
-// Past it the call fails UNAVAILABLE (SIDECAR_UNAVAILABLE) and, for a
-// registration or disposal, the client opens a new session and replays.
+// Past it, or past the ctx's deadline when that comes first (the error then
+// names the caller's deadline), the call fails UNAVAILABLE (SIDECAR_UNAVAILABLE)
+// and, for a registration, update or disposal, the client opens a new session
+// and replays.
 func WithCallTimeout(timeout time.Duration) Option {
 	return func(o *options) { o.callTimeout = timeout }
 }
@@ -190,7 +192,7 @@ func (c *Client) Scope(ctx context.Context, key string, opts ...ScopeOption) (*S
 	r.make = func(ctx context.Context, sessionID, _ string) (string, *listenerStream, error) {
 		request.SessionId = sessionID
 		reply, err := c.c.rpc.OpenScope(ctx, request)
-		return reply.GetScopeId(), nil, answerError(err, "OpenScope", c.c.callTimeout)
+		return reply.GetScopeId(), nil, answerError(ctx, err, "OpenScope")
 	}
 	if err := c.c.register(ctx, r); err != nil {
 		return nil, err
@@ -443,7 +445,7 @@ func register[I scoped, O registered](ctx context.Context, r *registrar, request
 		setSession(request, sessionID, scopeID)
 		reply, err := call(ctx, request)
 		if err != nil {
-			return "", nil, answerError(err, "a registration", r.c.callTimeout)
+			return "", nil, answerError(ctx, err, "a registration")
 		}
 		return reply.GetRegistrationId(), nil, nil
 	}

@@ -169,7 +169,7 @@ func (c *conn) replay(sessionID string) error {
 	}
 	c.mu.Unlock()
 	for _, r := range regs {
-		ctx, cancel := context.WithTimeout(context.Background(), c.callTimeout)
+		ctx, cancel := bounded(context.Background(), c.callTimeout)
 		err := c.make(ctx, r, sessionID)
 		cancel()
 		if err != nil {
@@ -339,7 +339,7 @@ func (c *conn) register(ctx context.Context, r *registration) error {
 	defer c.ops.Unlock()
 	sessionID, err := c.current()
 	if err == nil {
-		callCtx, cancel := context.WithTimeout(ctx, c.callTimeout)
+		callCtx, cancel := bounded(ctx, c.callTimeout)
 		err = c.make(callCtx, r, sessionID)
 		cancel()
 	}
@@ -376,10 +376,10 @@ func (c *conn) dispose(ctx context.Context, r *registration) error {
 	}
 	request := &pb.DisposeRequest{SessionId: c.session.id, RegistrationId: r.id}
 	c.mu.Unlock()
-	callCtx, cancel := context.WithTimeout(ctx, c.callTimeout)
+	callCtx, cancel := bounded(ctx, c.callTimeout)
 	defer cancel()
 	_, err := c.rpc.Dispose(callCtx, request)
-	err = answerError(err, "Dispose", c.callTimeout)
+	err = answerError(callCtx, err, "Dispose")
 	if isNoAnswer(err) {
 		c.restart() // it may still be registered there: a new session drops it
 	}
@@ -412,11 +412,11 @@ func (c *conn) update(ctx context.Context, r *registration, request *pb.UpdateRe
 	c.mu.Lock()
 	request.SessionId, request.RegistrationId = sessionID, r.id
 	c.mu.Unlock()
-	callCtx, cancel := context.WithTimeout(ctx, c.callTimeout)
+	callCtx, cancel := bounded(ctx, c.callTimeout)
 	defer cancel()
 	reply, err := c.rpc.Update(callCtx, request)
 	if err != nil {
-		err = answerError(err, "Update", c.callTimeout)
+		err = answerError(callCtx, err, "Update")
 		if isNoAnswer(err) {
 			c.restart() // it may have happened there: a new session makes the value this client holds
 		}

@@ -113,7 +113,7 @@ func (c *conn) reinstall(r *registration, wait *reinstallWait, sessionID string)
 		r.stream = nil
 	}
 	c.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), c.callTimeout)
+	ctx, cancel := bounded(context.Background(), c.callTimeout)
 	defer cancel()
 	if err := c.make(ctx, r, sessionID); isNoAnswer(err) {
 		c.restart() // it may be registered there: a new session makes it once

@@ -1,6 +1,7 @@
 package dsp
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -171,8 +172,13 @@ func protocolError(format string, args ...any) *Error {
 
 // noAnswer is a call the sidecar took and did not answer within the call timeout.
 func noAnswer(what string, timeout time.Duration) *Error {
+	return noAnswerWithin(what, timeout.String())
+}
+
+// noAnswerWithin is noAnswer, within what bounded the call.
+func noAnswerWithin(what, within string) *Error {
 	failure := newError(codes.Unavailable, ReasonSidecarUnavailable,
-		"sidecar unavailable: no answer to %s within %s", what, timeout)
+		"sidecar unavailable: no answer to %s within %s", what, within)
 	failure.unanswered = true
 	return failure
 }
@@ -195,9 +201,23 @@ func errDown() *Error {
 		"sidecar unavailable: the connection is down and being re-established")
 }
 
-// answerError is the error of a call the sidecar answers at once, bounded by
-// the call timeout: our own deadline passing means the sidecar is not answering.
-func answerError(err error, what string, timeout time.Duration) error {
+// boundKey keys the bound (a string: "10s", "the caller's deadline (50ms)")
+// that bounded returns a call's context with, for answerError to name.
+type boundKey struct{}
+
+// bounded is ctx bounded by the call timeout as well: a call the sidecar
+// answers at once. Its noAnswer names the caller's deadline when that comes first.
+func bounded(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	within := timeout.String()
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < timeout {
+		within = fmt.Sprintf("the caller's deadline (%s)", time.Until(deadline).Round(time.Millisecond))
+	}
+	return context.WithTimeout(context.WithValue(ctx, boundKey{}, within), timeout)
+}
+
+// answerError is the error of a call made with bounded's ctx: its deadline
+// passing means the sidecar is not answering.
+func answerError(ctx context.Context, err error, what string) error {
 	if err == nil {
 		return nil
 	}
@@ -205,7 +225,8 @@ func answerError(err error, what string, timeout time.Duration) error {
 	// The sidecar's own timeouts carry a reason; without one, the deadline was
 	// this call's (the sidecar may say so a moment before the client's timer does).
 	if failure.Code == codes.DeadlineExceeded && failure.Reason == ReasonUnknown {
-		return noAnswer(what, timeout)
+		within, _ := ctx.Value(boundKey{}).(string)
+		return noAnswerWithin(what, within)
 	}
 	return failure
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -260,4 +261,39 @@ func TestAPromptStreamTheSidecarBreaksFailsAndIsNotWatchedAgain(t *testing.T) {
 	}
 	client.Close()
 	nothingLeft(t, s)
+}
+
+func TestACallCutShortByTheCallersDeadlineSaysSoNotTheCallTimeout(t *testing.T) {
+	s := &script{sessions: make(chan *scriptedSession, 8)}
+	s.register = func(ctx context.Context, request *pb.RegisterSectionRequest) (*pb.RegisterSectionResponse, error) {
+		if request.GetName() == "silent" {
+			<-ctx.Done()
+		}
+		return &pb.RegisterSectionResponse{RegistrationId: "r-" + request.GetName()}, nil
+	}
+	client := connectScripted(t, serveScript(t, s))
+	session := <-s.sessions
+	handle := must[*dsp.Handle[string]](t)(client.Section(bg, "s", 1, "Old."))
+	s.silentUpdates.Store(true)
+	s.silentDisposals.Store(true)
+	for what, call := range map[string]func(context.Context) error{
+		"Update":         func(ctx context.Context) error { _, err := handle.Update(ctx, "New."); return err },
+		"Dispose":        func(ctx context.Context) error { return handle.Dispose(ctx) },
+		"a registration": func(ctx context.Context) error { _, err := client.Section(ctx, "silent", 2, "S."); return err },
+	} {
+		err := call(within(t, scriptedCallTimeout/5))
+		failed := wantError(t, err, codes.Unavailable, dsp.ReasonSidecarUnavailable)
+		want := "sidecar unavailable: no answer to " + what + " within the caller's deadline ("
+		if !strings.HasPrefix(failed.Message, want) || strings.Contains(failed.Message, scriptedCallTimeout.String()) {
+			t.Fatalf("%s cut short by its caller: %q", what, failed.Message)
+		}
+		<-session.done // it may have happened there: the session is made again
+		session = <-s.sessions
+		waitFor(t, "the new session", func() bool { return client.Connected() && client.SessionID() == session.id })
+		handle = must[*dsp.Handle[string]](t)(client.Section(bg, "s", 1, "Old."))
+	}
+	_, err := handle.Update(within(t, 10*time.Second), "New.")
+	if failed := failure(t, err); failed.Message != "sidecar unavailable: no answer to Update within 500ms" {
+		t.Fatalf("a call its caller gives longer names the call timeout: %q", failed.Message)
+	}
 }
