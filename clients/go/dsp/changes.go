@@ -365,7 +365,9 @@ func (s *ChangeStream) subscribe(ctx context.Context) error {
 		cancel()
 		return fromRPC(err)
 	}
-	first, err := firstMessage(call.Recv, s.c.callTimeout, cancel, "watching changes")
+	waiting, done := bounded(context.Background(), s.c.callTimeout)
+	defer done()
+	first, err := firstMessage(waiting, call.Recv, cancel, "watching changes")
 	if err != nil {
 		return streamEnded(err, "it closed the change stream")
 	}

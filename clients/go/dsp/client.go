@@ -392,7 +392,8 @@ func (r *registrar) SuppressRuntimeContext(ctx context.Context) (*Registration, 
 	return &Registration{c: r.c, r: reg}, nil
 }
 
-// OnAssemble installs a waterfall listener (see Listener).
+// OnAssemble installs a waterfall listener (see Listener). ctx bounds the
+// install alone: the listener runs on after it ends, until disposed.
 func (r *registrar) OnAssemble(ctx context.Context, listener Listener, opts ...ListenerOption) (*Registration, error) {
 	start := &pb.ListenStart{Name: label(funcName(listener)), Features: []string{featureToolSlots, featurePartSlots}}
 	var a asked
@@ -407,7 +408,7 @@ func (r *registrar) OnAssemble(ctx context.Context, listener Listener, opts ...L
 	reg := &registration{scope: r.scope}
 	reg.make = func(ctx context.Context, sessionID, scopeID string) (string, *listenerStream, error) {
 		start.SessionId, start.ScopeId = sessionID, scopeID
-		return startListener(r.c, reg, listener, start, r.c.callTimeout)
+		return startListener(ctx, r.c, reg, listener, start)
 	}
 	if err := r.c.register(ctx, reg); err != nil {
 		return nil, err

@@ -170,12 +170,8 @@ func protocolError(format string, args ...any) *Error {
 	return newError(codes.Internal, ReasonProtocolError, "protocol error: "+format, args...)
 }
 
-// noAnswer is a call the sidecar took and did not answer within the call timeout.
-func noAnswer(what string, timeout time.Duration) *Error {
-	return noAnswerWithin(what, timeout.String())
-}
-
-// noAnswerWithin is noAnswer, within what bounded the call.
+// noAnswerWithin is a call the sidecar took and did not answer within what
+// bounded it (the call timeout, or the caller's deadline).
 func noAnswerWithin(what, within string) *Error {
 	failure := newError(codes.Unavailable, ReasonSidecarUnavailable,
 		"sidecar unavailable: no answer to %s within %s", what, within)

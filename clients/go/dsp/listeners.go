@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"time"
 
 	pb "dsh.dev/dsh-system-prompt/clients/go/gen/dsh/systemprompt/v1"
 	"google.golang.org/grpc/codes"
@@ -131,8 +130,12 @@ type invocation struct {
 	parts   *parts // what its replies and next() results are named against
 }
 
-// startListener installs listener with start (owner's registration), confirmed within timeout.
-func startListener(c *conn, owner *registration, listener Listener, start *pb.ListenStart, timeout time.Duration) (string, *listenerStream, error) {
+// startListener installs listener with start (owner's registration), confirmed
+// before waiting (bounded's ctx) ends; the stream itself lives until close.
+func startListener(waiting context.Context, c *conn, owner *registration, listener Listener, start *pb.ListenStart) (string, *listenerStream, error) {
+	if err := waiting.Err(); err != nil {
+		return "", nil, answerError(waiting, err, "installing a listener") // as a unary call would, nothing is sent
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	stream, err := c.rpc.Listen(ctx)
 	if err != nil {
@@ -140,7 +143,7 @@ func startListener(c *conn, owner *registration, listener Listener, start *pb.Li
 		return "", nil, fromRPC(err)
 	}
 	_ = stream.Send(&pb.ListenRequest{Kind: &pb.ListenRequest_Start{Start: start}})
-	first, err := firstMessage(stream.Recv, timeout, cancel, "installing a listener")
+	first, err := firstMessage(waiting, stream.Recv, cancel, "installing a listener")
 	if err != nil {
 		return "", nil, streamEnded(err, "it closed the listener stream")
 	}

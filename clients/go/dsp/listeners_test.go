@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"dsh.dev/dsh-system-prompt/clients/go/dsp"
 	"google.golang.org/grpc/codes"
@@ -161,4 +162,31 @@ func TestAListenersContextIsCancelledWhenTheAssemblyIs(t *testing.T) {
 		t.Fatalf("a cancelled assembly: %v", err)
 	}
 	<-cancelled
+}
+
+func TestAListenerIsInstalledWithinItsCallersCtxAndOutlivesIt(t *testing.T) {
+	client := connect(t, shared(t))
+	scope := must[*dsp.Scope](t)(client.Scope(bg, "go-outlived"))
+	must[*dsp.Handle[string]](t)(scope.Section(bg, "base", 10, "Base."))
+	signing := func(_ context.Context, a *dsp.Assembly, _ dsp.AssembleContext, next *dsp.Next) (*dsp.Assembly, error) {
+		a.Sections = append(a.Sections, dsp.Part{Name: "signed", Text: "Signed."})
+		return next.Tail(a)
+	}
+	gone, cancel := context.WithCancel(bg)
+	cancel()
+	_, err := scope.OnAssemble(gone, signing)
+	wantError(t, err, codes.Canceled, dsp.ReasonUnknown)
+	assembly := must[*dsp.Assembly](t)(client.Assemble(bg, dsp.ForScope("go-outlived")))
+	equal(t, names(assembly.Sections), []string{"base"})
+
+	session := client.SessionID()
+	ctx, cancel := context.WithCancel(bg)
+	must[*dsp.Registration](t)(scope.OnAssemble(ctx, signing))
+	cancel()
+	time.Sleep(200 * time.Millisecond) // time for a stream tied to ctx to end
+	assembly = must[*dsp.Assembly](t)(client.Assemble(bg, dsp.ForScope("go-outlived")))
+	equal(t, names(assembly.Sections), []string{"base", "signed"})
+	if client.SessionID() != session {
+		t.Fatal("the listener's stream ended with its install's ctx: the session was made again")
+	}
 }

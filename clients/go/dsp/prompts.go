@@ -75,7 +75,9 @@ func (c *Client) WatchPrompt(ctx context.Context, scope string, opts ...PromptOp
 		cancel()
 		return nil, fromRPC(err)
 	}
-	first, err := firstMessage(call.Recv, c.c.callTimeout, cancel, "watching the prompt")
+	waiting, done := bounded(context.Background(), c.c.callTimeout)
+	defer done()
+	first, err := firstMessage(waiting, call.Recv, cancel, "watching the prompt")
 	if err != nil {
 		return nil, streamEnded(err, "it closed the prompt stream")
 	}

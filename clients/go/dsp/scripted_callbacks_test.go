@@ -3,6 +3,7 @@ package dsp_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -203,6 +204,40 @@ func TestAListenerTheSidecarNeverConfirmsOrConfirmsWrongly(t *testing.T) {
 	other.Close()
 	nothingLeft(t, silent)
 	nothingLeft(t, wrong)
+}
+
+func TestInstallingAListenerEndsAtItsCallersDeadlineOrCancellation(t *testing.T) {
+	started, ended := make(chan struct{}, 2), make(chan struct{}, 2)
+	s := &script{sessions: make(chan *scriptedSession, 4), listen: func(_ *pb.ListenStart, stream pb.SystemPromptService_ListenServer) error {
+		started <- struct{}{}
+		<-stream.Context().Done() // never confirmed
+		ended <- struct{}{}
+		return nil
+	}}
+	client := connectScripted(t, serveScript(t, s))
+	session := <-s.sessions
+	_, err := client.OnAssemble(within(t, scriptedCallTimeout/5), passThrough)
+	failed := wantError(t, err, codes.Unavailable, dsp.ReasonSidecarUnavailable)
+	want := "sidecar unavailable: no answer to installing a listener within the caller's deadline ("
+	if !strings.HasPrefix(failed.Message, want) || strings.Contains(failed.Message, scriptedCallTimeout.String()) {
+		t.Fatalf("an install cut short by its caller: %q", failed.Message)
+	}
+	<-started
+	<-ended        // the unconfirmed stream is not kept
+	<-session.done // it may have been installed there: the session is made again
+	session = <-s.sessions
+	waitFor(t, "the new session", func() bool { return client.Connected() && client.SessionID() == session.id })
+
+	ctx, cancel := context.WithCancel(bg)
+	go func() {
+		<-started
+		cancel()
+	}()
+	_, err = client.OnAssemble(ctx, passThrough)
+	wantError(t, err, codes.Canceled, dsp.ReasonUnknown)
+	<-ended
+	client.Close()
+	nothingLeft(t, s)
 }
 
 // invoke runs one invocation on a scripted listener stream and returns the client's first reply.

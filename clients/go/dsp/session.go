@@ -44,7 +44,9 @@ func openSession(c *conn, timeout time.Duration) (*session, error) {
 		ClientName: c.clientName, ClientVersion: ClientVersion,
 	}}}
 	_ = stream.Send(start) // a failed send shows as the stream's end, read below
-	first, err := firstMessage(stream.Recv, timeout, cancel, "opening the session")
+	waiting, done := bounded(context.Background(), timeout)
+	defer done()
+	first, err := firstMessage(waiting, stream.Recv, cancel, "opening the session")
 	if err != nil {
 		return nil, streamEnded(err, "it ended the session stream before opening it")
 	}
@@ -62,26 +64,25 @@ func openSession(c *conn, timeout time.Duration) (*session, error) {
 	return s, nil
 }
 
-// firstMessage receives a stream's first message within timeout; past it the
-// stream is cancelled (a silent sidecar keeps no stream of ours).
-func firstMessage[M any](recv func() (M, error), timeout time.Duration, cancel func(), what string) (M, error) {
+// firstMessage receives a stream's first message before waiting (bounded's
+// ctx) ends; past it the stream is cancelled (a silent sidecar keeps no stream
+// of ours). The stream's own ctx is apart: once confirmed, it outlives waiting.
+func firstMessage[M any](waiting context.Context, recv func() (M, error), cancel func(), what string) (M, error) {
 	arrived := make(chan received[M], 1)
 	go func() {
 		m, err := recv()
 		arrived <- received[M]{m, err}
 	}()
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
 	select {
 	case r := <-arrived:
 		if r.err != nil {
 			cancel()
 		}
 		return r.message, r.err
-	case <-timer.C:
+	case <-waiting.Done():
 		cancel()
 		var none M
-		return none, noAnswer(what, timeout)
+		return none, answerError(waiting, waiting.Err(), what)
 	}
 }
 
