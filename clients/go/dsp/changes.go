@@ -132,9 +132,10 @@ func collect(opts []WatchOption) *watchOptions {
 var watchFeatures = []string{"change-batches"}
 
 // WatchChanges subscribes to change events; the subscription is in place when
-// it returns. The stream resumes by itself after a restart or a dropped
-// connection, replaying what it missed or, when it cannot, yielding one
-// ChangesResynced with a fresh Snapshot.
+// it returns. ctx bounds the subscribing alone (the sidecar's confirmation,
+// like any call): the stream runs on after ctx ends, until closed. The stream
+// resumes by itself after a restart or a dropped connection, replaying what it
+// missed or, when it cannot, yielding one ChangesResynced with a fresh Snapshot.
 func (c *Client) WatchChanges(ctx context.Context, opts ...WatchOption) (*ChangeStream, error) {
 	if _, err := c.c.ready(ctx); err != nil {
 		return nil, err
@@ -365,7 +366,7 @@ func (s *ChangeStream) subscribe(ctx context.Context) error {
 		cancel()
 		return fromRPC(err)
 	}
-	waiting, done := bounded(context.Background(), s.c.callTimeout)
+	waiting, done := bounded(ctx, s.c.callTimeout) // the call alone: the stream keeps callCtx
 	defer done()
 	first, err := firstMessage(waiting, call.Recv, cancel, "watching changes")
 	if err != nil {

@@ -52,7 +52,8 @@ func WithWaitForReady(timeout time.Duration) Option {
 }
 
 // WithCallTimeout bounds what the sidecar answers at once (opening a session,
-// a listener or a change stream, a registration, a disposal); default 10 s.
+// a listener, a change stream or a prompt watch, a registration, a disposal);
+// default 10 s.
 // Past it, or past the ctx's deadline when that comes first (the error then
 // names the caller's deadline), the call fails UNAVAILABLE (SIDECAR_UNAVAILABLE)
 // and, for a registration, update or disposal, the client opens a new session

@@ -55,8 +55,10 @@ func WithLayout(layout PrefixLayout) PromptOption {
 // its static parts make it, change by change: each PromptChange's report says
 // whether the change breaks the model server's prompt cache. Dynamic parts are
 // placeholders, never evaluated; nothing is asked of any client. The watch is
-// in place, and its first prompt received, when this returns. The stream does
-// not resume by itself: after a restart Next fails, and the caller watches again.
+// in place, and its first prompt received, when this returns; ctx bounds that
+// wait alone (like any call): the stream runs on after ctx ends, until closed.
+// The stream does not resume by itself: after a restart Next fails, and the
+// caller watches again.
 func (c *Client) WatchPrompt(ctx context.Context, scope string, opts ...PromptOption) (*PromptStream, error) {
 	request := promptRequest{message: &pb.WatchPromptRequest{Scope: scope}}
 	for _, opt := range opts {
@@ -75,7 +77,7 @@ func (c *Client) WatchPrompt(ctx context.Context, scope string, opts ...PromptOp
 		cancel()
 		return nil, fromRPC(err)
 	}
-	waiting, done := bounded(context.Background(), c.c.callTimeout)
+	waiting, done := bounded(ctx, c.c.callTimeout) // the call alone: the stream keeps callCtx
 	defer done()
 	first, err := firstMessage(waiting, call.Recv, cancel, "watching the prompt")
 	if err != nil {

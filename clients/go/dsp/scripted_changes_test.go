@@ -297,3 +297,101 @@ func TestACallCutShortByTheCallersDeadlineSaysSoNotTheCallTimeout(t *testing.T) 
 		t.Fatalf("a call its caller gives longer names the call timeout: %q", failed.Message)
 	}
 }
+
+// watches are each watch call, by what its no-answer error names.
+func watches(client *dsp.Client) map[string]func(context.Context) error {
+	return map[string]func(context.Context) error{
+		"watching changes":    func(ctx context.Context) error { _, err := client.WatchChanges(ctx); return err },
+		"watching the prompt": func(ctx context.Context) error { _, err := client.WatchPrompt(ctx, "agent-1"); return err },
+	}
+}
+
+// neverConfirmed is a sidecar that takes watches and never confirms them;
+// started has one value per watch it took.
+func neverConfirmed() (s *script, started chan struct{}) {
+	started = make(chan struct{}, 4)
+	never := func(ctx context.Context) error {
+		started <- struct{}{}
+		<-ctx.Done()
+		return nil
+	}
+	return &script{
+		watch: func(_ int, _ *pb.WatchChangesRequest, stream pb.SystemPromptService_WatchChangesServer) error {
+			return never(stream.Context())
+		},
+		watchPrompt: func(_ int, _ *pb.WatchPromptRequest, stream pb.SystemPromptService_WatchPromptServer) error {
+			return never(stream.Context())
+		},
+	}, started
+}
+
+func TestAWatchEndsAtItsCallersDeadlineNamingIt(t *testing.T) {
+	s, _ := neverConfirmed()
+	client := connectScripted(t, serveScript(t, s))
+	for what, watch := range watches(client) {
+		failed := wantError(t, watch(within(t, scriptedCallTimeout/5)), codes.Unavailable, dsp.ReasonSidecarUnavailable)
+		want := "sidecar unavailable: no answer to " + what + " within the caller's deadline ("
+		if !strings.HasPrefix(failed.Message, want) || strings.Contains(failed.Message, scriptedCallTimeout.String()) {
+			t.Fatalf("%s cut short by its caller: %q", what, failed.Message)
+		}
+	}
+	client.Close()
+	nothingLeft(t, s)
+}
+
+func TestAWatchWhoseCtxIsCancelledWhileWaitingFailsCanceled(t *testing.T) {
+	s, started := neverConfirmed()
+	client := connectScripted(t, serveScript(t, s))
+	for what, watch := range watches(client) {
+		ctx, cancel := context.WithCancel(bg)
+		go func() {
+			<-started
+			cancel()
+		}()
+		if failed := failure(t, watch(ctx)); failed.Code != codes.Canceled {
+			t.Fatalf("%s cancelled by its caller: %+v", what, failed)
+		}
+	}
+	client.Close()
+	nothingLeft(t, s)
+}
+
+func TestAWatchOutlivesTheCtxItWasStartedWith(t *testing.T) {
+	later := make(chan struct{})
+	s := &script{
+		watch: func(_ int, _ *pb.WatchChangesRequest, stream pb.SystemPromptService_WatchChangesServer) error {
+			_ = stream.Send(subscribed(1, "i"))
+			<-later
+			_ = stream.Send(changeEvent(2, "a"))
+			<-stream.Context().Done()
+			return nil
+		},
+		watchPrompt: func(_ int, _ *pb.WatchPromptRequest, stream pb.SystemPromptService_WatchPromptServer) error {
+			_ = stream.Send(&pb.WatchPromptResponse{Revision: 1, Incarnation: "i"})
+			<-later
+			_ = stream.Send(&pb.WatchPromptResponse{Revision: 2, Incarnation: "i"})
+			<-stream.Context().Done()
+			return nil
+		},
+	}
+	client := connectScripted(t, serveScript(t, s))
+	ctx, cancel := context.WithCancel(bg)
+	changes := must[*dsp.ChangeStream](t)(client.WatchChanges(ctx))
+	prompts := must[*dsp.PromptStream](t)(client.WatchPrompt(ctx, "agent-1"))
+	nextPrompt(t, prompts)
+	cancel()
+	time.Sleep(100 * time.Millisecond) // time for a stream tied to ctx to end
+	close(later)
+	change := must[dsp.Change](t)(changes.Next(within(t, 5*time.Second)))
+	if event, ok := change.(dsp.ChangeEvent); !ok || event.Revision != 2 {
+		t.Fatalf("the change after the watch's ctx ended: %+v", change)
+	}
+	if prompt := nextPrompt(t, prompts); prompt.Revision != 2 {
+		t.Fatalf("the prompt after the watch's ctx ended: %+v", prompt)
+	}
+	if n, m := s.watches.Load(), s.prompts.Load(); n != 1 || m != 1 {
+		t.Fatalf("%d change watches and %d prompt watches, want 1 each: the streams ended with their ctx", n, m)
+	}
+	client.Close()
+	nothingLeft(t, s)
+}
