@@ -337,20 +337,38 @@ async def test_a_call_that_comes_while_others_wait_goes_after_them() -> None:
     assert order == ["first", "later"]
 
 
-async def test_a_drained_sidecars_shares_let_every_waiting_call_go_at_once() -> None:
-    clock = Clock()  # still: nothing decays, the waits end only by stop()
+def _held_hog(clock: Clock) -> Shares:
+    """Shares on a still `clock` (nothing decays) holding "hog" far over its split."""
     settings = ShareSettings(window_s=10.0, floor=0.0, refresh_s=5.0, max_wait_s=100.0)
     shares = Shares(settings, clock)
     shares.late(1.0, 1.0)
     shares.charge("light", 0.001)
     clock.now += settings.refresh_s
     shares.charge("hog", 100.0)
+    return shares
+
+
+async def test_a_drained_sidecars_shares_let_every_waiting_call_go_at_once() -> None:
+    shares = _held_hog(Clock())  # the waits end only by stop()
     waiting = [asyncio.create_task(shares.turn("hog")) for _ in range(3)]
     await asyncio.sleep(0.01)
     assert shares.waiting("hog") == 3
     shares.stop()
     await asyncio.wait_for(asyncio.gather(*waiting), 1.0)  # not at the next look, 5 s on
     assert shares.waiting("hog") == 0 and shares.wait_s("hog") == 0
+
+
+async def test_a_reload_of_the_shares_settings_lets_no_waiting_call_go() -> None:
+    shares = _held_hog(Clock())
+    shares.start()
+    waiting = [asyncio.create_task(shares.turn("hog")) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    shares.reconfigure(dataclasses.replace(shares.settings, lag_s=0.01))
+    await asyncio.sleep(0.05)
+    assert shares.running and shares.settings.lag_s == 0.01
+    assert shares.waiting("hog") == 3  # a reload is no drain
+    shares.stop()
+    await asyncio.wait_for(asyncio.gather(*waiting), 1.0)
 
 
 async def test_a_call_cancelled_while_it_waits_leaves_its_clients_line() -> None:

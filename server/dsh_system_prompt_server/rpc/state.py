@@ -119,7 +119,4 @@ class ServerState:
         self.assembler.responses.max_bytes = settings.response_bytes
         self.assembler.parts.max_bytes = settings.response_bytes
         self.reports.max_bytes = settings.report_bytes
-        self.shares.settings = settings.shares
-        if self.shares.running:  # a reload turns the loop's measuring on or off with them
-            self.shares.stop()
-            self.shares.start()
+        self.shares.reconfigure(settings.shares)

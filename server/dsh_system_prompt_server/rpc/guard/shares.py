@@ -243,13 +243,19 @@ class Shares:
             beat = self.settings.beat_s
             self._beat = loop.call_later(beat, self._beaten, loop.time() + beat)
 
+    def reconfigure(self, settings: ShareSettings) -> None:
+        """Take reloaded `settings`: when serving, the loop's lateness is measured again
+        as they say (not at all with `lag_s` 0); waiting calls wait on."""
+        self.settings = settings
+        if self.running:
+            self._stop_beat()
+            self.start()
+
     def stop(self) -> None:
         """Stop measuring the loop's lateness, and let every waiting call go (the sidecar
         drains: what is in flight is to finish within the grace, not wait its turn)."""
         self.running = False
-        if self._beat is not None:
-            self._beat.cancel()
-            self._beat = None
+        self._stop_beat()
         self._lag, self._late_at, self._fair = 0.0, -math.inf, math.inf
         for line in self._lines.values():
             if line.handle is not None:
@@ -258,6 +264,11 @@ class Shares:
                 if not waiter.done():
                     waiter.set_result(None)
         self._lines.clear()
+
+    def _stop_beat(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+            self._beat = None
 
     def late(self, lag: float, elapsed: float) -> None:
         """Count a timer `lag` seconds late, `elapsed` after the one before."""
