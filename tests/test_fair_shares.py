@@ -26,7 +26,7 @@ import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server import load_config
-from dsh_system_prompt_server.rpc.guard.shares import (
+from dsh_system_prompt_server.guard.shares import (
     CALL_S,
     MESSAGE_S,
     Shares,

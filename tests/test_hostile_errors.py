@@ -12,9 +12,9 @@ import grpc.aio
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import Sidecar
-from dsh_system_prompt_server.rpc.handlers import SERVICE
-from dsh_system_prompt_server.rpc.json_text import MAX_JSON_DEPTH
-from dsh_system_prompt_server.rpc.status import MAX_MESSAGE_BYTES
+from dsh_system_prompt_server.wire.handlers import SERVICE
+from dsh_system_prompt_server.wire.json_text import MAX_JSON_DEPTH
+from dsh_system_prompt_server.wire.status import MAX_MESSAGE_BYTES
 from helpers import SidecarFactory, failure, raw_channel, raw_stub, refusal, rejection, tool_names
 
 Next = Callable[..., Awaitable[dsp.PromptAssembly]]

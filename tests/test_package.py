@@ -10,15 +10,16 @@ from pathlib import Path
 import dsh_system_prompt_server
 
 PACKAGE = Path(dsh_system_prompt_server.__file__).parent
-# Lowest first, as the package's docstring lists them; inside rpc/, the translation modules,
-# then who may call, then the Assemble RPC answered, then the streams' brokers, then the state
-# both faces take, then the servicer. The package's root modules sit on top.
+# Lowest first, as the package's docstring lists them; inside rpc/, the Assemble RPC answered,
+# then the streams' brokers, then the state both faces take, then the servicer. The package's
+# root modules sit on top.
 LAYERS = (
     "registry",
     "reports",
     "telemetry",
+    "wire",
+    "guard",
     "rpc",
-    "rpc.guard",
     "rpc.assemble",
     "rpc.streams",
     "rpc.state",
@@ -83,11 +84,12 @@ def test_the_servicer_builds_nothing_but_its_own_fields() -> None:
     assert len(assigned) == len(init.body) and set(assigned) <= parameters, ast.unparse(init)
 
 
-def test_the_top_level_holds_at_most_eight_modules_and_folders() -> None:
+def test_the_top_level_holds_at_most_ten_modules_and_folders() -> None:
+    # The eight rooms of LAYERS and the face with `__main__`: a ninth room needs a reason.
     entries = [
         p.name for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()
     ]
-    assert len(entries) <= 8, sorted(entries)
+    assert len(entries) <= 10, sorted(entries)
 
 
 def test_every_folder_says_what_belongs_in_it() -> None:

@@ -15,7 +15,7 @@ import grpc
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import Sidecar
-from dsh_system_prompt_server.rpc import encoding
+from dsh_system_prompt_server.wire import encoding
 from helpers import IDENTITY, ClientFactory, SidecarFactory, raw_channel
 
 ASSEMBLE = "/dsh.systemprompt.v1.SystemPromptService/Assemble"

@@ -13,7 +13,7 @@ import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import Sidecar
 from dsh_system_prompt_server.registry import AssembleContext, Kind, ProviderCall
-from dsh_system_prompt_server.rpc.convert import ProvideRequests
+from dsh_system_prompt_server.wire.convert import ProvideRequests
 from helpers import raw_channel, raw_stub
 
 

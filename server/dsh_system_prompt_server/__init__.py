@@ -5,8 +5,10 @@ Its folders, lowest first; a folder imports only the ones above it in this list:
 - `registry/`: the spec's semantics in plain Python (layers, shadowing, ordering, assembly);
 - `reports/`: prompt-cache awareness in plain Python (reports, blame, diff, history, tokens);
 - `telemetry/`: metrics, logs and traces;
-- `rpc/`: the gRPC face (messages, statuses, the servicer) and, in `rpc/streams/`, the
-  long-lived streams' brokers;
+- `wire/`: the gRPC wire without state (messages, statuses, method handlers, addresses);
+- `guard/`: who may call, and when (credentials, roles, fair shares, the drain gate);
+- `rpc/`: the RPCs answered (the Assemble RPC, the streams' brokers, the state, the
+  servicer);
 - `admin/`: the read-only admin page;
 - `sidecar/`: the process (config, building the server, reloads, the command line).
 

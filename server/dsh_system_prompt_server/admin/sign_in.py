@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from aiohttp import web
 from yarl import URL
 
-from ..rpc.guard.auth import Authenticator
-from ..rpc.guard.policy import Credential
+from ..guard.auth import Authenticator
+from ..guard.policy import Credential
 
 COOKIE = "dsp_admin"
 PATH = "/sign-in"

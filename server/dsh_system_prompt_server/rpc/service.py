@@ -13,9 +13,9 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from google.protobuf.message import Message
 
+from ..guard.gate import Gate
 from ..registry import AnyRegistration, Failure
-from .assemble.assembler import history_key
-from .convert import (
+from ..wire.convert import (
     SKIPPED_TRAILER,
     skipped_trailer,
     text_from_proto,
@@ -23,14 +23,14 @@ from .convert import (
     update_value_from_proto,
     variable_from_proto,
 )
-from .guard.gate import Gate
-from .handlers import assemble_request, assemble_request_limit, request_too_large
-from .report_messages import (
+from ..wire.handlers import assemble_request, assemble_request_limit, request_too_large
+from ..wire.report_messages import (
     history_entry_to_proto,
     history_to_proto,
 )
+from ..wire.status import abort
+from .assemble.assembler import history_key
 from .state import ServerState
-from .status import abort
 from .streams.sessions import Session
 
 Reply = TypeVar("Reply")

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..guard.gate import Gate
+from ..guard.shares import Shares, ShareSettings
 from ..registry import Failure, Kind, Registration, Registry
 from ..reports.history import ReportHistory
 from ..reports.reporter import Reporter
@@ -18,8 +20,6 @@ from ..telemetry.logs import logger
 from ..telemetry.metrics import Metrics
 from ..telemetry.tracing import Tracing
 from .assemble.assembler import Assembler
-from .guard.gate import Gate
-from .guard.shares import Shares, ShareSettings
 from .streams.listeners import Listeners
 from .streams.outbox import OutboxLimits
 from .streams.sessions import Sessions

@@ -17,17 +17,9 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from ..admin import AdminOptions, AdminServer, start_admin
+from ..guard.auth import Authenticator, AuthInterceptor
+from ..guard.shares import ShareSettings, sharing
 from ..registry import Registry
-from ..rpc.addresses import (
-    UNIX_PREFIX,
-    bind_failure,
-    check_listen,
-    claim_unix_socket,
-    host_and_port,
-)
-from ..rpc.guard.auth import Authenticator, AuthInterceptor
-from ..rpc.guard.shares import ShareSettings, sharing
-from ..rpc.handlers import add_service
 from ..rpc.service import SystemPromptService
 from ..rpc.state import ServerState, StateSettings
 from ..rpc.streams.outbox import OutboxLimits
@@ -35,6 +27,14 @@ from ..rpc.streams.watches import WatchSettings
 from ..telemetry.logs import logger
 from ..telemetry.metrics import Metrics
 from ..telemetry.tracing import Tracing
+from ..wire.addresses import (
+    UNIX_PREFIX,
+    bind_failure,
+    check_listen,
+    claim_unix_socket,
+    host_and_port,
+)
+from ..wire.handlers import add_service
 from .config import SidecarConfig, all_credentials
 from .config_values import ConfigError
 

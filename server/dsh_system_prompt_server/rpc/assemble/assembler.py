@@ -23,9 +23,9 @@ from ...reports.reporter import Reporter
 from ...reports.values import Layout
 from ...telemetry.logs import Throttled, logger
 from ...telemetry.metrics import Metrics
-from ..convert import context_from_proto, skipped_to_proto
-from ..encoding import assemble_response
-from ..report_messages import history_key_from_proto, layout_from_proto, report_to_proto
+from ...wire.convert import context_from_proto, skipped_to_proto
+from ...wire.encoding import assemble_response
+from ...wire.report_messages import history_key_from_proto, layout_from_proto, report_to_proto
 from . import part_caches
 from .response_cache import MAX_BYTES, ResponseCache, reuse_key, stamp_of
 

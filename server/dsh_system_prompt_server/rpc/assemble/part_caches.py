@@ -22,7 +22,7 @@ from dsh_system_prompt_core import CONTEXT_SNAPSHOT_HEADER, SECTION_SEPARATOR, i
 
 from ...registry import Assembly, Part, Tool
 from ...registry.assembly.plan import Plan
-from .. import encoding
+from ...wire import encoding
 
 T = TypeVar("T")
 Variables = Mapping[str, str | None]

@@ -3,6 +3,6 @@
 Belongs here: a stream's life cycle (open, first-message check, outbox, reader and writer,
 ending, stalls), the hosts the registry calls through a stream (a session's providers, a
 listener), change and prompt watches, and what bounds a peer (outbox, turns, quotas). It
-may import `rpc`'s translation modules and everything below `rpc/`; `rpc.state`, which builds
+may import `wire/`, `guard/` and everything below them; `rpc.state`, which builds
 the brokers, `rpc.service` and the folders above `rpc/` import it.
 """

@@ -25,11 +25,11 @@ import grpc.aio
 from dsh_system_prompt_core import Reason
 from google.protobuf.message import Message as ProtoMessage
 
+from ...guard.gate import Gate
 from ...registry import ServiceError
 from ...telemetry.logs import logger
 from ...telemetry.metrics import Metrics
-from ..guard.gate import Gate
-from ..status import bad_request
+from ...wire.status import bad_request
 from .outbox import Message, Outbox, OutboxLimits
 
 Out = TypeVar("Out", bound=Message)

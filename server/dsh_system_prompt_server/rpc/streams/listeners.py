@@ -27,7 +27,7 @@ from ...registry import (
 )
 from ...telemetry.metrics import Metrics
 from ...telemetry.tracing import Tracing, hop
-from ..convert import (
+from ...wire.convert import (
     cache_from_proto,
     context_to_proto,
     failure_policy_from_proto,

@@ -20,9 +20,9 @@ from ...reports.live_prompt import LivePrompt, StaticPrompt
 from ...reports.report import build_report
 from ...reports.tokens import Tokenizer
 from ...reports.values import Layout
-from ..convert import change_to_proto
-from ..encoding import assembly_to_proto
-from ..report_messages import report_to_proto
+from ...wire.convert import change_to_proto
+from ...wire.encoding import assembly_to_proto
+from ...wire.report_messages import report_to_proto
 
 MAX_CHANGES_LISTED = 64  # per message; the rest of a burst is counted, not listed
 

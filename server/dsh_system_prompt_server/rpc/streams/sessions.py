@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, Reason, package_version
 
+from ...guard.clients import client_of
 from ...registry import (
     AssembleContext,
     Client,
@@ -25,9 +26,8 @@ from ...registry import (
 from ...registry.limits import quota_exceeded
 from ...telemetry.metrics import Metrics
 from ...telemetry.tracing import Tracing, hop
-from ..convert import ProvideRequests, provided_from_proto
-from ..guard.clients import client_of
-from ..status import unknown_session
+from ...wire.convert import ProvideRequests, provided_from_proto
+from ...wire.status import unknown_session
 from .broker import Broker, Ended, Replies, Stream
 from .outbox import Outbox, OutboxLimits
 

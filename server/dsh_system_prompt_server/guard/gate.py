@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 
-from ..status import shutting_down
+from ..wire.status import shutting_down
 
 
 class Gate:

@@ -25,7 +25,7 @@ import ipaddress
 from contextvars import ContextVar
 from urllib.parse import unquote
 
-from ...registry import Client
+from ..registry import Client
 
 # The credential name of the call being served, set by the AuthInterceptor for each call it
 # admits; each gRPC call runs in a context of its own, so one call never sees another's.

@@ -12,7 +12,7 @@ from typing import Any
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
-from ...registry import Registry
+from ..registry import Registry
 from .policy import Request, Verb
 
 _UNKNOWN = object()  # a handle the session does not hold

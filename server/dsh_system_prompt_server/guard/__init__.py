@@ -2,6 +2,6 @@
 each client's fair share of the event loop, and the drain gate that refuses new calls once
 the sidecar is stopping.
 
-Imports the registry and `rpc`'s translation modules (`status`); imported by the streams, the
-servicer, the admin page and the sidecar.
+Imports `registry/` and `wire/` (`handlers`, `status`); imported by `rpc/` (the streams,
+the state, the servicer), `admin/` and `sidecar/`.
 """

@@ -25,9 +25,9 @@ import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
 
-from ...registry import Registry, ServiceError, Status
-from ..handlers import RAW_REQUESTS, ContextAround, request_of
-from ..status import abort
+from ..registry import Registry, ServiceError, Status
+from ..wire.handlers import RAW_REQUESTS, ContextAround, request_of
+from ..wire.status import abort
 from .access import describe, session_of
 from .clients import CALLER
 from .policy import Credential, decide
@@ -120,7 +120,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return self._authenticator.identify(metadata, context.auth_context() or {})
 
     def read(self, method: str, message: Any) -> Any:
-        """`message` as the policy reads it: a call's bytes (rpc.handlers) parsed; None for
+        """`message` as the policy reads it: a call's bytes (wire.handlers) parsed; None for
         bytes the service will refuse."""
         if isinstance(message, bytes):
             return request_of(method, message, self._registry.limits)

@@ -33,8 +33,8 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from ...registry import Client
-from ..handlers import Behaviour, Context, ContextAround
+from ..registry import Client
+from ..wire.handlers import Behaviour, Context, ContextAround
 from .clients import IDENTIFIED, client_of
 
 T = TypeVar("T")
