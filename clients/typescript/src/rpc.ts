@@ -105,6 +105,7 @@ export class Rpc {
     signal?: AbortSignal,
   ): Promise<MessageShape<O>> {
     return new Promise((resolve, reject) => {
+      const onAbort = (): void => call.cancel();
       const call = this.#client.makeUnaryRequest(
         path(method),
         serializer(method.input),
@@ -112,11 +113,16 @@ export class Rpc {
         request,
         this.metadata(),
         deadline === undefined ? {} : { deadline },
-        (error, response) => (error || response === undefined ? reject(error) : resolve(response)),
+        (error, response) => {
+          // A signal reused over many calls must not keep one listener per finished call.
+          signal?.removeEventListener("abort", onAbort);
+          if (error || response === undefined) reject(error);
+          else resolve(response);
+        },
       );
       if (signal === undefined) return;
       if (signal.aborted) call.cancel();
-      else signal.addEventListener("abort", () => call.cancel(), { once: true });
+      else signal.addEventListener("abort", onAbort, { once: true });
     });
   }
 
