@@ -15,7 +15,7 @@ import { create } from "@bufbuild/protobuf";
 import type { ClientReadableStream, ServiceError } from "@grpc/grpc-js";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import { pause, within } from "./async.js";
-import type { Closable } from "./connection.js";
+import type { Closable } from "./closable.js";
 import { changeFromProto } from "./convert.js";
 import { Code, NoAnswer, SystemPromptError, errorFromGrpc, protocolError, streamEnded } from "./errors.js";
 import type { Rpc } from "./rpc.js";

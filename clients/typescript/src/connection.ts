@@ -13,6 +13,7 @@ import { create, type DescMessage, type MessageShape } from "@bufbuild/protobuf"
 import type { StatusObject } from "@grpc/grpc-js";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import { Deferred, pause, within } from "./async.js";
+import type { Closable } from "./closable.js";
 import { Code, NoAnswer, Reason, SystemPromptError, errorFromGrpc } from "./errors.js";
 import type { ListenerStream } from "./listeners.js";
 import type { LocalCache } from "./localCache.js";
@@ -34,11 +35,6 @@ export interface Registration {
   providerKey?: string | undefined;
   registrationId: string;
   stream?: ListenerStream | undefined;
-}
-
-/** What the connection closes with it: open change and prompt streams. */
-export interface Closable {
-  close(): void;
 }
 
 /** For what the sidecar answers at once: session, listener and watch opens, registrations, disposals. */

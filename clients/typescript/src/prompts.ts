@@ -2,7 +2,7 @@
 
 import type { ClientReadableStream, ServiceError } from "@grpc/grpc-js";
 import type * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
-import type { Closable } from "./connection.js";
+import type { Closable } from "./closable.js";
 import { assemblyFromProto, changeFromProto, reportFromProto } from "./convert.js";
 import { errorFromGrpc } from "./errors.js";
 import type { PromptChange } from "./types.js";
