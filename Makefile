@@ -154,7 +154,7 @@ ts-test: $(STAMP) ts-build
 	cd $(TS_CLIENT) && npm test
 
 ## Debian's Chromium, which the admin page's browser tests drive through Playwright
-## (tests/test_admin.py launches /usr/bin/chromium; `playwright install` is never needed).
+## (tests/admin/test_admin.py launches /usr/bin/chromium; `playwright install` is never needed).
 .PHONY: browser
 browser:
 	@if [ -x /usr/bin/chromium ]; then exit 0; fi; \
@@ -165,7 +165,7 @@ browser:
 
 ## Refresh the admin page's screenshots in docs/admin/ (the browser tests take them).
 screenshots: $(STAMP) browser
-	DSP_ADMIN_SCREENSHOTS=1 $(BIN)/python -m pytest -q tests/test_admin.py
+	DSP_ADMIN_SCREENSHOTS=1 $(BIN)/python -m pytest -q tests/admin/test_admin.py
 
 ## The Go client (clients/go), built offline from Debian's packages: Go 1.19 and the gRPC,
 ## protobuf and genproto sources in /usr/share/gocode, in GOPATH mode (no module proxy).

@@ -3,7 +3,7 @@ its peak and after, against the memory budget (`bench.hostile` reports them).
 
     python -m bench.hostile_figures [--budget-mib 512]
 
-These are figures, not checks: a finding's bound is its test's (tests/test_hostile_*.py);
+These are figures, not checks: a finding's bound is its test's (tests/hostile/test_hostile_*.py);
 here is what the process takes, which Python's allocator and gRPC's buffers add to.
 """
 

@@ -2,7 +2,7 @@
  * The client against a sidecar that misbehaves: it never hangs, leaks or believes a wrong
  * answer. Every test talks to the scripted sidecar (test/scripted.ts); after each, the
  * harness checks that no stream is open on it and no timer or handle of the client is
- * left in this process. The same cases as tests/test_scripted_sidecar.py.
+ * left in this process. The same cases as tests/client/test_scripted_sidecar.py.
  */
 
 import assert from "node:assert/strict";

@@ -1,7 +1,7 @@
 /**
  * Version skew: the client with an older and a newer (scripted) sidecar. Each side uses
  * only what both support and ignores what it does not know (docs/protocol.md, "Versions
- * and features"). The same cases as tests/test_version_skew.py.
+ * and features"). The same cases as tests/wire/test_version_skew.py.
  */
 
 import assert from "node:assert/strict";

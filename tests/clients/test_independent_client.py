@@ -17,7 +17,7 @@ from dsh_system_prompt_server import Sidecar
 from helpers import IDENTITY, SidecarFactory
 from processes import run
 
-CLIENT = Path(__file__).parent / "independent_client" / "client.mjs"
+CLIENT = Path(__file__).resolve().parents[1] / "independent_client" / "client.mjs"
 RUN_TIMEOUT_S = 30.0
 
 

@@ -17,7 +17,7 @@ from dsh_system_prompt_server import Sidecar
 from helpers import BUILTIN_SECTIONS, IDENTITY, section_names
 from processes import free_port, run
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "node"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "node"
 SETUP = "run `make node-deps` (builds clients/typescript, npm ci in examples/node) first"
 TIMEOUT_S = 30
 

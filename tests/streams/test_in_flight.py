@@ -1,7 +1,7 @@
 """The prompts in flight serve their waiters in the order they came (strict FIFO with
 head-of-line blocking), within each client's share: a release gives what it freed to the
 earliest waiter that fits, so no waiter is overtaken forever by later ones. Checked on
-InFlight itself with real asyncio tasks; tests/test_hostile_watchers.py drives the same
+InFlight itself with real asyncio tasks; tests/hostile/test_hostile_watchers.py drives the same
 bound through a sidecar's WatchPrompt streams."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from processes import run, serve
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROTO = "dsh/systemprompt/v1/system_prompt.proto"
 # What only the sidecar needs (the `server` extra): none of it may come with the client.
 SERVER_ONLY = {

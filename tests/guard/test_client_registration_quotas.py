@@ -22,8 +22,9 @@ from dsh_system_prompt_server import Sidecar, load_config
 from dsh_system_prompt_server.registry import Kind
 from dsh_system_prompt_server.sidecar.reload import Reloader
 from helpers import SidecarFactory, eventually, failure, rejection, section_names
-from test_client_quotas import TOKENS, credentials, kill, ready_process
-from test_hostile_ejection import _listener, _outcome, _silent
+from hostile.test_hostile_ejection import _listener, _outcome, _silent
+
+from guard.test_client_quotas import TOKENS, credentials, kill, ready_process
 
 LIMITS = {"max_listeners_per_peer": 2, "max_bytes_per_peer": 1000}
 LISTENERS_REFUSED = (

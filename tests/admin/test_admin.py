@@ -31,7 +31,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "admin"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "admin"
 TOKEN = "admin-test-token"
 IGNORE = dsp.FailurePolicy.IGNORE
 WAIT_MS = 10_000  # a loaded 2-core machine; the page itself updates within a tick

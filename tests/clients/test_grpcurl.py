@@ -25,7 +25,7 @@ import pytest
 from dsh_system_prompt_server import Sidecar
 from helpers import BUILTIN_SECTIONS, IDENTITY, SidecarFactory
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "grpcurl.md"
 DOC_ADDRESS = "127.0.0.1:50051"
 BLOCK = re.compile(r"^<!-- check: ([\w-]+) -->\n```sh\n(.*?)^```$", re.DOTALL | re.MULTILINE)

@@ -8,8 +8,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 from dsh_system_prompt_server import Sidecar
+from guard.test_roles import TOKENS, roles_config
 from helpers import SidecarFactory
-from test_roles import TOKENS, roles_config
 
 ROUTES = ("/scopes", "/sessions", "/prompt", "/cache", "/events/scopes", "/events/prompt")
 # who: the routes it may open; every other one is 403

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SETUP = "run `make codegen-tools` (Debian: protobuf-compiler protoc-gen-go protoc-gen-go-grpc)"
 
 # Pinned here because buf's breaking check lets them be set once (proto/buf.yaml).

@@ -13,7 +13,7 @@ import pytest
 from dsh_system_prompt_server import Sidecar
 from processes import run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import check_docs  # noqa: E402
 

@@ -128,7 +128,7 @@ def test_every_copy_source_exists_and_is_in_the_build_context() -> None:
 
 def test_build_context_leaves_out_the_rest() -> None:
     rules = dockerignore()
-    for name in (".venv/bin/python", ".git/config", "tests/test_deploy.py", "bench/x.py"):
+    for name in (".venv/bin/python", ".git/config", "tests/package/test_deploy.py", "bench/x.py"):
         assert ignored(name, rules), f"{name} would be sent to the Docker daemon"
     for name in ("client/x/__pycache__/a.pyc", "server/a.egg-info/PKG-INFO"):
         assert ignored(name, rules), name

@@ -1,0 +1,1 @@
+"""Other clients on the proto: the Node.js example, the independent client, codegen, grpcurl."""

@@ -1,0 +1,1 @@
+"""Hostile peers and input: bounds, idle connections, ejection, errors, peer text."""

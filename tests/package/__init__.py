@@ -1,0 +1,1 @@
+"""What ships: the server package's shape, the wheel, the container, manifests, docs."""

@@ -1,0 +1,1 @@
+"""The registry's semantics: registrations, scopes, plans, changes, limits, callbacks."""

@@ -1,0 +1,1 @@
+"""Prompt-cache reports: provenance, sizes, prefix stability, blame, history per key."""

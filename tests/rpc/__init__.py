@@ -1,0 +1,1 @@
+"""The Assemble RPC answered: kept answers, per-part caches, cacheable plans."""

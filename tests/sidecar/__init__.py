@@ -1,0 +1,1 @@
+"""The process: serve, the other commands, config reloads."""

@@ -1,0 +1,1 @@
+"""The streams: sessions, listeners, part slots, watches, prompts in flight."""

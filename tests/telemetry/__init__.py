@@ -1,0 +1,1 @@
+"""What the sidecar tells its operator: metrics, logs, traces."""

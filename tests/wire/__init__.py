@@ -1,0 +1,1 @@
+"""What the wire carries: statuses and error details, protocol versions, version skew."""
