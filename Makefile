@@ -149,8 +149,8 @@ ts-typecheck: ts-deps
 ts-build: ts-deps
 	cd $(TS_CLIENT) && npm run --silent build
 
-## Run the TypeScript client's tests against real sidecars from .venv.
-ts-test: $(STAMP) ts-build
+## Build the TypeScript client and run its tests against real sidecars from .venv (npm's pretest builds).
+ts-test: $(STAMP) ts-deps
 	cd $(TS_CLIENT) && npm test
 
 ## Debian's Chromium, which the admin page's browser tests drive through Playwright
