@@ -78,7 +78,7 @@ func (c *Client) assemble(ctx context.Context, render bool, opts []AssembleOptio
 	}
 	reply := &assembleReply{}
 	if err := c.c.cc.Invoke(ctx, assembleMethod, request.message, reply, grpc.ForceCodec(replyCodec{})); err != nil {
-		return nil, fromRPC(err)
+		return nil, callError(ctx, err)
 	}
 	if request.skipped != nil {
 		*request.skipped = reply.skipped

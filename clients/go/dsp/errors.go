@@ -71,6 +71,14 @@ const (
 //
 //	var failure *dsp.Error
 //	if errors.As(err, &failure) && failure.Reason == dsp.ReasonDuplicateName { ... }
+//
+// A call that its ctx ended wraps ctx's error: errors.Is(err, context.Canceled)
+// when ctx was cancelled, errors.Is(err, context.DeadlineExceeded) when its
+// deadline passed, also when the sidecar answered PROVIDER_TIMEOUT or
+// LISTENER_TIMEOUT a moment before it because that deadline cut the callback's
+// time. A call the sidecar left unanswered within ctx's deadline or the call
+// timeout (UNAVAILABLE, ReasonSidecarUnavailable) is context.DeadlineExceeded
+// too. The sidecar's other failures, its own callback timeouts included, wrap nothing.
 type Error struct {
 	// Code is the gRPC status code.
 	Code codes.Code
@@ -80,10 +88,16 @@ type Error struct {
 	Message string
 	// unanswered marks a call the sidecar took and never answered: it may have happened.
 	unanswered bool
+	// cause is the context error that ended the call, for errors.Is; nil for the rest.
+	cause error
 }
 
 // Error returns the message, as the sidecar worded it.
 func (e *Error) Error() string { return e.Message }
+
+// Unwrap returns context.Canceled or context.DeadlineExceeded when that ended
+// the call, else nil.
+func (e *Error) Unwrap() error { return e.cause }
 
 // ReasonOf returns the Reason of err when it is (or wraps) an *Error, else "".
 func ReasonOf(err error) Reason {
@@ -97,7 +111,8 @@ func ReasonOf(err error) Reason {
 const errorDomainInfo = "type.googleapis.com/google.rpc.ErrorInfo"
 
 // fromRPC turns what a gRPC call returned into an *Error (nil stays nil).
-// A cancelled or expired ctx is reported as such, with the reason UNKNOWN.
+// A cancelled or expired ctx is reported as such, with the reason UNKNOWN,
+// and wrapped.
 func fromRPC(err error) error {
 	if err == nil {
 		return nil
@@ -106,9 +121,13 @@ func fromRPC(err error) error {
 	if errors.As(err, &failure) {
 		return failure
 	}
+	var cause error
 	st, ok := status.FromError(err)
 	if !ok {
 		st = status.FromContextError(err)
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			cause = err
+		}
 	}
 	reason := errorInfoReason(st)
 	message := st.Message()
@@ -121,7 +140,45 @@ func fromRPC(err error) error {
 			return &Error{Code: codes.Unavailable, Reason: ReasonSidecarUnavailable, Message: "sidecar unavailable: " + message}
 		}
 	}
-	return &Error{Code: st.Code(), Reason: reason, Message: message}
+	return &Error{Code: st.Code(), Reason: reason, Message: message, cause: cause}
+}
+
+// deadlineMargin is the most the sidecar answers before the caller's deadline
+// when that cut a callback's time short, so the error naming it arrives in time
+// (docs/protocol.md, "The session stream": "minus a small margin").
+const deadlineMargin = 100 * time.Millisecond
+
+// callError is fromRPC for a call made with ctx: a call that ctx ended wraps
+// ctx's error, which gRPC's status for it does not.
+func callError(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	failure := fromRPC(err).(*Error)
+	cause := endedBy(ctx, failure.Code)
+	if cause == nil || failure.cause != nil {
+		return failure
+	}
+	wrapped := *failure
+	wrapped.cause = cause
+	return &wrapped
+}
+
+// endedBy is ctx's error when it ended a call that failed with code: CANCELED
+// or DEADLINE_EXCEEDED after ctx ended, or DEADLINE_EXCEEDED within the
+// sidecar's margin of ctx's deadline (a provider or listener timeout that the
+// deadline cut short); else nil.
+func endedBy(ctx context.Context, code codes.Code) error {
+	if code != codes.Canceled && code != codes.DeadlineExceeded {
+		return nil
+	}
+	if ended := ctx.Err(); ended != nil {
+		return ended
+	}
+	if deadline, ok := ctx.Deadline(); ok && code == codes.DeadlineExceeded && time.Until(deadline) <= deadlineMargin {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // errorInfoReason reads the reason of the status's google.rpc.ErrorInfo detail.
@@ -176,6 +233,7 @@ func noAnswerWithin(what, within string) *Error {
 	failure := newError(codes.Unavailable, ReasonSidecarUnavailable,
 		"sidecar unavailable: no answer to %s within %s", what, within)
 	failure.unanswered = true
+	failure.cause = context.DeadlineExceeded
 	return failure
 }
 
@@ -217,7 +275,7 @@ func answerError(ctx context.Context, err error, what string) error {
 	if err == nil {
 		return nil
 	}
-	failure := fromRPC(err).(*Error)
+	failure := callError(ctx, err).(*Error)
 	// The sidecar's own timeouts carry a reason; without one, the deadline was
 	// this call's (the sidecar may say so a moment before the client's timer does).
 	if failure.Code == codes.DeadlineExceeded && failure.Reason == ReasonUnknown {

@@ -2,6 +2,7 @@ package dsp_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -219,7 +220,7 @@ func TestInstallingAListenerEndsAtItsCallersDeadlineOrCancellation(t *testing.T)
 	_, err := client.OnAssemble(within(t, scriptedCallTimeout/5), passThrough)
 	failed := wantError(t, err, codes.Unavailable, dsp.ReasonSidecarUnavailable)
 	want := "sidecar unavailable: no answer to installing a listener within the caller's deadline ("
-	if !strings.HasPrefix(failed.Message, want) || strings.Contains(failed.Message, scriptedCallTimeout.String()) {
+	if !strings.HasPrefix(failed.Message, want) || strings.Contains(failed.Message, scriptedCallTimeout.String()) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("an install cut short by its caller: %q", failed.Message)
 	}
 	<-started
@@ -234,7 +235,9 @@ func TestInstallingAListenerEndsAtItsCallersDeadlineOrCancellation(t *testing.T)
 		cancel()
 	}()
 	_, err = client.OnAssemble(ctx, passThrough)
-	wantError(t, err, codes.Canceled, dsp.ReasonUnknown)
+	if wantError(t, err, codes.Canceled, dsp.ReasonUnknown); !errors.Is(err, context.Canceled) {
+		t.Fatalf("an install cancelled by its caller is not context.Canceled: %v", err)
+	}
 	<-ended
 	client.Close()
 	nothingLeft(t, s)

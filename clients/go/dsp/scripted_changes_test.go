@@ -287,14 +287,17 @@ func TestACallCutShortByTheCallersDeadlineSaysSoNotTheCallTimeout(t *testing.T) 
 		if !strings.HasPrefix(failed.Message, want) || strings.Contains(failed.Message, scriptedCallTimeout.String()) {
 			t.Fatalf("%s cut short by its caller: %q", what, failed.Message)
 		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("%s cut short by its caller's deadline is not context.DeadlineExceeded", what)
+		}
 		<-session.done // it may have happened there: the session is made again
 		session = <-s.sessions
 		waitFor(t, "the new session", func() bool { return client.Connected() && client.SessionID() == session.id })
 		handle = must[*dsp.Handle[string]](t)(client.Section(bg, "s", 1, "Old."))
 	}
 	_, err := handle.Update(within(t, 10*time.Second), "New.")
-	if failed := failure(t, err); failed.Message != "sidecar unavailable: no answer to Update within 500ms" {
-		t.Fatalf("a call its caller gives longer names the call timeout: %q", failed.Message)
+	if failed := failure(t, err); failed.Message != "sidecar unavailable: no answer to Update within 500ms" || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a call its caller gives longer names the call timeout, a deadline: %q", failed.Message)
 	}
 }
 
@@ -329,9 +332,10 @@ func TestAWatchEndsAtItsCallersDeadlineNamingIt(t *testing.T) {
 	s, _ := neverConfirmed()
 	client := connectScripted(t, serveScript(t, s))
 	for what, watch := range watches(client) {
-		failed := wantError(t, watch(within(t, scriptedCallTimeout/5)), codes.Unavailable, dsp.ReasonSidecarUnavailable)
+		err := watch(within(t, scriptedCallTimeout/5))
+		failed := wantError(t, err, codes.Unavailable, dsp.ReasonSidecarUnavailable)
 		want := "sidecar unavailable: no answer to " + what + " within the caller's deadline ("
-		if !strings.HasPrefix(failed.Message, want) || strings.Contains(failed.Message, scriptedCallTimeout.String()) {
+		if !strings.HasPrefix(failed.Message, want) || strings.Contains(failed.Message, scriptedCallTimeout.String()) || !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("%s cut short by its caller: %q", what, failed.Message)
 		}
 	}
@@ -348,7 +352,8 @@ func TestAWatchWhoseCtxIsCancelledWhileWaitingFailsCanceled(t *testing.T) {
 			<-started
 			cancel()
 		}()
-		if failed := failure(t, watch(ctx)); failed.Code != codes.Canceled {
+		err := watch(ctx)
+		if failed := failure(t, err); failed.Code != codes.Canceled || !errors.Is(err, context.Canceled) {
 			t.Fatalf("%s cancelled by its caller: %+v", what, failed)
 		}
 	}

@@ -51,7 +51,7 @@ func (c *Client) Snapshot(ctx context.Context, opts ...WatchOption) (*Snapshot, 
 func (c *conn) list(ctx context.Context, request *pb.ListRegistrationsRequest) (*Snapshot, error) {
 	call, err := c.rpc.ListRegistrations(ctx, request)
 	if err != nil {
-		return nil, fromRPC(err)
+		return nil, callError(ctx, err)
 	}
 	snapshot := &Snapshot{}
 	for {
@@ -60,7 +60,7 @@ func (c *conn) list(ctx context.Context, request *pb.ListRegistrationsRequest) (
 			return snapshot, nil
 		}
 		if err != nil {
-			return nil, fromRPC(err)
+			return nil, callError(ctx, err)
 		}
 		snapshot.Revision, snapshot.Incarnation = batch.GetRevision(), batch.GetIncarnation()
 		for _, m := range batch.GetRegistrations() {
