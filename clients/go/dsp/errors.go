@@ -17,7 +17,8 @@ import (
 // does not know (from a newer sidecar) is kept as its string.
 type Reason string
 
-// The reasons of the proto's ErrorReason enum (docs/protocol.md, "Errors").
+// The reasons of the proto's ErrorReason enum (docs/protocol.md, "Errors"), one
+// per value and named for it: reasons_test.go checks them against the generated enum.
 // SIDECAR_UNAVAILABLE, SESSION_CLOSED, INVALID_VALUE, PROTOCOL_ERROR and
 // UNKNOWN are client-side: this package gives them to failures it detects
 // itself, so that every error has a reason.
