@@ -20,26 +20,20 @@ before any of the sidecar's dependencies are imported.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .sidecar import lazy_names
 
 if TYPE_CHECKING:
     from .registry import Registry, RegistrySettings
-    from .sidecar.app import Sidecar, start_sidecar
-    from .sidecar.config import SidecarConfig, load_config, parse_config
-    from .sidecar.config_values import ConfigError
-
-# Each name of the face and the module that defines it.
-_FACE = {
-    "Registry": ".registry",
-    "RegistrySettings": ".registry",
-    "Sidecar": ".sidecar.app",
-    "start_sidecar": ".sidecar.app",
-    "ConfigError": ".sidecar.config_values",
-    "SidecarConfig": ".sidecar.config",
-    "load_config": ".sidecar.config",
-    "parse_config": ".sidecar.config",
-}
+    from .sidecar import (
+        ConfigError,
+        Sidecar,
+        SidecarConfig,
+        load_config,
+        parse_config,
+        start_sidecar,
+    )
 
 __all__ = [
     "ConfigError",
@@ -51,10 +45,16 @@ __all__ = [
     "parse_config",
     "start_sidecar",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    """A name of the face, imported from its module on first use."""
-    if name not in _FACE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_FACE[name], __name__), name)
+# The face's names by the folder whose face holds them; each is imported on first use.
+_FACES = {
+    ".registry": ("Registry", "RegistrySettings"),
+    ".sidecar": (
+        "ConfigError",
+        "Sidecar",
+        "SidecarConfig",
+        "load_config",
+        "parse_config",
+        "start_sidecar",
+    ),
+}
+__getattr__ = lazy_names(__name__, {name: face for face, names in _FACES.items() for name in names})

@@ -2,6 +2,6 @@
 
 import sys
 
-from .sidecar.launcher import main
+from .sidecar import main
 
 sys.exit(main())

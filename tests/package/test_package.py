@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import dsh_system_prompt_server
@@ -35,20 +36,55 @@ def _layer(module: str) -> int:
     return max(ranks, default=len(LAYERS))
 
 
-def _imports(path: Path) -> set[str]:
-    """The package's modules a file imports, as paths relative to the package."""
-    here = path.relative_to(PACKAGE).with_suffix("").parts
-    package = here[:-1]
-    found: set[str] = set()
+def _dotted(path: Path) -> str:
+    """A module's dotted path inside the package; a folder's face is the folder's path."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts).removesuffix("__init__").strip(".")
+
+
+MODULES = {_dotted(path): path for path in PACKAGE.rglob("*.py")}
+FOLDERS = {_dotted(init) for init in PACKAGE.rglob("__init__.py")} - {""}
+
+
+def _imported(path: Path) -> Iterator[tuple[str, str]]:
+    """(module, name) for each name a file imports from the package: the module it names it
+    from, or (module, "") for a name that is a module (`from . import views`)."""
+    package = [part for part in _dotted(path).split(".") if part]
+    if path.name != "__init__.py":
+        package = package[:-1]
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.level:
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
             base = package[: len(package) - (node.level - 1)]
-            found.add(".".join((*base, *(node.module or "").split("."))).strip("."))
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-            PACKAGE.name + "."
-        ):
-            found.add((node.module or "")[len(PACKAGE.name) + 1 :])
-    return found
+            target = ".".join((*base, *filter(None, (node.module or "").split("."))))
+        elif (node.module or "").split(".")[0] == PACKAGE.name:
+            target = (node.module or "").removeprefix(PACKAGE.name).strip(".")
+        else:
+            continue
+        for alias in node.names:
+            named = f"{target}.{alias.name}".strip(".")
+            yield (named, "") if named in MODULES else (target, alias.name)
+
+
+def _defining(module: str, name: str) -> str:
+    """The module defining `name`, followed from a face through the faces re-exporting it."""
+    if module in FOLDERS and name:
+        for source, imported in _imported(MODULES[module]):
+            if imported == name:
+                return _defining(source, name)
+    return module
+
+
+def _imports(path: Path) -> set[str]:
+    """The package's modules a file takes names from (through a face, the defining one)."""
+    return {_defining(module, name) for module, name in _imported(path)}
+
+
+def _home(path: Path) -> str:
+    """The folder a module belongs to: its own for a face."""
+    module = _dotted(path)
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
 
 
 def test_no_folder_imports_one_above_it() -> None:
@@ -56,9 +92,31 @@ def test_no_folder_imports_one_above_it() -> None:
         f"{path.relative_to(PACKAGE)} imports {target}"
         for path in PACKAGE.rglob("*.py")
         for target in _imports(path)
-        if _layer(target) > _layer(".".join(path.relative_to(PACKAGE).with_suffix("").parts))
+        if _layer(target) > _layer(_dotted(path) or PACKAGE.name)
+        # a face gathers its folder's names, those of its highest floor too
+        and not (path.name == "__init__.py" and f"{target}.".startswith(f"{_home(path)}."))
     ]
     assert upward == []
+
+
+def test_outside_a_folder_only_its_face_is_imported() -> None:
+    # Inside a folder its modules import each other; from outside, what it offers is its
+    # face (`__init__.py`), which may re-export its sub-folders' faces.
+    reached = []
+    for path in PACKAGE.rglob("*.py"):
+        for target, _ in _imported(path):
+            parts = target.split(".")
+            outer = next(
+                (
+                    folder
+                    for folder in (".".join(parts[:n]) for n in range(1, len(parts)))
+                    if folder in FOLDERS and not f"{_home(path)}.".startswith(f"{folder}.")
+                ),
+                target,
+            )
+            if outer != target:
+                reached.append(f"{path.relative_to(PACKAGE)} imports {target}, not {outer}")
+    assert reached == []
 
 
 def test_the_admin_page_reads_the_state_not_the_servicer() -> None:
@@ -107,8 +165,12 @@ def test_the_face_names_the_sidecar_its_config_and_the_registry() -> None:
 
 
 def test_importing_the_package_loads_none_of_the_server_extra() -> None:
-    extra = ("grpc_health", "aiohttp", "prometheus_client")
-    probe = f"import sys, dsh_system_prompt_server; print([m for m in {extra} if m in sys.modules])"
+    # The package's face and the sidecar's load their names on first use: the command says
+    # the extra is missing (sidecar/launcher.py) before any of it loads; the registry and the
+    # reports are plain Python.
+    extra = ("grpc_health", "aiohttp", "prometheus_client", "opentelemetry")
+    faces = ", ".join(f"{PACKAGE.name}{face}" for face in ("", ".sidecar", ".registry", ".reports"))
+    probe = f"import sys, {faces}; print([m for m in {extra} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -24,12 +24,11 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from yarl import URL
 
-from ..guard.auth import Authenticator
-from ..guard.policy import ADMIN, Credential, Request, Role, Verb, decide
+from ..guard import ADMIN, Authenticator, Credential, Request, Role, Verb, decide
 from ..registry import ChangeEvent
-from ..rpc.state import ServerState
-from ..telemetry.logs import logger
-from ..wire.addresses import is_loopback
+from ..rpc import ServerState
+from ..telemetry import logger
+from ..wire import is_loopback
 from . import sign_in, views
 from .live import Live, LiveViews
 from .live_prompt import PromptWatcher

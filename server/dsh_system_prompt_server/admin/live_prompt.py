@@ -12,9 +12,8 @@ from dataclasses import dataclass, field, replace
 from dsh_system_prompt_core import RenderFailure, interpolate
 
 from ..registry import PartKey, PartKind, RegistryError
-from ..reports.live_prompt import LivePrompt
-from ..reports.values import PartPrint, Previous, Size, Stability
-from ..rpc.state import ServerState
+from ..reports import LivePrompt, PartPrint, Previous, Size, Stability
+from ..rpc import ServerState
 from .views import GLOBAL_LABEL, listener_name, origin_class, size_text
 
 

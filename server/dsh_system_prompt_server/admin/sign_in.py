@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from yarl import URL
 
-from ..guard.auth import Authenticator
-from ..guard.policy import Credential
+from ..guard import Authenticator, Credential
 
 COOKIE = "dsp_admin"
 PATH = "/sign-in"

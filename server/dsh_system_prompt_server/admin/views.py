@@ -16,19 +16,20 @@ from dataclasses import dataclass, field
 from ..registry import (
     SIDECAR_OWNER,
     AnyRegistration,
+    ContextRegistration,
     Dynamic,
     Kind,
+    ListenerRegistration,
     Origin,
     OriginKind,
+    SectionRegistration,
     Skipped,
     ToolSet,
+    owner_label,
+    value_bytes,
 )
-from ..registry.filters import owner_label
-from ..registry.limits import value_bytes
-from ..registry.model import ContextRegistration, ListenerRegistration, SectionRegistration
-from ..reports.history import Break, HistoryEntry, HistoryKey, KeyHistory
-from ..reports.values import Size
-from ..rpc.state import ServerState
+from ..reports import Break, HistoryEntry, HistoryKey, KeyHistory, Size
+from ..rpc import ServerState
 
 GLOBAL_LABEL = "(global)"
 

@@ -26,8 +26,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
 
 from ..registry import Registry, ServiceError, Status
-from ..wire.handlers import RAW_REQUESTS, ContextAround, request_of
-from ..wire.status import abort
+from ..wire import RAW_REQUESTS, ContextAround, abort, request_of
 from .access import describe, session_of
 from .clients import CALLER
 from .policy import Credential, decide

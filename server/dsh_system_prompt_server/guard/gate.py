@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 
-from ..wire.status import shutting_down
+from ..wire import shutting_down
 
 
 class Gate:

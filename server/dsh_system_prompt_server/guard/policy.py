@@ -15,7 +15,7 @@ import enum
 import fnmatch
 from dataclasses import dataclass
 
-from ..registry.admission import BUILTIN_SECTIONS
+from ..registry import BUILTIN_SECTIONS
 
 
 class Role(enum.StrEnum):

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from google.protobuf.message import Message
 
 from ..registry import Client
-from ..wire.handlers import Behaviour, Context, ContextAround
+from ..wire import Behaviour, Context, ContextAround
 from .clients import IDENTIFIED, client_of
 
 T = TypeVar("T")

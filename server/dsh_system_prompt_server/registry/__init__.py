@@ -9,12 +9,13 @@ Everything above imports it; it imports only the shared core.
 """
 
 from .accounts import Client, ClientCounts
-from .assembly.tool_order import validate_tool_order
-from .callbacks.cache import CallbackCache
+from .admission import BUILTIN_SECTIONS
+from .assembly import Plan, validate_tool_order
+from .callbacks import CallbackCache, context_key
 from .changes import ChangeFeed, Missed, Subscription
-from .errors import Failure, RegistryError, ServiceError, Status
+from .errors import CALLBACK_FAILURES, Failure, RegistryError, ServiceError, Status
 from .filters import Filter, owner_label, public_ref
-from .limits import Limits
+from .limits import Limits, quota_exceeded, too_large, value_bytes
 from .model import (
     SIDECAR_OWNER,
     Action,
@@ -23,16 +24,19 @@ from .model import (
     Assembly,
     CachePolicy,
     ChangeEvent,
+    ContextRegistration,
     Dynamic,
     FailurePolicy,
     Kind,
     ListenerHost,
+    ListenerRegistration,
     NextFn,
     Part,
     ProvidedValue,
     ProviderCall,
     ProviderHost,
     Registration,
+    SectionRegistration,
     Skipped,
     Tool,
     ToolSet,
@@ -41,9 +45,11 @@ from .model import (
 )
 from .provenance import Origin, OriginKind, Origins, PartKey, PartKind, Step, Trace
 from .registry import Registry
-from .settings import RegistrySettings
+from .settings import RegistrySettings, settings_keys
 
 __all__ = [
+    "BUILTIN_SECTIONS",
+    "CALLBACK_FAILURES",
     "SIDECAR_OWNER",
     "Action",
     "AnyRegistration",
@@ -55,6 +61,7 @@ __all__ = [
     "ChangeFeed",
     "Client",
     "ClientCounts",
+    "ContextRegistration",
     "Dynamic",
     "Failure",
     "FailurePolicy",
@@ -62,6 +69,7 @@ __all__ = [
     "Kind",
     "Limits",
     "ListenerHost",
+    "ListenerRegistration",
     "Missed",
     "NextFn",
     "Origin",
@@ -70,6 +78,7 @@ __all__ = [
     "Part",
     "PartKey",
     "PartKind",
+    "Plan",
     "ProvidedValue",
     "ProviderCall",
     "ProviderHost",
@@ -77,6 +86,7 @@ __all__ = [
     "Registry",
     "RegistryError",
     "RegistrySettings",
+    "SectionRegistration",
     "ServiceError",
     "Skipped",
     "Status",
@@ -86,8 +96,13 @@ __all__ = [
     "ToolSet",
     "Trace",
     "ValueRegistration",
+    "context_key",
     "new_id",
     "owner_label",
     "public_ref",
+    "quota_exceeded",
+    "settings_keys",
+    "too_large",
     "validate_tool_order",
+    "value_bytes",
 ]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from .assembly.plan import Plan, plan_of
-from .callbacks.listener_index import ListenerIndex
+from .assembly import Plan, plan_of
+from .callbacks import ListenerIndex
 from .layers import Layers, ScopeTree
 
 _PLANS_KEPT = 1024  # scopes whose plan is remembered between assemblies

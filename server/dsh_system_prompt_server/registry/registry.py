@@ -17,11 +17,8 @@ from dsh_system_prompt_core import (
 
 from . import errors
 from .admission import Admission, StaticValue
-from .assembly import steps
-from .assembly.plan import Plan
-from .callbacks.cache import CallbackCache
-from .callbacks.ejection import Budget, Ejector
-from .callbacks.listener_index import ListenerIndex
+from .assembly import Plan, assemble_plan
+from .callbacks import Budget, CallbackCache, Ejector, ListenerIndex
 from .changes import ChangeFeed
 from .filters import Filter, public_ref, value_fingerprint
 from .layers import Layer, Layers, Remover, ScopeTree
@@ -345,7 +342,7 @@ class Registry:
         With `track`, the result's `origins` say where each part came from.
         """
         timeout = Budget(self.settings.provider_timeout_s, deadline, self.ejector)
-        return await steps.run(
+        return await assemble_plan(
             plan, context, self.settings.tool_order, self.limits, timeout, track, self.callbacks
         )
 

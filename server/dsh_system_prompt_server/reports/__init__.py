@@ -6,3 +6,33 @@ reports an assembly and keeps it (`reporter`), a scope's live prompt of static p
 (`live_prompt`) and the tokenizers. Nothing here knows about gRPC. It may import `registry/`
 only; `telemetry/`, `rpc/`, `admin/` and `sidecar/` import it.
 """
+
+from .history import Break, HistoryEntry, HistoryKey, KeyHistory, ReportHistory
+from .live_prompt import LivePrompt, StaticPrompt
+from .report import build_report
+from .reporter import Reported, Reporter
+from .tokens import TOKENIZERS, Tokenizer, load_tokenizer
+from .values import DEFAULT_LAYOUT, Layout, PartPrint, Previous, Report, Size, Stability
+
+__all__ = [
+    "DEFAULT_LAYOUT",
+    "TOKENIZERS",
+    "Break",
+    "HistoryEntry",
+    "HistoryKey",
+    "KeyHistory",
+    "Layout",
+    "LivePrompt",
+    "PartPrint",
+    "Previous",
+    "Report",
+    "ReportHistory",
+    "Reported",
+    "Reporter",
+    "Size",
+    "Stability",
+    "StaticPrompt",
+    "Tokenizer",
+    "build_report",
+    "load_tokenizer",
+]

@@ -23,11 +23,11 @@ from ..registry import (
     Kind,
     PartKey,
     PartKind,
+    Plan,
     Registry,
     Tool,
     ToolSet,
 )
-from ..registry.assembly.plan import Plan
 from .report import build_report
 from .tokens import Tokenizer
 from .values import Layout, Previous, Report

@@ -6,3 +6,9 @@ It may import `registry/`, `reports/`, `telemetry/`, `wire/` and `guard/`; `admi
 `sidecar/` import it. Inside, lowest first: `assemble/`, `streams/`, `state`, `service`; each
 imports only those before it.
 """
+
+from .service import SystemPromptService
+from .state import ServerState, StateSettings
+from .streams import OutboxLimits, WatchSettings
+
+__all__ = ["OutboxLimits", "ServerState", "StateSettings", "SystemPromptService", "WatchSettings"]

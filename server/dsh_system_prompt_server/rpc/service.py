@@ -13,25 +13,25 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from google.protobuf.message import Message
 
-from ..guard.gate import Gate
+from ..guard import Gate
 from ..registry import AnyRegistration, Failure
-from ..wire.convert import (
+from ..wire import (
     SKIPPED_TRAILER,
+    abort,
+    assemble_request,
+    assemble_request_limit,
+    history_entry_to_proto,
+    history_to_proto,
+    request_too_large,
     skipped_trailer,
     text_from_proto,
     tools_from_proto,
     update_value_from_proto,
     variable_from_proto,
 )
-from ..wire.handlers import assemble_request, assemble_request_limit, request_too_large
-from ..wire.report_messages import (
-    history_entry_to_proto,
-    history_to_proto,
-)
-from ..wire.status import abort
-from .assemble.assembler import history_key
+from .assemble import history_key
 from .state import ServerState
-from .streams.sessions import Session
+from .streams import Session
 
 Reply = TypeVar("Reply")
 

@@ -9,21 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..guard.gate import Gate
-from ..guard.shares import Shares, ShareSettings
+from ..guard import Gate, Shares, ShareSettings
 from ..registry import Failure, Kind, Registration, Registry
-from ..reports.history import ReportHistory
-from ..reports.reporter import Reporter
-from ..reports.tokens import load_tokenizer
-from ..reports.values import Layout
-from ..telemetry.logs import logger
-from ..telemetry.metrics import Metrics
-from ..telemetry.tracing import Tracing
-from .assemble.assembler import Assembler
-from .streams.listeners import Listeners
-from .streams.outbox import OutboxLimits
-from .streams.sessions import Sessions
-from .streams.watches import Watches, WatchSettings
+from ..reports import Layout, Reporter, ReportHistory, load_tokenizer
+from ..telemetry import Metrics, Tracing, logger
+from .assemble import Assembler
+from .streams import Listeners, OutboxLimits, Sessions, Watches, WatchSettings
 
 _log = logger("state")
 

@@ -17,24 +17,18 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from ..admin import AdminOptions, AdminServer, start_admin
-from ..guard.auth import Authenticator, AuthInterceptor
-from ..guard.shares import ShareSettings, sharing
+from ..guard import Authenticator, AuthInterceptor, ShareSettings, sharing
 from ..registry import Registry
-from ..rpc.service import SystemPromptService
-from ..rpc.state import ServerState, StateSettings
-from ..rpc.streams.outbox import OutboxLimits
-from ..rpc.streams.watches import WatchSettings
-from ..telemetry.logs import logger
-from ..telemetry.metrics import Metrics
-from ..telemetry.tracing import Tracing
-from ..wire.addresses import (
+from ..rpc import OutboxLimits, ServerState, StateSettings, SystemPromptService, WatchSettings
+from ..telemetry import Metrics, Tracing, logger
+from ..wire import (
     UNIX_PREFIX,
+    add_service,
     bind_failure,
     check_listen,
     claim_unix_socket,
     host_and_port,
 )
-from ..wire.handlers import add_service
 from .config import SidecarConfig, all_credentials
 from .config_values import ConfigError
 

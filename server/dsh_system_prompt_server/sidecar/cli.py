@@ -11,11 +11,9 @@ from typing import Any
 
 from dsh_system_prompt_core import package_version
 
-from ..reports.tokens import TOKENIZERS
-from ..reports.values import Layout
-from ..telemetry.logs import configure_logging, logger
-from ..telemetry.tracing import tracing_from_env
-from ..wire.addresses import AddressError, check_listen
+from ..reports import TOKENIZERS, Layout
+from ..telemetry import configure_logging, logger, tracing_from_env
+from ..wire import AddressError, check_listen
 from .app import start_sidecar
 from .command_io import add_connection_options
 from .commands import run

@@ -9,12 +9,10 @@ from typing import Any, Literal
 
 from dsh_system_prompt_core import PERSONA_SECTION, RenderFailure, check_template
 
-from ..guard.policy import ADMIN, Credential, Grants, Role
-from ..guard.shares import DEFAULT_LAG_S
+from ..guard import ADMIN, DEFAULT_LAG_S, Credential, Grants, Role
 from ..registry import Limits, RegistryError, RegistrySettings, validate_tool_order
-from ..reports.tokens import TOKENIZERS
-from ..reports.values import DEFAULT_LAYOUT, Layout
-from ..wire.addresses import AddressError, host_and_port, is_loopback
+from ..reports import DEFAULT_LAYOUT, TOKENIZERS, Layout
+from ..wire import AddressError, host_and_port, is_loopback
 from .config_values import (
     ConfigError,
     check_pem,

@@ -15,9 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from ..registry import Limits
-from ..registry.settings import settings_keys
-from ..telemetry.logs import LOGGER_NAME, logger
+from ..registry import Limits, settings_keys
+from ..telemetry import LOGGER_NAME, logger
 from .app import Sidecar, state_settings
 from .config import ServerLimits, SidecarConfig, all_credentials, auth_enabled
 from .config_values import ConfigError

@@ -12,9 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..registry.errors import CALLBACK_FAILURES
-from ..reports.history import HistoryEntry, HistoryKey
-from ..reports.reporter import Reported
+from ..registry import CALLBACK_FAILURES
+from ..reports import HistoryEntry, HistoryKey, Reported
 
 
 class Timings(Collector):

@@ -16,18 +16,22 @@ from dsh_system_prompt_core import Reason
 from ..registry import (
     SIDECAR_OWNER,
     Action,
+    AnyRegistration,
     AssembleContext,
     CachePolicy,
     ChangeEvent,
+    ContextRegistration,
     Dynamic,
     Failure,
     FailurePolicy,
     Filter,
     Kind,
+    Limits,
     Missed,
     ProvidedValue,
     ProviderCall,
     ProviderHost,
+    SectionRegistration,
     ServiceError,
     Skipped,
     Status,
@@ -35,9 +39,8 @@ from ..registry import (
     ToolSet,
     owner_label,
     public_ref,
+    value_bytes,
 )
-from ..registry.limits import Limits, value_bytes
-from ..registry.model import AnyRegistration, ContextRegistration, SectionRegistration
 from .encoding import delimited, tool_to_proto
 from .json_text import load_json
 from .status import bad_request

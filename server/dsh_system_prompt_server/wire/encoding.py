@@ -75,7 +75,7 @@ _SECTIONS, _CONTEXTS, _TOOLS, _VARIABLES = (
 )
 
 
-def held(value: object) -> Iterator[object]:
+def held_objects(value: object) -> Iterator[object]:
     """The objects a kept part, tool or variable (name, value) holds: itself and its strings."""
     yield value
     if isinstance(value, Part):
@@ -89,7 +89,7 @@ def held(value: object) -> Iterator[object]:
 def held_bytes(value: object) -> int:
     """The memory `value` holds (a str takes up to 4 bytes a character: one emoji in a text
     makes every character 4, so its encoding's length is no measure of it)."""
-    return sum(map(sys.getsizeof, held(value)))
+    return sum(map(sys.getsizeof, held_objects(value)))
 
 
 class _Encodings:

@@ -23,8 +23,7 @@ from dsh_system_prompt_core import Reason
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from ..registry import Failure, Limits
-from ..registry.limits import too_large
+from ..registry import Failure, Limits, too_large
 from .status import abort, bad_request
 
 Context: TypeAlias = "grpc.aio.ServicerContext[object, object]"

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
 from ..registry import Origin, OriginKind, PartKind
-from ..reports.history import HistoryEntry, HistoryKey, KeyHistory
-from ..reports.values import Layout, Report, Size
+from ..reports import HistoryEntry, HistoryKey, KeyHistory, Layout, Report, Size
 from .convert import change_kind_to_proto, skipped_to_proto
 
 _SOURCE_KINDS = {

@@ -3,3 +3,9 @@ every returned assembly satisfies, and the provenance it records.
 
 Imported by the registry's own modules (`registry.py`) and, for the plan, by `rpc/assemble/`.
 """
+
+from .plan import Plan, plan_of
+from .steps import assemble_plan
+from .tool_order import validate_tool_order
+
+__all__ = ["Plan", "assemble_plan", "plan_of", "validate_tool_order"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from .. import errors
-from ..callbacks.cache import combined
+from ..callbacks import combined
 from ..layers import Layer
 from ..model import (
     Assembly,

@@ -10,8 +10,7 @@ from typing import TypeVar
 from dsh_system_prompt_core import TOOL_ORDER_REST, Reason
 
 from .. import errors
-from ..callbacks.cache import MISSING, CallbackCache
-from ..callbacks.ejection import Budget
+from ..callbacks import MISSING, Budget, CallbackCache
 from ..limits import Limits
 from ..model import (
     AssembleContext,
@@ -44,7 +43,7 @@ R = TypeVar("R")
 Timeout = Budget  # each callback's time, asked anew at every call; told how each did
 
 
-async def run(
+async def assemble_plan(
     plan: Plan,
     context: AssembleContext,
     tool_order: Sequence[str] | None,

@@ -5,3 +5,17 @@ policy).
 
 Imported by the registry's own modules; `rpc/` reads the cache's key of a context.
 """
+
+from .cache import MISSING, CallbackCache, combined, context_key
+from .ejection import Budget, Ejector
+from .listener_index import ListenerIndex
+
+__all__ = [
+    "MISSING",
+    "Budget",
+    "CallbackCache",
+    "Ejector",
+    "ListenerIndex",
+    "combined",
+    "context_key",
+]

@@ -18,14 +18,16 @@ from ...registry import (
     Skipped,
     Status,
 )
-from ...reports.history import HistoryKey
-from ...reports.reporter import Reporter
-from ...reports.values import Layout
-from ...telemetry.logs import Throttled, logger
-from ...telemetry.metrics import Metrics
-from ...wire.convert import context_from_proto, skipped_to_proto
-from ...wire.encoding import assemble_response
-from ...wire.report_messages import history_key_from_proto, layout_from_proto, report_to_proto
+from ...reports import HistoryKey, Layout, Reporter
+from ...telemetry import Metrics, Throttled, logger
+from ...wire import (
+    assemble_response,
+    context_from_proto,
+    history_key_from_proto,
+    layout_from_proto,
+    report_to_proto,
+    skipped_to_proto,
+)
 from . import part_caches
 from .response_cache import MAX_BYTES, ResponseCache, reuse_key, stamp_of
 

@@ -20,9 +20,8 @@ from typing import Any, Generic, TypeVar
 
 from dsh_system_prompt_core import CONTEXT_SNAPSHOT_HEADER, SECTION_SEPARATOR, interpolate
 
-from ...registry import Assembly, Part, Tool
-from ...registry.assembly.plan import Plan
-from ...wire import encoding
+from ...registry import Assembly, Part, Plan, Tool
+from ...wire import context_field, held_objects, section_field, tool_field, variable_field
 
 T = TypeVar("T")
 Variables = Mapping[str, str | None]
@@ -42,7 +41,7 @@ class _Fields(Generic[T]):
         """What it keeps alive: the parts (with their texts) as well as their fields."""
         yield from (self, self._parts, self._fields, *self._fields)
         for part in self._parts:
-            yield from encoding.held(part)
+            yield from held_objects(part)
 
     def fields(self, parts: Sequence[T], encode: Callable[[T], bytes]) -> list[bytes]:
         """The parts' fields: the kept field of each unchanged part (by position) and
@@ -75,7 +74,7 @@ class _Texts:
         """What it keeps alive: the texts, and the parts and variables they were made from."""
         yield from (self, self._noun, self._parts, self._texts, *self._texts)
         for part in self._parts:
-            yield from encoding.held(part)
+            yield from held_objects(part)
         if self._variables is not None:
             yield self._variables
             for item in self._variables.items():
@@ -138,10 +137,10 @@ class PartCaches:
         """assembly_encoding(assembly), from the kept fields of its unchanged parts."""
         return b"".join(
             (
-                *self.sections.fields(assembly.sections, encoding.section_field),
-                *self.contexts.fields(assembly.contexts, encoding.context_field),
-                *self.tools.fields(assembly.tools, encoding.tool_field),
-                *self.variables.fields(list(assembly.variables.items()), encoding.variable_field),
+                *self.sections.fields(assembly.sections, section_field),
+                *self.contexts.fields(assembly.contexts, context_field),
+                *self.tools.fields(assembly.tools, tool_field),
+                *self.variables.fields(list(assembly.variables.items()), variable_field),
             )
         )
 

@@ -10,9 +10,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Hashable
 from typing import NamedTuple
 
-from ...registry import AssembleContext
-from ...registry.assembly.plan import Plan
-from ...registry.callbacks.cache import context_key
+from ...registry import AssembleContext, Plan, context_key
 
 # (scope, revision, render, ...): `reuse_key`'s, which says when a response is reusable.
 Key = Hashable

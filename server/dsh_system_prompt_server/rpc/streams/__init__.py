@@ -6,3 +6,10 @@ listener), change and prompt watches, and what bounds a peer (outbox, turns, quo
 may import `wire/`, `guard/` and everything below them; `rpc.state`, which builds
 the brokers, `rpc.service` and the folders above `rpc/` import it.
 """
+
+from .listeners import Listeners
+from .outbox import OutboxLimits
+from .sessions import Session, Sessions
+from .watches import Watches, WatchSettings
+
+__all__ = ["Listeners", "OutboxLimits", "Session", "Sessions", "WatchSettings", "Watches"]

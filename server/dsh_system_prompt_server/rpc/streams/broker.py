@@ -25,11 +25,10 @@ import grpc.aio
 from dsh_system_prompt_core import Reason
 from google.protobuf.message import Message as ProtoMessage
 
-from ...guard.gate import Gate
+from ...guard import Gate
 from ...registry import ServiceError
-from ...telemetry.logs import logger
-from ...telemetry.metrics import Metrics
-from ...wire.status import bad_request
+from ...telemetry import Metrics, logger
+from ...wire import bad_request
 from .outbox import Message, Outbox, OutboxLimits
 
 Out = TypeVar("Out", bound=Message)

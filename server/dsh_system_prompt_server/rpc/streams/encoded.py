@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
 from ...registry import Assembly
-from ...wire.encoding import assembly_encoding, delimited
+from ...wire import assembly_encoding, delimited
 
 _RESPONSE = pb.ListenResponse.DESCRIPTOR.fields_by_name
 _INVOCATION, _NEXT_RESULT = (_RESPONSE[name].number for name in ("invocation", "next_result"))

@@ -25,9 +25,8 @@ from ...registry import (
     ServiceError,
     Status,
 )
-from ...telemetry.metrics import Metrics
-from ...telemetry.tracing import Tracing, hop
-from ...wire.convert import (
+from ...telemetry import Metrics, Tracing, hop
+from ...wire import (
     cache_from_proto,
     context_to_proto,
     failure_policy_from_proto,

@@ -21,7 +21,7 @@ from dsh_system_prompt_core import Reason
 from google.protobuf.message import Message
 
 from ...registry import Assembly, Failure, Part, Status
-from ...wire.convert import tool_from_proto
+from ...wire import tool_from_proto
 
 _TEXT_KEY = attrgetter("name", "text")
 _TOOL_KEY = attrgetter("name", "description", "parameters_json")

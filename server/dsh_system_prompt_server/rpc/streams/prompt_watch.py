@@ -15,14 +15,8 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import RenderFailure, render_context_snapshot, render_prompt
 
 from ...registry import ChangeEvent, Missed, Registry, RegistryError
-from ...reports.history import HistoryKey
-from ...reports.live_prompt import LivePrompt, StaticPrompt
-from ...reports.report import build_report
-from ...reports.tokens import Tokenizer
-from ...reports.values import Layout
-from ...wire.convert import change_to_proto
-from ...wire.encoding import assembly_to_proto
-from ...wire.report_messages import report_to_proto
+from ...reports import HistoryKey, Layout, LivePrompt, StaticPrompt, Tokenizer, build_report
+from ...wire import assembly_to_proto, change_to_proto, report_to_proto
 
 MAX_CHANGES_LISTED = 64  # per message; the rest of a burst is counted, not listed
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, Reason, package_version
 
-from ...guard.clients import client_of
+from ...guard import client_of
 from ...registry import (
     AssembleContext,
     Client,
@@ -22,12 +22,10 @@ from ...registry import (
     ServiceError,
     Status,
     new_id,
+    quota_exceeded,
 )
-from ...registry.limits import quota_exceeded
-from ...telemetry.metrics import Metrics
-from ...telemetry.tracing import Tracing, hop
-from ...wire.convert import ProvideRequests, provided_from_proto
-from ...wire.status import unknown_session
+from ...telemetry import Metrics, Tracing, hop
+from ...wire import ProvideRequests, provided_from_proto, unknown_session
 from .broker import Broker, Ended, Replies, Stream
 from .outbox import Outbox, OutboxLimits
 

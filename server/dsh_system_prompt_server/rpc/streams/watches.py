@@ -17,24 +17,28 @@ from typing import Any, TypeVar
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from google.protobuf.message import Message
 
-from ...guard.clients import client_of
-from ...guard.gate import Gate
-from ...guard.shares import Shares, share_key, wire_s
-from ...registry import AnyRegistration, Client, ClientCounts, Filter, Registry, Subscription
-from ...registry.changes import Missed
-from ...registry.limits import quota_exceeded
-from ...registry.model import ChangeEvent
-from ...reports.tokens import Tokenizer
-from ...reports.values import Layout
-from ...telemetry.metrics import Metrics
-from ...wire.convert import (
+from ...guard import Gate, Shares, client_of, share_key, wire_s
+from ...registry import (
+    AnyRegistration,
+    ChangeEvent,
+    Client,
+    ClientCounts,
+    Filter,
+    Missed,
+    Registry,
+    Subscription,
+    quota_exceeded,
+)
+from ...reports import Layout, Tokenizer
+from ...telemetry import Metrics
+from ...wire import (
     batch_entry,
     batch_to_proto,
     change_to_proto,
     filter_from_proto,
+    layout_from_proto,
     registration_to_proto,
 )
-from ...wire.report_messages import layout_from_proto
 from .broker import Stream, stalled, write_all
 from .in_flight import InFlight
 from .outbox import Outbox, OutboxLimits
