@@ -57,6 +57,18 @@ async def _tally(counts: Counts, name: str, call: Awaitable[object]) -> None:
         counts[f"{name}: {error.code.name} {error.reason}"] += 1
 
 
+async def _answered(call: Any, counts: Counts, name: str, answered: str) -> bool:
+    """Whether the stream `call` sent its first message; counted as `name: answered`, or
+    by the status code it was refused with."""
+    try:
+        await call.read()
+    except grpc.aio.AioRpcError as error:
+        counts[f"{name}: {error.code().name}"] += 1
+        return False
+    counts[f"{name}: {answered}"] += 1
+    return True
+
+
 async def _raw_session(stub: pb_grpc.SystemPromptServiceStub) -> tuple[Any, str]:
     """A session whose stream is never read again after it opened."""
     call = stub.OpenSession()
@@ -176,13 +188,9 @@ async def idle_watchers(stub: pb_grpc.SystemPromptServiceStub, counts: Counts) -
     calls = []
     for _ in range(WATCHERS):
         call = stub.WatchChanges(pb.WatchChangesRequest())
-        try:
-            await call.read()
-        except grpc.aio.AioRpcError as error:
-            counts[f"idle watcher: {error.code().name}"] += 1
+        if not await _answered(call, counts, "idle watcher", "subscribed"):
             break
         calls.append(call)
-        counts["idle watcher: subscribed"] += 1
     return calls
 
 
@@ -299,11 +307,7 @@ async def unread_listings(stub: Stub, counts: Counts) -> list[Any]:
     calls = []
     for _ in range(10):
         call = stub.ListRegistrations(pb.ListRegistrationsRequest(include_values=True))
-        try:
-            await call.read()
-            counts["unread listing: started"] += 1
-        except grpc.aio.AioRpcError as error:
-            counts[f"unread listing: {error.code().name}"] += 1
+        await _answered(call, counts, "unread listing", "started")
         calls.append(call)
     return calls
 
@@ -317,11 +321,7 @@ async def prompt_watchers(address: str, counts: Counts) -> list[Any]:
         stub = pb_grpc.SystemPromptServiceStub(channel)
         for _ in range(64):
             call = stub.WatchPrompt(pb.WatchPromptRequest(scope="hostile-big-0"))
-            try:
-                await call.read()
-                counts["prompt watcher: watching"] += 1
-            except grpc.aio.AioRpcError as error:
-                counts[f"prompt watcher: {error.code().name}"] += 1
+            await _answered(call, counts, "prompt watcher", "watching")
             held.append(call)
     return held
 
@@ -350,13 +350,9 @@ async def quota_hog(address: str, counts: Counts, until: float) -> list[Any]:
     held: list[Any] = [channel]
     while asyncio.get_running_loop().time() < until:
         call = stub.WatchChanges(pb.WatchChangesRequest())
-        try:
-            await call.read()
-        except grpc.aio.AioRpcError as error:
-            counts[f"quota hog watch: {error.code().name}"] += 1
+        if not await _answered(call, counts, "quota hog watch", "opened"):
             break
         held.append(call)
-        counts["quota hog watch: opened"] += 1
     return held
 
 

@@ -1,13 +1,15 @@
-"""Samples, percentiles and interleaved timing."""
+"""Samples, percentiles, interleaved timing and the stopwatch of one operation."""
 
 from __future__ import annotations
 
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 Operation = Callable[[], Awaitable[object]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,23 @@ async def interleaved(
             if round_ >= warmup:
                 durations[name].append(elapsed)
     return {name: Samples.of(values) for name, values in durations.items()}
+
+
+@dataclass
+class Stopwatch:
+    """Durations of one operation timed call by call, between untimed steps of its own."""
+
+    ns: list[int] = field(default_factory=list)
+
+    async def timed(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """Await `operation()`, keep how long it took, and give back its result."""
+        start = time.perf_counter_ns()
+        result = await operation()
+        self.ns.append(time.perf_counter_ns() - start)
+        return result
+
+    def samples(self) -> Samples:
+        return Samples.of(self.ns)
 
 
 def ratio(numerator: float, denominator: float) -> float:

@@ -1,5 +1,6 @@
 """One function per figure of the issue, in modules by family; each returns the figures
-it measured. `ALL` names them in the order `python -m bench` runs them.
+it measured, built by `build` (one helper and the shapes over it). `ALL` names them in
+the order `python -m bench` runs them.
 
 Every comparison is measured side by side in the same run, interleaved (see
 `stats.interleaved`), and the figure is the ratio; absolute times are details.

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
-import time
 
 import dsh_system_prompt as dsp
 
 from .. import procs
 from ..report import Figure
-from ..stats import Operation, Samples, ratio
-from .harness import Harness, Probe
+from ..stats import Operation, Samples, Stopwatch
+from .build import slowdown
+from .harness import Harness, Probe, beside_a_process
 
 
 async def admin_live_views(h: Harness) -> list[Figure]:
@@ -35,39 +36,28 @@ async def admin_live_views(h: Harness) -> list[Figure]:
             churn = asyncio.create_task(_churn(loader))
             probe = Probe.open(sidecar.address)
             try:
-                calm = await _timed(probe.assemble("scope-1"), count)
-                viewing = await procs.start_admin_views(f"http://127.0.0.1:{port}", views)
-                try:
-                    viewed = await _timed(probe.assemble("scope-1"), count)
-                finally:
-                    await viewing.stop()
-                calm_after = await _timed(probe.assemble("scope-1"), count)
+                timed = functools.partial(_timed, probe.assemble("scope-1"), count)
+                calm, viewed = await beside_a_process(
+                    timed,
+                    functools.partial(procs.start_admin_views, f"http://127.0.0.1:{port}", views),
+                )
+                calm_after = await timed()
             finally:
                 churn.cancel()
                 await probe.close()
     finally:
         await sidecar.stop()
+    details = {
+        "calm_before": calm.summary_us(),
+        "with_views": viewed.summary_us(),
+        "calm_after": calm_after.summary_us(),
+        "registrations": scopes * per_scope,
+        "views": "8 Scopes and 8 Prompt views (scope-N), read by a process of their "
+        "own from 4 loopback addresses; a section updated every 50 ms throughout",
+    }
+    name = "Assemble p50, 16 live admin views over 10,000 registrations / none"
     baseline = (calm.p50 + calm_after.p50) / 2
-    slowdown = ratio(viewed.p50, baseline)
-    return [
-        Figure(
-            key="admin_live_views",
-            name="Assemble p50, 16 live admin views over 10,000 registrations / none",
-            value=round(slowdown, 2),
-            unit="x",
-            target="≤ 2x",
-            met=slowdown <= 2,
-            display=f"{slowdown:.2f}x ({viewed.p50 / 1e6:.2f} ms / {baseline / 1e6:.2f} ms)",
-            details={
-                "calm_before": calm.summary_us(),
-                "with_views": viewed.summary_us(),
-                "calm_after": calm_after.summary_us(),
-                "registrations": scopes * per_scope,
-                "views": "8 Scopes and 8 Prompt views (scope-N), read by a process of their "
-                "own from 4 loopback addresses; a section updated every 50 ms throughout",
-            },
-        )
-    ]
+    return [slowdown("admin_live_views", name, viewed.p50, baseline, 2, details)]
 
 
 async def _churn(client: dsp.Client) -> None:
@@ -81,13 +71,11 @@ async def _churn(client: dsp.Client) -> None:
 
 
 async def _timed(operation: Operation, count: int) -> Samples:
-    durations = []
+    stopwatch = Stopwatch()
     for _ in range(count):
-        started = time.perf_counter_ns()
-        await operation()
-        durations.append(time.perf_counter_ns() - started)
+        await stopwatch.timed(operation)
         await asyncio.sleep(0.005)  # a caller among others, not a flood
-    return Samples.of(durations)
+    return stopwatch.samples()
 
 
 def _free_port() -> int:

@@ -4,6 +4,8 @@ an empty unary RPC on the same sidecar."""
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import dsh_system_prompt as dsp
 from dsh_system_prompt_server import Registry, RegistrySettings
@@ -12,7 +14,8 @@ from dsh_system_prompt_server.registry import AssembleContext
 from .. import golang, node, workload
 from ..report import Figure, below
 from ..stats import Samples
-from .harness import Harness, Probe, p50_ratio
+from .build import figure, p50_ratio
+from .harness import Harness, Probe
 
 
 async def in_process(h: Harness) -> list[Figure]:
@@ -37,21 +40,15 @@ async def in_process(h: Harness) -> list[Figure]:
             total_ns.append(end - start)
     total = Samples.of(total_ns)
     p50 = total.p50 / 1000
-    return [
-        Figure(
-            key="in_process",
-            name="in-process assemble + render (realistic load)",
-            value=round(p50, 1),
-            unit="µs p50",
-            **below(p50, 50, "p50 < {:g} µs"),
-            details={
-                "load": h.load.describe(),
-                "total": total.summary_us(),
-                "assemble": Samples.of(assemble_ns).summary_us(),
-                "render": Samples.of(render_ns).summary_us(),
-            },
-        )
-    ]
+    details = {
+        "load": h.load.describe(),
+        "total": total.summary_us(),
+        "assemble": Samples.of(assemble_ns).summary_us(),
+        "render": Samples.of(render_ns).summary_us(),
+    }
+    name = "in-process assemble + render (realistic load)"
+    judged = below(p50, 50, "p50 < {:g} µs")
+    return [figure("in_process", name, p50, "µs p50", judged, details, digits=1)]
 
 
 async def grpc_assemble(h: Harness) -> list[Figure]:
@@ -105,43 +102,40 @@ async def client_assemble(h: Harness) -> list[Figure]:
 
 async def ts_client_assemble(h: Harness) -> list[Figure]:
     """The TypeScript client's assemble() vs Health.Check, both from one Node process."""
-    iterations, warmup = h.budget.n(2000), h.budget.n(200)
-    measured = await node.run_bench("assemble.js", h.sidecar.address, iterations, warmup)
-    samples = {name: Samples.of(measured[name]) for name in ("client_assemble", "empty_rpc")}
-    return [
-        p50_ratio(
-            samples,
-            "client_assemble",
-            "empty_rpc",
-            1.6,
-            key="ts_client_assemble",
-            name="TypeScript client assemble() / empty unary RPC (Node)",
-            details={
-                "node": measured["node"],
-                "baseline": "grpc.health.v1.Health/Check from the same Node process, on a "
-                "channel of its own to the same sidecar",
-            },
-        )
-    ]
+    name = "TypeScript client assemble() / empty unary RPC (Node)"
+    return [await _other_runtime(h, _node_assemble, "Node", 1.6, "ts_client_assemble", name)]
 
 
 async def go_client_assemble(h: Harness) -> list[Figure]:
     """The Go client's Assemble vs Health.Check, both from one Go process."""
-    iterations, warmup = h.budget.n(2000), h.budget.n(200)
-    measured = await golang.run_json(h.sidecar.address, str(iterations), str(warmup))
-    samples = {name: Samples.of(measured[name]) for name in ("client_assemble", "empty_rpc")}
-    return [
-        p50_ratio(
-            samples,
-            "client_assemble",
-            "empty_rpc",
-            1.3,
-            key="go_client_assemble",
-            name="Go client Assemble / empty unary RPC (Go)",
-            details={
-                "go": measured["go"],
-                "baseline": "grpc.health.v1.Health/Check from the same Go process, on a "
-                "channel of its own to the same sidecar",
-            },
-        )
-    ]
+    name = "Go client Assemble / empty unary RPC (Go)"
+    return [await _other_runtime(h, _go_assemble, "Go", 1.3, "go_client_assemble", name)]
+
+
+Run = Callable[[str, int, int], Awaitable[dict[str, Any]]]
+
+
+async def _node_assemble(address: str, iterations: int, warmup: int) -> dict[str, Any]:
+    return await node.run_bench("assemble.js", address, iterations, warmup)
+
+
+async def _go_assemble(address: str, iterations: int, warmup: int) -> dict[str, Any]:
+    return await golang.run_json(address, str(iterations), str(warmup))
+
+
+async def _other_runtime(
+    h: Harness, run: Run, runtime: str, limit: float, key: str, name: str
+) -> Figure:
+    """A client in another language times its assemble and Health.Check side by side in
+    its own process (`run`, given the sidecar, the iterations and the warm-up); the
+    figure is their p50 ratio, at most `limit`."""
+    measured = await run(h.sidecar.address, h.budget.n(2000), h.budget.n(200))
+    samples = {op: Samples.of(measured[op]) for op in ("client_assemble", "empty_rpc")}
+    details = {
+        runtime.lower(): measured[runtime.lower()],
+        "baseline": f"grpc.health.v1.Health/Check from the same {runtime} process, on a "
+        "channel of its own to the same sidecar",
+    }
+    return p50_ratio(
+        samples, "client_assemble", "empty_rpc", limit, key=key, name=name, details=details
+    )

@@ -8,9 +8,10 @@ from typing import Any
 
 import dsh_system_prompt as dsp
 
-from ..report import Figure, at_most
-from ..stats import Samples, ratio
-from .harness import Harness, Probe, p50_ratio, timed_ratio_details, us
+from ..report import Figure
+from ..stats import Samples
+from .build import p50_ratio, round_trips
+from .harness import Harness, Probe
 
 
 async def dynamic_sections(h: Harness) -> list[Figure]:
@@ -117,23 +118,13 @@ async def listeners(h: Harness) -> list[Figure]:
 def further_listener(samples: dict[str, Samples]) -> Figure:
     """What each listener past the first of a chain adds, in bidi round trips."""
     extra = (samples["chained"].p50 - samples["before_next"].p50) / (CHAIN - 1)
-    value = ratio(extra, samples["bidi_round_trip"].p50)
-    return Figure(
-        key="further_listener",
-        name="each further chained listener",
-        value=round(value, 2),
-        unit="round trips",
-        **at_most(value, 1.3, "≤ {:g} round trips"),
-        details={
-            **timed_ratio_details(
-                {k: samples[k] for k in ("before_next", "chained", "bidi_round_trip")}
-            ),
-            "extra_us": us(extra),
-            "formula": f"(p50 chained - p50 before_next) / {CHAIN - 1} / p50 bidi_round_trip: "
-            f"a chain of {CHAIN} listeners that work before next(), each listener past the "
-            "first, in round trips",
-        },
+    timings = {k: samples[k] for k in ("before_next", "chained", "bidi_round_trip")}
+    formula = (
+        f"(p50 chained - p50 before_next) / {CHAIN - 1} / p50 bidi_round_trip: a chain of "
+        f"{CHAIN} listeners that work before next(), each listener past the first, in round trips"
     )
+    name, words = "each further chained listener", "≤ {:g} round trips"
+    return round_trips("further_listener", name, extra, timings, 1.3, words, {"formula": formula})
 
 
 async def cached_callbacks(h: Harness) -> list[Figure]:
@@ -196,19 +187,11 @@ def over_static(
 ) -> Figure:
     """(p50 of `key` - p50 of the static assemble) in bidi round trips."""
     extra = samples[key].p50 - samples["static"].p50
-    value = ratio(extra, samples["bidi_round_trip"].p50)
-    return Figure(
-        key=key,
-        name=name,
-        value=round(value, 2),
-        unit="round trips",
-        **at_most(value, limit, words),
-        details={
-            **timed_ratio_details({k: samples[k] for k in ("static", key, "bidi_round_trip")}),
-            "extra_us": us(extra),
-            "formula": f"(p50 {key} - p50 static) / p50 bidi_round_trip: the cost {what} "
-            "add, in round trips",
-            "baseline": "an empty message on a bare grpc.aio bidi echo server in its own "
-            "process (bench/echo.py); the sidecar has no echo RPC",
-        },
-    )
+    details = {
+        "formula": f"(p50 {key} - p50 static) / p50 bidi_round_trip: the cost {what} "
+        "add, in round trips",
+        "baseline": "an empty message on a bare grpc.aio bidi echo server in its own "
+        "process (bench/echo.py); the sidecar has no echo RPC",
+    }
+    timings = {k: samples[k] for k in ("static", key, "bidi_round_trip")}
+    return round_trips(key, name, extra, timings, limit, words, details)

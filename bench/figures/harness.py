@@ -1,12 +1,13 @@
 """What the figures share: the iteration budget, the harness (the load, a sidecar
-serving it, the echo server), raw probes and fresh sidecars."""
+serving it, the echo server), raw probes, fresh sidecars and a timing beside a helper
+process."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import gc
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from .. import procs, workload
 from ..echo import EchoStream
-from ..report import Figure, X, at_most
-from ..stats import Operation, Samples, interleaved, ratio
+from ..stats import Operation, Samples, interleaved
 
 BUILTIN_SECTIONS = {"harness:identity", dsp.PERSONA_SECTION}
 ASSEMBLE_METHOD = "/dsh.systemprompt.v1.SystemPromptService/Assemble"
@@ -165,35 +165,16 @@ async def fresh_sidecars(
         await asyncio.gather(*(sidecar.stop() for sidecar in sidecars))
 
 
-def us(ns: float) -> float:
-    return round(ns / 1000, 1)
-
-
-def timed_ratio_details(samples: dict[str, Samples]) -> dict[str, Any]:
-    return {name: s.summary_us() for name, s in samples.items()}
-
-
-def p50_ratio(
-    samples: dict[str, Samples],
-    over: str,
-    under: str,
-    limit: float,
-    *,
-    key: str,
-    name: str,
-    details: dict[str, Any],
-) -> Figure:
-    """The figure `key`: p50 of `over` / p50 of `under`, at most `limit`; every timing of
-    `samples` and then `details` beside it."""
-    value = ratio(samples[over].p50, samples[under].p50)
-    return Figure(
-        key=key,
-        name=name,
-        value=round(value, 2),
-        unit=f"{X} p50",
-        **at_most(value, limit),
-        details={**timed_ratio_details(samples), **details},
-    )
+async def beside_a_process(
+    timed: Callable[[], Awaitable[Samples]], start: Callable[[], Awaitable[procs.ServerProcess]]
+) -> tuple[Samples, Samples]:
+    """`timed()` alone, then again with the process `start()` gives running beside it."""
+    alone = await timed()
+    process = await start()
+    try:
+        return alone, await timed()
+    finally:
+        await process.stop()
 
 
 async def gather_limited(jobs: list[Awaitable[Any]], limit: int) -> list[Any]:

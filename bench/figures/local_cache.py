@@ -5,14 +5,14 @@ reach it."""
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import Any
+import functools
 
 import dsh_system_prompt as dsp
 
 from .. import node
 from ..report import Figure, Judged
-from ..stats import Samples
+from ..stats import Samples, Stopwatch
+from .build import percentiles
 from .harness import Harness
 
 P50_LIMIT_US, P99_LIMIT_US = 50.0, 100.0  # the Python client's cached assemble()
@@ -23,15 +23,13 @@ async def local_cache_assemble(h: Harness) -> list[Figure]:
     during the timed calls shows it was not asked."""
     client = await dsp.connect(h.sidecar.address, client_name="bench-local", local_cache=True)
     warmup, iterations = h.budget.n(500), h.budget.n(5000)
+    stopwatch = Stopwatch()
     try:
         for _ in range(warmup):
             await client.assemble()
         cpu_before = h.sidecar.cpu_seconds()
-        ns: list[int] = []
         for _ in range(iterations):
-            start = time.perf_counter_ns()
-            assembly = await client.assemble()
-            ns.append(time.perf_counter_ns() - start)
+            assembly = await stopwatch.timed(client.assemble)
         sidecar_cpu_s = h.sidecar.cpu_seconds() - cpu_before
     finally:
         await client.close()
@@ -40,28 +38,13 @@ async def local_cache_assemble(h: Harness) -> list[Figure]:
         "tools": len(assembly.tools),
         "sections": len(assembly.sections),
     }
-    samples = Samples.of(ns)
-    limits = f"p50 ≤ {P50_LIMIT_US:g} µs, p99 ≤ {P99_LIMIT_US:g} µs"
-    met = samples.p50 / 1000 <= P50_LIMIT_US and samples.p99 / 1000 <= P99_LIMIT_US
+    samples = stopwatch.samples()
+    judged: Judged = {
+        "target": f"p50 ≤ {P50_LIMIT_US:g} µs, p99 ≤ {P99_LIMIT_US:g} µs",
+        "met": samples.p50 / 1000 <= P50_LIMIT_US and samples.p99 / 1000 <= P99_LIMIT_US,
+    }
     name = "client assemble() from the local cache (Python, no RPC)"
-    return [_micros("local_cache_assemble", name, samples, {"target": limits, "met": met}, details)]
-
-
-def _micros(
-    key: str, name: str, samples: Samples, judged: Judged | None, details: dict[str, Any]
-) -> Figure:
-    """A figure of p50 and p99 in microseconds; only reported without `judged`."""
-    p50, p99 = samples.p50 / 1000, samples.p99 / 1000
-    return Figure(
-        key=key,
-        name=name,
-        value=round(p50, 1),
-        unit="µs p50",
-        target="reported beside the Python figure" if judged is None else judged["target"],
-        met=None if judged is None else judged["met"],
-        display=f"{p50:.1f} µs p50, {p99:.1f} µs p99",
-        details={"samples": samples.summary_us(), **details},
-    )
+    return [percentiles("local_cache_assemble", name, samples, judged, details)]
 
 
 async def ts_local_cache_assemble(h: Harness) -> list[Figure]:
@@ -70,7 +53,10 @@ async def ts_local_cache_assemble(h: Harness) -> list[Figure]:
     measured = await node.run_bench("local_cache.js", h.sidecar.address, iterations, warmup)
     samples = Samples.of(measured["cached_assemble"])
     name = "TypeScript client assemble() from the local cache (Node, no RPC)"
-    return [_micros("ts_local_cache_assemble", name, samples, None, {"node": measured["node"]})]
+    beside = "reported beside the Python figure"
+    return [
+        percentiles("ts_local_cache_assemble", name, samples, beside, {"node": measured["node"]})
+    ]
 
 
 async def local_cache_staleness(h: Harness) -> list[Figure]:
@@ -80,31 +66,28 @@ async def local_cache_staleness(h: Harness) -> list[Figure]:
     reader = await dsp.connect(h.sidecar.address, client_name="bench-reader", local_cache=True)
     scope_name = "local-cache-staleness"
     rounds = h.budget.n(300)
-    ns: list[int] = []
+    stopwatch = Stopwatch()
     try:
         scope = await writer.scope(scope_name)
         handle = await scope.section("turn", 1, "turn 0")
         await _seen(reader, scope_name, "turn 0")
         for turn in range(1, rounds + 1):
             await handle.update(f"turn {turn}")
-            start = time.perf_counter_ns()
-            await _seen(reader, scope_name, f"turn {turn}")
-            ns.append(time.perf_counter_ns() - start)
+            await stopwatch.timed(functools.partial(_seen, reader, scope_name, f"turn {turn}"))
     finally:
         await reader.close()
         await writer.close()
-    samples = Samples.of(ns)
-    p99_ms = samples.p99 / 1e6
+    name = "local cache: another client's write reaches assemble() (p99)"
+    reported = "reported (watch_coalesce_s 5 ms, the default)"
     return [
-        Figure(
-            key="local_cache_staleness",
-            name="local cache: another client's write reaches assemble() (p99)",
-            value=round(p99_ms, 2),
-            unit="ms p99",
-            target="reported (watch_coalesce_s 5 ms, the default)",
-            met=None,
-            display=f"{p99_ms:.2f} ms p99, {samples.p50 / 1e6:.2f} ms p50",
-            details={"samples": samples.summary_us(), "rounds": rounds},
+        percentiles(
+            "local_cache_staleness",
+            name,
+            stopwatch.samples(),
+            reported,
+            {"rounds": rounds},
+            unit="ms",
+            headline=99,
         )
     ]
 

@@ -14,8 +14,9 @@ from dsh_system_prompt_server import parse_config, start_sidecar
 from dsh_system_prompt_server.rpc.assemble.response_cache import ResponseCache
 
 from .. import procs, workload
-from ..report import Figure, X, at_most
+from ..report import Figure, Judged, X, at_most
 from ..stats import ratio
+from .build import figure
 from .harness import BUILTIN_SECTIONS, Harness, Probe, collect_garbage
 
 MAX_GROWTH_PCT = 10  # the session_memory target
@@ -42,29 +43,25 @@ async def session_memory(h: Harness) -> list[Figure]:
     growth = (rss_after - rss_before) / rss_before * 100
     leftover_sections = sorted({s.name for s in left.sections} - BUILTIN_SECTIONS)
     empty = not (leftover_sections or left.contexts or left.tools or left.variables)
-    return [
-        Figure(
-            key="session_memory",
-            name=f"{cycles:,} session open → register → close cycles: RSS growth",
-            value=round(growth, 1),
-            unit="%",
-            target=f"< {MAX_GROWTH_PCT} %, registry empty",
-            met=growth < MAX_GROWTH_PCT and empty,
-            display=f"{growth:+.1f} %, registry {'empty' if empty else 'NOT empty'}",
-            details={
-                "cycles": cycles,
-                "warmup_cycles": warmup,
-                "concurrent_workers": workers,
-                "cycle": "dsp.connect() (new channel + session), one section(), close()",
-                "cycles_per_s": round(cycles / elapsed),
-                "rss_start_kib": rss_start,
-                "rss_after_warmup_kib": rss_before,
-                "rss_after_kib": rss_after,
-                "registry_empty": empty,
-                "leftover_sections": leftover_sections,
-            },
-        )
-    ]
+    details = {
+        "cycles": cycles,
+        "warmup_cycles": warmup,
+        "concurrent_workers": workers,
+        "cycle": "dsp.connect() (new channel + session), one section(), close()",
+        "cycles_per_s": round(cycles / elapsed),
+        "rss_start_kib": rss_start,
+        "rss_after_warmup_kib": rss_before,
+        "rss_after_kib": rss_after,
+        "registry_empty": empty,
+        "leftover_sections": leftover_sections,
+    }
+    judged: Judged = {
+        "target": f"< {MAX_GROWTH_PCT} %, registry empty",
+        "met": growth < MAX_GROWTH_PCT and empty,
+    }
+    shown = f"{growth:+.1f} %, registry {'empty' if empty else 'NOT empty'}"
+    name = f"{cycles:,} session open → register → close cycles: RSS growth"
+    return [figure("session_memory", name, growth, "%", judged, details, digits=1, display=shown)]
 
 
 async def _cycles(address: str, count: int, workers: int) -> None:
@@ -105,26 +102,20 @@ async def memo_memory(h: Harness) -> list[Figure]:
         await sidecar.server.stop(grace=None)
     per_scope, size = held / scopes, sum(encoded) / scopes
     value = ratio(per_scope, size)
-    return [
-        Figure(
-            key="memo_memory",
-            name="static memo per assembled scope / its encoded response",
-            value=round(value, 3),
-            unit=X,
-            **at_most(value, 1.01, "≤ {:g} (the bytes, their header and key)"),
-            details={
-                "memo_bytes_per_scope": round(per_scope),
-                "encoded_bytes_per_scope": round(size),
-                "as_message_objects_bytes_per_scope": round(as_messages / MESSAGE_COPIES),
-                "scopes": scopes,
-                "method": "a sidecar in the bench process holding the realistic load; each of "
-                f"{scopes} scopes assembled once (rendered); the memo's memory is what "
-                "tracemalloc sees freed when the service's response cache is dropped; beside "
-                "it, the RSS growth per parsed AssembleResponse object (what the memo held "
-                f"before it held bytes), over {MESSAGE_COPIES} copies",
-            },
-        )
-    ]
+    details = {
+        "memo_bytes_per_scope": round(per_scope),
+        "encoded_bytes_per_scope": round(size),
+        "as_message_objects_bytes_per_scope": round(as_messages / MESSAGE_COPIES),
+        "scopes": scopes,
+        "method": "a sidecar in the bench process holding the realistic load; each of "
+        f"{scopes} scopes assembled once (rendered); the memo's memory is what "
+        "tracemalloc sees freed when the service's response cache is dropped; beside "
+        "it, the RSS growth per parsed AssembleResponse object (what the memo held "
+        f"before it held bytes), over {MESSAGE_COPIES} copies",
+    }
+    judged = at_most(value, 1.01, "≤ {:g} (the bytes, their header and key)")
+    name = "static memo per assembled scope / its encoded response"
+    return [figure("memo_memory", name, value, X, judged, details, digits=3)]
 
 
 def _freed_by(drop: Callable[[], None]) -> int:

@@ -13,15 +13,8 @@ import dsh_system_prompt as dsp
 
 from ..report import Figure, X, at_least
 from ..stats import Operation, ratio
-from .harness import (
-    OWN_CONNECTION,
-    Harness,
-    Probe,
-    fresh_sidecars,
-    gather_limited,
-    p50_ratio,
-    timed_ratio_details,
-)
+from .build import figure, p50_ratio, timed_ratio_details
+from .harness import OWN_CONNECTION, Harness, Probe, fresh_sidecars, gather_limited
 
 
 async def many_scopes(h: Harness) -> list[Figure]:
@@ -153,44 +146,33 @@ async def throughput(h: Harness) -> list[Figure]:
     elapsed = rounds * phase_s
     rates = {name: counts[name] / elapsed for name in operations}
     value = ratio(rates["assemble"], rates["empty_rpc"])
-    return [
-        Figure(
-            key="throughput",
-            name="8 concurrent clients: assemblies/s / empty RPCs/s",
-            value=round(value, 2),
-            unit=X,
-            **at_least(value, 0.85),
-            display=f"{value:.2f}{X} ({rates['assemble']:,.0f} vs {rates['empty_rpc']:,.0f}/s)",
-            details={
-                "assemblies_per_s": round(rates["assemble"]),
-                "empty_rpcs_per_s": round(rates["empty_rpc"]),
-                # Which process saturates: ~1.0 s of CPU per second is one full core.
-                "sidecar_cpu_s_per_s": {
-                    name: round(cpu / elapsed, 2) for name, cpu in sidecar_cpu.items()
-                },
-                "bench_cpu_s_per_s": {
-                    name: round(cpu / elapsed, 2) for name, cpu in bench_cpu.items()
-                },
-                "sidecar_cpu_us_per_call": {
-                    name: round(sidecar_cpu[name] / counts[name] * 1e6) for name in operations
-                },
-                # The same ratio from the sidecar's CPU per call: what it would be with the
-                # sidecar saturated in both phases, less sensitive to other load on the host.
-                "cpu_capacity_ratio": round(
-                    ratio(
-                        sidecar_cpu["empty_rpc"] / counts["empty_rpc"],
-                        sidecar_cpu["assemble"] / counts["assemble"],
-                    ),
-                    2,
-                ),
-                "clients": clients,
-                "phases": f"{rounds} phases of {phase_s:g} s per operation, alternating",
-                "assemble": "Assemble with render: true through the generated stub (the response"
-                " decoded into an AssembleResponse, no client objects)",
-                "note": "the 8 clients share the bench process; each has its own connection",
-            },
-        )
-    ]
+    details = {
+        "assemblies_per_s": round(rates["assemble"]),
+        "empty_rpcs_per_s": round(rates["empty_rpc"]),
+        # Which process saturates: ~1.0 s of CPU per second is one full core.
+        "sidecar_cpu_s_per_s": {name: round(cpu / elapsed, 2) for name, cpu in sidecar_cpu.items()},
+        "bench_cpu_s_per_s": {name: round(cpu / elapsed, 2) for name, cpu in bench_cpu.items()},
+        "sidecar_cpu_us_per_call": {
+            name: round(sidecar_cpu[name] / counts[name] * 1e6) for name in operations
+        },
+        # The same ratio from the sidecar's CPU per call: what it would be with the
+        # sidecar saturated in both phases, less sensitive to other load on the host.
+        "cpu_capacity_ratio": round(
+            ratio(
+                sidecar_cpu["empty_rpc"] / counts["empty_rpc"],
+                sidecar_cpu["assemble"] / counts["assemble"],
+            ),
+            2,
+        ),
+        "clients": clients,
+        "phases": f"{rounds} phases of {phase_s:g} s per operation, alternating",
+        "assemble": "Assemble with render: true through the generated stub (the response"
+        " decoded into an AssembleResponse, no client objects)",
+        "note": "the 8 clients share the bench process; each has its own connection",
+    }
+    shown = f"{value:.2f}{X} ({rates['assemble']:,.0f} vs {rates['empty_rpc']:,.0f}/s)"
+    name = "8 concurrent clients: assemblies/s / empty RPCs/s"
+    return [figure("throughput", name, value, X, at_least(value, 0.85), details, display=shown)]
 
 
 async def _saturate(operations: list[Operation], seconds: float) -> int:
@@ -233,20 +215,15 @@ async def unix_vs_tcp(h: Harness) -> list[Figure]:
     value = ratio(samples["assemble_unix"].p50, samples["assemble_tcp"].p50)
     empty = ratio(samples["empty_rpc_unix"].p50, samples["empty_rpc_tcp"].p50)
     faster = "unix socket" if value < 1 else "loopback TCP"
+    difference_pct = abs(1 - value) * 100
+    details = {
+        **timed_ratio_details(samples),
+        "empty_rpc_ratio": round(empty, 2),
+        "faster": faster,
+        "difference_pct": round(difference_pct, 1),
+    }
+    shown = f"{value:.3f}{X} p50 ({faster} {difference_pct:.1f} % faster)"
+    name = "static assemble over a unix socket / over loopback TCP"
     return [
-        Figure(
-            key="unix_vs_tcp",
-            name="static assemble over a unix socket / over loopback TCP",
-            value=round(value, 3),
-            unit=f"{X} p50",
-            target="reported",
-            met=None,
-            display=f"{value:.3f}{X} p50 ({faster} {abs(1 - value) * 100:.1f} % faster)",
-            details={
-                **timed_ratio_details(samples),
-                "empty_rpc_ratio": round(empty, 2),
-                "faster": faster,
-                "difference_pct": round(abs(1 - value) * 100, 1),
-            },
-        )
+        figure("unix_vs_tcp", name, value, f"{X} p50", "reported", details, digits=3, display=shown)
     ]

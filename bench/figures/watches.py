@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 import dsh_system_prompt as dsp
 
 from .. import procs
-from ..report import Figure
-from ..stats import Samples
-from .harness import Harness
+from ..report import Figure, Judged
+from ..stats import Samples, Stopwatch
+from .build import figure, slowdown
+from .harness import Harness, beside_a_process
 
 
 async def change_fan_out(h: Harness) -> list[Figure]:
@@ -52,30 +54,25 @@ async def change_fan_out(h: Harness) -> list[Figure]:
     delivered = sum(len(received) for received, _ in results)
     missed = sum(missed for _, missed in results)
     expected = watchers * registrations
+    p50_ms, p99_ms = latencies.p50 / 1e6, latencies.p99 / 1e6
+    details = {
+        "delivered": delivered,
+        "expected": expected,
+        "missed_reported": missed,
+        "latency_p50_ms": round(p50_ms, 2),
+        "latency_p99_ms": round(p99_ms, 2),
+        "registrations_s": round(registered_s, 2),
+        "all_delivered_s": round(delivered_s, 2),
+        "latency": "from the start of the RegisterSection call to the watcher "
+        "reading the event; the 100 watchers run in the bench process (10 "
+        "sessions, 10 streams each), so reading 100,000 events competes with "
+        "registering",
+    }
+    shown = f"{delivered:,}/{expected:,} delivered, p50 {p50_ms:.1f} ms, p99 {p99_ms:.1f} ms"
+    judged: Judged = {"target": "all delivered", "met": delivered == expected}
+    name = "change fan-out, 100 watchers, 1,000 registrations"
     return [
-        Figure(
-            key="change_fan_out",
-            name="change fan-out, 100 watchers, 1,000 registrations",
-            value=round(latencies.p50 / 1e6, 2),
-            unit="ms p50 delivery",
-            target="all delivered",
-            met=delivered == expected,
-            display=f"{delivered:,}/{expected:,} delivered, p50 {latencies.p50 / 1e6:.1f} ms, "
-            f"p99 {latencies.p99 / 1e6:.1f} ms",
-            details={
-                "delivered": delivered,
-                "expected": expected,
-                "missed_reported": missed,
-                "latency_p50_ms": round(latencies.p50 / 1e6, 2),
-                "latency_p99_ms": round(latencies.p99 / 1e6, 2),
-                "registrations_s": round(registered_s, 2),
-                "all_delivered_s": round(delivered_s, 2),
-                "latency": "from the start of the RegisterSection call to the watcher "
-                "reading the event; the 100 watchers run in the bench process (10 "
-                "sessions, 10 streams each), so reading 100,000 events competes with "
-                "registering",
-            },
-        )
+        figure("change_fan_out", name, p50_ms, "ms p50 delivery", judged, details, display=shown)
     ]
 
 
@@ -85,43 +82,32 @@ async def idle_watchers(h: Harness) -> list[Figure]:
     sidecar = await procs.start_sidecar(label="sidecar-idle-watchers")
     try:
         async with dsp.connect(sidecar.address, client_name="bench-registrar") as registrar:
-            alone = await _registration_samples(registrar, registrations)
-            watching = await procs.start_watchers(sidecar.address, count)
-            try:
-                watched = await _registration_samples(registrar, registrations)
-            finally:
-                await watching.stop()
+            alone, watched = await beside_a_process(
+                functools.partial(_registration_samples, registrar, registrations),
+                functools.partial(procs.start_watchers, sidecar.address, count),
+            )
     finally:
         await sidecar.stop()
-    slowdown = watched.p50 / alone.p50
-    return [
-        Figure(
-            key="idle_watchers",
-            name="registration p50, 1,000 idle watchers / none",
-            value=round(slowdown, 2),
-            unit="x",
-            target="≤ 3x",
-            met=slowdown <= 3,
-            display=f"{slowdown:.2f}x ({watched.p50 / 1e6:.2f} ms / {alone.p50 / 1e6:.2f} ms)",
-            details={
-                "without_watchers": alone.summary_us(),
-                "with_watchers": watched.summary_us(),
-                "watchers": count,
-                "measured": "a section registered then disposed (two changes, each fanned "
-                "out to every watcher); the watchers read in a process of their own",
-            },
-        )
-    ]
+    details = {
+        "without_watchers": alone.summary_us(),
+        "with_watchers": watched.summary_us(),
+        "watchers": count,
+        "measured": "a section registered then disposed (two changes, each fanned "
+        "out to every watcher); the watchers read in a process of their own",
+    }
+    name = "registration p50, 1,000 idle watchers / none"
+    return [slowdown("idle_watchers", name, watched.p50, alone.p50, 3, details)]
 
 
 async def _registration_samples(client: dsp.Client, count: int) -> Samples:
-    durations = []
+    stopwatch = Stopwatch()
     for index in range(count):
-        started = time.perf_counter_ns()
-        dispose = await client.section(f"idle-{index}", index, "Registered under watch.")
-        durations.append(time.perf_counter_ns() - started)
+        register = functools.partial(
+            client.section, f"idle-{index}", index, "Registered under watch."
+        )
+        dispose = await stopwatch.timed(register)
         await dispose()
-    return Samples.of(durations)
+    return stopwatch.samples()
 
 
 async def _watch(
