@@ -61,7 +61,8 @@ buf: $(STAMP)
 	else echo "no previous commit to check for breaking changes"; fi
 
 ## Fail when the docs name a file, flag, config key or metric that does not exist, or
-## operations.md / architecture.md leave one out (scripts/check_docs.py).
+## operations.md leaves one out, or architecture.md a folder, or a module its docstring
+## (scripts/check_docs.py).
 .PHONY: docs-check
 docs-check: $(STAMP)
 	$(BIN)/python scripts/check_docs.py

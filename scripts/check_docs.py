@@ -11,7 +11,9 @@ deploy/kubernetes/README.md:
 - every key of a config table and of a ```toml block is a config key;
 - every `dsp_...` metric name is one the sidecar exports;
 and the other way round: docs/operations.md names every `serve` flag, config key and
-metric, and docs/architecture.md every module.
+metric. docs/architecture.md has one short line for every folder of the code and none for
+a folder that is not; what a module holds is its docstring's, which every module has (a
+head comment in TypeScript and Go).
 
 Usage: python scripts/check_docs.py   (exit 1 with one line per problem)
 """
@@ -19,6 +21,7 @@ Usage: python scripts/check_docs.py   (exit 1 with one line per problem)
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import subprocess
 import sys
@@ -40,6 +43,12 @@ DOCS = [
 GENERATED = {"docs/contract.md", "docs/benchmarks.md"}  # made from the proto and the bench
 OPERATIONS = ROOT / "docs" / "operations.md"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
+PACKAGES = ("core/dsh_system_prompt_core/", "client/dsh_system_prompt/")
+SERVER = "server/dsh_system_prompt_server/"
+SOURCES = ("clients/typescript/src/", "clients/go/dsp/")
+FOLDER_ROW = re.compile(r"^\| `([^`]+/)` \|")
+# One line per folder: longer, it is telling what a module holds, which its docstring says.
+MAX_ROW = 240
 EXTENSIONS = (
     ".py",
     ".md",
@@ -83,7 +92,7 @@ def main() -> int:
     if problems:
         print(f"check_docs: {len(problems)} problem(s)", file=sys.stderr)
         return 1
-    print("docs name only what exists, and operations/architecture name all of it")
+    print("docs name only what exists, operations.md all of it, architecture.md every folder")
     return 0
 
 
@@ -102,8 +111,10 @@ def check() -> Iterator[str]:
         if key.removeprefix("limits.") not in tabled:
             yield f"docs/operations.md: no config table row for the key `{key}`"
     yield from missing("docs/operations.md", "metric", metrics, operations, r"(_total)?")
-    architecture = ARCHITECTURE.read_text(encoding="utf-8")
-    yield from missing("docs/architecture.md", "module", modules(tracked), architecture)
+    yield from check_architecture(ARCHITECTURE.read_text(encoding="utf-8"), tracked)
+    for path in sorted(modules(tracked)):
+        if not has_docstring((ROOT / path).read_text(encoding="utf-8"), path):
+            yield f"{path}: no docstring saying what the module holds"
 
 
 def check_text(where: str, text: str, tracked: set[str]) -> Iterator[str]:
@@ -244,20 +255,59 @@ def metric_exists(name: str, metrics: set[str]) -> bool:
     return name in metrics or base in metrics
 
 
-def modules(tracked: set[str]) -> set[str]:
-    """Every module of the three packages, by file name (package markers left out)."""
-    folders = (
-        "core/dsh_system_prompt_core/",
-        "client/dsh_system_prompt/",
-        "server/dsh_system_prompt_server/",
-    )
-    return {
-        Path(f).name
+def check_architecture(text: str, tracked: set[str]) -> Iterator[str]:
+    """A line for every folder of the code, none for another, each short."""
+    rows = {m.group(1): line for line in text.splitlines() if (m := FOLDER_ROW.match(line))}
+    wanted = code_folders(tracked)
+    for folder in sorted(wanted - rows.keys()):
+        yield f"docs/architecture.md: no line for the folder `{folder}`"
+    for folder, line in sorted(rows.items()):
+        if folder not in wanted:
+            yield f"docs/architecture.md: a line for `{folder}`, no folder of the code"
+        elif len(line) > MAX_ROW:
+            yield (
+                f"docs/architecture.md: the line for `{folder}` has {len(line)} characters"
+                f" (at most {MAX_ROW}: what a module holds goes in its docstring)"
+            )
+
+
+def code_folders(tracked: set[str]) -> set[str]:
+    """The folders architecture.md gives a line each, as it names them: the Python packages'
+    (the sidecar's as `server/.../x/`), the other clients' sources and the proto."""
+    packages = {
+        f.removesuffix("__init__.py")
         for f in tracked
-        if f.startswith(folders)
-        and f.endswith(".py")
-        and Path(f).name not in ("__init__.py", "__main__.py")
+        if f.endswith("/__init__.py") and f.startswith((*PACKAGES, SERVER))
     }
+    named = {
+        "server/.../" + folder.removeprefix(SERVER)
+        if folder.startswith(SERVER) and folder != SERVER
+        else folder
+        for folder in packages
+    }
+    return named | {"proto/", *SOURCES}
+
+
+def modules(tracked: set[str]) -> set[str]:
+    """Every module of the Python packages and the other clients' sources, generated code and
+    tests left out."""
+    return {
+        f
+        for f in tracked
+        if (
+            (f.startswith((*PACKAGES, SERVER)) and f.endswith(".py"))
+            or (f.startswith(SOURCES) and f.endswith((".ts", ".go")))
+        )
+        and "/gen/" not in f
+        and not f.endswith("_test.go")
+    }
+
+
+def has_docstring(source: str, path: str) -> bool:
+    """Whether a module opens by saying what it holds: a docstring, or a head comment."""
+    if path.endswith(".py"):
+        return bool(ast.get_docstring(ast.parse(source)))
+    return source.lstrip().startswith(("//", "/*"))
 
 
 if __name__ == "__main__":

@@ -51,6 +51,30 @@ def test_the_docs_check_takes_real_names_from_their_sources() -> None:
     assert problems(text) == []
 
 
+def test_the_map_has_a_short_line_for_every_folder_and_no_other() -> None:
+    text = check_docs.ARCHITECTURE.read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if check_docs.FOLDER_ROW.match(line)]
+    wire = next(row for row in rows if row.startswith("| `server/.../wire/`"))
+    changed = text.replace(wire + "\n", "").replace(
+        "| `server/.../guard/` |", "| `server/.../guard/` | " + "x" * check_docs.MAX_ROW
+    )
+    changed += "\n| `server/.../gone/` | a folder no longer there |\n"
+    found = list(check_docs.check_architecture(changed, TRACKED))
+    assert [line.split(": ", 1)[1].split(" `")[0] for line in found] == [
+        "no line for the folder",
+        "a line for",
+        "the line for",
+    ], found
+
+
+def test_every_module_says_what_it_holds() -> None:
+    assert not check_docs.has_docstring("import os\n", "a.py")
+    assert not check_docs.has_docstring("package dsp\n", "a.go")
+    assert check_docs.has_docstring('"""What a holds."""\n', "a.py")
+    assert check_docs.has_docstring("/** What a holds. */\nexport {};\n", "a.ts")
+    assert len(check_docs.modules(TRACKED)) > 150  # every package's, the TS and Go clients'
+
+
 def readme_example() -> str:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     found = re.search(r"<!-- readme-example -->\n```python\n(.*?)```", text, re.S)

@@ -11,9 +11,10 @@ from pathlib import Path
 import dsh_system_prompt_server
 
 PACKAGE = Path(dsh_system_prompt_server.__file__).parent
-# Lowest first, as the package's docstring lists them; inside rpc/, the Assemble RPC answered,
-# then the streams' brokers, then the state both faces take, then the servicer. The package's
-# root modules sit on top.
+# The one order of the sidecar's folders, lowest first: each imports only those before it (the
+# package's docstring, every folder's and docs/architecture.md point here). Inside rpc/, the
+# Assemble RPC answered, the streams' brokers, the state both faces take, the servicer. The
+# package's root modules sit on top.
 LAYERS = (
     "registry",
     "reports",
@@ -152,7 +153,11 @@ def test_the_top_level_holds_at_most_ten_modules_and_folders() -> None:
 
 def test_every_folder_says_what_belongs_in_it() -> None:
     for init in PACKAGE.rglob("__init__.py"):
-        assert ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))), init
+        docstring = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert docstring, init
+        # a folder LAYERS orders (and the package) points to it for the order, not a copy
+        if _dotted(init) in {"", *LAYERS}:
+            assert "`LAYERS` in tests/package/test_package.py" in " ".join(docstring.split()), init
 
 
 def test_the_face_names_the_sidecar_its_config_and_the_registry() -> None:

@@ -1,3 +1,5 @@
+// Assemble and Render, and their options.
+
 package dsp
 
 import (

@@ -1,3 +1,5 @@
+// Prompt-cache history: CacheHistory, ReportUsage and UsageFromJSON.
+
 package dsp
 
 import (

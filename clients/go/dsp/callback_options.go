@@ -1,3 +1,5 @@
+// The registration options: WithCallbackTimeout, WithFailurePolicy and the rest.
+
 package dsp
 
 import (

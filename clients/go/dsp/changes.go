@@ -1,3 +1,5 @@
+// The change-event stream, resumed after the last revision it delivered.
+
 package dsp
 
 import (

@@ -1,3 +1,5 @@
+// Connect, its options, the Client and Scope, and the registration methods.
+
 package dsp
 
 import (

@@ -1,3 +1,5 @@
+// The connection: one session at a time, reconnecting, the registrations replayed in order.
+
 package dsp
 
 import (

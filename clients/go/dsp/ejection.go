@@ -1,3 +1,5 @@
+// Ejected callbacks come back: an ejected provider or listener made again after a backoff.
+
 package dsp
 
 import (

@@ -1,3 +1,5 @@
+// *Error, every failure with its gRPC code, reason and the sidecar's words; the Reason constants.
+
 package dsp
 
 import (

@@ -1,3 +1,5 @@
+// Registration and Handle: what a registration returns, to update or dispose it.
+
 package dsp
 
 import (

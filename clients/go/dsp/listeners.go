@@ -1,3 +1,5 @@
+// A waterfall listener's stream: invocations in, Next and results out.
+
 package dsp
 
 import (

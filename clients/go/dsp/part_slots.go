@@ -1,3 +1,6 @@
+// Features tool-slots and part-slots: the stream's base, invocations and next() results
+// resolved, replies named by slot, parts matched by value.
+
 package dsp
 
 import (

@@ -1,3 +1,5 @@
+// Live prompts: WatchPrompt and its PromptStream.
+
 package dsp
 
 import (

@@ -1,3 +1,5 @@
+// Dynamic providers: TextFunc, VariableFunc and ToolsFunc, and their answers.
+
 package dsp
 
 import (

@@ -1,3 +1,5 @@
+// Strict {{variable}} interpolation, with the core's rules and messages.
+
 package dsp
 
 import (

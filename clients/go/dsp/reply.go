@@ -1,3 +1,5 @@
+// An Assemble reply decoded straight from its bytes into types.go's values.
+
 package dsp
 
 import (

@@ -1,3 +1,5 @@
+// The prompt-cache report: WithReport, WithReportKey, WithPrefixLayout and the report's values.
+
 package dsp
 
 import (

@@ -1,3 +1,5 @@
+// The session stream: its life cycle, and answering the sidecar's ProvideRequests.
+
 package dsp
 
 import (

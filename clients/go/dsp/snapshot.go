@@ -1,3 +1,5 @@
+// Listings of the registry: Snapshot, filtered like WatchChanges.
+
 package dsp
 
 import (

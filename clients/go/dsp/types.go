@@ -1,3 +1,5 @@
+// The client's value types and their messages.
+
 package dsp
 
 import (

@@ -1,4 +1,4 @@
-/** Small promise tools: a deferred, and waits that leave no timer behind. */
+/** Small promise tools: a deferred, bounded confirmations, and waits that leave no timer behind. */
 
 /** A promise with its resolve and reject at hand. */
 export class Deferred<T> {

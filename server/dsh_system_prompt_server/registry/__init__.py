@@ -1,11 +1,11 @@
 """The registry's semantics in plain Python: layers, shadowing, ordering, assembly.
 
-Nothing here knows about gRPC; the service translates to and from it. Here: the values
-(`model`, `provenance`, `errors`, `limits`, `settings`), what is admitted (`admission`), the
-layers and scope tree, change notifications, filters, each scope's plan kept until a change
-(`plan_cache`) and the `Registry` itself; how one assembly is made in `assembly/`; the
-registry's side of callbacks (listeners, cached answers, ejection) in `callbacks/`.
-Everything above imports it; it imports only the shared core.
+Belongs here: the values (`model`, `provenance`, `errors`, `limits`, `settings`), what is
+admitted (`admission`, `accounts`), the layers and scope tree, change notifications, filters,
+each scope's plan kept until a change (`plan_cache`) and the `Registry` itself; how one assembly
+is made in `assembly/`; the registry's side of callbacks in `callbacks/`. Nothing here knows
+about gRPC. It is the lowest floor of `LAYERS` in tests/package/test_package.py: it imports
+nothing of the package, only the shared core.
 """
 
 from .accounts import Client, ClientCounts

@@ -1,7 +1,9 @@
 """Registry failures: a status, a stable reason and the spec's message.
 
 The registry knows nothing of gRPC; `Status` names the gRPC code each failure
-maps to, and the service layer translates it.
+maps to, and the service layer translates it. Every one is a `Failure`: a
+`RegistryError` when the registry's rules refuse, a `ServiceError` for what fails
+outside them (a request's wire form, a session, a host, credentials, draining).
 """
 
 from __future__ import annotations

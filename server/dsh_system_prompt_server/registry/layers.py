@@ -1,4 +1,7 @@
-"""Layers (global and per scope) and the scope tree that chains them."""
+"""Layers (global and per scope) and the scope tree that chains them.
+
+A layer's insert returns its remover, so a disposal undoes exactly what a registration did.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""The registry: layered registrations owned by sessions, and assembly over them."""
+"""The registry: layered registrations owned by sessions, and assembly over them.
+
+Registrations are kept by owner, updated in place and disposed with their owner; each
+assembly works on its scope's plan (`plan_cache`), made by `assembly/`.
+"""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 Belongs here: the report of one assembly (provenance, sizes, prefix stability), the blame of
 a break, the bounded diff of the first changed part, the history per key, the one call that
 reports an assembly and keeps it (`reporter`), a scope's live prompt of static parts
-(`live_prompt`) and the tokenizers. Nothing here knows about gRPC. It may import `registry/`
-only; `telemetry/`, `rpc/`, `admin/` and `sidecar/` import it.
+(`live_prompt`) and the tokenizers. Nothing here knows about gRPC. It may import only the
+folders before it in `LAYERS` in tests/package/test_package.py.
 """
 
 from .history import Break, HistoryEntry, HistoryKey, KeyHistory, ReportHistory

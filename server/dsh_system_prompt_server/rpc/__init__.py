@@ -1,10 +1,9 @@
-"""The RPCs answered: the Assemble RPC (`assemble/`), the long-lived streams' brokers
-(`streams/`), the state both faces take (`state`: built once, read by the admin page too) and
-the servicer (`service`), which only translates and delegates.
+"""The RPCs answered: the Assemble RPC (`assemble/`), the long-lived streams' brokers (`streams/`),
+the state both faces take (`state`: `ServerState`, the composition root, built once and read by
+the admin page too) and the servicer (`service`), which only translates and delegates.
 
-It may import `registry/`, `reports/`, `telemetry/`, `wire/` and `guard/`; `admin/` and
-`sidecar/` import it. Inside, lowest first: `assemble/`, `streams/`, `state`, `service`; each
-imports only those before it.
+It may import only the folders before it in `LAYERS` in tests/package/test_package.py, which
+also orders its own sub-folders and modules.
 """
 
 from .service import SystemPromptService

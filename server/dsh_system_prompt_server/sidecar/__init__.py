@@ -1,9 +1,9 @@
 """The process: its config, the server built from it, reloads, and the command line.
 
-Belongs here: the config file's keys and checks, listening, building and stopping the
-gRPC server (with health, reflection, metrics and the admin page), SIGHUP and file-poll
-reloads, and the `dsh-system-prompt` commands. It is the top of the package: it may import
-every other folder, and none imports it.
+Belongs here: the config file's keys and checks, listening, building and stopping the gRPC
+server (with health, reflection, metrics and the admin page), SIGHUP and file-poll reloads, and
+the `dsh-system-prompt` commands. It is the top of `LAYERS` in tests/package/test_package.py: it
+may import every other folder, and none imports it but the package's face.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""`dsh-system-prompt`: the sidecar's command line."""
+"""`dsh-system-prompt`: the sidecar's command line, its parser and `serve`; the client
+commands run in `commands.py`."""
 
 from __future__ import annotations
 

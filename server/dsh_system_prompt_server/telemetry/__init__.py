@@ -1,8 +1,9 @@
 """What the sidecar tells its operator about itself: Prometheus metrics, logs, traces.
 
 Belongs here: metric families and their labels, the log format, OpenTelemetry spans and their
-W3C context. It imports nothing of the package but `registry/` and `reports/` (the metrics
-of a report follow its values), so every layer above may record into it.
+W3C context. It may import only the folders before it in `LAYERS` in
+tests/package/test_package.py (the metrics of a report follow its values), so every floor above
+may record into it.
 """
 
 from .logs import LOGGER_NAME, Throttled, configure_logging, logger

@@ -4,8 +4,8 @@ Belongs here: every mapping between protobuf messages and registry or report val
 (`convert`, with the assembly's encodings in `encoding` and the reports' in
 `report_messages`), every failure as a gRPC status (`status`), callers' JSON text
 (`json_text`), the method handlers built from the descriptor (`handlers`) and the listen
-addresses (`addresses`). It may import `registry/` and `reports/` only; `guard/`, `rpc/`,
-`admin/` and `sidecar/` import it.
+addresses (`addresses`). Nothing here holds state across calls but encoding caches. It may
+import only the folders before it in `LAYERS` in tests/package/test_package.py.
 """
 
 from .addresses import (

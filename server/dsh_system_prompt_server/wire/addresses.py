@@ -1,4 +1,5 @@
-"""Listen addresses: parsed strictly, and exclusive (a second sidecar never shares one)."""
+"""Listen addresses: parsed strictly, and exclusive (a second sidecar never shares one);
+and which host names are loopback (`is_loopback`), for the admin page's Host check."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Registry values <-> protobuf messages: requests, provider calls, change events, listings.
 
 The assembly's encodings are in `encoding`, the reports' messages in `report_messages`.
+`ProvideRequests` joins a session's provide requests from kept encodings of a plan's calls
+and context.
 """
 
 from __future__ import annotations

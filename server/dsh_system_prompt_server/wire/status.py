@@ -1,4 +1,8 @@
-"""A Failure -> gRPC status with a google.rpc.ErrorInfo detail; the service's own failures."""
+"""A Failure -> gRPC status with a google.rpc.ErrorInfo detail; the service's own failures.
+
+Every status carries its reason twice: in the ErrorInfo detail and in the
+`dsh-error-reason` trailer, for clients that do not decode details.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """How one assembly is made: the plan from the layers, its steps, the tool order, the invariants
 every returned assembly satisfies, and the provenance it records.
 
-Imported by the registry's own modules (`registry.py`) and, for the plan, by `rpc/assemble/`.
+Inside `registry/`: it may import the registry's own modules and `callbacks/`' face; the
+registry's face re-exports what the floors above need (the plan).
 """
 
 from .plan import Plan, plan_of
