@@ -128,6 +128,19 @@ async def test_a_kept_answer_is_refused_once_draining(
     assert refused.code() == grpc.StatusCode.UNAVAILABLE
 
 
+async def test_once_draining_a_request_too_large_is_refused_as_every_call_is(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar = await make_sidecar(limits={"max_fields_bytes": 1024})
+    async with raw_channel(sidecar.address) as channel:
+        caller = Raw(channel)
+        too_large = await caller.refusal(request(fields={"note": "x" * 2000}))
+        sidecar.state.gate.close()
+        draining = await caller.refusal(request(fields={"note": "x" * 2000}))
+    assert too_large.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert draining.code() == grpc.StatusCode.UNAVAILABLE  # the gate first, as for every RPC
+
+
 async def test_bytes_that_are_no_request_are_refused_and_the_sidecar_serves_on(
     client: dsp.Client, raw: Raw
 ) -> None:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Iterator
+from types import TracebackType
 
 from ..wire import shutting_down
 
@@ -23,18 +22,24 @@ class Gate:
         if self.draining:
             raise shutting_down()
 
-    @contextlib.contextmanager
-    def call(self) -> Iterator[None]:
-        """Hold the gate open for one call; raises when draining."""
+    def call(self) -> Gate:
+        """Hold the gate open for one call (`with gate.call():`); raises when draining."""
+        return self  # its own context manager: no generator per call, on every call's path
+
+    def __enter__(self) -> None:
         self.check()
         self._in_flight += 1
         self._idle.clear()
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
 
     def close(self) -> None:
         self.draining = True

@@ -18,11 +18,8 @@ from ..registry import AnyRegistration, Failure
 from ..wire import (
     SKIPPED_TRAILER,
     abort,
-    assemble_request,
-    assemble_request_limit,
     history_entry_to_proto,
     history_to_proto,
-    request_too_large,
     skipped_trailer,
     text_from_proto,
     tools_from_proto,
@@ -155,36 +152,26 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     # -- assembly ---------------------------------------------------------------------
 
     # Takes the request's bytes (handlers.RAW_REQUESTS) and answers the response's encoding
-    # (handlers.passthrough sends it as is). A repeated request whose response is kept is
-    # answered from its bytes before anything else; authorization (guard.auth) came first.
+    # (handlers.passthrough sends it as is): the assembler refuses it by its size, answers it
+    # from its bytes when they were answered before, else parses and assembles it.
+    # Authorization (guard.auth) came first.
     async def Assemble(self, request: bytes, context: Context) -> bytes:  # type: ignore[override]
         state = self._state
         started = time.perf_counter()
-        limit = assemble_request_limit(state.registry.limits)
-        if len(request) > limit:  # before its bytes are hashed to look it up, or parsed
-            error = request_too_large(len(request), limit)
-            state.metrics.assembly_failed(error.reason)
-            await abort(context, error)
-        kept = state.assembler.kept(request)
-        if kept is not None and not state.gate.draining:
-            state.metrics.assemble_seconds.observe(time.perf_counter() - started)
-            return kept
         try:
             with state.gate.call():
                 try:
                     deadline = _deadline(context)
-                    parsed = assemble_request(request, state.registry.limits)
-                    layout = state.prefix_layout
-                    answered = await state.assembler.assemble(parsed, deadline, layout, request)
+                    answered = await state.assembler.answer(request, deadline, state.prefix_layout)
                 finally:
                     state.metrics.assemble_seconds.observe(time.perf_counter() - started)
-            if answered.skipped:
-                trailer = skipped_trailer(answered.skipped)
-                context.set_trailing_metadata(((SKIPPED_TRAILER, trailer),))
-            return answered.response
         except Failure as error:
             state.metrics.assembly_failed(error.reason)
             await abort(context, error)
+        if answered.skipped:
+            trailer = skipped_trailer(answered.skipped)
+            context.set_trailing_metadata(((SKIPPED_TRAILER, trailer),))
+        return answered.response
 
     async def ReportUsage(
         self, request: pb.ReportUsageRequest, context: Context

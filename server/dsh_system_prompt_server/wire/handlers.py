@@ -53,26 +53,22 @@ def parsed(method: str, data: bytes) -> Message:
         ) from None
 
 
-def assemble_request_limit(limits: Limits) -> int:
-    """The largest AssembleRequest the limits allow: fields_json, a scope and a report key."""
-    return limits.max_fields_bytes + 2 * limits.max_name_bytes + _ASSEMBLE_FRAMING_BYTES
-
-
-def request_too_large(size: int, limit: int) -> Failure:
-    """An Assemble request refused by its size: only its fields_json can be that large."""
-    return too_large(
-        "assemble request (its context's fields_json at most limits.max_fields_bytes, its"
-        " scope and report key at most limits.max_name_bytes)",
-        size,
-        limit,
-    )
-
-
-def assemble_request(data: bytes, limits: Limits) -> pb.AssembleRequest:
-    """An Assemble request's bytes parsed: refused first by their size, then by their form."""
-    limit = assemble_request_limit(limits)
+def check_assemble_size(data: bytes, limits: Limits) -> None:
+    """Refuse an Assemble request by its size alone, before its bytes are hashed or parsed:
+    only its fields_json (`limits.max_fields_bytes`), scope and report key
+    (`limits.max_name_bytes`) can make it large."""
+    limit = limits.max_fields_bytes + 2 * limits.max_name_bytes + _ASSEMBLE_FRAMING_BYTES
     if len(data) > limit:
-        raise request_too_large(len(data), limit)
+        raise too_large(
+            "assemble request (its context's fields_json at most limits.max_fields_bytes, its"
+            " scope and report key at most limits.max_name_bytes)",
+            len(data),
+            limit,
+        )
+
+
+def assemble_request(data: bytes) -> pb.AssembleRequest:
+    """An Assemble request's bytes parsed (their size checked before: `check_assemble_size`)."""
     request = parsed("Assemble", data)
     assert isinstance(request, pb.AssembleRequest)
     return request
@@ -82,7 +78,10 @@ def request_of(method: str, data: bytes, limits: Limits) -> Message | None:
     """The request a unary call's bytes hold, for a reader before the servicer (the policy);
     None when the servicer will refuse them (too large, or no message)."""
     try:
-        return assemble_request(data, limits) if method in RAW_REQUESTS else parsed(method, data)
+        if method in RAW_REQUESTS:
+            check_assemble_size(data, limits)
+            return assemble_request(data)
+        return parsed(method, data)
     except Failure:
         return None
 

@@ -1,5 +1,6 @@
-"""An Assemble request answered: reused when it may be, else assembled, reported, rendered
-and encoded, and never bigger than the sidecar sends."""
+"""An Assemble request answered: refused by its size first, reused when it may be (for its
+very bytes, else for its plan), else assembled, reported, rendered and encoded, and never
+bigger than the sidecar sends."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from ...registry import (
 from ...reports import HistoryKey, Layout, Reporter
 from ...telemetry import Metrics, Throttled, logger
 from ...wire import (
+    assemble_request,
     assemble_response,
+    check_assemble_size,
     context_from_proto,
     history_key_from_proto,
     layout_from_proto,
@@ -62,29 +65,35 @@ class Assembler:
         # the per-part encodings dynamic responses are joined from: as much again
         self.parts = part_caches.PartBudget(max_bytes=response_bytes)
 
+    async def answer(self, encoded: bytes, deadline: float | None, layout: Layout) -> Answered:
+        """The response to an Assemble request's bytes `encoded`: refused by their size before
+        they are hashed or parsed; the response kept for these very bytes, unparsed; else the
+        request parsed and answered by its plan by `deadline` (the loop's clock). `layout` is
+        the reports' default prefix layout."""
+        check_assemble_size(encoded, self._registry.limits)
+        kept = self.kept(encoded)
+        if kept is not None:
+            return Answered(kept)
+        return await self._assembled(assemble_request(encoded), deadline, layout, encoded)
+
     def kept(self, encoded: bytes) -> bytes | None:
         """The response kept for a request's very bytes while it holds (the registry's
         revision, the callback cache's generation): nothing parsed, no plan looked up."""
         registry = self._registry
         return self.responses.by_request(encoded, registry.revision, registry.callbacks.generation)
 
-    async def assemble(
-        self,
-        request: pb.AssembleRequest,
-        deadline: float | None,
-        layout: Layout,
-        encoded: bytes | None = None,
+    async def _assembled(
+        self, request: pb.AssembleRequest, deadline: float | None, layout: Layout, encoded: bytes
     ) -> Answered:
-        """The encoded response to `request` (whose bytes are `encoded`, when it came so),
-        by `deadline` (the loop's clock); `layout` is the reports' default prefix layout."""
+        """`request` (whose bytes are `encoded`) answered by its plan by `deadline` (the loop's
+        clock): the response kept for the plan when it may be reused, else assembled."""
         context = context_from_proto(request.context, self._registry.limits)
         plan = self._registry.plan(context.scope)
         generation = self._registry.callbacks.generation
         key = None if request.report else reuse_key(plan, context, request.render, generation)
         cached = None if key is None else self.responses.get(key)
-        if cached is not None:
-            if encoded is not None:  # the same bytes again are answered before parsing
-                self.responses.index(encoded, key, stamp_of(plan, generation))
+        if cached is not None:  # the same bytes again are answered before parsing
+            self.responses.index(encoded, key, stamp_of(plan, generation))
             return Answered(cached)  # a static (or all-cached) plan's response, encoded once
         assembly = await self._registry.run(plan, context, deadline, track=request.report)
         self._count_skipped(assembly.skipped)
@@ -101,8 +110,7 @@ class Assembler:
         self._check_sendable(len(response), report is not None)
         if key is not None and not skipped:  # one without a step is not the plan's answer
             self.responses.put(key, response)
-            if encoded is not None:
-                self.responses.index(encoded, key, stamp_of(plan, generation))
+            self.responses.index(encoded, key, stamp_of(plan, generation))
         return Answered(response, assembly.skipped)
 
     def _count_skipped(self, skipped: tuple[Skipped, ...]) -> None:
