@@ -43,14 +43,16 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-## Regenerate docs/contract.md from the proto.
+## Regenerate docs/contract.md from the proto, and operations.md's config tables from the keys.
 docs: $(STAMP)
 	$(BIN)/python scripts/proto_docs.py
+	$(BIN)/python scripts/config_docs.py
 
-## Fail when docs/contract.md differs from what the proto generates.
+## Fail when docs/contract.md or operations.md's config tables differ from what they are made from.
 check-docs: $(STAMP)
 	@$(BIN)/python scripts/proto_docs.py - | diff - docs/contract.md \
 	  && echo "contract reference is fresh"
+	@$(BIN)/python scripts/config_docs.py --check
 
 ## buf lint (STANDARD + COMMENTS), and buf breaking against the previous commit.
 buf: $(STAMP)

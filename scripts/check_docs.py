@@ -1,7 +1,7 @@
 """Fail when the docs name what does not exist, or leave out what does.
 
 Reads the sources of truth, not hand lists: the CLI's argparse parser, the config
-dataclass (through the reload module's flattening of it), the metrics registry and
+keys' declarations, the metrics registry and
 the files in the repository. Checked in README.md, docs/*.md and
 deploy/kubernetes/README.md:
 
@@ -29,9 +29,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from dsh_system_prompt_server import SidecarConfig
+from dsh_system_prompt_server.config import flat
 from dsh_system_prompt_server.sidecar.cli import build_parser
 from dsh_system_prompt_server.sidecar.config import CREDENTIAL_KEYS
-from dsh_system_prompt_server.sidecar.reload import config_keys
 from dsh_system_prompt_server.telemetry.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,8 +107,8 @@ def check() -> Iterator[str]:
     operations = OPERATIONS.read_text(encoding="utf-8")
     yield from missing("docs/operations.md", "serve flag", serve_flags, operations)
     tabled = set(documented_keys(operations))
-    for key in sorted(config_keys(SidecarConfig())):
-        if key.removeprefix("limits.") not in tabled:
+    for key in sorted(flat(SidecarConfig())):
+        if key.rpartition(".")[2] not in tabled:
             yield f"docs/operations.md: no config table row for the key `{key}`"
     yield from missing("docs/operations.md", "metric", metrics, operations, r"(_total)?")
     yield from check_architecture(ARCHITECTURE.read_text(encoding="utf-8"), tracked)
@@ -238,10 +238,10 @@ def cli_flags() -> tuple[set[str], set[str]]:
 
 
 def config_key_names() -> set[str]:
-    """The config file's keys, `limits.x` also as plain `x` (the `[limits]` table's rows),
-    and the keys of a `[[credentials]]` table."""
-    keys = set(config_keys(SidecarConfig()))
-    return keys | {key.removeprefix("limits.") for key in keys} | CREDENTIAL_KEYS
+    """The config file's keys, `limits.x` also as plain `x` (the `[limits]` table's rows, and
+    so on), and the keys of a `[[credentials]]` table."""
+    keys = set(flat(SidecarConfig()))
+    return keys | {key.rpartition(".")[2] for key in keys} | CREDENTIAL_KEYS
 
 
 def metric_names() -> set[str]:

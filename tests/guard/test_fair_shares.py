@@ -1,5 +1,5 @@
 """Each client's share of the event loop (issue 22): when the loop runs later than
-`fair_share_lag_s`, the time the clients' calls take is split equally among them, and a
+`fair_share.lag_s`, the time the clients' calls take is split equally among them, and a
 client more than 1.25 times over its split waits before its next call or watch write;
 the others go on at once.
 
@@ -48,7 +48,7 @@ async def sharing_sidecar(make_sidecar: SidecarFactory, tmp_path: Path) -> Any:
     """A sidecar whose shares hold whenever the loop is late at all, with no floor: the
     test's in-process clients are too light for the real floor (half a loop split equally,
     tested on its own on a moved clock) to hold anyone."""
-    sidecar = await make_sidecar(fair_share_lag_s=LAG_S, **credentials(tmp_path))
+    sidecar = await make_sidecar(fair_share={"lag_s": LAG_S}, **credentials(tmp_path))
     shares = sidecar.state.shares
     shares.settings = dataclasses.replace(shares.settings, floor=0.0)
     return sidecar
@@ -99,7 +99,7 @@ async def test_a_client_held_to_its_share_gets_fewer_calls_through(
     make_sidecar: SidecarFactory, tmp_path: Path
 ) -> None:
     held = await sharing_sidecar(make_sidecar, tmp_path / "held")
-    free = await make_sidecar(fair_share_lag_s=0, **credentials(tmp_path / "free"))
+    free = await make_sidecar(fair_share={"lag_s": 0}, **credentials(tmp_path / "free"))
     served = {}
     for name, sidecar in (("held", held), ("free", free)):
         lights = (light(sidecar.address, 2.0, key) for key in ("light", "light-2", "light-3"))
@@ -109,10 +109,10 @@ async def test_a_client_held_to_its_share_gets_fewer_calls_through(
     assert served["held"] < served["free"] / 3, served
 
 
-async def test_nobody_waits_when_fair_share_lag_s_is_0(
+async def test_nobody_waits_when_the_fair_share_lag_is_0(
     make_sidecar: SidecarFactory, tmp_path: Path
 ) -> None:
-    sidecar = await make_sidecar(fair_share_lag_s=0, **credentials(tmp_path))
+    sidecar = await make_sidecar(fair_share={"lag_s": 0}, **credentials(tmp_path))
     await asyncio.gather(hog(sidecar.address, 1.0), light(sidecar.address, 1.0))
     assert sidecar.state.shares.waits_of(HOG) == 0
     assert _metric(sidecar, "dsp_share_waits_total") == 0
@@ -149,17 +149,29 @@ def _metric(sidecar: Any, name: str) -> float:
     return 0.0 if value is None else float(value)
 
 
-async def test_a_reload_changes_fair_share_lag_s_live(
+async def test_a_reload_changes_the_fair_share_keys_live(
     make_sidecar: SidecarFactory, tmp_path: Path
 ) -> None:
     config = tmp_path / "sidecar.toml"
-    config.write_text("fair_share_lag_s = 0.002\n")
-    sidecar = await make_sidecar(fair_share_lag_s=0.002)
+    config.write_text("[fair_share]\nlag_s = 0.002\n")
+    sidecar = await make_sidecar(fair_share={"lag_s": 0.002})
     reloader = Reloader(sidecar, str(config), lambda: load_config(config))
-    config.write_text("fair_share_lag_s = 0.01\n")
+    config.write_text("[fair_share]\nlag_s = 0.01\nover = 2\nfloor = 0.25\nmax_wait_s = 5\n")
     reloaded = reloader.reload("test")
-    assert reloaded is not None and "fair_share_lag_s" in reloaded.applied
-    assert sidecar.state.shares.settings.lag_s == 0.01
+    assert reloaded is not None
+    assert reloaded.applied == [
+        "fair_share.lag_s",
+        "fair_share.over",
+        "fair_share.floor",
+        "fair_share.max_wait_s",
+    ]
+    settings = sidecar.state.shares.settings
+    assert (settings.lag_s, settings.over, settings.floor, settings.max_wait_s) == (
+        0.01,
+        2.0,
+        0.25,
+        5.0,
+    )
 
 
 async def test_a_drained_sidecar_stops_measuring_its_loop(make_sidecar: SidecarFactory) -> None:
@@ -172,7 +184,7 @@ async def test_a_drained_sidecar_stops_measuring_its_loop(make_sidecar: SidecarF
 async def test_over_loopback_without_credentials_nobody_is_held(
     make_sidecar: SidecarFactory,
 ) -> None:
-    sidecar = await make_sidecar(fair_share_lag_s=LAG_S)
+    sidecar = await make_sidecar(fair_share={"lag_s": LAG_S})
     sidecar.state.shares.settings = dataclasses.replace(sidecar.state.shares.settings, floor=0)
 
     async def loop(seconds: float) -> None:

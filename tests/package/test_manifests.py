@@ -31,6 +31,7 @@ from deploy_files import (
     stop,
 )
 from dsh_system_prompt_server import parse_config
+from dsh_system_prompt_server.config import flat
 from processes import free_port
 
 # --- the Kubernetes manifests -----------------------------------------------------------
@@ -38,10 +39,9 @@ from processes import free_port
 
 def test_configmap_is_a_valid_sidecar_config() -> None:
     table = tomllib.loads(configmap_toml())
-    config = parse_config(table)
+    config = flat(parse_config(table))
     for key, value in table.items():  # each key is read as written, none dropped
-        holder = config.registry if hasattr(config.registry, key) else config
-        assert getattr(holder, key) == value, key
+        assert config[key] == value, key
 
 
 @pytest.mark.parametrize("name", ["agent-tcp", "agent-unix-socket"])

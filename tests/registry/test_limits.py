@@ -169,7 +169,7 @@ async def test_the_default_per_peer_limit_leaves_headroom_under_max_sessions(
     make_sidecar: SidecarFactory,
 ) -> None:
     sidecar = await make_sidecar()
-    limits = sidecar.config.server_limits
+    limits = sidecar.config.state.limits
     assert limits.max_sessions_per_peer * 2 <= limits.max_sessions
     async with raw_channel(sidecar.address) as flood:
         calls = [await open_raw_session(flood) for _ in range(limits.max_sessions_per_peer)]

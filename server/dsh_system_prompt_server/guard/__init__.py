@@ -10,11 +10,10 @@ from .auth import Authenticator, AuthInterceptor
 from .clients import client_of
 from .gate import Gate
 from .policy import ADMIN, Credential, Grants, Request, Role, Verb, decide
-from .shares import DEFAULT_LAG_S, Shares, ShareSettings, share_key, sharing, wire_s
+from .shares import Shares, ShareSettings, share_key, sharing, wire_s
 
 __all__ = [
     "ADMIN",
-    "DEFAULT_LAG_S",
     "AuthInterceptor",
     "Authenticator",
     "Credential",

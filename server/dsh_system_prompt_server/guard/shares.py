@@ -9,7 +9,7 @@ make everyone else's assemblies six times slower (issue 22). As Kubernetes' API
 priority and fairness queues each user's requests apart and serves them in turn
 (fair queuing: every client with work waiting gets an equal share), and as Envoy's
 overload manager acts only past a threshold, nothing waits while the loop has time
-to spare (it runs late by less than `fair_share_lag_s`: a timer's lateness says
+to spare (it runs late by less than `fair_share.lag_s`: a timer's lateness says
 both that work is queued and that the process is short of CPU); when it has not,
 the time the clients' calls take is split equally among the clients that use it,
 and one more than 1.25 times over its split waits, its waiting calls let go one at a
@@ -33,43 +33,64 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
+from ..config import Number, Seconds, setting
 from ..registry import Client
 from ..wire import Behaviour, Context, ContextAround
 from .clients import IDENTIFIED, client_of
 
 T = TypeVar("T")
-# What gRPC does for each byte of a request or a response around the servicer (receiving,
-# copying into Python, sending), on the loop's thread: 3 MiB requests, refused by their size
-# at once, took 1.75 ms of it per MiB (the hostile soak's stalled session, 2026-12-01).
+# What gRPC does around the servicer's steps on the loop's thread, which no step sees: per-host
+# estimates, measured on one 2-core machine (the hostile soak's, 2026-12-01), not constants of
+# gRPC; a faster host spends less, so they overcharge there evenly, which keeps shares fair.
+# Each byte of a request or response (receiving, copying into Python, sending): 3 MiB
+# requests, refused by their size at once, took 1.75 ms of the loop per MiB.
 WIRE_S_PER_BYTE = 1.75e-3 / (1 << 20)
-# What gRPC does for a call around its servicer's steps, on the loop's thread (its
-# metadata, the handler's task, the response and the status): 8,000 cached Assembles took
-# 1.89 s of the loop and their steps 49 ms; refused Disposes, 1.86 s beyond their steps.
+# A call (its metadata, the handler's task, the response and the status): 8,000 cached
+# Assembles took 1.89 s of the loop and their steps 49 ms; refused Disposes, 1.86 s beyond.
 CALL_S = 230e-6
-# And for each message a stream reads or writes: 8,000 small session messages took 0.91 s
-# of the loop beyond their steps; 8,000 changes written to a watcher, 0.8 s.
+# A message a stream reads or writes: 8,000 small session messages took 0.91 s of the loop
+# beyond their steps; 8,000 changes written to a watcher, 0.8 s.
 MESSAGE_S = 100e-6
-# How late the loop may run before shares apply (config key `fair_share_lag_s`): in the
-# hostile soak the loop ran 1-6 ms late, calm or not, and shares held at 0.5 ms kept the
-# calm agents' p99 within 1.5x of a calm run, against 3.2x at 2 ms (on half the time).
-DEFAULT_LAG_S = 0.0005
 
 
 @dataclass(frozen=True)
 class ShareSettings:
-    """When shares apply and how use is measured."""
+    """When shares apply and how use is measured: config table [fair_share], and the
+    scheduler's own tuning (`beat_s`, `refresh_s`, `idle`), which is no config key."""
 
-    # How late the loop runs (a timer's lateness, averaged over `window_s`) before shares
-    # apply: config key `fair_share_lag_s`, 0 never. Lateness, not the clients' calls' time
-    # or the thread's: what the calls cost is an estimate (CALL_S, MESSAGE_S), and a process
-    # short of CPU runs late with its thread three quarters busy (the hostile soak).
-    lag_s: float = DEFAULT_LAG_S
+    # Lateness, not the clients' calls' time or the thread's: what the calls cost is an
+    # estimate (CALL_S, MESSAGE_S), and a process short of CPU runs late with its thread three
+    # quarters busy. In the hostile soak the loop ran 1-6 ms late, calm or not, and shares held
+    # at 0.5 ms kept the calm agents' p99 within 1.5x of a calm run, against 3.2x at 2 ms.
+    lag_s: float = setting(
+        0.0005,
+        Seconds(most=1.0, zero="never"),
+        "when the event loop runs later than this (a timer's lateness, averaged over"
+        " `window_s`), the time the clients' calls take is split equally among them and a"
+        " client more than `over` times over its split waits (Fair shares of the event loop)",
+        was="fair_share_lag_s",
+    )
+    over: float = setting(
+        1.25,
+        Number(1.0, 100.0),
+        "how far past its split a client's use may go before its next call or watch write waits",
+    )
+    floor: float = setting(
+        0.5,
+        Number(0.0, 1.0),
+        "a split is at least this much of a whole loop split equally, so a busy client is not"
+        " held to the quiet ones' use while the host is short of CPU",
+    )
+    max_wait_s: float = setting(
+        2.0, Seconds(most=60.0), "how long a call or write waits at most before it goes in turn"
+    )
+    window_s: float = setting(
+        0.5,
+        Seconds(most=60.0),
+        "how fast a client's measured use forgets (its decay's time), and the lateness's average",
+    )
     beat_s: float = 0.025  # how often the loop's lateness is measured
-    max_wait_s: float = 2.0  # how long a call or write waits at most before it goes in turn
-    floor: float = 0.5  # a split is at least this much of a whole loop split equally
-    window_s: float = 0.5  # how fast a client's measured use forgets (its decay's time)
     refresh_s: float = 0.1  # how often the fair share is recomputed from everyone's use
-    over: float = 1.25  # how far past the fair share a client may go before it waits
     idle: float = 1e-5  # a client using less than this (10 µs a second) is forgotten
 
 
@@ -109,10 +130,10 @@ class Shares:
 
     def __init__(
         self,
-        settings: ShareSettings = ShareSettings(),
+        settings: ShareSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.settings = settings
+        self.settings = settings or ShareSettings()
         self._clock = clock
         self._uses: dict[str, Use] = {}
         self._waited: dict[str, int] = {}  # how often each client waited, while it is seen

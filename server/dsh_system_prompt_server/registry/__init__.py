@@ -4,8 +4,8 @@ Belongs here: the values (`model`, `provenance`, `errors`, `limits`, `settings`)
 admitted (`admission`, `accounts`), the layers and scope tree, change notifications, filters,
 each scope's plan kept until a change (`plan_cache`) and the `Registry` itself; how one assembly
 is made in `assembly/`; the registry's side of callbacks in `callbacks/`. Nothing here knows
-about gRPC. It is the lowest floor of `LAYERS` in tests/package/test_package.py: it imports
-nothing of the package, only the shared core.
+about gRPC. It sits on `config/` alone in `LAYERS` in tests/package/test_package.py: it imports
+nothing else of the package, and the shared core.
 """
 
 from .accounts import Client, ClientCounts
@@ -45,7 +45,7 @@ from .model import (
 )
 from .provenance import Origin, OriginKind, Origins, PartKey, PartKind, Step, Trace
 from .registry import Registry
-from .settings import RegistrySettings, settings_keys
+from .settings import RegistrySettings, check_callback_timeouts
 
 __all__ = [
     "BUILTIN_SECTIONS",
@@ -96,12 +96,12 @@ __all__ = [
     "ToolSet",
     "Trace",
     "ValueRegistration",
+    "check_callback_timeouts",
     "context_key",
     "new_id",
     "owner_label",
     "public_ref",
     "quota_exceeded",
-    "settings_keys",
     "too_large",
     "validate_tool_order",
     "value_bytes",

@@ -6,25 +6,66 @@ from dataclasses import dataclass
 
 from dsh_system_prompt_core import Reason
 
+from ..config import Count, setting
 from .errors import RegistryError, Status
 from .model import Tool, ToolSet
+
+_QUOTA = "RESOURCE_EXHAUSTED `QUOTA_EXCEEDED`"
+_TOO_LARGE = "INVALID_ARGUMENT `VALUE_TOO_LARGE`"
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Limits the registry enforces before it changes anything."""
+    """Limits the registry enforces before it changes anything: config table [limits]."""
 
-    max_name_bytes: int = 256
-    max_text_bytes: int = 256 * 1024
-    max_tool_schema_bytes: int = 64 * 1024
-    max_registrations_per_session: int = 10_000
-    max_listeners: int = 1_000
-    max_listeners_per_peer: int = 100  # per client (accounts.py): headroom for others
-    max_total_bytes: int = 256 * 1024 * 1024  # every session's registered values together
-    max_bytes_per_peer: int = 64 * 1024 * 1024  # one client's sessions' values: a quarter
-    max_fields_bytes: int = 64 * 1024  # an assemble context's fields_json
-    max_list_items: int = 1024  # entries of any one repeated field of a request
-    max_callback_cache_bytes: int = 32 * 1024 * 1024  # cached callback answers together
+    max_name_bytes: int = setting(256, Count(), f"{_TOO_LARGE}: names, scope keys, labels")
+    max_text_bytes: int = setting(
+        256 * 1024,
+        Count(),
+        f"{_TOO_LARGE}: section and context texts, variable values (a dynamic answer over it"
+        " fails the assembly)",
+    )
+    max_tool_schema_bytes: int = setting(
+        64 * 1024, Count(), f"{_TOO_LARGE}: one tool's description and parameters JSON"
+    )
+    max_registrations_per_session: int = setting(10_000, Count(), _QUOTA)
+    max_listeners: int = setting(1_000, Count(), _QUOTA)
+    max_listeners_per_peer: int = setting(
+        100,
+        Count(),
+        f"{_QUOTA}: listeners the sessions of one client may hold together, headroom for"
+        " others (Quotas per client)",
+    )
+    max_total_bytes: int = setting(
+        256 * 1024 * 1024,
+        Count(),
+        f"{_QUOTA}: the registered values of every session together (texts, variable values,"
+        " static tool schemas; dynamic answers are bounded by `max_text_bytes` instead)",
+    )
+    max_bytes_per_peer: int = setting(
+        64 * 1024 * 1024,
+        Count(),
+        f"{_QUOTA}: the registered values of one client's sessions together, a quarter of"
+        " `max_total_bytes` (Quotas per client); an update counts what it grows by",
+    )
+    max_fields_bytes: int = setting(
+        64 * 1024,
+        Count(),
+        f"{_TOO_LARGE} naming `fields_json`: an assemble context's fields, measured before they"
+        " are parsed (and an Assemble request larger than they allow, from its byte count)",
+    )
+    max_list_items: int = setting(
+        1024,
+        Count(),
+        f"{_TOO_LARGE}: entries of any one repeated field of a request, counted before any is"
+        " read; a session or listener stream that sends one is closed with it",
+    )
+    max_callback_cache_bytes: int = setting(
+        32 * 1024 * 1024,
+        Count(),
+        "never refused: cached callback answers and waterfall results, keys included; the"
+        " least recently used evicted first",
+    )
 
     def check_name(self, what: str, name: str) -> None:
         _check_size(f"{what} name", name, self.max_name_bytes)

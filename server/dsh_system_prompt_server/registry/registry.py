@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Collection
+from dataclasses import replace
 from typing import Literal, TypedDict, TypeVar
 
 from dsh_system_prompt_core import (
@@ -19,6 +20,7 @@ from dsh_system_prompt_core import (
     is_variable_name,
 )
 
+from ..config import flat
 from . import errors
 from .admission import Admission, StaticValue
 from .assembly import Plan, assemble_plan
@@ -49,7 +51,7 @@ from .model import (
     new_id,
 )
 from .plan_cache import PlanCache
-from .settings import RegistrySettings, settings_keys
+from .settings import RegistrySettings
 
 _UPDATABLE = frozenset({Kind.SECTION, Kind.CONTEXT, Kind.VARIABLE, Kind.TOOLS})
 
@@ -99,19 +101,23 @@ class Registry:
         old, self.settings = self.settings, settings
         self.callbacks.max_bytes = settings.limits.max_callback_cache_bytes
         self.changes.history = settings.change_history
-        before = settings_keys(old)
-        changed = [key for key, value in settings_keys(settings).items() if before[key] != value]
-        if "include_harness_identity" in changed:
+        before = flat(old)
+        changed = [key for key, value in flat(settings).items() if before[key] != value]
+        if settings.include_harness_identity != old.include_harness_identity:
             if settings.include_harness_identity:
                 self._add_builtin(
                     HARNESS_IDENTITY_SECTION, HARNESS_IDENTITY_ORDER, HARNESS_IDENTITY_TEXT
                 )
             else:
                 self._remove(self._builtins.pop(HARNESS_IDENTITY_SECTION))
-        if "persona" in changed:  # in place, as update() does: no gap for assemblies
+        if settings.persona != old.persona:  # in place, as update() does: no gap for assemblies
             self._replace_value(self._builtins[PERSONA_SECTION], settings.persona)
-        for key in changed:
-            if key not in ("persona", "include_harness_identity"):
+        # the built-in sections' keys changed as their sections did; the rest are `config` events
+        others = replace(
+            settings, persona=old.persona, include_harness_identity=old.include_harness_identity
+        )
+        for key, value in flat(others).items():
+            if before[key] != value:
                 self.changes.publish(Kind.CONFIG, Action.REGISTERED, key, None)
         return changed
 

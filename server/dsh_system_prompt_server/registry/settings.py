@@ -1,32 +1,87 @@
-"""The registry's part of the sidecar config, and its keys as a reload compares them."""
+"""The registry's part of the sidecar config: its config keys, declared with their values."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 
+from dsh_system_prompt_core import PERSONA_SECTION, RenderFailure, check_template
+
+from ..config import ConfigError, Count, Custom, Flag, Seconds, group, names, setting
+from .assembly import validate_tool_order
+from .errors import RegistryError
 from .limits import Limits
+
+MAX_HISTORY = 1_000_000  # change events kept for resuming watchers, at most
+MAX_EJECT_AFTER = 1_000  # consecutive timeouts before a callback is ejected, at most
+
+
+def _persona(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"config key '{name}' must be text, not {value!r}")
+    try:
+        check_template(value, f'section "{PERSONA_SECTION}"')
+    except RenderFailure as error:  # it would fail every render of the pod
+        raise ConfigError(f"config key '{name}': {error}") from None
+    return value
+
+
+def _tool_order(name: str, value: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(tool, str) for tool in value):
+        raise ConfigError(f"config key '{name}' must be a list of tool names")
+    try:
+        return validate_tool_order(value)
+    except RegistryError as error:
+        raise ConfigError(error.message) from None
 
 
 @dataclass(frozen=True)
 class RegistrySettings:
     """The registry's part of the sidecar config (the spec's defaults)."""
 
-    persona: str = ""
-    include_harness_identity: bool = True
-    include_runtime_context: bool = True
-    tool_order: tuple[str, ...] | None = None
-    provider_timeout_s: float = 5.0
-    eject_after_timeouts: int = 1  # consecutive timeouts that eject a callback; 0: never
-    max_callback_timeout_s: float = 60.0  # the longest timeout_s a callback may declare
-    limits: Limits = field(default_factory=Limits)
-    change_history: int = 1024  # change events kept for watchers that resume
+    persona: str = setting(
+        "", Custom(_persona, "a template"), "the global `deployment:persona` section"
+    )
+    include_harness_identity: bool = setting(True, Flag(), "register `harness:identity`")
+    include_runtime_context: bool = setting(
+        True, Flag(), "`false` suppresses every runtime context"
+    )
+    tool_order: tuple[str, ...] | None = setting(
+        None,
+        Custom(_tool_order, 'tool names with one "<unlisted-tools>"'),
+        "the model-facing tool order",
+    )
+    provider_timeout_s: float = setting(
+        5.0,
+        Seconds(),
+        "how long one provider or listener answer may take, unless it declares its own `timeout_s`",
+    )
+    eject_after_timeouts: int = setting(
+        1,
+        Count(least=0, most=MAX_EJECT_AFTER, zero="never"),
+        "consecutive timeouts of a callback's whole time after which a provider or listener is"
+        " ejected: disposed, with a change event saying why (docs/protocol.md, Ejected"
+        " callbacks)",
+    )
+    max_callback_timeout_s: float = setting(
+        60.0,
+        Seconds(),
+        "the longest `timeout_s` a provider or listener may declare at registration"
+        " (INVALID_ARGUMENT `VALUE_TOO_LARGE` past it); at least `provider_timeout_s`",
+    )
+    limits: Limits = group(Limits, "limits")
+    change_history: int = setting(
+        1024,
+        Count(most=MAX_HISTORY),
+        "change events kept for watchers that resume (`WatchChanges.after_revision`)",
+    )
 
 
-def settings_keys(settings: RegistrySettings) -> dict[str, object]:
-    """The settings by config key (`limits.max_tools` for a limit), as reload compares them."""
-    flat: dict[str, object] = {
-        f.name: getattr(settings, f.name) for f in fields(settings) if f.name != "limits"
-    }
-    for limit in fields(settings.limits):
-        flat[f"limits.{limit.name}"] = getattr(settings.limits, limit.name)
-    return flat
+def check_callback_timeouts(settings: RegistrySettings) -> None:
+    """The default time must be one a callback may declare."""
+    if settings.max_callback_timeout_s < settings.provider_timeout_s:
+        keys = names(RegistrySettings)
+        most, default = keys.max_callback_timeout_s, keys.provider_timeout_s
+        raise ConfigError(
+            f"config key '{most}' ({settings.max_callback_timeout_s:g}) must be at least"
+            f" '{default}' ({settings.provider_timeout_s:g})"
+        )

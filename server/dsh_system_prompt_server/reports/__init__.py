@@ -11,6 +11,7 @@ from .history import Break, HistoryEntry, HistoryKey, KeyHistory, ReportHistory
 from .live_prompt import LivePrompt, StaticPrompt
 from .report import build_report
 from .reporter import Reported, Reporter
+from .settings import ReportSettings
 from .tokens import TOKENIZERS, Tokenizer, load_tokenizer
 from .values import DEFAULT_LAYOUT, Layout, PartPrint, Previous, Report, Size, Stability
 
@@ -27,6 +28,7 @@ __all__ = [
     "Previous",
     "Report",
     "ReportHistory",
+    "ReportSettings",
     "Reported",
     "Reporter",
     "Size",

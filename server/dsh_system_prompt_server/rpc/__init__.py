@@ -7,7 +7,13 @@ also orders its own sub-folders and modules.
 """
 
 from .service import SystemPromptService
-from .state import ServerState, StateSettings
-from .streams import OutboxLimits, WatchSettings
+from .settings import ServerLimits, StateSettings, StreamSettings
+from .state import ServerState
 
-__all__ = ["OutboxLimits", "ServerState", "StateSettings", "SystemPromptService", "WatchSettings"]
+__all__ = [
+    "ServerLimits",
+    "ServerState",
+    "StateSettings",
+    "StreamSettings",
+    "SystemPromptService",
+]

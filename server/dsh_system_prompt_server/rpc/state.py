@@ -6,35 +6,17 @@ sidecar makes it from its config (`StateSettings`) and a reload reconfigures it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from ..guard import Gate, Shares, ShareSettings
+from ..guard import Gate, Shares
 from ..registry import Failure, Kind, Registration, Registry
-from ..reports import Layout, Reporter, ReportHistory, load_tokenizer
+from ..reports import Reporter, ReportHistory, load_tokenizer
 from ..telemetry import Metrics, Tracing, logger
 from .assemble import Assembler
+from .settings import ServerLimits, StateSettings
 from .streams import Listeners, OutboxLimits, Sessions, Watches, WatchSettings
 
 _log = logger("state")
-
-
-@dataclass(frozen=True)
-class StateSettings:
-    """The config of the served state; a reload changes the live ones (see `reconfigure`)."""
-
-    outbox: OutboxLimits  # of streams opened from now on (live)
-    max_sessions: int  # live
-    max_sessions_per_peer: int  # live
-    watches: WatchSettings  # live
-    prefix_layout: Layout  # the reports' default layout (live)
-    max_message_bytes: int  # the largest message the sidecar sends
-    tokenizer: str | None  # for token counts in reports; None: bytes only
-    report_depth: int  # recent reports kept per history key
-    report_keys: int  # history keys kept
-    report_bytes: int  # what the report history may take in memory (live)
-    response_bytes: int  # what the kept encoded responses may take (live)
-    shares: ShareSettings  # when clients are held to a fair share of the loop (live)
 
 
 class ServerState:
@@ -49,39 +31,40 @@ class ServerState:
         metrics: Metrics,
         tracing: Tracing | None = None,
     ) -> None:
+        limits, reports = settings.limits, settings.reports
         self.registry = registry
         self.metrics = metrics
+        outbox = self._outbox(limits)
         self.sessions = Sessions(
-            registry,
-            metrics,
-            settings.max_sessions,
-            settings.max_sessions_per_peer,
-            settings.outbox,
-            tracing,
+            registry, metrics, limits.max_sessions, limits.max_sessions_per_peer, outbox, tracing
         )
-        self.listeners = Listeners(registry, self.sessions, metrics, settings.outbox, tracing)
-        self.tokenizer = load_tokenizer(settings.tokenizer)
+        self.listeners = Listeners(registry, self.sessions, metrics, outbox, tracing)
+        self.tokenizer = load_tokenizer(reports.tokenizer)
         self.reports = ReportHistory(
-            depth=settings.report_depth,
-            max_keys=settings.report_keys,
-            max_bytes=settings.report_bytes,
+            depth=reports.report_history,
+            max_keys=reports.report_keys,
+            max_bytes=limits.max_report_history_bytes,
         )
         self.reporter = Reporter(self.reports, self.tokenizer)
         self.assembler = Assembler(
-            registry, self.reporter, metrics, settings.max_message_bytes, settings.response_bytes
+            registry,
+            self.reporter,
+            metrics,
+            limits.max_message_bytes,
+            limits.max_response_cache_bytes,
         )
-        self.shares = Shares(settings.shares)  # each client's share of the event loop
+        self.shares = Shares(settings.fair_share)  # each client's share of the event loop
         self.shares.on_wait = metrics.share_waits.inc
         self.watches = Watches(
             registry,
-            settings.watches,
+            _watch_settings(settings),
             self.sessions.client_name,
             self.tokenizer,
             metrics,
             self.shares,
         )
         self.gate = Gate()
-        self.prefix_layout = settings.prefix_layout
+        self.prefix_layout = reports.prefix_layout
         registry.ejector.on_eject = self._ejected
         metrics.track(
             sessions=lambda: len(self.sessions),
@@ -101,13 +84,33 @@ class ServerState:
         self.metrics.ejected_callbacks.labels(kind).inc()
 
     def reconfigure(self, settings: StateSettings) -> None:
-        """Take the reloaded live settings: quotas, the watch buffer, the report layout, and
-        the outbox (its write timeout is `provider_timeout_s`) of streams opened from now on."""
-        self.sessions.set_limits(settings.max_sessions, settings.max_sessions_per_peer)
-        self.sessions.outbox_limits = self.listeners.outbox_limits = settings.outbox
-        self.prefix_layout = settings.prefix_layout
-        self.watches.reconfigure(settings.watches)
-        self.assembler.responses.max_bytes = settings.response_bytes
-        self.assembler.parts.max_bytes = settings.response_bytes
-        self.reports.max_bytes = settings.report_bytes
-        self.shares.reconfigure(settings.shares)
+        """Take the reloaded live settings (the registry's first): quotas, the watch buffer,
+        the report layout, and the outbox of streams opened from now on."""
+        limits = settings.limits
+        self.sessions.set_limits(limits.max_sessions, limits.max_sessions_per_peer)
+        self.sessions.outbox_limits = self.listeners.outbox_limits = self._outbox(limits)
+        self.prefix_layout = settings.reports.prefix_layout
+        self.watches.reconfigure(_watch_settings(settings))
+        self.assembler.responses.max_bytes = limits.max_response_cache_bytes
+        self.assembler.parts.max_bytes = limits.max_response_cache_bytes
+        self.reports.max_bytes = limits.max_report_history_bytes
+        self.shares.reconfigure(settings.fair_share)
+
+    def _outbox(self, limits: ServerLimits) -> OutboxLimits:
+        """A session's or listener's outbox: its bound, and the registry's answer time for
+        one write."""
+        return OutboxLimits(limits.max_outbox_bytes, self.registry.settings.provider_timeout_s)
+
+
+def _watch_settings(settings: StateSettings) -> WatchSettings:
+    """The watches' settings: the streams' keys, their limits, the reports' layout."""
+    streams, limits = settings.streams, settings.limits
+    return WatchSettings(
+        watch_buffer=streams.watch_buffer,
+        max_watchers=limits.max_watchers,
+        max_watchers_per_peer=limits.max_watchers_per_peer,
+        prompt_coalesce_s=streams.prompt_coalesce_s,
+        watch_coalesce_s=streams.watch_coalesce_s,
+        prefix_layout=settings.reports.prefix_layout,
+        prompt_bytes=4 * limits.max_outbox_bytes,  # every client's prompts in flight together
+    )

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 from .launcher import lazy_names, main
 
 if TYPE_CHECKING:
+    from ..config import ConfigError
     from .app import Sidecar, start_sidecar
     from .config import SidecarConfig, load_config, parse_config
-    from .config_values import ConfigError
 
 __all__ = [
     "ConfigError",
@@ -34,7 +34,7 @@ __getattr__ = lazy_names(
     {
         "Sidecar": ".app",
         "start_sidecar": ".app",
-        "ConfigError": ".config_values",
+        "ConfigError": "..config",
         "SidecarConfig": ".config",
         "load_config": ".config",
         "parse_config": ".config",

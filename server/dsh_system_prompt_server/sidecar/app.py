@@ -17,9 +17,10 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from ..admin import AdminOptions, AdminServer, start_admin
-from ..guard import Authenticator, AuthInterceptor, ShareSettings, sharing
+from ..config import ConfigError, names
+from ..guard import Authenticator, AuthInterceptor, sharing
 from ..registry import Registry
-from ..rpc import OutboxLimits, ServerState, StateSettings, SystemPromptService, WatchSettings
+from ..rpc import ServerState, SystemPromptService
 from ..telemetry import Metrics, Tracing, logger
 from ..wire import (
     UNIX_PREFIX,
@@ -30,7 +31,6 @@ from ..wire import (
     host_and_port,
 )
 from .config import SidecarConfig, all_credentials
-from .config_values import ConfigError
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SystemPromptService"].full_name
 HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
@@ -93,7 +93,7 @@ async def start_sidecar(
         interceptors.append(AuthInterceptor(authenticator, registry))
     server = grpc.aio.server(interceptors=interceptors, options=server_options(config))
     metrics = Metrics(key_labels=config.metrics_key_labels)
-    state = ServerState(registry, state_settings(config), metrics, tracing)
+    state = ServerState(registry, config.state, metrics, tracing)
     add_service(SystemPromptService(state), server, sharing(state.shares))
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -149,34 +149,8 @@ def _serve_metrics(metrics: Metrics, listen: str) -> None:
         metrics.serve(*host_and_port(listen))
     except OSError as error:
         why = "address in use" if error.errno == errno.EADDRINUSE else error.strerror or error
-        raise ConfigError(f"config key 'metrics_listen': cannot serve on {listen}: {why}") from None
-
-
-def state_settings(config: SidecarConfig) -> StateSettings:
-    """The served state's part of the config."""
-    limits = config.server_limits
-    return StateSettings(
-        outbox=OutboxLimits(limits.max_outbox_bytes, config.registry.provider_timeout_s),
-        max_sessions=limits.max_sessions,
-        max_sessions_per_peer=limits.max_sessions_per_peer,
-        watches=WatchSettings(
-            buffer=config.watch_buffer,
-            max_watchers=limits.max_watchers,
-            max_per_peer=limits.max_watchers_per_peer,
-            coalesce_s=config.prompt_coalesce_s,
-            change_coalesce_s=config.watch_coalesce_s,
-            layout=config.prefix_layout,
-            prompt_bytes=4 * limits.max_outbox_bytes,
-        ),
-        prefix_layout=config.prefix_layout,
-        max_message_bytes=limits.max_message_bytes,
-        tokenizer=config.tokenizer,
-        report_bytes=limits.max_report_history_bytes,
-        response_bytes=limits.max_response_cache_bytes,
-        report_depth=config.report_history,
-        report_keys=config.report_keys,
-        shares=ShareSettings(lag_s=config.fair_share_lag_s),
-    )
+        key = names(SidecarConfig).metrics_listen
+        raise ConfigError(f"config key '{key}': cannot serve on {listen}: {why}") from None
 
 
 def admin_options(config: SidecarConfig, authenticator: Authenticator | None) -> AdminOptions:
@@ -211,7 +185,8 @@ async def _serve_admin(
     except OSError as error:
         why = "address in use" if error.errno == errno.EADDRINUSE else error.strerror or error
         raise ConfigError(
-            f"config key 'admin_listen': cannot serve on {config.admin_listen}: {why}"
+            f"config key '{names(SidecarConfig).admin_listen}': cannot serve on"
+            f" {config.admin_listen}: {why}"
         ) from None
 
 
@@ -233,9 +208,9 @@ def server_options(config: SidecarConfig) -> list[tuple[str, int]]:
     """Message size, exclusive ports, the keepalive that detects dead peers in time, and
     the connection bounds: how many at once, how long one may take to say HTTP/2."""
     half = max(1, int(config.dead_peer_timeout_s * 500))  # ms: ping, then wait as long
-    size = config.server_limits.max_message_bytes
+    size = config.state.limits.max_message_bytes
     return [
-        ("grpc.max_allowed_incoming_connections", config.server_limits.max_connections),
+        ("grpc.max_allowed_incoming_connections", config.state.limits.max_connections),
         # gRPC closes a connection whose preface and SETTINGS (after TLS) come later
         ("grpc.server_handshake_timeout_ms", max(1, int(config.handshake_timeout_s * 1000))),
         ("grpc.so_reuseport", 0),  # else a second sidecar on the port splits the clients

@@ -12,14 +12,14 @@ from typing import Any
 
 from dsh_system_prompt_core import package_version
 
-from ..reports import TOKENIZERS, Layout
+from ..config import ConfigError, add_flags, flag_values
+from ..reports import Layout
 from ..telemetry import configure_logging, logger, tracing_from_env
 from ..wire import AddressError, check_listen
 from .app import start_sidecar
 from .command_io import add_connection_options
 from .commands import run
-from .config import LOG_LEVELS, SidecarConfig, load_config, with_overrides
-from .config_values import ConfigError
+from .config import SidecarConfig, load_config, with_overrides
 from .reload import POLL_S, Reloader
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
@@ -59,35 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_listen_address,
         help=f"HOST:PORT (port 0 picks a free one) or unix:PATH (default {DEFAULT_LISTEN})",
     )
-    serve.add_argument("--auth-token-file", help="require 'authorization: Bearer <token>'")
-    serve.add_argument("--tls-cert", dest="tls_cert_file", help="server certificate (PEM)")
-    serve.add_argument("--tls-key", dest="tls_key_file", help="server private key (PEM)")
-    serve.add_argument(
-        "--tls-client-ca", dest="tls_client_ca_file", help="CA for client certificates (mTLS)"
-    )
-    serve.add_argument("--metrics-listen", help="serve Prometheus /metrics on HOST:PORT")
-    serve.add_argument(
-        "--admin-listen",
-        metavar="HOST:PORT",
-        help="serve the read-only admin page on HOST:PORT (loopback only unless allowed)",
-    )
-    serve.add_argument(
-        "--admin-allow-remote",
-        action="store_true",
-        default=None,
-        help="let --admin-listen take a non-loopback address (needs --auth-token-file)",
-    )
-    serve.add_argument(
-        "--tokenizer", choices=sorted(TOKENIZERS), help="count tokens in reports with this"
-    )
-    serve.add_argument("--log-level", choices=LOG_LEVELS)
-    serve.add_argument("--log-format", choices=("text", "json"))
-    serve.add_argument(
-        "--reflection",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="server reflection (default: on for loopback and unix sockets)",
-    )
+    add_flags(serve, SidecarConfig)  # the config keys a flag sets too
     _add_client_commands(commands)
     return parser
 
@@ -182,20 +154,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace) -> SidecarConfig:
     """The config file with the command's flags over it (at start, and at every reload)."""
-    return with_overrides(
-        load_config(args.config),
-        auth_token_file=args.auth_token_file,
-        tls_cert_file=args.tls_cert_file,
-        tls_key_file=args.tls_key_file,
-        tls_client_ca_file=args.tls_client_ca_file,
-        metrics_listen=args.metrics_listen,
-        admin_listen=args.admin_listen,
-        admin_allow_remote=args.admin_allow_remote,
-        tokenizer=args.tokenizer,
-        log_level=args.log_level,
-        log_format=args.log_format,
-        reflection=args.reflection,
-    )
+    return with_overrides(load_config(args.config), flag_values(args, SidecarConfig))
 
 
 def _listen_address(value: str) -> str:

@@ -12,49 +12,15 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..registry import Limits, settings_keys
+from ..config import ConfigError, Key, Reload, declared, flat, merged
 from ..telemetry import LOGGER_NAME, logger
-from .app import Sidecar, state_settings
-from .config import ServerLimits, SidecarConfig, all_credentials, auth_enabled
-from .config_values import ConfigError
+from .app import Sidecar
+from .config import SidecarConfig, all_credentials, auth_enabled
 
 _log = logger("reload")
-
-# Everything else needs a restart: it is bound into the server, its ports or its caches.
-LIVE_KEYS = frozenset(
-    {
-        "persona",
-        "include_harness_identity",
-        "include_runtime_context",
-        "tool_order",
-        "provider_timeout_s",
-        "eject_after_timeouts",
-        "max_callback_timeout_s",
-        "shutdown_grace_s",
-        "watch_buffer",
-        "log_level",
-        "prefix_layout",
-        *(f"limits.{f.name}" for f in fields(Limits)),
-        "limits.max_sessions",
-        "limits.max_sessions_per_peer",
-        "limits.max_watchers",
-        "limits.max_watchers_per_peer",
-        "limits.max_outbox_bytes",
-        "limits.max_response_cache_bytes",
-        "limits.max_report_history_bytes",
-        "change_history",
-        "prompt_coalesce_s",
-        "watch_coalesce_s",
-        "fair_share_lag_s",
-        "credentials",
-        "auth_token_file",
-    }
-)
-# Live only while calls need a credential before and after: the check is bound into the server.
-AUTH_KEYS = frozenset({"credentials", "auth_token_file"})
 POLL_S = 1.0  # how often the config file is compared with what was loaded
 
 
@@ -66,62 +32,30 @@ class Reloaded:
     need_restart: list[str]
 
 
-def config_keys(config: SidecarConfig) -> dict[str, object]:
-    """The config by its file's keys (`limits.max_tools`, `auth_token_file`, ...)."""
-    flat: dict[str, object] = {}
-    for item in fields(config):
-        value = getattr(config, item.name)
-        if item.name == "registry":
-            flat |= settings_keys(value)
-        elif item.name == "server_limits":
-            flat |= {f"limits.{f.name}": getattr(value, f.name) for f in fields(ServerLimits)}
-        elif item.name == "security":
-            flat |= {f.name: getattr(value, f.name) for f in fields(value)}
-        else:
-            flat[item.name] = value
-    return flat
-
-
 def apply(sidecar: Sidecar, new: SidecarConfig, loaded: SidecarConfig) -> Reloaded:
-    """Apply `new`'s live settings to `sidecar`; `loaded` is the config read last time."""
-    before, after = config_keys(loaded), config_keys(new)
-    changed = [key for key in after if after[key] != before[key]]
-    running = sidecar.config
-    bound = running.server_limits  # what the gRPC server was built with stays
-    live = replace(
-        running,
-        registry=new.registry,
-        # every other limit is live (the cache bounds were listed so, but never applied)
-        server_limits=replace(
-            new.server_limits,
-            max_message_bytes=bound.max_message_bytes,
-            max_connections=bound.max_connections,
-        ),
-        shutdown_grace_s=new.shutdown_grace_s,
-        watch_buffer=new.watch_buffer,
-        prompt_coalesce_s=new.prompt_coalesce_s,
-        watch_coalesce_s=new.watch_coalesce_s,
-        fair_share_lag_s=new.fair_share_lag_s,
-        log_level=new.log_level,
-        prefix_layout=new.prefix_layout,
-    )
+    """Apply `new`'s live settings to `sidecar`; `loaded` is the config read last time.
+
+    Each key's declaration says when it applies (`Reload`): a live one now, a restart one
+    never (its running value stays), one of the credentials' while some credential stays
+    configured before and after (the check is bound into the server)."""
     auth_live = sidecar.authenticator is not None and auth_enabled(new)
+
+    def takes(key: Key) -> bool:
+        return key.reload is Reload.LIVE or (key.reload is Reload.WITH_AUTH and auth_live)
+
+    live = merged(sidecar.config, new, takes)
     if auth_live:
-        live = replace(
-            live,
-            credentials=new.credentials,
-            security=replace(live.security, auth_token_file=new.security.auth_token_file),
-        )
-    if sidecar.authenticator is not None and auth_live:
+        assert sidecar.authenticator is not None
         sidecar.authenticator.update(all_credentials(live))  # token files read again, too
     sidecar.config = live
     sidecar.registry.reconfigure(live.registry)
-    sidecar.state.reconfigure(state_settings(live))
+    sidecar.state.reconfigure(live.state)
     logging.getLogger(LOGGER_NAME).setLevel(live.log_level.upper())
-    live_keys = LIVE_KEYS if auth_live else LIVE_KEYS - AUTH_KEYS
+    before, after = flat(loaded), flat(new)
+    changed = [entry for entry in declared(type(new)) if after[entry.name] != before[entry.name]]
     return Reloaded(
-        applied=[key for key in changed if key in live_keys],
-        need_restart=[key for key in changed if key not in live_keys],
+        applied=[entry.name for entry in changed if takes(entry.key)],
+        need_restart=[entry.name for entry in changed if not takes(entry.key)],
     )
 
 

@@ -78,7 +78,7 @@ class Metrics:
         self.share_waits = Counter(
             "dsp_share_waits",
             "Calls and watch writes made to wait for their client's fair share of the event"
-            " loop (fair_share_lag_s)",
+            " loop ([fair_share])",
             registry=self.registry,
         )
         self.stalled_peers = Counter(

@@ -19,7 +19,8 @@ from typing import Generic, Protocol, TypeVar
 
 from dsh_system_prompt_core import Reason, step_through
 
-from ...registry import ServiceError, Status
+from ...registry import RegistrySettings, ServiceError, Status
+from ..settings import ServerLimits
 
 
 class Message(Protocol):
@@ -35,8 +36,8 @@ M = TypeVar("M", bound=Message)
 class OutboxLimits:
     """How much a peer may leave unread, and how long one write may take."""
 
-    max_bytes: int = 8 * 1024 * 1024
-    write_timeout_s: float = 5.0
+    max_bytes: int = ServerLimits.max_outbox_bytes
+    write_timeout_s: float = RegistrySettings.provider_timeout_s
 
 
 class Outbox(Generic[M]):

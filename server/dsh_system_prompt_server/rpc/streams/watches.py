@@ -62,13 +62,13 @@ Opened = TypeVar("Opened")
 class WatchSettings:
     """The config of watches: buffers, history is the registry's, bounds per client."""
 
-    buffer: int  # events queued per watcher before it is told it missed some
+    watch_buffer: int  # events queued per watcher before it is told it missed some
     max_watchers: int
-    max_per_peer: int
-    coalesce_s: float  # how long a prompt watch waits for a burst of changes to end
-    change_coalesce_s: float  # how long a batching change watch gathers a burst of changes
-    layout: Layout  # the default prefix layout of prompt reports
-    prompt_bytes: int = 32 * 1024 * 1024  # prompt messages being written, all watchers together
+    max_watchers_per_peer: int
+    prompt_coalesce_s: float  # how long a prompt watch waits for a burst of changes to end
+    watch_coalesce_s: float  # how long a batching change watch gathers a burst of changes
+    prefix_layout: Layout  # the default prefix layout of prompt reports
+    prompt_bytes: int  # prompt messages being written, all watchers together
 
 
 class Watches:
@@ -95,13 +95,13 @@ class Watches:
         self._entries: dict[int, bytes] = {}  # revision -> its event encoded, the latest ones
         self._shown: dict[tuple[str | None, bool, Layout], ScopePrompt] = {}  # shared prompts
         self._per_client = ClientCounts(
-            settings.max_per_peer, "watches", "limits.max_watchers_per_peer"
+            settings.max_watchers_per_peer, "watches", "limits.max_watchers_per_peer"
         )
 
     def reconfigure(self, settings: WatchSettings) -> None:
         """Take reloaded settings; watches already open keep their buffer."""
         self._settings = settings
-        self._per_client.limit = settings.max_per_peer
+        self._per_client.limit = settings.max_watchers_per_peer
         self.prompts_in_flight.resize(settings.prompt_bytes)  # waiters that now fit go
 
     # -- the streams ------------------------------------------------------------------
@@ -177,7 +177,7 @@ class Watches:
             after = -1  # another incarnation's revision: nothing of it can be replayed
         every = wanted == Filter()  # no filter: no test per event, on every watcher's every event
         return self._registry.changes.subscribe(
-            self._settings.buffer,
+            self._settings.watch_buffer,
             after=after,
             accepts=None if every else lambda event: keeps(event.kind, event.scope),
         )
@@ -203,8 +203,8 @@ class Watches:
         batches, sharer = CHANGE_BATCHES in in_effect, share_key(client)
         while True:
             first = await subscription.next()
-            if batches and not isinstance(first, Missed) and self._settings.change_coalesce_s:
-                await asyncio.sleep(self._settings.change_coalesce_s)  # gather the burst
+            if batches and not isinstance(first, Missed) and self._settings.watch_coalesce_s:
+                await asyncio.sleep(self._settings.watch_coalesce_s)  # gather the burst
             await self._shares.turn(sharer)  # what comes meanwhile goes in the same batch
             turn = await self.turns.take()
             try:
@@ -275,9 +275,9 @@ class Watches:
         self._registry.limits.check_name("scope", request.scope)
         keeps = self._registry.keeps(Filter(scope, ancestors=True))
         subscription = self._registry.changes.subscribe(
-            self._settings.buffer, accepts=lambda event: keeps(event.kind, event.scope)
+            self._settings.watch_buffer, accepts=lambda event: keeps(event.kind, event.scope)
         )
-        layout = layout_from_proto(request.prefix_layout, self._settings.layout)
+        layout = layout_from_proto(request.prefix_layout, self._settings.prefix_layout)
         key = (scope, request.render, layout)
         shown = self._shown.get(key)
         if shown is None:
@@ -300,7 +300,7 @@ class Watches:
                 yield self._charged(sharer, await watch.prompt())
             while True:
                 burst: list[Any] = [await subscription.next()]
-                await asyncio.sleep(self._settings.coalesce_s)
+                await asyncio.sleep(self._settings.prompt_coalesce_s)
                 await self._shares.turn(sharer)  # the changes meanwhile make one prompt
                 async with in_flight.reserved(await watch.size(), key):
                     while (item := subscription.poll()) is not None:  # also while it waited

@@ -1,0 +1,1 @@
+"""Config keys: declared once, and everything made from the declarations."""
