@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +26,13 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
 
 from ..registry import Registry, ServiceError, Status
-from ..wire import RAW_REQUESTS, ContextAround, abort, request_of
+from ..wire import RAW_REQUESTS, Behaviour, ContextAround, Method, abort, request_of
 from .access import describe, session_of
 from .clients import CALLER
 from .policy import Credential, decide
 
 # The platform's probes cannot send a token; health says nothing about the registry.
 EXEMPT_SERVICES = ("/grpc.health.v1.Health/",)
-SERVICE_PREFIX = "/dsh.systemprompt.v1.SystemPromptService/"
 _FIRST_MESSAGE_WAIT_S = 1.0
 _MESSAGE = "missing or invalid bearer token (send 'authorization: Bearer <token>')"
 # Where grpc puts a verified client certificate's names (grpc's auth context keys).
@@ -94,7 +93,7 @@ class Authenticator:
         return None
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class AuthInterceptor:
     """Every call but health's: its credential, then the policy on its request."""
 
     def __init__(self, authenticator: Authenticator, registry: Registry) -> None:
@@ -102,17 +101,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._registry = registry
         self._session_owners: dict[str, str] = {}  # session id -> its credential's name
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[Any], Awaitable[Any]],
-        handler_call_details: Any,
-    ) -> Any:
-        handler = await continuation(handler_call_details)
-        method = str(handler_call_details.method)
-        if handler is None or method.startswith(EXEMPT_SERVICES):
-            return handler
-        name = method.removeprefix(SERVICE_PREFIX) if method.startswith(SERVICE_PREFIX) else ""
-        return _wrapped(handler, _Call(self, name))
+    def around(self, method: Method, behaviour: Behaviour) -> Behaviour:
+        """The `auth` interception: `behaviour` run once the call's credential is known and
+        the policy lets it send its request (a stream: its first message)."""
+        if method.path.startswith(EXEMPT_SERVICES):
+            return behaviour
+        call = _Call(self, method.name if method.ours else "")
+        return _streamed(call, behaviour) if method.client_streaming else _unary(call, behaviour)
 
     def credential(self, context: Any) -> Credential | None:
         metadata = context.invocation_metadata() or ()
@@ -179,30 +174,22 @@ def _denied(message: str) -> ServiceError:
     return ServiceError(Status.PERMISSION_DENIED, Reason.PERMISSION_DENIED, message)
 
 
-def _wrapped(handler: Any, call: _Call) -> Any:
-    """`handler` with the call's credential and the policy checked before its behaviour."""
-    options = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
-    if handler.request_streaming:
-        behaviour = handler.stream_stream or handler.stream_unary
-        make = (
-            grpc.stream_stream_rpc_method_handler
-            if handler.response_streaming
-            else grpc.stream_unary_rpc_method_handler
-        )
+def _streamed(call: _Call, behaviour: Behaviour) -> Behaviour:
+    """A client-streaming `behaviour`, its first message checked as it is read."""
 
-        async def streamed(requests: Any, context: Any) -> Any:
-            credential = await call.admitted(context, streaming=True)
-            checked = _CheckedStream(context, call, credential)
-            try:
-                return await behaviour(checked.requests(requests), checked)
-            finally:
-                checked.ended()
+    async def streamed(requests: Any, context: Any) -> Any:
+        credential = await call.admitted(context, streaming=True)
+        checked = _CheckedStream(context, call, credential)
+        try:
+            return await behaviour(checked.requests(requests), checked)
+        finally:
+            checked.ended()
 
-        return make(streamed, **options)
-    behaviour = handler.unary_stream or handler.unary_unary
+    return streamed
+
+
+def _unary(call: _Call, behaviour: Behaviour) -> Behaviour:
+    """A unary-request `behaviour`, its request checked before it runs."""
 
     async def unary(request: Any, context: Any) -> Any:
         credential = await call.admitted(context, streaming=False)
@@ -212,12 +199,7 @@ def _wrapped(handler: Any, call: _Call) -> Any:
         handed = request if message is None or call.method in RAW_REQUESTS else message
         return await behaviour(handed, context)
 
-    make = (
-        grpc.unary_stream_rpc_method_handler
-        if handler.response_streaming
-        else grpc.unary_unary_rpc_method_handler
-    )
-    return make(unary, **options)
+    return unary
 
 
 class _CheckedStream(ContextAround):

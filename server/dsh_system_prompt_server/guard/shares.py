@@ -35,7 +35,7 @@ from google.protobuf.message import Message
 
 from ..config import Number, Seconds, setting
 from ..registry import Client
-from ..wire import Behaviour, Context, ContextAround
+from ..wire import Behaviour, Context, ContextAround, Method
 from .clients import IDENTIFIED, client_of
 
 T = TypeVar("T")
@@ -343,13 +343,21 @@ def wire_s(size: int) -> float:
     return size * WIRE_S_PER_BYTE
 
 
-def sharing(shares: Shares) -> Callable[[Behaviour], Behaviour]:
-    """A behaviour's calls made to wait for their client's share, and metered against it:
-    their steps; gRPC's work for the call (`CALL_S`) and for each message the client sends
-    on its stream, or is sent on a stream it asked for alone (a watch, a listing;
-    `MESSAGE_S`); and the bytes of a unary call's request and encoded response."""
+def sharing(shares: Shares) -> Callable[[Method, Behaviour], Behaviour]:
+    """The `shares` interception: a SystemPromptService method's calls made to wait for their
+    client's share, and metered against it: their steps; gRPC's work for the call (`CALL_S`)
+    and for each message the client sends on its stream, or is sent on a stream it asked
+    for alone (a watch, a listing; `MESSAGE_S`); and the bytes of a unary call's request and
+    encoded response."""
 
-    def around(behaviour: Behaviour) -> Behaviour:
+    def around(method: Method, behaviour: Behaviour) -> Behaviour:
+        if not method.ours:
+            return behaviour
+        streams = method.client_streaming or method.server_streaming
+        # the messages of a session or listener stream are mostly for others' calls
+        # (invocations): they cost the calls that ask, not the stream's client
+        writes = not method.client_streaming
+
         async def in_turn(request: Any, context: Context) -> Any:
             key = share_key(client_of(context.peer()))
             if key is None:
@@ -359,11 +367,9 @@ def sharing(shares: Shares) -> Callable[[Behaviour], Behaviour]:
             finally:  # counted before its steps, for the next one waiting; a deadline
                 # that ended the wait did not spare gRPC its work
                 shares.charge(key, CALL_S + wire_s(_size(request)))
-            # the messages of a session or listener stream are mostly for others' calls
-            # (invocations): they cost the calls that ask, not the stream's client
-            sent_for_it = isinstance(request, bytes | Message)
-            metered = _MeteredStream(context, lambda: shares.charge(key, MESSAGE_S), sent_for_it)
-            response = await shares.metered(key, behaviour(request, metered))
+            if streams:  # a unary call reads and writes no message through its context
+                context = _MeteredStream(context, lambda: shares.charge(key, MESSAGE_S), writes)
+            response = await shares.metered(key, behaviour(request, context))
             if isinstance(response, bytes):
                 shares.charge(key, wire_s(len(response)))
             return response
@@ -400,6 +406,7 @@ def _size(request: Any) -> int:
     return request.ByteSize() if isinstance(request, Message) else 0
 
 
+# By hand: only its driver sees each step, and the time a call awaits is no one's use of the loop
 @types.coroutine
 def _stepped(
     work: Coroutine[Any, Any, T], charge: Callable[[float], None]

@@ -14,21 +14,24 @@ import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from ..admin import AdminOptions, AdminServer, start_admin
 from ..config import ConfigError, names
-from ..guard import Authenticator, AuthInterceptor, sharing
+from ..guard import Authenticator, AuthInterceptor, Shares, sharing
 from ..registry import Registry
 from ..rpc import ServerState, SystemPromptService
 from ..telemetry import Metrics, Tracing, logger
 from ..wire import (
     UNIX_PREFIX,
+    Intercepted,
+    Interception,
     add_service,
     bind_failure,
     check_listen,
     claim_unix_socket,
     host_and_port,
+    parsing,
 )
 from .config import SidecarConfig, all_credentials
 
@@ -50,6 +53,7 @@ class Sidecar:
     tracing: Tracing | None = None
     admin: AdminServer | None = None
     authenticator: Authenticator | None = None  # None: no credentials, every caller an admin
+    interceptions: tuple[Interception, ...] = ()  # what every call passes, outermost first
 
     @property
     def registry(self) -> Registry:
@@ -85,21 +89,21 @@ async def start_sidecar(
     """Start serving on `listen` (HOST:PORT, port 0 for any, or unix:PATH); with
     `tracing`, every call and every hop to a client is a span."""
     raise_open_files()
-    interceptors = [] if tracing is None else tracing.interceptors()
     registry = Registry(config.registry)
     credentials = all_credentials(config)
     authenticator = Authenticator(credentials) if credentials else None
-    if authenticator is not None:
-        interceptors.append(AuthInterceptor(authenticator, registry))
-    server = grpc.aio.server(interceptors=interceptors, options=server_options(config))
+    auth = None if authenticator is None else AuthInterceptor(authenticator, registry)
+    server = grpc.aio.server(options=server_options(config))
     metrics = Metrics(key_labels=config.metrics_key_labels)
     state = ServerState(registry, config.state, metrics, tracing)
-    add_service(SystemPromptService(state), server, sharing(state.shares))
+    served = Intercepted(server, interceptions(tracing, auth, state.shares))
+    add_service(SystemPromptService(state), served)
     health = health_aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, served)
     if reflection_enabled(config, listen):
         names = (SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME)
-        reflection.enable_server_reflection(names, server)
+        servicer = reflection.aio.ReflectionServicer(names)
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, served)
     port = _bind(server, listen, server_credentials(config))
     if config.metrics_listen:
         _serve_metrics(metrics, config.metrics_listen)
@@ -128,7 +132,23 @@ async def start_sidecar(
         tracing=tracing,
         admin=admin,
         authenticator=authenticator,
+        interceptions=served.interceptions,
     )
+
+
+def interceptions(
+    tracing: Tracing | None, auth: AuthInterceptor | None, shares: Shares
+) -> list[Interception]:
+    """What every call passes through, the first outermost: its span (so a refused call is
+    traced too), its credential and the policy on its request, its client's share of the
+    loop (the parse's time counted), then its request parsed. Tracing off, or no
+    credentials, those are not there at all: nothing per call."""
+    listed = [] if tracing is None else [Interception("tracing", tracing.around)]
+    if auth is not None:
+        listed.append(Interception("auth", auth.around))
+    listed.append(Interception("shares", sharing(shares)))
+    listed.append(Interception("parsing", parsing))
+    return listed
 
 
 def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None) -> int:

@@ -3,7 +3,7 @@ listener hop, and their W3C trace context handed to the client that answers.
 
 Off unless the standard OTEL_* variables name an exporter (OTEL_TRACES_EXPORTER=otlp,
 or an OTLP endpoint); then spans go over OTLP/gRPC as those variables say. Off, the
-sidecar installs no interceptor and its spans are `nullcontext()`s: nothing per call.
+sidecar intercepts no call for it and its spans are `nullcontext()`s: nothing per call.
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import Iterator, Mapping, MutableMapping
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator, Mapping, MutableMapping
+from typing import Any, Protocol, TypeVar
 
-import grpc.aio
+import grpc
 from opentelemetry import propagate, trace
-from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -25,26 +24,54 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from .logs import logger
 
 _log = logger("tracing")
-# Reader/writer streams: the instrumentation's wrapper only iterates response generators.
-_STREAMS = ("OpenSession", "Listen")
 SERVICE = "dsh-system-prompt"
+B = TypeVar("B", bound=Callable[..., Coroutine[Any, Any, Any]])
+
+
+class _Method(Protocol):
+    """What a span names of the method it is of (wire.handlers.Method)."""
+
+    @property
+    def path(self) -> str: ...
 
 
 class Tracing:
-    """The sidecar's tracer, its interceptors, and the spans it starts around hops."""
+    """The sidecar's tracer, the server span around each call, and the spans around hops."""
 
     def __init__(self, provider: TracerProvider) -> None:
         self.provider = provider
         self._tracer = provider.get_tracer("dsh_system_prompt_server")
 
-    def interceptors(self) -> list[grpc.aio.ServerInterceptor]:
-        """The instrumentation's server span for every unary call and the change stream,
-        and one span for the life of each session or listener stream."""
-        streams = filters.any_of(*(filters.method_name(name) for name in _STREAMS))
-        return [
-            aio_server_interceptor(self.provider, filter_=filters.negate(streams)),  # type: ignore[no-untyped-call]
-            _StreamSpans(self._tracer),
-        ]
+    def around(self, method: _Method, behaviour: B) -> B:
+        """The `tracing` interception: each call of `method` a server span named for its path,
+        for the whole call (a stream's life too), the child of the caller's span when the
+        call carries W3C `traceparent` metadata, ended with the call's status."""
+        tracer, path = self._tracer, method.path
+        service, _, name = path[1:].partition("/")
+        attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
+
+        async def traced(request: Any, context: Any) -> Any:
+            parent = propagate.extract(dict(context.invocation_metadata() or ()))
+            with tracer.start_as_current_span(
+                path,
+                parent,
+                kind=trace.SpanKind.SERVER,
+                attributes=attributes,
+                record_exception=False,  # an abort is an exception: its status says it
+                set_status_on_exception=False,
+            ) as span:
+                try:
+                    response = await behaviour(request, context)
+                except asyncio.CancelledError:
+                    _end(span, grpc.StatusCode.CANCELLED)
+                    raise
+                except BaseException:  # an abort (its code set), else a failure gRPC says
+                    _end(span, context.code() or grpc.StatusCode.UNKNOWN)
+                    raise
+                _end(span, context.code())
+                return response
+
+        return traced  # type: ignore[return-value]
 
     @contextlib.contextmanager
     def hop(self, name: str, carrier: MutableMapping[str, str]) -> Iterator[None]:
@@ -112,26 +139,9 @@ def hop(tracing: Tracing | None, name: str, carrier: MutableMapping[str, str]) -
     return contextlib.nullcontext() if tracing is None else tracing.hop(name, carrier)
 
 
-class _StreamSpans(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """A server span for the life of each OpenSession or Listen stream."""
-
-    def __init__(self, tracer: trace.Tracer) -> None:
-        self._tracer = tracer
-
-    async def intercept_service(self, continuation: Any, details: Any) -> Any:
-        handler = await continuation(details)
-        method = str(details.method)
-        if handler is None or not method.endswith(tuple(f"/{name}" for name in _STREAMS)):
-            return handler
-        behavior = handler.stream_stream
-        tracer = self._tracer
-
-        async def traced(requests: Any, context: Any) -> Any:
-            carrier = dict(context.invocation_metadata() or ())
-            parent = propagate.extract(carrier)
-            with tracer.start_as_current_span(method, parent, kind=trace.SpanKind.SERVER):
-                return await behavior(requests, context)
-
-        return grpc.stream_stream_rpc_method_handler(
-            traced, handler.request_deserializer, handler.response_serializer
-        )
+def _end(span: trace.Span, code: grpc.StatusCode | None) -> None:
+    """Say the call's status on its span: its code, and an error unless OK."""
+    code = code or grpc.StatusCode.OK
+    span.set_attribute("rpc.grpc.status_code", code.value[0])
+    if code is not grpc.StatusCode.OK:
+        span.set_status(trace.StatusCode.ERROR, code.name)

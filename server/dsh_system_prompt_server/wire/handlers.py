@@ -1,6 +1,8 @@
 """The service's method handlers, built from its descriptor, with every request and stream
 message parsed here (bytes that are no message: INVALID_ARGUMENT INVALID_VALUE, not gRPC's
-UNKNOWN) and Assemble taking and answering bytes.
+UNKNOWN) and Assemble taking and answering bytes; and the one way a call is intercepted:
+every method of every service the server serves (this one, health, reflection) wrapped,
+once, when the server is built, by the sidecar's ordered list of `Interception`s.
 
 The generated `add_..._to_server` serializes every response message; Assemble's
 responses are encoded by the service itself (cached ones once, for every caller),
@@ -14,8 +16,9 @@ for listeners' answers and registrations).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeAlias
+import inspect
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol, TypeAlias
 
 import grpc
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
@@ -30,11 +33,13 @@ Context: TypeAlias = "grpc.aio.ServicerContext[object, object]"
 Behaviour: TypeAlias = Callable[[Any, Context], Coroutine[Any, Any, Any]]
 
 SERVICE = pb.DESCRIPTOR.services_by_name["SystemPromptService"]
+_SERVICE_PREFIX = f"/{SERVICE.full_name}/"
 # Methods whose servicer may return (or write) encoded bytes (WatchPrompt: one prompt, encoded
 # once, for all the watchers of a scope).
 PREENCODED = frozenset({"Assemble", "Listen", "OpenSession", "WatchPrompt"})
 # Methods whose servicer parses the request itself (`assemble_request`); every other
-# unary request is parsed by its handler (`parsed`), and the policy parses what it reads.
+# request is parsed by the `parsing` interception (`parsed`), and the policy parses what it
+# reads.
 RAW_REQUESTS = frozenset({"Assemble"})
 # An AssembleRequest's tags, lengths and flags around its fields_json and names.
 _ASSEMBLE_FRAMING_BYTES = 64
@@ -99,6 +104,130 @@ def _serializer(method: MethodDescriptor) -> Callable[[Any], bytes]:
     return serialize
 
 
+class Method(NamedTuple):
+    """One RPC as an interception sees it, once, when the server's handlers are built."""
+
+    path: str  # "/dsh.systemprompt.v1.SystemPromptService/Assemble"
+    client_streaming: bool
+    server_streaming: bool
+
+    @property
+    def name(self) -> str:
+        """Its short name (`Assemble`)."""
+        return self.path.rpartition("/")[2]
+
+    @property
+    def ours(self) -> bool:
+        """Whether it is SystemPromptService's (not health's or reflection's)."""
+        return self.path.startswith(_SERVICE_PREFIX)
+
+
+class Interception(NamedTuple):
+    """One way every call is wrapped: `around(method, behaviour)` is asked once per method
+    and gives the behaviour its calls run (`behaviour` itself where it does not apply)."""
+
+    name: str
+    around: Callable[[Method, Behaviour], Behaviour]
+
+
+class Registrar(Protocol):
+    """What the generated `add_..._to_server` functions call on a server."""
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None: ...
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler]
+    ) -> None: ...
+
+
+class Intercepted:
+    """A server as the generated `add_..._to_server` functions see it: every method added is
+    served by `server` wrapped in `interceptions`, the first outermost.
+
+    gRPC's own server interceptors run per call: each is awaited and each builds the method's
+    handler again. Every interception here decides by the method alone, so it is asked once
+    per method; a call then runs only the behaviours they return."""
+
+    def __init__(self, server: Registrar, interceptions: Sequence[Interception]) -> None:
+        self._server = server
+        self.interceptions = tuple(interceptions)
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        """Nothing: the generated code adds the same methods as registered handlers next."""
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler]
+    ) -> None:
+        wrapped = {
+            name: self._intercepted(f"/{service}/{name}", handler)
+            for name, handler in handlers.items()
+        }
+        generic = grpc.method_handlers_generic_handler(service, wrapped)
+        self._server.add_generic_rpc_handlers((generic,))
+        self._server.add_registered_method_handlers(service, wrapped)
+
+    def _intercepted(self, path: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        kind = (handler.request_streaming, handler.response_streaming)
+        method = Method(path, *kind)
+        behaviour = _awaitable(method, getattr(handler, _BEHAVIOURS[kind]))
+        for interception in reversed(self.interceptions):
+            behaviour = interception.around(method, behaviour)
+        made: grpc.RpcMethodHandler = _MAKERS[kind](
+            behaviour,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+        return made
+
+
+def _awaitable(method: Method, behaviour: Callable[..., Any]) -> Behaviour:
+    """`behaviour` as a coroutine function, which every interception awaits: a response
+    generator's responses written through the call's context (the reader/writer API), a
+    plain function called on the loop, as gRPC calls one without a thread pool (health's
+    List, not implemented)."""
+    if inspect.iscoroutinefunction(behaviour):
+        return behaviour
+    if inspect.isasyncgenfunction(behaviour):
+
+        async def written(request: Any, context: Context) -> None:
+            async for response in behaviour(request, context):
+                await context.write(response)
+
+        return written
+    if method.server_streaming or inspect.isgeneratorfunction(behaviour):
+        raise TypeError(f"{method.path}: a stream served by {behaviour!r}, not async")
+
+    async def called(request: Any, context: Context) -> Any:
+        return behaviour(request, context)
+
+    return called
+
+
+# (request streaming, response streaming): the handler's behaviour, and how one is made
+_BEHAVIOURS = {
+    (False, False): "unary_unary",
+    (False, True): "unary_stream",
+    (True, False): "stream_unary",
+    (True, True): "stream_stream",
+}
+_MAKERS: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def parsing(method: Method, behaviour: Behaviour) -> Behaviour:
+    """The `parsing` interception: a SystemPromptService method's request, or each message
+    its client streams, parsed from the call's bytes (Assemble's: by the servicer)."""
+    if not method.ours or method.name in RAW_REQUESTS:
+        return behaviour
+    if method.client_streaming:
+        return _reading(behaviour, method.name)
+    return _parsing(behaviour, method.name)
+
+
 def _parsing(behaviour: Behaviour, method: str) -> Behaviour:
     """`behaviour`, given its request parsed from the call's bytes, or the call refused."""
 
@@ -147,37 +276,17 @@ def _reading(behaviour: Behaviour, method: str) -> Behaviour:
     return read_then
 
 
-def _handler(
-    servicer: object, method: MethodDescriptor, around: Callable[[Behaviour], Behaviour]
-) -> grpc.RpcMethodHandler:
-    behaviour = getattr(servicer, method.name)
-    if method.client_streaming:
-        behaviour = _reading(behaviour, method.name)
-    elif method.name not in RAW_REQUESTS:
-        behaviour = _parsing(behaviour, method.name)
-    behaviour = around(behaviour)
-    kind = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }[(method.client_streaming, method.server_streaming)]
-    handler: grpc.RpcMethodHandler = kind(
-        behaviour,
-        request_deserializer=None,  # bytes: parsed above, so a bad one gets our status
-        response_serializer=_serializer(method),
-    )
-    return handler
-
-
-def add_service(
-    servicer: object,
-    server: grpc.aio.Server,
-    around: Callable[[Behaviour], Behaviour] = lambda behaviour: behaviour,
-) -> None:
-    """Serve every method of SystemPromptService with `servicer`'s behaviour, each call
-    (its parse included) run by `around` (the clients' shares of the loop)."""
-    handlers = {method.name: _handler(servicer, method, around) for method in SERVICE.methods}
+def add_service(servicer: object, server: Registrar) -> None:
+    """Serve every method of SystemPromptService with `servicer`'s behaviour, its requests
+    as bytes (parsed by the `parsing` interception, so a bad one gets the service's status)."""
+    handlers = {
+        method.name: _MAKERS[(method.client_streaming, method.server_streaming)](
+            getattr(servicer, method.name),
+            request_deserializer=None,
+            response_serializer=_serializer(method),
+        )
+        for method in SERVICE.methods
+    }
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),)
     )
