@@ -11,9 +11,11 @@ deploy/kubernetes/README.md:
 - every key of a config table and of a ```toml block is a config key;
 - every `dsp_...` metric name is one the sidecar exports;
 and the other way round: docs/operations.md names every `serve` flag, config key and
-metric. docs/architecture.md has one short line for every folder of the code and none for
-a folder that is not; what a module holds is its docstring's, which every module has (a
-head comment in TypeScript and Go).
+metric. Everywhere in the tree (docs, READMEs, comments of the code and the proto; not
+generated code), a reference to a section, `docs/x.md, "Heading"` (several: `"A" and
+"B"`), names a heading of that document. docs/architecture.md has one short line for
+every folder of the code and none for a folder that is not; what a module holds is its
+docstring's, which every module has (a head comment in TypeScript and Go).
 
 Usage: python scripts/check_docs.py   (exit 1 with one line per problem)
 """
@@ -83,6 +85,16 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 METRIC = re.compile(r"\bdsp_[a-z_]*\*?")
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_-]*")
 ADD_ARGUMENT = re.compile(r"add_argument\(\s*\"(--[a-z][a-z0-9-]*)\"")
+# `docs/protocol.md, "Part slots"`, `docs/protocol.md "A" and "B"`: a reference to a section.
+QUOTED = r'"([^"\n]+)"'
+HEADING_REF = re.compile(
+    rf"(docs/[\w/-]+\.md)`?,?\s+\(?{QUOTED}((?:\s*(?:,|and|or|,\s*and)\s+{QUOTED})*)"
+)
+# Where references to sections are looked for: every text file but generated code.
+REFERRING = (".md", ".py", ".ts", ".go", ".proto", ".mjs", ".js", ".sh", ".toml")
+# The check itself and its test show references that are not meant to resolve.
+SPEAKS_OF_REFERENCES = {"scripts/check_docs.py", "tests/package/test_docs.py"}
+COMMENT_BREAK = re.compile(r"[ \t]*\n[ \t]*(?://+|#+|\*+(?![*/]))?[ \t]*")
 
 
 def main() -> int:
@@ -112,6 +124,8 @@ def check() -> Iterator[str]:
             yield f"docs/operations.md: no config table row for the key `{key}`"
     yield from missing("docs/operations.md", "metric", metrics, operations, r"(_total)?")
     yield from check_architecture(ARCHITECTURE.read_text(encoding="utf-8"), tracked)
+    for path in sorted(referring(tracked)):
+        yield from check_heading_refs(path, (ROOT / path).read_text(encoding="utf-8"))
     for path in sorted(modules(tracked)):
         if not has_docstring((ROOT / path).read_text(encoding="utf-8"), path):
             yield f"{path}: no docstring saying what the module holds"
@@ -253,6 +267,56 @@ def metric_exists(name: str, metrics: set[str]) -> bool:
         return any(metric.startswith(name[:-1]) for metric in metrics)
     base = re.sub(r"_(total|bucket|count|sum|created)$", "", name)
     return name in metrics or base in metrics
+
+
+def referring(tracked: set[str]) -> set[str]:
+    """The files whose references to sections are checked: every tracked text file but
+    generated code and the dependencies'."""
+    return {
+        f
+        for f in tracked
+        if f.endswith(REFERRING)
+        and (ROOT / f).is_file()
+        and "/gen/" not in f
+        and "node_modules/" not in f
+        and not f.startswith("client/dsh/")  # the generated Python stubs
+        and f not in GENERATED
+        and f not in SPEAKS_OF_REFERENCES
+    }
+
+
+def check_heading_refs(where: str, text: str) -> Iterator[str]:
+    """Each `docs/x.md, "Heading"` in text names a heading of docs/x.md."""
+    for doc, heading in heading_refs(text):
+        target = ROOT / doc
+        if not target.is_file():
+            yield f"{where}: no such document `{doc}`"
+        elif heading not in headings(target.read_text(encoding="utf-8")):
+            yield f'{where}: no heading "{heading}" in `{doc}`'
+
+
+def heading_refs(text: str) -> Iterator[tuple[str, str]]:
+    """The (document, heading) pairs text refers to, a reference broken over lines (of a
+    comment too) read as one line."""
+    joined = COMMENT_BREAK.sub(" ", text)
+    for match in HEADING_REF.finditer(joined):
+        yield match.group(1), match.group(2)
+        for more in re.findall(QUOTED, match.group(3)):
+            yield match.group(1), more
+
+
+def headings(markdown: str) -> set[str]:
+    """A document's headings as references name them: `### Part slots (feature
+    `part-slots`)` is "Part slots (feature `part-slots`)" and "Part slots"; backticks may be
+    left out."""
+    names: set[str] = set()
+    for line in FENCE.sub("", markdown).splitlines():
+        found = re.match(r"#{1,6}\s+(.+?)\s*#*$", line)
+        if found:
+            title = found.group(1)
+            for name in (title, re.sub(r"\s*\([^()]*\)$", "", title)):
+                names |= {name, name.replace("`", "")}
+    return names
 
 
 def check_architecture(text: str, tracked: set[str]) -> Iterator[str]:

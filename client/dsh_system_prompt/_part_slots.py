@@ -194,7 +194,7 @@ class _View:
 
 def _bounded(slots: list[int], held: int) -> list[int]:
     """`slots` naming at most `held` parts, the others -1: the sidecar refuses a list
-    longer than the parts held and sent (docs/protocol.md, "Bad slots")."""
+    longer than the parts held and sent (docs/protocol.md, "Part slots": bad slots)."""
     if len(slots) <= held:
         return slots
     named = 0

@@ -51,6 +51,35 @@ def test_the_docs_check_takes_real_names_from_their_sources() -> None:
     assert problems(text) == []
 
 
+def test_every_reference_to_a_section_names_a_heading_of_its_document() -> None:
+    text = (
+        'see docs/protocol.md, "Part slots", and `docs/protocol.md`, "The local cache" and\n'
+        '// "Ejected callbacks"; docs/rules.md "Layers and scopes"; (docs/protocol.md,\n'
+        '   # "Long gone")\n * docs/operations.md, "Quotas per client" or "No such part"\n'
+        'docs/gone.md, "Anything"\n'
+    )
+    assert list(check_docs.heading_refs(text)) == [
+        ("docs/protocol.md", "Part slots"),
+        ("docs/protocol.md", "The local cache"),
+        ("docs/protocol.md", "Ejected callbacks"),
+        ("docs/rules.md", "Layers and scopes"),
+        ("docs/protocol.md", "Long gone"),
+        ("docs/operations.md", "Quotas per client"),
+        ("docs/operations.md", "No such part"),
+        ("docs/gone.md", "Anything"),
+    ]
+    assert list(check_docs.check_heading_refs("a.go", text)) == [
+        'a.go: no heading "Long gone" in `docs/protocol.md`',
+        'a.go: no heading "No such part" in `docs/operations.md`',
+        "a.go: no such document `docs/gone.md`",
+    ]
+    # The files read: docs, READMEs, the code's comments and the proto, not generated code.
+    read = check_docs.referring(TRACKED)
+    assert {"README.md", "clients/go/README.md", "clients/go/dsp/ejection.go"} <= read
+    assert "proto/dsh/systemprompt/v1/system_prompt.proto" in read
+    assert not any("/gen/" in f or f == "docs/contract.md" for f in read)
+
+
 def test_the_map_has_a_short_line_for_every_folder_and_no_other() -> None:
     text = check_docs.ARCHITECTURE.read_text(encoding="utf-8")
     rows = [line for line in text.splitlines() if check_docs.FOLDER_ROW.match(line)]

@@ -104,7 +104,7 @@ class Kind(enum.Enum):
 
 class FailurePolicy(enum.Enum):
     """What an assembly does when a callback fails or does not answer in time
-    (docs/rules.md, "Failure policy")."""
+    (docs/protocol.md, "Failure policy")."""
 
     FAIL = "fail"  # the assembly fails, naming it: the spec's behaviour
     IGNORE = "ignore"  # the assembly goes on without its step, and says so

@@ -1,5 +1,5 @@
 """Callbacks that do not answer are dead peers: after `eject_after_timeouts` consecutive
-timeouts a provider or listener is ejected (docs/rules.md, "Ejected callbacks").
+timeouts a provider or listener is ejected (docs/protocol.md, "Ejected callbacks").
 
 An assembly whose callback does not answer in time still fails, naming it (the
 spec's "fail loud"); what ejection changes is how long a silent callback stays in

@@ -1,4 +1,4 @@
-"""A callback's failure policy (docs/rules.md, "Failure policy"): under FAIL, the spec's and
+"""A callback's failure policy (docs/protocol.md, "Failure policy"): under FAIL, the spec's and
 the default, a provider or listener that fails fails the assembly, naming it; under IGNORE the
 assembly goes on without its step and says which step it skipped and why.
 
