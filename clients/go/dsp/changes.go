@@ -14,32 +14,64 @@ import (
 	"google.golang.org/grpc/codes"
 )
 
-// ChangeKind is what a change is about: "section", "context", "tools",
-// "variable", "suppressor", "listener", "scope", "config", or "unknown" for a
-// kind this package does not know (a newer sidecar's).
+// ChangeKind is what a change is about (the proto's ChangeKind): one of the
+// ChangeKind constants, or ChangeKindUnknown for a kind this package does not
+// know (a newer sidecar's). A test checks the constants against the enum.
 type ChangeKind string
 
-// ChangeAction is "registered", "unregistered", "updated", or "unknown".
+// The change kinds, one per value of the proto's ChangeKind.
+const (
+	ChangeKindSection    ChangeKind = "section"
+	ChangeKindContext    ChangeKind = "context"
+	ChangeKindTools      ChangeKind = "tools"
+	ChangeKindVariable   ChangeKind = "variable"
+	ChangeKindSuppressor ChangeKind = "suppressor"
+	ChangeKindListener   ChangeKind = "listener"
+	ChangeKindScope      ChangeKind = "scope"
+	ChangeKindConfig     ChangeKind = "config"
+	// ChangeKindUnknown is a kind this package does not know (a newer sidecar's).
+	ChangeKindUnknown ChangeKind = "unknown"
+)
+
+// ChangeAction is what a change did (the proto's ChangeAction): one of the
+// ChangeAction constants, or ChangeActionUnknown (a newer sidecar's).
 type ChangeAction string
 
+// The change actions, one per value of the proto's ChangeAction.
+const (
+	ChangeActionRegistered   ChangeAction = "registered"
+	ChangeActionUnregistered ChangeAction = "unregistered"
+	// ChangeActionUpdated is a registration's value changed in place (Update).
+	ChangeActionUpdated ChangeAction = "updated"
+	// ChangeActionUnknown is an action this package does not know (a newer sidecar's).
+	ChangeActionUnknown ChangeAction = "unknown"
+)
+
 var changeKinds = map[pb.ChangeKind]ChangeKind{
-	pb.ChangeKind_CHANGE_KIND_SECTION: "section", pb.ChangeKind_CHANGE_KIND_CONTEXT: "context",
-	pb.ChangeKind_CHANGE_KIND_TOOLS: "tools", pb.ChangeKind_CHANGE_KIND_VARIABLE: "variable",
-	pb.ChangeKind_CHANGE_KIND_SUPPRESSOR: "suppressor", pb.ChangeKind_CHANGE_KIND_LISTENER: "listener",
-	pb.ChangeKind_CHANGE_KIND_SCOPE: "scope", pb.ChangeKind_CHANGE_KIND_CONFIG: "config",
+	pb.ChangeKind_CHANGE_KIND_SECTION: ChangeKindSection, pb.ChangeKind_CHANGE_KIND_CONTEXT: ChangeKindContext,
+	pb.ChangeKind_CHANGE_KIND_TOOLS: ChangeKindTools, pb.ChangeKind_CHANGE_KIND_VARIABLE: ChangeKindVariable,
+	pb.ChangeKind_CHANGE_KIND_SUPPRESSOR: ChangeKindSuppressor, pb.ChangeKind_CHANGE_KIND_LISTENER: ChangeKindListener,
+	pb.ChangeKind_CHANGE_KIND_SCOPE: ChangeKindScope, pb.ChangeKind_CHANGE_KIND_CONFIG: ChangeKindConfig,
 }
 
 var changeActions = map[pb.ChangeAction]ChangeAction{
-	pb.ChangeAction_CHANGE_ACTION_REGISTERED:   "registered",
-	pb.ChangeAction_CHANGE_ACTION_UNREGISTERED: "unregistered",
-	pb.ChangeAction_CHANGE_ACTION_UPDATED:      "updated",
+	pb.ChangeAction_CHANGE_ACTION_REGISTERED:   ChangeActionRegistered,
+	pb.ChangeAction_CHANGE_ACTION_UNREGISTERED: ChangeActionUnregistered,
+	pb.ChangeAction_CHANGE_ACTION_UPDATED:      ChangeActionUpdated,
 }
 
-func kindFromProto(kind pb.ChangeKind) ChangeKind {
-	if name, ok := changeKinds[kind]; ok {
+func kindFromProto(kind pb.ChangeKind) ChangeKind { return named(changeKinds, kind, ChangeKindUnknown) }
+
+func actionFromProto(action pb.ChangeAction) ChangeAction {
+	return named(changeActions, action, ChangeActionUnknown)
+}
+
+// named is value's name in names, or unknown for a value this package does not know.
+func named[E comparable, N ~string](names map[E]N, value E, unknown N) N {
+	if name, ok := names[value]; ok {
 		return name
 	}
-	return "unknown"
+	return unknown
 }
 
 // Change is what a ChangeStream yields: a ChangeEvent, a ChangesMissed or a ChangesResynced.
@@ -443,12 +475,8 @@ func (s *ChangeStream) event(m *pb.ChangeEvent) (Change, error) {
 }
 
 func eventFromProto(m *pb.ChangeEvent) ChangeEvent {
-	action, ok := changeActions[m.GetAction()]
-	if !ok {
-		action = "unknown"
-	}
 	return ChangeEvent{
-		Revision: m.GetRevision(), Kind: kindFromProto(m.GetKind()), Action: action,
+		Revision: m.GetRevision(), Kind: kindFromProto(m.GetKind()), Action: actionFromProto(m.GetAction()),
 		Name: m.GetName(), Scope: m.GetScope(), Ref: m.GetRef(), Fingerprint: m.GetFingerprint(),
 		Reason: m.GetReason(),
 	}

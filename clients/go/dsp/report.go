@@ -30,21 +30,46 @@ func layoutToProto(layout PrefixLayout) (pb.PrefixLayout, bool) {
 	return pb.PrefixLayout_PREFIX_LAYOUT_UNSPECIFIED, false
 }
 
-// PartKind is what a PartReport describes: "tool", "section", "context", or
-// "unknown" for a kind this package does not know (a newer sidecar's).
+// PartKind is what a PartReport describes (the proto's PartKind): one of the
+// PartKind constants, or PartKindUnknown for a kind this package does not know
+// (a newer sidecar's). A test checks the constants against the enum.
 type PartKind string
 
+// The part kinds, one per value of the proto's PartKind.
+const (
+	PartKindTool    PartKind = "tool"
+	PartKindSection PartKind = "section"
+	PartKindContext PartKind = "context"
+	// PartKindUnknown is a kind this package does not know (a newer sidecar's).
+	PartKindUnknown PartKind = "unknown"
+)
+
 var partKinds = map[pb.PartKind]PartKind{
-	pb.PartKind_PART_KIND_TOOL: "tool", pb.PartKind_PART_KIND_SECTION: "section", pb.PartKind_PART_KIND_CONTEXT: "context",
+	pb.PartKind_PART_KIND_TOOL: PartKindTool, pb.PartKind_PART_KIND_SECTION: PartKindSection,
+	pb.PartKind_PART_KIND_CONTEXT: PartKindContext,
 }
 
-// SourceKind is where a part came from: "builtin", "global", "scope",
-// "listener", or "unknown" for a kind this package does not know.
+// SourceKind is where a part came from (the proto's SourceKind): one of the
+// SourceKind constants, or SourceKindUnknown for a kind this package does not know.
 type SourceKind string
 
+// The source kinds, one per value of the proto's SourceKind.
+const (
+	// SourceKindBuiltin is a built-in part: the persona, the harness identity.
+	SourceKindBuiltin SourceKind = "builtin"
+	// SourceKindGlobal is a registration on the global layer.
+	SourceKindGlobal SourceKind = "global"
+	// SourceKindScope is a registration on a scope's layer (Source.Scope, Source.AncestorDepth).
+	SourceKindScope SourceKind = "scope"
+	// SourceKindListener is a part a listener added or last changed (Source.Listener).
+	SourceKindListener SourceKind = "listener"
+	// SourceKindUnknown is a kind this package does not know (a newer sidecar's).
+	SourceKindUnknown SourceKind = "unknown"
+)
+
 var sourceKinds = map[pb.SourceKind]SourceKind{
-	pb.SourceKind_SOURCE_KIND_BUILTIN: "builtin", pb.SourceKind_SOURCE_KIND_GLOBAL: "global",
-	pb.SourceKind_SOURCE_KIND_SCOPE: "scope", pb.SourceKind_SOURCE_KIND_LISTENER: "listener",
+	pb.SourceKind_SOURCE_KIND_BUILTIN: SourceKindBuiltin, pb.SourceKind_SOURCE_KIND_GLOBAL: SourceKindGlobal,
+	pb.SourceKind_SOURCE_KIND_SCOPE: SourceKindScope, pb.SourceKind_SOURCE_KIND_LISTENER: SourceKindListener,
 }
 
 // AssemblyReport is the prompt-cache report of one assembly (WithReport):
@@ -200,12 +225,8 @@ func optional(value *uint64) *uint64 {
 }
 
 func sourceFromProto(m *pb.Source) Source {
-	kind, ok := sourceKinds[m.GetKind()]
-	if !ok {
-		kind = "unknown"
-	}
 	return Source{
-		Kind: kind, Scope: m.GetScope(), AncestorDepth: m.GetAncestorDepth(),
+		Kind: named(sourceKinds, m.GetKind(), SourceKindUnknown), Scope: m.GetScope(), AncestorDepth: m.GetAncestorDepth(),
 		Listener: m.GetListener(), Description: m.GetDescription(),
 	}
 }
@@ -230,12 +251,8 @@ func reportFromProto(m *pb.AssemblyReport) *AssemblyReport {
 		HistoryKey: m.GetHistoryKey(),
 	}
 	for i, part := range m.GetParts() {
-		kind, ok := partKinds[part.GetKind()]
-		if !ok {
-			kind = "unknown"
-		}
 		report.Parts[i] = PartReport{
-			Kind: kind, Name: part.GetName(), Source: sourceFromProto(part.GetSource()), Bytes: part.GetBytes(),
+			Kind: named(partKinds, part.GetKind(), PartKindUnknown), Name: part.GetName(), Source: sourceFromProto(part.GetSource()), Bytes: part.GetBytes(),
 			Tokens: optional(part.Tokens), Fingerprint: part.GetFingerprint(), Stable: part.GetStable(),
 		}
 	}

@@ -4,15 +4,17 @@ import { create } from "@bufbuild/protobuf";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import { invalid } from "./errors.js";
 import {
+  ChangeAction,
+  ChangeKind,
+  PartKind,
+  PrefixLayout,
+  SourceKind,
   ToolSchema,
   type AssembleContext,
   type AssemblyReport,
-  type ChangeAction,
   type ChangeEvent,
-  type ChangeKind,
   type SkippedStep,
   type JsonObject,
-  type PrefixLayout,
   type PromptAssembly,
   type Size,
   type Source,
@@ -20,35 +22,36 @@ import {
   type ToolSchemaLike,
 } from "./types.js";
 
+// The wire's numbers to the client's names (test/enums.test.ts checks each covers its enum).
 export const CHANGE_KINDS: Record<number, ChangeKind> = {
-  [pb.ChangeKind.SECTION]: "section",
-  [pb.ChangeKind.CONTEXT]: "context",
-  [pb.ChangeKind.TOOLS]: "tools",
-  [pb.ChangeKind.VARIABLE]: "variable",
-  [pb.ChangeKind.SUPPRESSOR]: "suppressor",
-  [pb.ChangeKind.LISTENER]: "listener",
-  [pb.ChangeKind.SCOPE]: "scope",
-  [pb.ChangeKind.CONFIG]: "config",
+  [pb.ChangeKind.SECTION]: ChangeKind.SECTION,
+  [pb.ChangeKind.CONTEXT]: ChangeKind.CONTEXT,
+  [pb.ChangeKind.TOOLS]: ChangeKind.TOOLS,
+  [pb.ChangeKind.VARIABLE]: ChangeKind.VARIABLE,
+  [pb.ChangeKind.SUPPRESSOR]: ChangeKind.SUPPRESSOR,
+  [pb.ChangeKind.LISTENER]: ChangeKind.LISTENER,
+  [pb.ChangeKind.SCOPE]: ChangeKind.SCOPE,
+  [pb.ChangeKind.CONFIG]: ChangeKind.CONFIG,
 };
-const CHANGE_ACTIONS: Record<number, ChangeAction> = {
-  [pb.ChangeAction.REGISTERED]: "registered",
-  [pb.ChangeAction.UNREGISTERED]: "unregistered",
-  [pb.ChangeAction.UPDATED]: "updated",
+export const CHANGE_ACTIONS: Record<number, ChangeAction> = {
+  [pb.ChangeAction.REGISTERED]: ChangeAction.REGISTERED,
+  [pb.ChangeAction.UNREGISTERED]: ChangeAction.UNREGISTERED,
+  [pb.ChangeAction.UPDATED]: ChangeAction.UPDATED,
 };
-const LAYOUTS: Record<number, PrefixLayout> = {
-  [pb.PrefixLayout.TOOLS_FIRST]: "tools-first",
-  [pb.PrefixLayout.SYSTEM_FIRST]: "system-first",
+export const LAYOUTS: Record<number, PrefixLayout> = {
+  [pb.PrefixLayout.TOOLS_FIRST]: PrefixLayout.TOOLS_FIRST,
+  [pb.PrefixLayout.SYSTEM_FIRST]: PrefixLayout.SYSTEM_FIRST,
 };
-const SOURCE_KINDS: Record<number, Source["kind"]> = {
-  [pb.SourceKind.BUILTIN]: "builtin",
-  [pb.SourceKind.GLOBAL]: "global",
-  [pb.SourceKind.SCOPE]: "scope",
-  [pb.SourceKind.LISTENER]: "listener",
+export const SOURCE_KINDS: Record<number, SourceKind> = {
+  [pb.SourceKind.BUILTIN]: SourceKind.BUILTIN,
+  [pb.SourceKind.GLOBAL]: SourceKind.GLOBAL,
+  [pb.SourceKind.SCOPE]: SourceKind.SCOPE,
+  [pb.SourceKind.LISTENER]: SourceKind.LISTENER,
 };
-const PART_KINDS: Record<number, "tool" | "section" | "context"> = {
-  [pb.PartKind.TOOL]: "tool",
-  [pb.PartKind.SECTION]: "section",
-  [pb.PartKind.CONTEXT]: "context",
+export const PART_KINDS: Record<number, PartKind> = {
+  [pb.PartKind.TOOL]: PartKind.TOOL,
+  [pb.PartKind.SECTION]: PartKind.SECTION,
+  [pb.PartKind.CONTEXT]: PartKind.CONTEXT,
 };
 
 /** Deterministic JSON text; key order is kept so schemas stay byte-identical. */

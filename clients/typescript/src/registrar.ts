@@ -335,7 +335,7 @@ function timeoutSeconds(options: CallbackOptions): number {
   return timeoutS;
 }
 
-const FAILURE_POLICIES: Record<FailurePolicy, pb.FailurePolicy> = {
+export const FAILURE_POLICIES: Record<FailurePolicy, pb.FailurePolicy> = {
   fail: pb.FailurePolicy.FAIL,
   ignore: pb.FailurePolicy.IGNORE,
 };

@@ -106,9 +106,21 @@ export interface AssembleContext {
   signal: AbortSignal;
 }
 
-/** Where an assembled part came from ("unknown": a newer sidecar's kind). */
+/** Where a part came from (the proto's `SourceKind`); "unknown": a newer sidecar's kind. */
+export type SourceKind = "builtin" | "global" | "scope" | "listener" | "unknown";
+
+/** The source kinds by name, one per value of the proto's enum: `source.kind === SourceKind.SCOPE`. */
+export const SourceKind = Object.freeze({
+  BUILTIN: "builtin",
+  GLOBAL: "global",
+  SCOPE: "scope",
+  LISTENER: "listener",
+  UNKNOWN: "unknown",
+} as const);
+
+/** Where an assembled part came from. */
 export interface Source {
-  kind: "builtin" | "global" | "scope" | "listener" | "unknown";
+  kind: SourceKind;
   /** For "scope": the layer's scope key. */
   scope?: string | undefined;
   /** For "scope": 0 is the assembly's own scope, 1 its parent, and so on. */
@@ -125,10 +137,20 @@ export interface Size {
   tokens?: number | undefined;
 }
 
+/** What a reported part is (the proto's `PartKind`); "unknown": a newer sidecar's kind. */
+export type PartKind = "tool" | "section" | "context" | "unknown";
+
+/** The part kinds by name, one per value of the proto's enum: `part.kind === PartKind.TOOL`. */
+export const PartKind = Object.freeze({
+  TOOL: "tool",
+  SECTION: "section",
+  CONTEXT: "context",
+  UNKNOWN: "unknown",
+} as const);
+
 /** One rendered part, in model order: its origin, size, fingerprint and stability. */
 export interface PartReport {
-  /** "unknown": a newer sidecar's kind of part. */
-  kind: "tool" | "section" | "context" | "unknown";
+  kind: PartKind;
   name: string;
   source: Source;
   bytes: number;
@@ -139,6 +161,9 @@ export interface PartReport {
 
 /** The order a model server caches a request's prefix in (see docs/prompt-cache.md). */
 export type PrefixLayout = "tools-first" | "system-first";
+
+/** The prefix layouts by name, one per value of the proto's enum: `{ prefixLayout: PrefixLayout.TOOLS_FIRST }`. */
+export const PrefixLayout = Object.freeze({ TOOLS_FIRST: "tools-first", SYSTEM_FIRST: "system-first" } as const);
 
 /** How much of the prefix (in the report's layout) is unchanged since the previous report. */
 export interface PrefixStability {
@@ -249,8 +274,29 @@ export type ChangeKind =
   | "config"
   | "unknown";
 
+/** The change kinds by name, one per value of the proto's enum: `watchChanges({ kinds: [ChangeKind.SECTION] })`. */
+export const ChangeKind = Object.freeze({
+  SECTION: "section",
+  CONTEXT: "context",
+  TOOLS: "tools",
+  VARIABLE: "variable",
+  SUPPRESSOR: "suppressor",
+  LISTENER: "listener",
+  SCOPE: "scope",
+  CONFIG: "config",
+  UNKNOWN: "unknown",
+} as const);
+
 /** Registered, unregistered, updated in place; "unknown": a newer sidecar's action. */
 export type ChangeAction = "registered" | "unregistered" | "updated" | "unknown";
+
+/** The change actions by name, one per value of the proto's enum: `event.action === ChangeAction.UPDATED`. */
+export const ChangeAction = Object.freeze({
+  REGISTERED: "registered",
+  UNREGISTERED: "unregistered",
+  UPDATED: "updated",
+  UNKNOWN: "unknown",
+} as const);
 
 /** One registration, update or disposal seen on the change stream. */
 export interface ChangeEvent {
