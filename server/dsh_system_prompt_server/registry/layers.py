@@ -1,19 +1,17 @@
 """Layers (global and per scope) and the scope tree that chains them.
 
-A layer's insert returns its remover, so a disposal undoes exactly what a registration did.
+An entry is taken out of its layer by what it is (its kind, its name or id, its scope),
+so a layer keeps no remover per entry: a closure for each cost more than the entry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from dsh_system_prompt_core import Reason
 
 from .errors import RegistryError, Status
 from .model import (
-    AnyRegistration,
     ContextRegistration,
     SectionRegistration,
     SuppressorRegistration,
@@ -21,12 +19,17 @@ from .model import (
     VariableRegistration,
 )
 
-# Takes back out what one insert put in.
-Remover = Callable[[], None]
-E = TypeVar("E", bound=AnyRegistration)
+# What lives in a layer (listeners and scope handles live elsewhere).
+LayerEntry = (
+    SectionRegistration
+    | ContextRegistration
+    | VariableRegistration
+    | ToolsRegistration
+    | SuppressorRegistration
+)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Layer:
     """The registrations of one layer, each map in registration order.
 
@@ -40,20 +43,33 @@ class Layer:
     tools: dict[str, ToolsRegistration] = field(default_factory=dict)
     suppressors: dict[str, SuppressorRegistration] = field(default_factory=dict)
 
-    def add_section(self, entry: SectionRegistration) -> Remover:
-        return _insert(self.sections, entry.name, entry)
+    def add_section(self, entry: SectionRegistration) -> None:
+        self.sections[entry.name] = entry
 
-    def add_context(self, entry: ContextRegistration) -> Remover:
-        return _insert(self.contexts, entry.name, entry)
+    def add_context(self, entry: ContextRegistration) -> None:
+        self.contexts[entry.name] = entry
 
-    def add_variable(self, entry: VariableRegistration) -> Remover:
-        return _insert(self.variables, entry.name, entry)
+    def add_variable(self, entry: VariableRegistration) -> None:
+        self.variables[entry.name] = entry
 
-    def add_tools(self, entry: ToolsRegistration) -> Remover:
-        return _insert(self.tools, entry.id, entry)
+    def add_tools(self, entry: ToolsRegistration) -> None:
+        self.tools[entry.id] = entry
 
-    def add_suppressor(self, entry: SuppressorRegistration) -> Remover:
-        return _insert(self.suppressors, entry.id, entry)
+    def add_suppressor(self, entry: SuppressorRegistration) -> None:
+        self.suppressors[entry.id] = entry
+
+    def remove(self, entry: LayerEntry) -> None:
+        """Take out `entry`, found where its `add_...` put it."""
+        if isinstance(entry, SectionRegistration):
+            del self.sections[entry.name]
+        elif isinstance(entry, ContextRegistration):
+            del self.contexts[entry.name]
+        elif isinstance(entry, VariableRegistration):
+            del self.variables[entry.name]
+        elif isinstance(entry, ToolsRegistration):
+            del self.tools[entry.id]
+        else:
+            del self.suppressors[entry.id]
 
     def is_empty(self) -> bool:
         return not (
@@ -81,26 +97,15 @@ class Layers:
         """The global layer, then the layers of the chain's scopes, farthest first."""
         return [self.global_, *(self._scoped[k] for k in reversed(chain) if k in self._scoped)]
 
-    def remover(self, scope: str | None, remove: Remover) -> Remover:
-        """`remove`, then forget the layer of `scope` once it holds nothing more."""
-        if scope is None:
-            return remove
-
-        def unlink() -> None:
-            remove()
-            if self._scoped[scope].is_empty():
-                del self._scoped[scope]
-
-        return unlink
-
-
-def _insert(entries: dict[str, E], key: str, entry: E) -> Remover:
-    entries[key] = entry
-
-    def remove() -> None:
-        del entries[key]
-
-    return remove
+    def remove(self, entry: LayerEntry) -> None:
+        """Take `entry` out of its layer, and forget a scope's layer once it holds nothing."""
+        if entry.scope is None:
+            self.global_.remove(entry)
+            return
+        layer = self._scoped[entry.scope]
+        layer.remove(entry)
+        if layer.is_empty():
+            del self._scoped[entry.scope]
 
 
 class ScopeTree:

@@ -219,7 +219,7 @@ class Dynamic:
 V = TypeVar("V")
 
 
-@dataclass(eq=False, kw_only=True)
+@dataclass(eq=False, kw_only=True, slots=True)
 class Registration(Generic[V]):
     """One registration: owned by a session, living in one layer, holding one value.
 
@@ -242,33 +242,33 @@ class Registration(Generic[V]):
         return ProviderCall(key=key, kind=self.kind, name=self.name, scope=self.scope)
 
 
-@dataclass(eq=False, kw_only=True)
+@dataclass(eq=False, kw_only=True, slots=True)
 class SectionRegistration(Registration[str | Dynamic]):
     order: float
     complete: bool = False
 
 
-@dataclass(eq=False, kw_only=True)
+@dataclass(eq=False, kw_only=True, slots=True)
 class ContextRegistration(Registration[str | Dynamic]):
     order: float
 
 
-@dataclass(eq=False, kw_only=True)
+@dataclass(eq=False, kw_only=True, slots=True)
 class VariableRegistration(Registration[str | Dynamic | None]):
     """A variable: its value, no value (None), or the provider of either."""
 
 
-@dataclass(eq=False, kw_only=True)
+@dataclass(eq=False, kw_only=True, slots=True)
 class ToolsRegistration(Registration[ToolSet | Dynamic]):
     """A tool provider: a static tool set or the provider of one."""
 
 
-@dataclass(eq=False, kw_only=True)
+@dataclass(eq=False, kw_only=True, slots=True)
 class SuppressorRegistration(Registration[None]):
     """Runtime context suppressed in its layer while it lives."""
 
 
-@dataclass(eq=False, kw_only=True)
+@dataclass(eq=False, kw_only=True, slots=True)
 class ListenerRegistration(Registration[ListenerHost]):
     global_: bool
     position: int
@@ -277,7 +277,7 @@ class ListenerRegistration(Registration[ListenerHost]):
     failure_policy: FailurePolicy = FailurePolicy.FAIL
 
 
-@dataclass(eq=False, kw_only=True)
+@dataclass(eq=False, kw_only=True, slots=True)
 class ScopeHandle(Registration[None]):
     """A session's handle on a scope key; registrations made through it die with it."""
 

@@ -6,7 +6,6 @@ assembly works on its scope's plan (`plan_cache`), made by `assembly/`.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import Literal, TypedDict, TypeVar
@@ -27,7 +26,7 @@ from .assembly import Plan, assemble_plan
 from .callbacks import Budget, CallbackCache, Ejector, ListenerIndex
 from .changes import ChangeFeed
 from .filters import Filter, public_ref, value_fingerprint
-from .layers import Layer, Layers, Remover, ScopeTree
+from .layers import Layer, Layers, ScopeTree
 from .limits import Limits
 from .model import (
     SIDECAR_OWNER,
@@ -77,7 +76,6 @@ class Registry:
         self._scopes = ScopeTree()
         self._entries: dict[str, AnyRegistration] = {}
         self._by_owner: dict[str, dict[str, AnyRegistration]] = {}
-        self._unlinks: dict[str, Remover] = {}  # by entry id: takes it out of where it lives
         self._admission = Admission(lambda: self.settings)
         self.clients = self._admission.clients  # the layer above binds each owner to a client
         self._listeners = ListenerIndex()
@@ -150,9 +148,8 @@ class Registry:
             order=order,
             complete=complete,
         )
-        return self._added(
-            entry, scope_handle, self._layers.remover(entry.scope, layer.add_section(entry))
-        )
+        layer.add_section(entry)
+        return self._added(entry, scope_handle)
 
     def register_context(
         self, owner: str, handle: str | None, name: str, order: float, text: str | Dynamic
@@ -165,9 +162,8 @@ class Registry:
             value=text,
             order=order,
         )
-        return self._added(
-            entry, scope_handle, self._layers.remover(entry.scope, layer.add_context(entry))
-        )
+        layer.add_context(entry)
+        return self._added(entry, scope_handle)
 
     def register_variable(
         self, owner: str, handle: str | None, name: str, value: str | Dynamic | None
@@ -187,9 +183,8 @@ class Registry:
             **self._fields(owner, Kind.VARIABLE, scope_handle, name),
             value=value,
         )
-        return self._added(
-            entry, scope_handle, self._layers.remover(entry.scope, layer.add_variable(entry))
-        )
+        layer.add_variable(entry)
+        return self._added(entry, scope_handle)
 
     def register_tools(
         self, owner: str, handle: str | None, source: ToolSet | Dynamic, name: str = ""
@@ -203,9 +198,8 @@ class Registry:
             value=source,
         )
         layer = self._layers.of(_key(scope_handle))
-        return self._added(
-            entry, scope_handle, self._layers.remover(entry.scope, layer.add_tools(entry))
-        )
+        layer.add_tools(entry)
+        return self._added(entry, scope_handle)
 
     def suppress_runtime_context(self, owner: str, handle: str | None) -> SuppressorRegistration:
         """Suppress runtime context for a scope (or everywhere) until disposed."""
@@ -215,9 +209,8 @@ class Registry:
             **self._fields(owner, Kind.SUPPRESSOR, scope_handle), value=None
         )
         layer = self._layers.of(_key(scope_handle))
-        return self._added(
-            entry, scope_handle, self._layers.remover(entry.scope, layer.add_suppressor(entry))
-        )
+        layer.add_suppressor(entry)
+        return self._added(entry, scope_handle)
 
     def add_listener(
         self,
@@ -248,7 +241,7 @@ class Registry:
             failure_policy=failure_policy,
         )
         self._listeners.add(entry)
-        return self._added(entry, scope_handle, functools.partial(self._listeners.remove, entry))
+        return self._added(entry, scope_handle)
 
     def open_scope(self, owner: str, key: str, parent: str | None = None) -> ScopeHandle:
         """Open a handle on scope `key`, binding its parent the first time one is given."""
@@ -261,7 +254,7 @@ class Registry:
         handle = ScopeHandle(
             id=new_id(), owner=owner, kind=Kind.SCOPE, scope=key, handle=None, name=key, value=None
         )
-        return self._added(handle, None, functools.partial(self._scopes.close, key))
+        return self._added(handle, None)
 
     # -- disposal ---------------------------------------------------------------------
 
@@ -322,7 +315,7 @@ class Registry:
             parent = self._entries.get(entry.handle)
             if isinstance(parent, ScopeHandle):
                 parent.children.pop(entry.id, None)
-        self._unlinks.pop(entry.id)()
+        self._unlink(entry)
         self._admission.released(entry)
         self.ejector.forget(entry.id)
         self._publish(entry, Action.UNREGISTERED, reason)
@@ -444,7 +437,8 @@ class Registry:
         # The sidecar's own sections come from its config, not from a session: no limits.
         fields = self._fields(SIDECAR_OWNER, Kind.SECTION, None, name)
         entry = SectionRegistration(**fields, value=text, order=order)
-        self._builtins[name] = self._added(entry, None, self._layers.global_.add_section(entry))
+        self._layers.global_.add_section(entry)
+        self._builtins[name] = self._added(entry, None)
 
     def _admitted_text(
         self,
@@ -465,9 +459,8 @@ class Registry:
         """How many live registrations `owner` has (against its quota)."""
         return len(self._by_owner.get(owner, ()))
 
-    def _added(self, entry: E, handle: ScopeHandle | None, unlink: Remover) -> E:
+    def _added(self, entry: E, handle: ScopeHandle | None) -> E:
         self._entries[entry.id] = entry
-        self._unlinks[entry.id] = unlink
         self._by_owner.setdefault(entry.owner, {})[entry.id] = entry
         self._admission.admitted(entry)
         if handle is not None:
@@ -475,6 +468,16 @@ class Registry:
         entry.fingerprint = value_fingerprint(entry.kind, entry.value)
         self._publish(entry, Action.REGISTERED)
         return entry
+
+    def _unlink(self, entry: AnyRegistration) -> None:
+        """Take `entry` out of where it lives, found by what it is (no remover is kept per
+        entry: a closure each cost more than the entry itself)."""
+        if isinstance(entry, ListenerRegistration):
+            self._listeners.remove(entry)
+        elif isinstance(entry, ScopeHandle):
+            self._scopes.close(entry.name)
+        else:
+            self._layers.remove(entry)
 
     def _publish(self, entry: AnyRegistration, action: Action, reason: str = "") -> None:
         fingerprint = "" if action is Action.UNREGISTERED else entry.fingerprint
