@@ -39,6 +39,7 @@ CHANGE_KINDS: dict[int, ChangeKind] = {
     pb.CHANGE_KIND_LISTENER: "listener",
     pb.CHANGE_KIND_SCOPE: "scope",
     pb.CHANGE_KIND_CONFIG: "config",
+    pb.CHANGE_KIND_RULE: "rule",
 }
 CHANGE_KIND_WIRE: dict[str, pb.ChangeKind.ValueType] = {
     kind: pb.ChangeKind.ValueType(wire) for wire, kind in CHANGE_KINDS.items()
@@ -167,6 +168,7 @@ _SOURCE_KINDS: dict[int, SourceKind] = {
     pb.SOURCE_KIND_GLOBAL: "global",
     pb.SOURCE_KIND_SCOPE: "scope",
     pb.SOURCE_KIND_LISTENER: "listener",
+    pb.SOURCE_KIND_RULE: "rule",
 }
 _PART_KINDS: dict[int, PartKind] = {
     pb.PART_KIND_TOOL: "tool",
@@ -250,6 +252,7 @@ def _source(message: pb.Source) -> Source:
         scope=message.scope or None,
         ancestor_depth=message.ancestor_depth,
         listener=message.listener,
+        rule=message.rule,
         description=message.description,
     )
 

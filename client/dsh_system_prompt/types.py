@@ -20,10 +20,11 @@ ChangeKind = Literal[
     "listener",
     "scope",
     "config",
+    "rule",
     "unknown",
 ]
 ChangeAction = Literal["registered", "unregistered", "updated", "unknown"]
-SourceKind = Literal["builtin", "global", "scope", "listener", "unknown"]
+SourceKind = Literal["builtin", "global", "scope", "listener", "rule", "unknown"]
 PartKind = Literal["tool", "section", "context", "unknown"]
 # The order a model server caches tools and the system prompt in (see docs/prompt-cache.md).
 PrefixLayout = Literal["tools-first", "system-first"]
@@ -149,12 +150,13 @@ class ToolProviderResult:
 
 @dataclass(frozen=True)
 class Source:
-    """Where an assembled part came from: "builtin", "global", "scope" or "listener"."""
+    """Where an assembled part came from: "builtin", "global", "scope", "listener" or "rule"."""
 
     kind: SourceKind
     scope: str | None = None  # for "scope": the layer's scope key
     ancestor_depth: int = 0  # for "scope": 0 is the assembly's own scope, 1 its parent, ...
     listener: str = ""  # for "listener": the listener that added or last changed it
+    rule: str = ""  # for "rule": the rule that added or last changed it
     description: str = ""  # the same in words
 
 

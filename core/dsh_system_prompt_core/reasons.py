@@ -111,3 +111,9 @@ class Reason(enum.StrEnum):
     # -- roles (PERMISSION_DENIED), added after the sizes ------------------------------
     PERMISSION_DENIED = "PERMISSION_DENIED"
     """The call's credential may not do this; the message names what it lacks."""
+
+    # -- rules (INVALID_ARGUMENT at registration, ABORTED at assembly), added after roles
+    RULE_INVALID = "RULE_INVALID"
+    """A rule that does not compile; the message names the rule, the expression and CEL's words."""
+    RULE_FAILED = "RULE_FAILED"
+    """A rule's expression failed at assembly (under FAIL); the message names both."""

@@ -29,6 +29,7 @@ const (
 	ChangeKindListener   ChangeKind = "listener"
 	ChangeKindScope      ChangeKind = "scope"
 	ChangeKindConfig     ChangeKind = "config"
+	ChangeKindRule       ChangeKind = "rule"
 	// ChangeKindUnknown is a kind this package does not know (a newer sidecar's).
 	ChangeKindUnknown ChangeKind = "unknown"
 )
@@ -52,6 +53,7 @@ var changeKinds = map[pb.ChangeKind]ChangeKind{
 	pb.ChangeKind_CHANGE_KIND_TOOLS: ChangeKindTools, pb.ChangeKind_CHANGE_KIND_VARIABLE: ChangeKindVariable,
 	pb.ChangeKind_CHANGE_KIND_SUPPRESSOR: ChangeKindSuppressor, pb.ChangeKind_CHANGE_KIND_LISTENER: ChangeKindListener,
 	pb.ChangeKind_CHANGE_KIND_SCOPE: ChangeKindScope, pb.ChangeKind_CHANGE_KIND_CONFIG: ChangeKindConfig,
+	pb.ChangeKind_CHANGE_KIND_RULE: ChangeKindRule,
 }
 
 var changeActions = map[pb.ChangeAction]ChangeAction{

@@ -67,6 +67,8 @@ const (
 	ReasonStreamStalled            Reason = "STREAM_STALLED"
 	ReasonResponseTooLarge         Reason = "RESPONSE_TOO_LARGE"
 	ReasonPermissionDenied         Reason = "PERMISSION_DENIED"
+	ReasonRuleInvalid              Reason = "RULE_INVALID"
+	ReasonRuleFailed               Reason = "RULE_FAILED"
 )
 
 // Error is every failure of this package: the gRPC status code, the stable

@@ -63,6 +63,8 @@ const (
 	SourceKindScope SourceKind = "scope"
 	// SourceKindListener is a part a listener added or last changed (Source.Listener).
 	SourceKindListener SourceKind = "listener"
+	// SourceKindRule is a part a rule added or last changed (the proto's Source.rule).
+	SourceKindRule SourceKind = "rule"
 	// SourceKindUnknown is a kind this package does not know (a newer sidecar's).
 	SourceKindUnknown SourceKind = "unknown"
 )
@@ -70,6 +72,7 @@ const (
 var sourceKinds = map[pb.SourceKind]SourceKind{
 	pb.SourceKind_SOURCE_KIND_BUILTIN: SourceKindBuiltin, pb.SourceKind_SOURCE_KIND_GLOBAL: SourceKindGlobal,
 	pb.SourceKind_SOURCE_KIND_SCOPE: SourceKindScope, pb.SourceKind_SOURCE_KIND_LISTENER: SourceKindListener,
+	pb.SourceKind_SOURCE_KIND_RULE: SourceKindRule,
 }
 
 // AssemblyReport is the prompt-cache report of one assembly (WithReport):

@@ -32,6 +32,7 @@ export const CHANGE_KINDS: Record<number, ChangeKind> = {
   [pb.ChangeKind.LISTENER]: ChangeKind.LISTENER,
   [pb.ChangeKind.SCOPE]: ChangeKind.SCOPE,
   [pb.ChangeKind.CONFIG]: ChangeKind.CONFIG,
+  [pb.ChangeKind.RULE]: ChangeKind.RULE,
 };
 export const CHANGE_ACTIONS: Record<number, ChangeAction> = {
   [pb.ChangeAction.REGISTERED]: ChangeAction.REGISTERED,
@@ -47,6 +48,7 @@ export const SOURCE_KINDS: Record<number, SourceKind> = {
   [pb.SourceKind.GLOBAL]: SourceKind.GLOBAL,
   [pb.SourceKind.SCOPE]: SourceKind.SCOPE,
   [pb.SourceKind.LISTENER]: SourceKind.LISTENER,
+  [pb.SourceKind.RULE]: SourceKind.RULE,
 };
 export const PART_KINDS: Record<number, PartKind> = {
   [pb.PartKind.TOOL]: PartKind.TOOL,

@@ -107,7 +107,7 @@ export interface AssembleContext {
 }
 
 /** Where a part came from (the proto's `SourceKind`); "unknown": a newer sidecar's kind. */
-export type SourceKind = "builtin" | "global" | "scope" | "listener" | "unknown";
+export type SourceKind = "builtin" | "global" | "scope" | "listener" | "rule" | "unknown";
 
 /** The source kinds by name, one per value of the proto's enum: `source.kind === SourceKind.SCOPE`. */
 export const SourceKind = Object.freeze({
@@ -115,6 +115,7 @@ export const SourceKind = Object.freeze({
   GLOBAL: "global",
   SCOPE: "scope",
   LISTENER: "listener",
+  RULE: "rule",
   UNKNOWN: "unknown",
 } as const);
 
@@ -272,6 +273,7 @@ export type ChangeKind =
   | "listener"
   | "scope"
   | "config"
+  | "rule"
   | "unknown";
 
 /** The change kinds by name, one per value of the proto's enum: `watchChanges({ kinds: [ChangeKind.SECTION] })`. */
@@ -284,6 +286,7 @@ export const ChangeKind = Object.freeze({
   LISTENER: "listener",
   SCOPE: "scope",
   CONFIG: "config",
+  RULE: "rule",
   UNKNOWN: "unknown",
 } as const);
 

@@ -100,6 +100,7 @@ class Kind(enum.Enum):
     LISTENER = "listener"
     SCOPE = "scope"
     CONFIG = "config"  # a sidecar setting reloaded live; never a registration
+    RULE = "rule"  # a waterfall step the sidecar runs itself (registry/rules/)
 
 
 class FailurePolicy(enum.Enum):

@@ -31,11 +31,13 @@ class OriginKind(enum.Enum):
     GLOBAL = "global"
     SCOPE = "scope"
     LISTENER = "listener"
+    RULE = "rule"
 
 
 @dataclass(frozen=True, slots=True)
 class Origin:
-    """A part's origin: the built-ins, the global layer, a scope on the chain, or a listener."""
+    """A part's origin: the built-ins, the global layer, a scope on the chain, a listener or
+    a rule (`listener` then holds the step's name)."""
 
     kind: OriginKind
     scope: str | None = None
@@ -50,6 +52,8 @@ class Origin:
             return "global"
         if self.kind is OriginKind.LISTENER:
             return f'listener "{self.listener}"'
+        if self.kind is OriginKind.RULE:
+            return f'rule "{self.listener}"'
         if self.depth == 0:
             return f'scope "{self.scope}"'
         return f'scope "{self.scope}" (ancestor of "{self.for_scope}")'

@@ -120,6 +120,12 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
 
         return await self._register(context, request, register, pb.RegisterVariableResponse)
 
+    async def RegisterRule(
+        self, request: pb.RegisterRuleRequest, context: Context
+    ) -> pb.RegisterRuleResponse:
+        # The wire contract lands first, for the clients; the registry's rules follow it.
+        raise NotImplementedError("RegisterRule is not served by this sidecar yet")
+
     async def OpenScope(
         self, request: pb.OpenScopeRequest, context: Context
     ) -> pb.OpenScopeResponse:

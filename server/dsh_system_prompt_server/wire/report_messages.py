@@ -13,6 +13,7 @@ _SOURCE_KINDS = {
     OriginKind.GLOBAL: pb.SOURCE_KIND_GLOBAL,
     OriginKind.SCOPE: pb.SOURCE_KIND_SCOPE,
     OriginKind.LISTENER: pb.SOURCE_KIND_LISTENER,
+    OriginKind.RULE: pb.SOURCE_KIND_RULE,
 }
 _PART_KINDS = {
     PartKind.TOOL: pb.PART_KIND_TOOL,
@@ -123,7 +124,8 @@ def source_to_proto(origin: Origin) -> pb.Source:
         kind=_SOURCE_KINDS[origin.kind],
         scope=origin.scope or "",
         ancestor_depth=origin.depth,
-        listener=origin.listener,
+        listener=origin.listener if origin.kind is OriginKind.LISTENER else "",
+        rule=origin.listener if origin.kind is OriginKind.RULE else "",
         description=origin.describe(),
     )
 

@@ -178,6 +178,8 @@ class _SourceKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SourceKind
     """A registration in a scope's layer on the assembly's scope chain."""
     SOURCE_KIND_LISTENER: _SourceKind.ValueType  # 4
     """A waterfall listener added or changed it."""
+    SOURCE_KIND_RULE: _SourceKind.ValueType  # 5
+    """A rule added or changed it (Source.rule names it)."""
 
 class SourceKind(_SourceKind, metaclass=_SourceKindEnumTypeWrapper):
     """The kinds of origin of an assembled part."""
@@ -192,6 +194,8 @@ SOURCE_KIND_SCOPE: SourceKind.ValueType  # 3
 """A registration in a scope's layer on the assembly's scope chain."""
 SOURCE_KIND_LISTENER: SourceKind.ValueType  # 4
 """A waterfall listener added or changed it."""
+SOURCE_KIND_RULE: SourceKind.ValueType  # 5
+"""A rule added or changed it (Source.rule names it)."""
 Global___SourceKind: _TypeAlias = SourceKind  # noqa: Y015
 
 class _PartKind:
@@ -250,6 +254,11 @@ class _ChangeKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ChangeKind
     the action is always CHANGE_ACTION_REGISTERED. A reloaded persona is its
     built-in section updated; the identity switch, harness:identity coming or going.
     """
+    CHANGE_KIND_RULE: _ChangeKind.ValueType  # 9
+    """A rule: a session's (RegisterRule), or one of the operator's [[rules]] of
+    the config file, the sidecar's own like the built-in sections (in the
+    global layer; a rule reloaded with a new definition is UPDATED).
+    """
 
 class ChangeKind(_ChangeKind, metaclass=_ChangeKindEnumTypeWrapper):
     """What a change event is about."""
@@ -275,6 +284,11 @@ CHANGE_KIND_CONFIG: ChangeKind.ValueType  # 8
 file); `name` is its config key (e.g. `tool_order`, `limits.max_tools`) and
 the action is always CHANGE_ACTION_REGISTERED. A reloaded persona is its
 built-in section updated; the identity switch, harness:identity coming or going.
+"""
+CHANGE_KIND_RULE: ChangeKind.ValueType  # 9
+"""A rule: a session's (RegisterRule), or one of the operator's [[rules]] of
+the config file, the sidecar's own like the built-in sections (in the
+global layer; a rule reloaded with a new definition is UPDATED).
 """
 Global___ChangeKind: _TypeAlias = ChangeKind  # noqa: Y015
 
@@ -411,6 +425,20 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """The call's credential (its role, scopes and grants) may not do this; the
     message names the credential and what it lacks (PERMISSION_DENIED).
     """
+    RULE_INVALID: _ErrorReason.ValueType  # 43
+    """A rule that does not compile: a parse or type error, an expression over
+    limits.max_rule_expression_bytes or nested too deep, a mutation with no
+    operation, a bad name in it (INVALID_ARGUMENT). The message names the rule,
+    the expression's path (e.g. `mutations[2].drop_tools`) and CEL's message
+    with its position. Nothing is registered.
+    """
+    RULE_FAILED: _ErrorReason.ValueType  # 44
+    """A rule failed at assembly under FAILURE_POLICY_FAIL: an expression's
+    runtime error (e.g. a missing field), its iteration budget exhausted, or a
+    value of the wrong type (ABORTED). The message names the rule and the
+    expression's path. Under FAILURE_POLICY_IGNORE the rule is skipped instead
+    (AssembleResponse.skipped).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The stable reason of a failure. The google.rpc.ErrorInfo detail of every
@@ -520,6 +548,20 @@ RESPONSE_TOO_LARGE: ErrorReason.ValueType  # 41
 PERMISSION_DENIED: ErrorReason.ValueType  # 42
 """The call's credential (its role, scopes and grants) may not do this; the
 message names the credential and what it lacks (PERMISSION_DENIED).
+"""
+RULE_INVALID: ErrorReason.ValueType  # 43
+"""A rule that does not compile: a parse or type error, an expression over
+limits.max_rule_expression_bytes or nested too deep, a mutation with no
+operation, a bad name in it (INVALID_ARGUMENT). The message names the rule,
+the expression's path (e.g. `mutations[2].drop_tools`) and CEL's message
+with its position. Nothing is registered.
+"""
+RULE_FAILED: ErrorReason.ValueType  # 44
+"""A rule failed at assembly under FAILURE_POLICY_FAIL: an expression's
+runtime error (e.g. a missing field), its iteration budget exhausted, or a
+value of the wrong type (ABORTED). The message names the rule and the
+expression's path. Under FAILURE_POLICY_IGNORE the rule is skipped instead
+(AssembleResponse.skipped).
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
@@ -1828,6 +1870,7 @@ class UpdateRequest(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     NO_VALUE_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
+    RULE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The owning session."""
     registration_id: _builtins.str
@@ -1842,6 +1885,10 @@ class UpdateRequest(_message.Message):
     def tools(self) -> Global___ToolProviderResult:
         """A tool provider's new static result."""
 
+    @_builtins.property
+    def rule(self) -> Global___RuleSpec:
+        """A rule's new definition (checked as at registration: RULE_INVALID)."""
+
     def __init__(
         self,
         *,
@@ -1850,12 +1897,13 @@ class UpdateRequest(_message.Message):
         text: _builtins.str = ...,
         no_value: Global___NoValue | None = ...,
         tools: Global___ToolProviderResult | None = ...,
+        rule: Global___RuleSpec | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["no_value", b"no_value", "text", b"text", "tools", b"tools", "value", b"value"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["no_value", b"no_value", "rule", b"rule", "text", b"text", "tools", b"tools", "value", b"value"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["no_value", b"no_value", "registration_id", b"registration_id", "session_id", b"session_id", "text", b"text", "tools", b"tools", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["no_value", b"no_value", "registration_id", b"registration_id", "rule", b"rule", "session_id", b"session_id", "text", b"text", "tools", b"tools", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_value: _TypeAlias = _typing.Literal["text", "no_value", "tools"]  # noqa: Y015
+    _WhichOneofReturnType_value: _TypeAlias = _typing.Literal["text", "no_value", "tools", "rule"]  # noqa: Y015
     _WhichOneofArgType_value: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_value) -> _WhichOneofReturnType_value | None: ...
 
@@ -2009,8 +2057,8 @@ class SkippedStep(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     kind: Global___ChangeKind.ValueType
-    """A provider's kind (CHANGE_KIND_SECTION, _CONTEXT, _TOOLS, _VARIABLE) or
-    CHANGE_KIND_LISTENER.
+    """A provider's kind (CHANGE_KIND_SECTION, _CONTEXT, _TOOLS, _VARIABLE),
+    CHANGE_KIND_LISTENER or CHANGE_KIND_RULE.
     """
     name: _builtins.str
     """The section's, context's or variable's name; the label a tool provider or
@@ -2022,7 +2070,8 @@ class SkippedStep(_message.Message):
     """Its public reference, as in ChangeEvent.ref and RegistrationInfo.ref."""
     reason: _builtins.str
     """Why, as a stable ErrorReason name: PROVIDER_FAILED, PROVIDER_TIMEOUT,
-    PROVIDER_UNAVAILABLE, LISTENER_FAILED, LISTENER_TIMEOUT or LISTENER_UNAVAILABLE.
+    PROVIDER_UNAVAILABLE, LISTENER_FAILED, LISTENER_TIMEOUT, LISTENER_UNAVAILABLE
+    or RULE_FAILED.
     """
     message: _builtins.str
     """The failure's message: what the assembly would have failed with under FAIL."""
@@ -2055,6 +2104,7 @@ class Source(_message.Message):
     ANCESTOR_DEPTH_FIELD_NUMBER: _builtins.int
     LISTENER_FIELD_NUMBER: _builtins.int
     DESCRIPTION_FIELD_NUMBER: _builtins.int
+    RULE_FIELD_NUMBER: _builtins.int
     kind: Global___SourceKind.ValueType
     """The kind of origin."""
     scope: _builtins.str
@@ -2065,6 +2115,8 @@ class Source(_message.Message):
     """For SOURCE_KIND_LISTENER: the listener that added or last changed the part."""
     description: _builtins.str
     """The same in words, e.g. `scope "team" (ancestor of "agent-1")`."""
+    rule: _builtins.str
+    """For SOURCE_KIND_RULE: the name of the rule that added or last changed the part."""
     def __init__(
         self,
         *,
@@ -2073,10 +2125,11 @@ class Source(_message.Message):
         ancestor_depth: _builtins.int = ...,
         listener: _builtins.str = ...,
         description: _builtins.str = ...,
+        rule: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ancestor_depth", b"ancestor_depth", "description", b"description", "kind", b"kind", "listener", b"listener", "scope", b"scope"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ancestor_depth", b"ancestor_depth", "description", b"description", "kind", b"kind", "listener", b"listener", "rule", b"rule", "scope", b"scope"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -3142,6 +3195,7 @@ class RegisteredValue(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     NO_VALUE_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
+    RULE_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """A section's or context's text, a variable's value."""
     @_builtins.property
@@ -3152,18 +3206,23 @@ class RegisteredValue(_message.Message):
     def tools(self) -> Global___ToolProviderResult:
         """A tool provider's result."""
 
+    @_builtins.property
+    def rule(self) -> Global___RuleSpec:
+        """A rule's definition."""
+
     def __init__(
         self,
         *,
         text: _builtins.str = ...,
         no_value: Global___NoValue | None = ...,
         tools: Global___ToolProviderResult | None = ...,
+        rule: Global___RuleSpec | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["no_value", b"no_value", "text", b"text", "tools", b"tools", "value", b"value"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["no_value", b"no_value", "rule", b"rule", "text", b"text", "tools", b"tools", "value", b"value"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["no_value", b"no_value", "text", b"text", "tools", b"tools", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["no_value", b"no_value", "rule", b"rule", "text", b"text", "tools", b"tools", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_value: _TypeAlias = _typing.Literal["text", "no_value", "tools"]  # noqa: Y015
+    _WhichOneofReturnType_value: _TypeAlias = _typing.Literal["text", "no_value", "tools", "rule"]  # noqa: Y015
     _WhichOneofArgType_value: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_value) -> _WhichOneofReturnType_value | None: ...
 
@@ -3811,3 +3870,391 @@ class ListenerCancel(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListenerCancel: _TypeAlias = ListenerCancel  # noqa: Y015
+
+@_typing.final
+class RegisterRuleRequest(_message.Message):
+    """---------------------------------------------------------------------------
+    Rules.
+    ---------------------------------------------------------------------------
+
+    Registers a rule: a waterfall step the sidecar runs itself. It is compiled
+    and type checked against the rule environment (docs/protocol.md, "Rules"):
+      assembly     dsh.systemprompt.v1.PromptAssembly: the assembly as this step
+                   receives it (after the steps before it in the waterfall)
+      fields       map(string, dyn): the assemble context's fields_json, parsed
+      scope        string: the assembly's scope key ("" for none)
+      scope_chain  list(string): the scope, its parent, ... (empty for none)
+      variables.N  the value of the rule's variable N (RuleSpec.variables)
+    and, inside one mutation, `tool` (ToolSchema), `section` (AssembledSection)
+    or `context` (AssembledContext). CEL's standard library and the strings
+    extension are available. Each evaluation has a fixed budget of 10,000
+    comprehension iterations; past it the expression fails at run time. A refused rule is INVALID_ARGUMENT RULE_INVALID
+    (VALUE_TOO_LARGE for a name over the limits, QUOTA_EXCEEDED over the rule
+    counts, ALREADY_EXISTS DUPLICATE_NAME for a name taken in the layer).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    SCOPE_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    PREPEND_FIELD_NUMBER: _builtins.int
+    GLOBAL_FIELD_NUMBER: _builtins.int
+    RULE_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The owning session."""
+    scope_id: _builtins.str
+    """A scope handle from OpenScope: the rule runs in that scope's and its
+    descendants' assemblies. Empty: it runs in every assembly.
+    """
+    name: _builtins.str
+    """The rule's name: non-empty, unique among the rules of its layer. Errors,
+    skipped steps, change events and provenance name the rule by it.
+    """
+    prepend: _builtins.bool
+    """Run before the listeners and rules registered earlier (as ListenStart.prepend)."""
+    @_builtins.property
+    def rule(self) -> Global___RuleSpec:
+        """What the rule does; the part that Update replaces."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        scope_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        prepend: _builtins.bool = ...,
+        rule: Global___RuleSpec | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["global", b"global", "name", b"name", "prepend", b"prepend", "rule", b"rule", "scope_id", b"scope_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterRuleRequest: _TypeAlias = RegisterRuleRequest  # noqa: Y015
+
+@_typing.final
+class RegisterRuleResponse(_message.Message):
+    """The rule is registered."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REGISTRATION_ID_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    registration_id: _builtins.str
+    """Unguessable id for Dispose and Update."""
+    revision: _builtins.int
+    """The registry's revision after the registration."""
+    def __init__(
+        self,
+        *,
+        registration_id: _builtins.str = ...,
+        revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["registration_id", b"registration_id", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterRuleResponse: _TypeAlias = RegisterRuleResponse  # noqa: Y015
+
+@_typing.final
+class RuleSpec(_message.Message):
+    """What a rule does at its place in the waterfall: when every `match`
+    expression is true, the `mutations` in order, each on the assembly the one
+    before it left. A rule reads nothing but the assembly, the fields and the
+    scope, so its result is a function of them: it never waits on a peer, and an
+    assembly whose only non-static steps are rules may be answered from kept
+    responses.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MATCH_FIELD_NUMBER: _builtins.int
+    VARIABLES_FIELD_NUMBER: _builtins.int
+    MUTATIONS_FIELD_NUMBER: _builtins.int
+    FAILURE_POLICY_FIELD_NUMBER: _builtins.int
+    failure_policy: Global___FailurePolicy.ValueType
+    """What an assembly does when an expression fails at run time (a missing
+    field, a wrong type, the iteration budget): FAIL (unspecified) is ABORTED
+    RULE_FAILED naming the rule and the expression; IGNORE leaves the assembly
+    as the rule received it and names the rule in AssembleResponse.skipped.
+    """
+    @_builtins.property
+    def match(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """CEL expressions of type bool. Any false: the rule leaves the assembly as it
+        is (path `match[i]`). None: the rule always applies.
+        """
+
+    @_builtins.property
+    def variables(self) -> _containers.RepeatedCompositeFieldContainer[Global___RuleVariable]:
+        """Named sub-expressions, shared by the rule's expressions as `variables.NAME`.
+        Each is evaluated at most once per assembly, and only when an expression
+        that refers to it runs. A variable may refer to those declared before it.
+        Path `variables.NAME`.
+        """
+
+    @_builtins.property
+    def mutations(self) -> _containers.RepeatedCompositeFieldContainer[Global___RuleMutation]:
+        """The operations, applied in order (path `mutations[i].OPERATION`)."""
+
+    def __init__(
+        self,
+        *,
+        match: _abc.Iterable[_builtins.str] | None = ...,
+        variables: _abc.Iterable[Global___RuleVariable] | None = ...,
+        mutations: _abc.Iterable[Global___RuleMutation] | None = ...,
+        failure_policy: Global___FailurePolicy.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure_policy", b"failure_policy", "match", b"match", "mutations", b"mutations", "variables", b"variables"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RuleSpec: _TypeAlias = RuleSpec  # noqa: Y015
+
+@_typing.final
+class RuleVariable(_message.Message):
+    """A named sub-expression of a rule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    EXPRESSION_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Matching ^[a-z][a-z0-9_]*$, unique within the rule."""
+    expression: _builtins.str
+    """A CEL expression of any type."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        expression: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expression", b"expression", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RuleVariable: _TypeAlias = RuleVariable  # noqa: Y015
+
+@_typing.final
+class RuleMutation(_message.Message):
+    """One explicit operation of a rule. Removal and order are operations of their
+    own: no operation removes or moves a part as a side effect.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DROP_TOOLS_FIELD_NUMBER: _builtins.int
+    KEEP_TOOLS_FIELD_NUMBER: _builtins.int
+    TOOL_ORDER_FIELD_NUMBER: _builtins.int
+    UPSERT_SECTIONS_FIELD_NUMBER: _builtins.int
+    UPSERT_CONTEXTS_FIELD_NUMBER: _builtins.int
+    DROP_SECTIONS_FIELD_NUMBER: _builtins.int
+    DROP_CONTEXTS_FIELD_NUMBER: _builtins.int
+    SET_VARIABLES_FIELD_NUMBER: _builtins.int
+    drop_tools: _builtins.str
+    """A CEL bool over `tool` (ToolSchema): the tools for which it is true are
+    removed. The others keep their order.
+    """
+    keep_tools: _builtins.str
+    """A CEL bool over `tool`: only the tools for which it is true are kept."""
+    drop_sections: _builtins.str
+    """A CEL bool over `section` (AssembledSection): the sections for which it
+    is true are removed.
+    """
+    drop_contexts: _builtins.str
+    """A CEL bool over `context` (AssembledContext): the runtime contexts for
+    which it is true are removed.
+    """
+    @_builtins.property
+    def tool_order(self) -> Global___RuleToolOrder:
+        """These tools first, in this order (names not in the assembly are passed
+        over); every other tool after them, in the order it had.
+        """
+
+    @_builtins.property
+    def upsert_sections(self) -> Global___RuleParts:
+        """Sections added or replaced by name (see RulePart)."""
+
+    @_builtins.property
+    def upsert_contexts(self) -> Global___RuleParts:
+        """Runtime contexts added or replaced by name (see RulePart)."""
+
+    @_builtins.property
+    def set_variables(self) -> Global___RuleVariableValues:
+        """Variables given a value or "no value"."""
+
+    def __init__(
+        self,
+        *,
+        drop_tools: _builtins.str = ...,
+        keep_tools: _builtins.str = ...,
+        tool_order: Global___RuleToolOrder | None = ...,
+        upsert_sections: Global___RuleParts | None = ...,
+        upsert_contexts: Global___RuleParts | None = ...,
+        drop_sections: _builtins.str = ...,
+        drop_contexts: _builtins.str = ...,
+        set_variables: Global___RuleVariableValues | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["drop_contexts", b"drop_contexts", "drop_sections", b"drop_sections", "drop_tools", b"drop_tools", "keep_tools", b"keep_tools", "operation", b"operation", "set_variables", b"set_variables", "tool_order", b"tool_order", "upsert_contexts", b"upsert_contexts", "upsert_sections", b"upsert_sections"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drop_contexts", b"drop_contexts", "drop_sections", b"drop_sections", "drop_tools", b"drop_tools", "keep_tools", b"keep_tools", "operation", b"operation", "set_variables", b"set_variables", "tool_order", b"tool_order", "upsert_contexts", b"upsert_contexts", "upsert_sections", b"upsert_sections"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_operation: _TypeAlias = _typing.Literal["drop_tools", "keep_tools", "tool_order", "upsert_sections", "upsert_contexts", "drop_sections", "drop_contexts", "set_variables"]  # noqa: Y015
+    _WhichOneofArgType_operation: _TypeAlias = _typing.Literal["operation", b"operation"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_operation) -> _WhichOneofReturnType_operation | None: ...
+
+Global___RuleMutation: _TypeAlias = RuleMutation  # noqa: Y015
+
+@_typing.final
+class RuleToolOrder(_message.Message):
+    """The order a tool_order operation puts first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tool names, each at most once."""
+
+    def __init__(
+        self,
+        *,
+        names: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["names", b"names"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RuleToolOrder: _TypeAlias = RuleToolOrder  # noqa: Y015
+
+@_typing.final
+class RuleParts(_message.Message):
+    """The parts an upsert adds or replaces, in order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def parts(self) -> _containers.RepeatedCompositeFieldContainer[Global___RulePart]:
+        """One entry per part."""
+
+    def __init__(
+        self,
+        *,
+        parts: _abc.Iterable[Global___RulePart] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["parts", b"parts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RuleParts: _TypeAlias = RuleParts  # noqa: Y015
+
+@_typing.final
+class RulePart(_message.Message):
+    """One part an upsert adds or replaces (path `mutations[i].upsert_sections[j].text`).
+    A part of that name already in the assembly gets the new text and keeps its
+    place (an upsert never moves a part; `order` is for new parts only). A new
+    part goes where a registered part of that order would go: after every part
+    whose order is at most `order` (a registered part's order is its
+    registration's; a part a listener or rule added takes the order of the part
+    before it, or -infinity at the start).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ORDER_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The part's name, non-empty."""
+    order: _builtins.float
+    """Where a new part goes; finite."""
+    text: _builtins.str
+    """A CEL expression of type string: the part's text (not yet interpolated:
+    it may hold {{variable}} references).
+    """
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        order: _builtins.float = ...,
+        text: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "order", b"order", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RulePart: _TypeAlias = RulePart  # noqa: Y015
+
+@_typing.final
+class RuleVariableValues(_message.Message):
+    """The variables a set_variables operation sets, in order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VARIABLES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def variables(self) -> _containers.RepeatedCompositeFieldContainer[Global___RuleVariableValue]:
+        """One entry per variable."""
+
+    def __init__(
+        self,
+        *,
+        variables: _abc.Iterable[Global___RuleVariableValue] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["variables", b"variables"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RuleVariableValues: _TypeAlias = RuleVariableValues  # noqa: Y015
+
+@_typing.final
+class RuleVariableValue(_message.Message):
+    """One prompt variable set (path `mutations[i].set_variables[j].value`). A
+    variable not in the assembly is added after the others.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    EXPRESSION_FIELD_NUMBER: _builtins.int
+    UNSET_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The variable's name, matching ^[a-z][a-z0-9_]*$."""
+    expression: _builtins.str
+    """A CEL expression of type string."""
+    @_builtins.property
+    def unset(self) -> Global___NoValue:
+        """"No value for this assembly"."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        expression: _builtins.str = ...,
+        unset: Global___NoValue | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expression", b"expression", "unset", b"unset", "value", b"value"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expression", b"expression", "name", b"name", "unset", b"unset", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_value: _TypeAlias = _typing.Literal["expression", "unset"]  # noqa: Y015
+    _WhichOneofArgType_value: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_value) -> _WhichOneofReturnType_value | None: ...
+
+Global___RuleVariableValue: _TypeAlias = RuleVariableValue  # noqa: Y015

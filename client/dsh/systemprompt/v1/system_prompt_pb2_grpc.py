@@ -80,6 +80,11 @@ class SystemPromptServiceStub:
                 request_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.UpdateRequest.SerializeToString,
                 response_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.UpdateResponse.FromString,
                 _registered_method=True)
+        self.RegisterRule = channel.unary_unary(
+                '/dsh.systemprompt.v1.SystemPromptService/RegisterRule',
+                request_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.RegisterRuleRequest.SerializeToString,
+                response_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.RegisterRuleResponse.FromString,
+                _registered_method=True)
         self.Assemble = channel.unary_unary(
                 '/dsh.systemprompt.v1.SystemPromptService/Assemble',
                 request_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.AssembleRequest.SerializeToString,
@@ -189,6 +194,19 @@ class SystemPromptServiceServicer:
         assembly sees the old value or the new one, never neither. Its name,
         order, layer, owner and id stay; one change event with action UPDATED
         tells watchers. An update to the value it already holds changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterRule(self, request, context):
+        """Registers a rule: a waterfall step the sidecar runs itself, in CEL, with no
+        round trip to a client. Owned by the calling session like every
+        registration (it goes with the session; Dispose removes it; Update
+        replaces its RuleSpec), scoped like a listener, and run in the one
+        waterfall order with the listeners. Every expression is compiled and type
+        checked here: a rule that does not compile is INVALID_ARGUMENT
+        RULE_INVALID and nothing is registered. See docs/protocol.md, "Rules".
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -306,6 +324,11 @@ def add_SystemPromptServiceServicer_to_server(servicer, server):
                     servicer.Update,
                     request_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.UpdateRequest.FromString,
                     response_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.UpdateResponse.SerializeToString,
+            ),
+            'RegisterRule': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterRule,
+                    request_deserializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.RegisterRuleRequest.FromString,
+                    response_serializer=dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.RegisterRuleResponse.SerializeToString,
             ),
             'Assemble': grpc.unary_unary_rpc_method_handler(
                     servicer.Assemble,
@@ -587,6 +610,33 @@ class SystemPromptService:
             '/dsh.systemprompt.v1.SystemPromptService/Update',
             dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.UpdateRequest.SerializeToString,
             dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.UpdateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterRule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dsh.systemprompt.v1.SystemPromptService/RegisterRule',
+            dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.RegisterRuleRequest.SerializeToString,
+            dsh_dot_systemprompt_dot_v1_dot_system__prompt__pb2.RegisterRuleResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -76,6 +76,15 @@ class SystemPromptServiceStub:
     order, layer, owner and id stay; one change event with action UPDATED
     tells watchers. An update to the value it already holds changes nothing.
     """
+    RegisterRule: _grpc.UnaryUnaryMultiCallable[_system_prompt_pb2.RegisterRuleRequest, _system_prompt_pb2.RegisterRuleResponse]
+    """Registers a rule: a waterfall step the sidecar runs itself, in CEL, with no
+    round trip to a client. Owned by the calling session like every
+    registration (it goes with the session; Dispose removes it; Update
+    replaces its RuleSpec), scoped like a listener, and run in the one
+    waterfall order with the listeners. Every expression is compiled and type
+    checked here: a rule that does not compile is INVALID_ARGUMENT
+    RULE_INVALID and nothing is registered. See docs/protocol.md, "Rules".
+    """
     Assemble: _grpc.UnaryUnaryMultiCallable[_system_prompt_pb2.AssembleRequest, _system_prompt_pb2.AssembleResponse]
     """Assembles the prompt for one caller, optionally rendering it on the sidecar."""
     WatchChanges: _grpc.UnaryStreamMultiCallable[_system_prompt_pb2.WatchChangesRequest, _system_prompt_pb2.WatchChangesResponse]
@@ -148,6 +157,15 @@ class SystemPromptServiceAsyncStub(SystemPromptServiceStub):
     assembly sees the old value or the new one, never neither. Its name,
     order, layer, owner and id stay; one change event with action UPDATED
     tells watchers. An update to the value it already holds changes nothing.
+    """
+    RegisterRule: _aio.UnaryUnaryMultiCallable[_system_prompt_pb2.RegisterRuleRequest, _system_prompt_pb2.RegisterRuleResponse]  # type: ignore[assignment]
+    """Registers a rule: a waterfall step the sidecar runs itself, in CEL, with no
+    round trip to a client. Owned by the calling session like every
+    registration (it goes with the session; Dispose removes it; Update
+    replaces its RuleSpec), scoped like a listener, and run in the one
+    waterfall order with the listeners. Every expression is compiled and type
+    checked here: a rule that does not compile is INVALID_ARGUMENT
+    RULE_INVALID and nothing is registered. See docs/protocol.md, "Rules".
     """
     Assemble: _aio.UnaryUnaryMultiCallable[_system_prompt_pb2.AssembleRequest, _system_prompt_pb2.AssembleResponse]  # type: ignore[assignment]
     """Assembles the prompt for one caller, optionally rendering it on the sidecar."""
@@ -272,6 +290,21 @@ class SystemPromptServiceServicer(metaclass=_abc_1.ABCMeta):
         assembly sees the old value or the new one, never neither. Its name,
         order, layer, owner and id stay; one change event with action UPDATED
         tells watchers. An update to the value it already holds changes nothing.
+        """
+
+    @_abc_1.abstractmethod
+    def RegisterRule(
+        self,
+        request: _system_prompt_pb2.RegisterRuleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_system_prompt_pb2.RegisterRuleResponse, _abc.Awaitable[_system_prompt_pb2.RegisterRuleResponse]]:
+        """Registers a rule: a waterfall step the sidecar runs itself, in CEL, with no
+        round trip to a client. Owned by the calling session like every
+        registration (it goes with the session; Dispose removes it; Update
+        replaces its RuleSpec), scoped like a listener, and run in the one
+        waterfall order with the listeners. Every expression is compiled and type
+        checked here: a rule that does not compile is INVALID_ARGUMENT
+        RULE_INVALID and nothing is registered. See docs/protocol.md, "Rules".
         """
 
     @_abc_1.abstractmethod

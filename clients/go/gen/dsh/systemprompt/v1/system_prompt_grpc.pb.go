@@ -45,6 +45,14 @@ type SystemPromptServiceClient interface {
 	// order, layer, owner and id stay; one change event with action UPDATED
 	// tells watchers. An update to the value it already holds changes nothing.
 	Update(ctx context.Context, in *UpdateRequest, opts ...grpc.CallOption) (*UpdateResponse, error)
+	// Registers a rule: a waterfall step the sidecar runs itself, in CEL, with no
+	// round trip to a client. Owned by the calling session like every
+	// registration (it goes with the session; Dispose removes it; Update
+	// replaces its RuleSpec), scoped like a listener, and run in the one
+	// waterfall order with the listeners. Every expression is compiled and type
+	// checked here: a rule that does not compile is INVALID_ARGUMENT
+	// RULE_INVALID and nothing is registered. See docs/protocol.md, "Rules".
+	RegisterRule(ctx context.Context, in *RegisterRuleRequest, opts ...grpc.CallOption) (*RegisterRuleResponse, error)
 	// Assembles the prompt for one caller, optionally rendering it on the sidecar.
 	Assemble(ctx context.Context, in *AssembleRequest, opts ...grpc.CallOption) (*AssembleResponse, error)
 	// Streams one event per registration, update and disposal. The first
@@ -182,6 +190,15 @@ func (c *systemPromptServiceClient) Dispose(ctx context.Context, in *DisposeRequ
 func (c *systemPromptServiceClient) Update(ctx context.Context, in *UpdateRequest, opts ...grpc.CallOption) (*UpdateResponse, error) {
 	out := new(UpdateResponse)
 	err := c.cc.Invoke(ctx, "/dsh.systemprompt.v1.SystemPromptService/Update", in, out, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *systemPromptServiceClient) RegisterRule(ctx context.Context, in *RegisterRuleRequest, opts ...grpc.CallOption) (*RegisterRuleResponse, error) {
+	out := new(RegisterRuleResponse)
+	err := c.cc.Invoke(ctx, "/dsh.systemprompt.v1.SystemPromptService/RegisterRule", in, out, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -374,6 +391,14 @@ type SystemPromptServiceServer interface {
 	// order, layer, owner and id stay; one change event with action UPDATED
 	// tells watchers. An update to the value it already holds changes nothing.
 	Update(context.Context, *UpdateRequest) (*UpdateResponse, error)
+	// Registers a rule: a waterfall step the sidecar runs itself, in CEL, with no
+	// round trip to a client. Owned by the calling session like every
+	// registration (it goes with the session; Dispose removes it; Update
+	// replaces its RuleSpec), scoped like a listener, and run in the one
+	// waterfall order with the listeners. Every expression is compiled and type
+	// checked here: a rule that does not compile is INVALID_ARGUMENT
+	// RULE_INVALID and nothing is registered. See docs/protocol.md, "Rules".
+	RegisterRule(context.Context, *RegisterRuleRequest) (*RegisterRuleResponse, error)
 	// Assembles the prompt for one caller, optionally rendering it on the sidecar.
 	Assemble(context.Context, *AssembleRequest) (*AssembleResponse, error)
 	// Streams one event per registration, update and disposal. The first
@@ -437,6 +462,9 @@ func (UnimplementedSystemPromptServiceServer) Dispose(context.Context, *DisposeR
 }
 func (UnimplementedSystemPromptServiceServer) Update(context.Context, *UpdateRequest) (*UpdateResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Update not implemented")
+}
+func (UnimplementedSystemPromptServiceServer) RegisterRule(context.Context, *RegisterRuleRequest) (*RegisterRuleResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RegisterRule not implemented")
 }
 func (UnimplementedSystemPromptServiceServer) Assemble(context.Context, *AssembleRequest) (*AssembleResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Assemble not implemented")
@@ -642,6 +670,24 @@ func _SystemPromptService_Update_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SystemPromptService_RegisterRule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegisterRuleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SystemPromptServiceServer).RegisterRule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: "/dsh.systemprompt.v1.SystemPromptService/RegisterRule",
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SystemPromptServiceServer).RegisterRule(ctx, req.(*RegisterRuleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _SystemPromptService_Assemble_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(AssembleRequest)
 	if err := dec(in); err != nil {
@@ -820,6 +866,10 @@ var _SystemPromptService_serviceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Update",
 			Handler:    _SystemPromptService_Update_Handler,
+		},
+		{
+			MethodName: "RegisterRule",
+			Handler:    _SystemPromptService_RegisterRule_Handler,
 		},
 		{
 			MethodName: "Assemble",
