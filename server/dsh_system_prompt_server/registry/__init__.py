@@ -15,7 +15,7 @@ from .callbacks import CallbackCache, context_key
 from .changes import ChangeFeed, Missed, Subscription
 from .errors import CALLBACK_FAILURES, Failure, RegistryError, ServiceError, Status
 from .filters import Filter, owner_label, public_ref
-from .limits import Limits, quota_exceeded, too_large, value_bytes
+from .limits import Limits, quota_exceeded, quota_limit, too_large, value_bytes
 from .model import (
     SIDECAR_OWNER,
     Action,
@@ -102,6 +102,7 @@ __all__ = [
     "owner_label",
     "public_ref",
     "quota_exceeded",
+    "quota_limit",
     "too_large",
     "validate_tool_order",
     "value_bytes",

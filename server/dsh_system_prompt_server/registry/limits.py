@@ -14,38 +14,41 @@ _QUOTA = "RESOURCE_EXHAUSTED `QUOTA_EXCEEDED`"
 _TOO_LARGE = "INVALID_ARGUMENT `VALUE_TOO_LARGE`"
 
 
+def quota_limit(default: int, what: str = "") -> int:
+    """A [limits] count past which a registration or stream is refused QUOTA_EXCEEDED."""
+    return setting(default, Count(), f"{_QUOTA}: {what}" if what else _QUOTA)
+
+
+def size_limit(default: int, what: str) -> int:
+    """A [limits] size or count past which a value is refused VALUE_TOO_LARGE."""
+    return setting(default, Count(), f"{_TOO_LARGE}: {what}")
+
+
 @dataclass(frozen=True)
 class Limits:
     """Limits the registry enforces before it changes anything: config table [limits]."""
 
-    max_name_bytes: int = setting(256, Count(), f"{_TOO_LARGE}: names, scope keys, labels")
-    max_text_bytes: int = setting(
+    max_name_bytes: int = size_limit(256, "names, scope keys, labels")
+    max_text_bytes: int = size_limit(
         256 * 1024,
-        Count(),
-        f"{_TOO_LARGE}: section and context texts, variable values (a dynamic answer over it"
-        " fails the assembly)",
+        "section and context texts, variable values (a dynamic answer over it fails the assembly)",
     )
-    max_tool_schema_bytes: int = setting(
-        64 * 1024, Count(), f"{_TOO_LARGE}: one tool's description and parameters JSON"
-    )
-    max_registrations_per_session: int = setting(10_000, Count(), _QUOTA)
-    max_listeners: int = setting(1_000, Count(), _QUOTA)
-    max_listeners_per_peer: int = setting(
+    max_tool_schema_bytes: int = size_limit(64 * 1024, "one tool's description and parameters JSON")
+    max_registrations_per_session: int = quota_limit(10_000)
+    max_listeners: int = quota_limit(1_000)
+    max_listeners_per_peer: int = quota_limit(
         100,
-        Count(),
-        f"{_QUOTA}: listeners the sessions of one client may hold together, headroom for"
-        " others (Quotas per client)",
+        "listeners the sessions of one client may hold together, headroom for others (Quotas"
+        " per client)",
     )
-    max_total_bytes: int = setting(
+    max_total_bytes: int = quota_limit(
         256 * 1024 * 1024,
-        Count(),
-        f"{_QUOTA}: the registered values of every session together (texts, variable values,"
-        " static tool schemas; dynamic answers are bounded by `max_text_bytes` instead)",
+        "the registered values of every session together (texts, variable values, static tool"
+        " schemas; dynamic answers are bounded by `max_text_bytes` instead)",
     )
-    max_bytes_per_peer: int = setting(
+    max_bytes_per_peer: int = quota_limit(
         64 * 1024 * 1024,
-        Count(),
-        f"{_QUOTA}: the registered values of one client's sessions together, a quarter of"
+        "the registered values of one client's sessions together, a quarter of"
         " `max_total_bytes` (Quotas per client); an update counts what it grows by",
     )
     max_fields_bytes: int = setting(
@@ -54,11 +57,10 @@ class Limits:
         f"{_TOO_LARGE} naming `fields_json`: an assemble context's fields, measured before they"
         " are parsed (and an Assemble request larger than they allow, from its byte count)",
     )
-    max_list_items: int = setting(
+    max_list_items: int = size_limit(
         1024,
-        Count(),
-        f"{_TOO_LARGE}: entries of any one repeated field of a request, counted before any is"
-        " read; a session or listener stream that sends one is closed with it",
+        "entries of any one repeated field of a request, counted before any is read; a session"
+        " or listener stream that sends one is closed with it",
     )
     max_callback_cache_bytes: int = setting(
         32 * 1024 * 1024,

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 
 from ..config import Count, Reload, Seconds, group, setting
 from ..guard import ShareSettings
+from ..registry import quota_limit
 from ..reports import ReportSettings
-
-_QUOTA = "RESOURCE_EXHAUSTED `QUOTA_EXCEEDED`"
 
 
 @dataclass(frozen=True)
@@ -26,17 +25,14 @@ class ServerLimits:
         " refused (Memory budget); an assembly too large to send fails `RESPONSE_TOO_LARGE`",
         reload=Reload.RESTART,
     )
-    max_sessions: int = setting(1_000, Count(), _QUOTA)
-    max_sessions_per_peer: int = setting(
+    max_sessions: int = quota_limit(1_000)
+    max_sessions_per_peer: int = quota_limit(
         100,
-        Count(),
-        f"{_QUOTA}: sessions one client may hold, however many connections it opens, headroom"
-        " for others (Quotas per client)",
+        "sessions one client may hold, however many connections it opens, headroom for others"
+        " (Quotas per client)",
     )
-    max_watchers: int = setting(1_000, Count(), f"{_QUOTA}: change and prompt watches together")
-    max_watchers_per_peer: int = setting(
-        64, Count(), f"{_QUOTA}: change and prompt watches one client may hold"
-    )
+    max_watchers: int = quota_limit(1_000, "change and prompt watches together")
+    max_watchers_per_peer: int = quota_limit(64, "change and prompt watches one client may hold")
     max_outbox_bytes: int = setting(
         8 * 1024 * 1024,
         Count(),

@@ -36,6 +36,11 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 _A_FILE = "a file name"
 
 
+def _pem_file(doc: str, flag: str) -> str | None:
+    """A TLS file's key: a file name, read when the server starts, so kept until a restart."""
+    return setting(None, Text(what=_A_FILE), doc, reload=Reload.RESTART, flag=flag)
+
+
 @dataclass(frozen=True)
 class Security:
     """Optional bearer-token auth and TLS (mutual when a client CA is given); each file is
@@ -50,26 +55,11 @@ class Security:
         reload=Reload.WITH_AUTH,
         flag="--auth-token-file",
     )
-    tls_cert_file: str | None = setting(
-        None,
-        Text(what=_A_FILE),
-        "the server's certificate (PEM)",
-        reload=Reload.RESTART,
-        flag="--tls-cert",
-    )
-    tls_key_file: str | None = setting(
-        None,
-        Text(what=_A_FILE),
-        "the server's private key (PEM)",
-        reload=Reload.RESTART,
-        flag="--tls-key",
-    )
-    tls_client_ca_file: str | None = setting(
-        None,
-        Text(what=_A_FILE),
+    tls_cert_file: str | None = _pem_file("the server's certificate (PEM)", "--tls-cert")
+    tls_key_file: str | None = _pem_file("the server's private key (PEM)", "--tls-key")
+    tls_client_ca_file: str | None = _pem_file(
         "the CA of client certificates (mutual TLS); needs the certificate and key",
-        reload=Reload.RESTART,
-        flag="--tls-client-ca",
+        "--tls-client-ca",
     )
 
 
