@@ -56,72 +56,70 @@ class Metrics:
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1, 5),
         )
         self.registry.register(self.assemble_seconds)
-        self.assembly_failures = Counter(
-            "dsp_assembly_failures",
-            "Assemblies failed, by ErrorInfo reason",
-            ["reason"],
-            registry=self.registry,
+        self.assembly_failures = self._counter(
+            "dsp_assembly_failures", "Assemblies failed, by ErrorInfo reason", "reason"
         )
-        self.ejected_callbacks = Counter(
+        self.ejected_callbacks = self._counter(
             "dsp_ejected_callbacks",
             "Providers and listeners ejected for not answering in time, by kind",
-            ["kind"],
-            registry=self.registry,
+            "kind",
         )
-        self.skipped_callbacks = Counter(
+        self.skipped_callbacks = self._counter(
             "dsp_skipped_callbacks",
             "Steps assemblies went on without (callbacks under failure_policy IGNORE that"
             " failed), by kind (provider, listener) and ErrorInfo reason",
-            ["kind", "reason"],
-            registry=self.registry,
+            "kind",
+            "reason",
         )
-        self.share_waits = Counter(
+        self.share_waits = self._counter(
             "dsp_share_waits",
             "Calls and watch writes made to wait for their client's fair share of the event"
             " loop ([fair_share])",
-            registry=self.registry,
         )
-        self.stalled_peers = Counter(
+        self.stalled_peers = self._counter(
             "dsp_stalled_peers",
             "Sessions, listeners and watchers closed for not reading their stream, by kind",
-            ["kind"],
-            registry=self.registry,
+            "kind",
         )
-        self.sessions = Gauge("dsp_sessions", "Open sessions", registry=self.registry)
-        self.registrations = Gauge(
-            "dsp_registrations", "Live registrations (built-ins included)", registry=self.registry
+        self.sessions = self._gauge("dsp_sessions", "Open sessions")
+        self.registrations = self._gauge(
+            "dsp_registrations", "Live registrations (built-ins included)"
         )
-        self.watchers = Gauge("dsp_watchers", "Change-event subscribers", registry=self.registry)
-        self.prefix_stable_ratio = Gauge(
+        self.watchers = self._gauge("dsp_watchers", "Change-event subscribers")
+        self.prefix_stable_ratio = self._gauge(
             "dsp_prefix_stable_ratio",
             "Share of the prompt prefix (tools, system prompt) unchanged at the last report",
-            ["scope"],
-            registry=self.registry,
+            "scope",
         )
 
-        key = ["key_kind", "key"]
-        self.cache_reports = Counter(
-            "dsp_cache_reports", "Reported assemblies, by history key", key, registry=self.registry
+        key = ("key_kind", "key")
+        self.cache_reports = self._counter(
+            "dsp_cache_reports", "Reported assemblies, by history key", *key
         )
-        self.cache_breaks = Counter(
+        self.cache_breaks = self._counter(
             "dsp_cache_breaks",
             "Reported assemblies that broke the prompt prefix, by key and first changed part",
-            [*key, "part"],
-            registry=self.registry,
+            *key,
+            "part",
         )
-        self.cache_recomputed = Counter(
+        self.cache_recomputed = self._counter(
             "dsp_cache_recomputed",
             "Prefix recomputed because of breaks, in tokens (with a tokenizer) or bytes",
-            [*key, "unit"],
-            registry=self.registry,
+            *key,
+            "unit",
         )
-        self.cache_observed_ratio = Gauge(
+        self.cache_observed_ratio = self._gauge(
             "dsp_cache_observed_ratio",
             "Cached tokens the model server reported / the stable prefix tokens predicted,"
             " at the key's last reported usage",
-            key,
-            registry=self.registry,
+            *key,
         )
+
+    def _counter(self, name: str, documentation: str, *labels: str) -> Counter:
+        return Counter(name, documentation, labels, registry=self.registry)
+
+    def _gauge(self, name: str, documentation: str, *labels: str) -> Gauge:
+        return Gauge(name, documentation, labels, registry=self.registry)
 
     def assembly_failed(self, reason: Reason) -> None:
         """Count one failed assembly, if its reason is one of those counted."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
 from ..registry import Origin, OriginKind, PartKind
-from ..reports import HistoryEntry, HistoryKey, KeyHistory, Layout, Report, Size
+from ..reports import HistoryEntry, HistoryKey, KeyHistory, Layout, Report, Size, Stability
 from .convert import change_kind_to_proto, skipped_to_proto
 
 _SOURCE_KINDS = {
@@ -42,13 +44,7 @@ def report_to_proto(report: Report, key: HistoryKey) -> pb.AssemblyReport:
         prompt=size_to_proto(report.prompt),
         context_snapshot=size_to_proto(report.context_snapshot),
         stability=pb.PrefixStability(
-            has_previous=stability.has_previous,
-            stable_bytes=stability.stable_bytes,
-            stable_tokens=stability.stable_tokens,
-            prefix=size_to_proto(stability.prefix),
-            first_changed=stability.first_changed,
-            reason=stability.reason,
-            recomputed=size_to_proto(stability.recomputed),
+            **_prefix_fields(stability),
             messages_recomputed=stability.messages_recomputed,
             diff=stability.diff,
             previous_evicted=stability.previous_evicted,
@@ -75,6 +71,20 @@ def layout_from_proto(value: int, default: Layout) -> Layout:
     return next((layout for layout, wire in _LAYOUTS.items() if wire == value), default)
 
 
+def _prefix_fields(seen: Stability | HistoryEntry) -> dict[str, Any]:
+    """What a report's stability and a history entry both say of the prefix, named as both
+    messages (PrefixStability, CacheHistoryEntry) name it."""
+    return {
+        "has_previous": seen.has_previous,
+        "stable_bytes": seen.stable_bytes,
+        "stable_tokens": seen.stable_tokens,
+        "prefix": size_to_proto(seen.prefix),
+        "first_changed": seen.first_changed,
+        "reason": seen.reason,
+        "recomputed": size_to_proto(seen.recomputed),
+    }
+
+
 def history_key_from_proto(scope: str, report_key: str) -> HistoryKey:
     """The caller's report_key when it names one, else the scope."""
     if report_key:
@@ -87,13 +97,7 @@ def history_entry_to_proto(entry: HistoryEntry) -> pb.CacheHistoryEntry:
         sequence=entry.sequence,
         revision=entry.revision,
         prefix_layout=_LAYOUTS[entry.layout],
-        has_previous=entry.has_previous,
-        first_changed=entry.first_changed,
-        reason=entry.reason,
-        prefix=size_to_proto(entry.prefix),
-        stable_bytes=entry.stable_bytes,
-        stable_tokens=entry.stable_tokens,
-        recomputed=size_to_proto(entry.recomputed),
+        **_prefix_fields(entry),
         observed_cached_tokens=entry.observed_cached_tokens,
         observed_prompt_tokens=entry.observed_prompt_tokens,
         skipped_counts=[
