@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -20,7 +20,7 @@ from dsh_system_prompt_core import (
 
 from ._convert import context_from_proto
 from ._dispatch import Dispatch, Handler
-from ._opening import confirmed
+from ._opening import TwoWayCall, confirmed
 from ._part_slots import Invocation, Parts, Slotted
 from ._tracing import span
 from .errors import SystemPromptError
@@ -48,18 +48,7 @@ def label(name: str) -> str:
 _LABEL_LIMIT = 120
 
 
-class _ListenCall(Protocol):
-    """The client's side of a Listen stream."""
-
-    async def write(self, request: pb.ListenRequest) -> None: ...
-
-    async def read(self) -> object: ...  # a ListenResponse, or grpc.aio.EOF at the end
-
-    async def done_writing(self) -> None: ...
-
-    async def code(self) -> grpc.StatusCode: ...
-
-    def cancel(self) -> bool: ...
+_ListenCall = TwoWayCall[pb.ListenRequest]  # the client's side of a Listen stream
 
 
 class ListenerStream:

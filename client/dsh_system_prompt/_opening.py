@@ -12,6 +12,7 @@ from google.protobuf.message import Message
 from .errors import NoAnswer, error_from_rpc, protocol_error, stream_ended
 
 Reply = TypeVar("Reply", bound=Message)
+Request = TypeVar("Request", bound=Message, contravariant=True)
 
 
 class OpeningCall(Protocol):
@@ -22,6 +23,15 @@ class OpeningCall(Protocol):
     async def code(self) -> grpc.StatusCode: ...
 
     def cancel(self) -> bool: ...
+
+
+class TwoWayCall(OpeningCall, Protocol[Request]):
+    """The client's side of a stream it writes on too (a session, a listener): its reads
+    are the responses, or grpc.aio.EOF at the end."""
+
+    async def write(self, request: Request) -> None: ...
+
+    async def done_writing(self) -> None: ...
 
 
 async def confirmed(

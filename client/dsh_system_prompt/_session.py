@@ -12,16 +12,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Protocol
 
-import grpc
-import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, package_version
 
 from ._dispatch import Dispatch, Handler
-from ._opening import confirmed
+from ._opening import TwoWayCall, confirmed
 from ._providers import Providers
 
 _log = logging.getLogger("dsh_system_prompt")
@@ -30,18 +27,7 @@ _END_WAIT_S = 5.0  # how long ending waits for the sidecar to close its side
 CLIENT_VERSION = f"dsh-system-prompt-python/{package_version()}"
 
 
-class _SessionCall(Protocol):
-    """The client's side of an OpenSession stream."""
-
-    async def write(self, request: pb.OpenSessionRequest) -> None: ...
-
-    async def read(self) -> object: ...  # an OpenSessionResponse, or grpc.aio.EOF at the end
-
-    async def done_writing(self) -> None: ...
-
-    async def code(self) -> grpc.StatusCode: ...
-
-    def cancel(self) -> bool: ...
+_SessionCall = TwoWayCall[pb.OpenSessionRequest]  # the client's side of an OpenSession stream
 
 
 class Session:
