@@ -90,7 +90,7 @@ soak-hostile: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build wheelhouse/*.whl *.egg-info examples/node/node_modules tests/independent_client/node_modules \
-	  $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist .gopath
+	  $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist .gopath examples/go/vendor
 
 ## Install the Node.js example's dependencies (examples/node) from its lockfile,
 ## when node_modules is missing or older than package.json / package-lock.json;
@@ -172,8 +172,10 @@ screenshots: $(STAMP) browser
 
 ## The Go client (clients/go), built offline from Debian's packages: Go 1.19 and the gRPC,
 ## protobuf and genproto sources in /usr/share/gocode, in GOPATH mode (no module proxy).
-## Its import path is go.mod's module line; a GOPATH of two links (.gopath/) puts the
-## client and examples/go under it.
+## Its import path is go.mod's module line; a GOPATH of a link (.gopath/) puts the client
+## under it. The example agent (examples/go) is built as a consumer builds it
+## (clients/go/README.md, "Your own module"): its own module, the client by a replace to its
+## path, in module mode from a vendor/ of links to the client and Debian's sources.
 GO_CLIENT := clients/go
 GO_MODULE := $(shell sed -n 's/^module //p' $(GO_CLIENT)/go.mod)
 GO_REPOSITORY := $(patsubst %/$(GO_CLIENT),%,$(GO_MODULE))
@@ -184,7 +186,11 @@ GO_PACKAGES := golang-go golang-google-grpc-dev golang-google-protobuf-dev golan
   golang-github-golang-protobuf-1-5-dev protobuf-compiler protoc-gen-go protoc-gen-go-grpc
 GO_PROTOC := protoc -I proto --go_opt=paths=source_relative --go-grpc_opt=paths=source_relative
 GO_GEN := $(GO_CLIENT)/gen
-.PHONY: go-tools go-path go-proto check-go-proto go-vet go-test go-bench
+GO_EXAMPLE := examples/go
+GO_DEBIAN_MODULES := google.golang.org/grpc google.golang.org/protobuf google.golang.org/genproto \
+  github.com/golang/protobuf golang.org/x/net golang.org/x/sys golang.org/x/text
+GO_CONSUMER := GO111MODULE=on GOPROXY=off GOFLAGS=-mod=vendor go
+.PHONY: go-tools go-path go-vendor go-proto check-go-proto go-vet go-test go-bench
 
 ## Debian's Go toolchain and libraries (the Go client needs nothing else), when missing.
 go-tools:
@@ -196,9 +202,19 @@ go-tools:
 	       $$sudo apt-get install -y -q --no-install-recommends $(GO_PACKAGES) >/dev/null; }; fi
 
 go-path:
-	@mkdir -p $(GO_SRC)/clients $(GO_SRC)/examples
+	@mkdir -p $(GO_SRC)/clients
 	@ln -sfn $(CURDIR)/$(GO_CLIENT) $(GO_SRC)/$(GO_CLIENT)
-	@ln -sfn $(CURDIR)/examples/go $(GO_SRC)/examples/go
+
+## examples/go/vendor/: the client (by the path of go.mod's replace) and Debian's modules, as
+## links, and the modules.txt that says so (the README's recipe, for the example).
+go-vendor:
+	@replaced=$$(sed -n 's|^replace $(GO_MODULE) => ||p' $(GO_EXAMPLE)/go.mod); \
+	rm -rf $(GO_EXAMPLE)/vendor && mkdir -p $(GO_EXAMPLE)/vendor/$(dir $(GO_MODULE)) \
+	&& ln -sfn $(CURDIR)/$(GO_CLIENT) $(GO_EXAMPLE)/vendor/$(GO_MODULE) \
+	&& for m in $(GO_DEBIAN_MODULES); do mkdir -p $(GO_EXAMPLE)/vendor/$$(dirname $$m) \
+	  && ln -sfn /usr/share/gocode/src/$$m $(GO_EXAMPLE)/vendor/$$m; done \
+	&& printf '%s\n' "# $(GO_MODULE) v0.0.0 => $$replaced" '## explicit; go 1.19' \
+	  "# $(GO_MODULE) => $$replaced" > $(GO_EXAMPLE)/vendor/modules.txt
 
 ## Regenerate the Go client's messages and service (clients/go/gen/) from proto/.
 go-proto: go-tools
@@ -212,14 +228,15 @@ check-go-proto: go-tools
 	  && diff -r $$tmp $(GO_GEN) && echo "Go generated code is fresh"; status=$$?; rm -rf $$tmp; exit $$status
 
 ## gofmt and go vet on the Go client and the Go example.
-go-vet: go-tools go-path
-	@test -z "$$(gofmt -l $(GO_CLIENT) examples/go)" || { gofmt -l $(GO_CLIENT) examples/go; exit 1; }
-	cd $(GO_SRC) && $(GO) vet ./$(GO_CLIENT)/... ./examples/go/...
+go-vet: go-tools go-path go-vendor
+	@test -z "$$(gofmt -l $(GO_CLIENT) $(GO_EXAMPLE)/*.go)" || { gofmt -l $(GO_CLIENT) $(GO_EXAMPLE)/*.go; exit 1; }
+	cd $(GO_SRC) && $(GO) vet ./$(GO_CLIENT)/...
+	cd $(GO_EXAMPLE) && $(GO_CONSUMER) vet .
 
 ## Build and test the Go client against real sidecars from .venv (and scripted ones).
-go-test: $(STAMP) go-tools go-path
-	cd $(GO_SRC) && $(GO) build -o $(GO_PATH)/bin/go-agent ./examples/go \
-	  && DSP_SIDECAR=$(CURDIR)/$(BIN)/dsh-system-prompt DSP_GO_EXAMPLE=$(GO_PATH)/bin/go-agent \
+go-test: $(STAMP) go-tools go-path go-vendor
+	cd $(GO_EXAMPLE) && $(GO_CONSUMER) build -o $(GO_PATH)/bin/go-agent .
+	cd $(GO_SRC) && DSP_SIDECAR=$(CURDIR)/$(BIN)/dsh-system-prompt DSP_GO_EXAMPLE=$(GO_PATH)/bin/go-agent \
 	     $(GO) test -count=1 $(GO_TEST_ARGS) ./$(GO_CLIENT)/...
 
 ## Build the Go client's bench program (clients/go/bench) for `make bench`.
