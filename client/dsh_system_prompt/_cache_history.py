@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -55,15 +56,18 @@ class Usage:
 
 
 def usage_from(usage: Mapping[str, Any] | Any) -> Usage:
-    """Read cached and prompt tokens from a DeepSeek, Anthropic or OpenAI usage object.
+    """Read cached and prompt tokens from a DeepSeek, Anthropic, OpenAI or Gemini usage object.
 
     DeepSeek: prompt_cache_hit_tokens (+ prompt_cache_miss_tokens); Anthropic:
     cache_read_input_tokens (+ cache_creation_input_tokens, input_tokens); OpenAI:
-    prompt_tokens_details.cached_tokens (or input_tokens_details in the Responses API).
-    SDK objects with model_dump() are read as their dicts.
+    prompt_tokens_details.cached_tokens (or input_tokens_details in the Responses API);
+    Gemini: cached_content_token_count and prompt_token_count (usage_metadata).
+    SDK objects with model_dump() are read as their dicts, dataclasses by their fields.
     """
     if hasattr(usage, "model_dump"):
         usage = usage.model_dump()
+    elif dataclasses.is_dataclass(usage) and not isinstance(usage, type):
+        usage = {f.name: getattr(usage, f.name) for f in dataclasses.fields(usage)}
     if not isinstance(usage, Mapping):
         raise invalid_value(f"usage must be a mapping, not {type(usage).__name__}")
     if "prompt_cache_hit_tokens" in usage:  # DeepSeek
@@ -78,11 +82,21 @@ def usage_from(usage: Mapping[str, Any] | Any) -> Usage:
             return Usage(read, None)
         written = _number(usage.get("cache_creation_input_tokens") or 0)
         return Usage(read, read + written + _number(usage["input_tokens"]))
+    for cached_key, total_key in (
+        ("cached_content_token_count", "prompt_token_count"),  # Gemini, google-genai's names
+        ("cachedContentTokenCount", "promptTokenCount"),  # Gemini, the REST API's names
+    ):  # no cached-content count (or None) when nothing was cached; the total includes it
+        if total_key in usage and usage[total_key] is not None:
+            return Usage(_number(usage.get(cached_key) or 0), _number(usage[total_key]))
     for details, total_key in (
         ("prompt_tokens_details", "prompt_tokens"),
         ("input_tokens_details", "input_tokens"),
     ):  # OpenAI: chat completions, then responses
         found = usage.get(details)
+        if found is not None and hasattr(
+            found, "model_dump"
+        ):  # a dataclass's field (openai-agents' Usage)
+            found = found.model_dump()
         if isinstance(found, Mapping) and "cached_tokens" in found:
             prompt = usage.get(total_key)
             cached = _number(found["cached_tokens"])
