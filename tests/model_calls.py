@@ -8,6 +8,7 @@ from typing import Any
 
 import dsh_system_prompt as dsp
 import httpx2
+import openai
 from helpers import SidecarFactory
 
 # Keys in no sorted order, a nested object, a non-ASCII string and a markup character: the
@@ -70,7 +71,47 @@ class Wire:
     def client(self) -> httpx2.AsyncClient:
         return httpx2.AsyncClient(transport=httpx2.MockTransport(self.handle))
 
+    def openai(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            api_key="k", base_url="http://model.test/v1", http_client=self.client()
+        )
+
     @property
     def body(self) -> dict[str, Any]:
         value: dict[str, Any] = json.loads(self.bodies[-1])
         return value
+
+
+def responses_reply(output: list[dict[str, Any]]) -> dict[str, Any]:
+    """A Responses API answer with `output`: 120 prompt tokens, 64 of them cached."""
+    return {
+        "id": "r1",
+        "object": "response",
+        "created_at": 0,
+        "model": "m",
+        "status": "completed",
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {
+            "input_tokens": 120,
+            "input_tokens_details": {"cached_tokens": 64},
+            "output_tokens": 2,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 122,
+        },
+    }
+
+
+def text_output(text: str) -> list[dict[str, Any]]:
+    """A Responses API output of one assistant message."""
+    return [
+        {
+            "type": "message",
+            "id": "m1",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+    ]

@@ -12,32 +12,18 @@ import httpx2
 import openai
 from agents import Agent, OpenAIResponsesModel, RunConfig, Runner
 from dsh_system_prompt.adapters.openai_agents import AgentsPrompt
-from model_calls import BASH_JSON, ORDER, PROMPT, REPORT_KEY, SNAPSHOT
-
-
-def response(output: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "id": "r1",
-        "object": "response",
-        "created_at": 0,
-        "model": "m",
-        "status": "completed",
-        "output": output,
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-        "usage": {
-            "input_tokens": 120,
-            "input_tokens_details": {"cached_tokens": 64},
-            "output_tokens": 2,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": 122,
-        },
-    }
-
+from model_calls import (
+    BASH_JSON,
+    ORDER,
+    PROMPT,
+    REPORT_KEY,
+    SNAPSHOT,
+    responses_reply,
+    text_output,
+)
 
 SCRIPT = [
-    response(
+    responses_reply(
         [
             {
                 "type": "function_call",
@@ -49,17 +35,7 @@ SCRIPT = [
             }
         ]
     ),
-    response(
-        [
-            {
-                "type": "message",
-                "id": "m1",
-                "status": "completed",
-                "role": "assistant",
-                "content": [{"type": "output_text", "text": "Looks fine.", "annotations": []}],
-            }
-        ]
-    ),
+    responses_reply(text_output("Looks fine.")),
 ]
 
 

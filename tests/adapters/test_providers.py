@@ -9,12 +9,22 @@ import json
 
 import anthropic
 import dsh_system_prompt as dsp
-import openai
 import pytest
 from dsh_system_prompt import adapters
 from google import genai
 from google.genai import types as genai_types
-from model_calls import BASH, BASH_JSON, ORDER, PROMPT, REPORT_KEY, SNAPSHOT, Wire, render
+from model_calls import (
+    BASH,
+    BASH_JSON,
+    ORDER,
+    PROMPT,
+    REPORT_KEY,
+    SNAPSHOT,
+    Wire,
+    render,
+    responses_reply,
+    text_output,
+)
 
 HISTORY = [{"role": "user", "content": "Review the patch."}]
 
@@ -37,9 +47,7 @@ CHAT_REPLY = {
 
 async def test_openai_chat_sends_the_prompt_tools_and_schema_bytes(agent: dsp.Client) -> None:
     wire = Wire(CHAT_REPLY)
-    model = openai.AsyncOpenAI(
-        api_key="k", base_url="http://model.test/v1", http_client=wire.client()
-    )
+    model = wire.openai()
     request = adapters.openai_chat(await render(agent), HISTORY, report_key=REPORT_KEY)
     response = await model.chat.completions.create(model="m", **request.params)
 
@@ -62,9 +70,7 @@ async def test_openai_chat_sends_the_prompt_tools_and_schema_bytes(agent: dsp.Cl
 
 async def test_strict_is_settable_and_the_system_role_too(agent: dsp.Client) -> None:
     wire = Wire(CHAT_REPLY)
-    model = openai.AsyncOpenAI(
-        api_key="k", base_url="http://model.test/v1", http_client=wire.client()
-    )
+    model = wire.openai()
     request = adapters.openai_chat(await render(agent), strict=True, system_role="developer")
     await model.chat.completions.create(model="m", **request.params)
     assert wire.body["messages"][0] == {"role": "developer", "content": PROMPT}
@@ -72,37 +78,8 @@ async def test_strict_is_settable_and_the_system_role_too(agent: dsp.Client) -> 
 
 
 async def test_openai_responses_sends_instructions_and_flat_tools(agent: dsp.Client) -> None:
-    wire = Wire(
-        {
-            "id": "r1",
-            "object": "response",
-            "created_at": 0,
-            "model": "m",
-            "status": "completed",
-            "output": [
-                {
-                    "type": "message",
-                    "id": "m1",
-                    "status": "completed",
-                    "role": "assistant",
-                    "content": [{"type": "output_text", "text": "ok", "annotations": []}],
-                }
-            ],
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
-            "usage": {
-                "input_tokens": 120,
-                "input_tokens_details": {"cached_tokens": 64},
-                "output_tokens": 2,
-                "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": 122,
-            },
-        }
-    )
-    model = openai.AsyncOpenAI(
-        api_key="k", base_url="http://model.test/v1", http_client=wire.client()
-    )
+    wire = Wire(responses_reply(text_output("ok")))
+    model = wire.openai()
     request = adapters.openai_responses(await render(agent), HISTORY, report_key=REPORT_KEY)
     response = await model.responses.create(model="m", **request.params)
 
