@@ -81,6 +81,8 @@ type asked struct {
 	timeout time.Duration
 	given   bool           // WithCallbackTimeout was passed
 	policy  *FailurePolicy // WithFailurePolicy's, if passed
+	cache   *Cache         // WithCache's, if passed
+	name    string         // ToolsName's, if passed
 }
 
 // failurePolicy is the callback's policy as sent: unspecified (the sidecar's FAIL) when not given.
@@ -114,6 +116,9 @@ func (a asked) static() error {
 	if a.policy != nil {
 		return invalid("WithFailurePolicy applies to a provider (a ...Func registration), not to a static value")
 	}
+	if a.cache != nil {
+		return invalid("WithCache applies to a provider (a ...Func registration), not to a static value")
+	}
 	return nil
 }
 
@@ -133,7 +138,14 @@ func (r *registrar) dynamic(provider any, a asked) (*pb.Dynamic, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &pb.Dynamic{ProviderKey: r.c.providers.add(provider), TimeoutS: seconds, FailurePolicy: policy}, nil
+	cache, err := a.cachePolicy()
+	if err != nil {
+		return nil, err
+	}
+	if _, tools := provider.(ToolsFunc); a.name != "" && !tools {
+		return nil, invalid("ToolsName applies to ToolsFunc; a section, context or variable is named by its name")
+	}
+	return &pb.Dynamic{ProviderKey: r.c.providers.add(provider), TimeoutS: seconds, FailurePolicy: policy, Cache: cache}, nil
 }
 
 func providerAsked(opts []ProviderOption) asked {

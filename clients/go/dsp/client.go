@@ -30,6 +30,7 @@ type options struct {
 	callTimeout time.Duration
 	clientName  string
 	dial        []grpc.DialOption
+	logger      Logger
 }
 
 // Option configures Connect.
@@ -77,7 +78,7 @@ func WithDialOptions(dial ...grpc.DialOption) Option {
 // UNAVAILABLE when the sidecar cannot be reached, unless WithWaitForReady.
 // ctx bounds connecting; the client outlives it until Close.
 func Connect(ctx context.Context, address string, opts ...Option) (*Client, error) {
-	o := options{callTimeout: DefaultCallTimeout, clientName: fmt.Sprintf("go-%d", os.Getpid())}
+	o := options{callTimeout: DefaultCallTimeout, clientName: fmt.Sprintf("go-%d", os.Getpid()), logger: quiet{}}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -92,6 +93,7 @@ func Connect(ctx context.Context, address string, opts ...Option) (*Client, erro
 		return nil, invalid("cannot connect to %s: %v", address, err)
 	}
 	c := newConn(cc, o.clientName, o.callTimeout)
+	c.log = o.logger
 	opened := make(chan error, 1)
 	go func() {
 		if o.waitReady > 0 {
@@ -364,11 +366,16 @@ func (r *registrar) Tools(ctx context.Context, tools ToolProviderResult) (*Handl
 
 // ToolsFunc contributes a tool provider run at every assembly (WithCallbackTimeout: its own time).
 func (r *registrar) ToolsFunc(ctx context.Context, tools ToolsFunc, opts ...ProviderOption) (*Handle[ToolProviderResult], error) {
-	dynamic, err := r.dynamic(tools, providerAsked(opts))
+	a := providerAsked(opts)
+	dynamic, err := r.dynamic(tools, a)
 	if err != nil {
 		return nil, err
 	}
-	request := &pb.RegisterToolsRequest{Name: label(funcName(tools)),
+	name := a.name
+	if name == "" {
+		name = funcName(tools)
+	}
+	request := &pb.RegisterToolsRequest{Name: label(name),
 		Source: &pb.RegisterToolsRequest_Dynamic{Dynamic: dynamic}}
 	return registerValue(ctx, r, request, dynamic.ProviderKey, r.c.rpc.RegisterTools, func(ToolProviderResult) (*pb.UpdateRequest, func(), error) {
 		return &pb.UpdateRequest{}, func() {}, nil // the sidecar refuses it: NOT_UPDATABLE
@@ -398,7 +405,7 @@ func (r *registrar) SuppressRuntimeContext(ctx context.Context) (*Registration, 
 // OnAssemble installs a waterfall listener (see Listener). ctx bounds the
 // install alone: the listener runs on after it ends, until disposed.
 func (r *registrar) OnAssemble(ctx context.Context, listener Listener, opts ...ListenerOption) (*Registration, error) {
-	start := &pb.ListenStart{Name: label(funcName(listener)), Features: []string{featureToolSlots, featurePartSlots}}
+	start := &pb.ListenStart{Name: label(funcName(listener)), Features: []string{featureToolSlots, featurePartSlots, featureCallbackCache}}
 	var a asked
 	for _, opt := range opts {
 		opt.applyListener(start, &a)
@@ -407,7 +414,11 @@ func (r *registrar) OnAssemble(ctx context.Context, listener Listener, opts ...L
 	if err != nil {
 		return nil, err
 	}
-	start.TimeoutS, start.FailurePolicy = seconds, policy
+	cache, err := a.cachePolicy()
+	if err != nil {
+		return nil, err
+	}
+	start.TimeoutS, start.FailurePolicy, start.Cache = seconds, policy, cache
 	reg := &registration{scope: r.scope}
 	reg.make = func(ctx context.Context, sessionID, scopeID string) (string, *listenerStream, error) {
 		start.SessionId, start.ScopeId = sessionID, scopeID

@@ -54,6 +54,7 @@ type conn struct {
 	clientName  string
 	callTimeout time.Duration
 	providers   *providers
+	log         Logger // WithLogger's: what the client does on its own
 
 	// ops serialises registrations, disposals, updates and replays, so that each
 	// of them sees one session from start to end.
@@ -78,6 +79,7 @@ func newConn(cc *grpc.ClientConn, clientName string, callTimeout time.Duration) 
 		clientName:  clientName,
 		callTimeout: callTimeout,
 		providers:   newProviders(),
+		log:         quiet{},
 		up:          make(chan struct{}),
 		closing:     make(chan struct{}),
 		streams:     map[*stopper]struct{}{},
@@ -117,6 +119,7 @@ func (c *conn) openWhenReady(ctx context.Context, address string, timeout time.D
 		if !errors.As(err, &failure) || failure.Code != codes.Unavailable {
 			return err
 		}
+		c.log.Debug("dsp: waiting for the sidecar", "address", address, "error", failure.Message)
 		if time.Now().After(deadline) {
 			return notReady(address, timeout)
 		}
@@ -202,9 +205,10 @@ func (c *conn) make(ctx context.Context, r *registration, sessionID string) erro
 // lost hears that s ended without this client ending it.
 func (c *conn) lost(s *session) {
 	c.mu.Lock()
-	current := c.session == s
+	current := c.session == s && !c.closed
 	c.mu.Unlock()
 	if current {
+		c.log.Warn("dsp: the session ended; reconnecting", "session", s.id)
 		c.startOver(nil)
 	}
 }
@@ -216,6 +220,9 @@ func (c *conn) restart() {
 	c.mu.Lock()
 	s := c.session
 	c.mu.Unlock()
+	if s != nil {
+		c.log.Warn("dsp: ending the session to make every registration again on a new one", "session", s.id)
+	}
 	c.startOver(s)
 }
 
@@ -245,7 +252,8 @@ func (c *conn) reconnect(ending *session) {
 		case <-time.After(delay):
 		}
 		delay = shorter(2*delay, maxBackoff)
-		if c.startSession(c.callTimeout) != nil {
+		if err := c.startSession(c.callTimeout); err != nil {
+			c.log.Info("dsp: sidecar unavailable, retrying", "retry_in", delay, "error", err.Error())
 			continue // still down, or the replay failed (its session is ended): try again
 		}
 		c.mu.Lock()
@@ -255,10 +263,13 @@ func (c *conn) reconnect(ending *session) {
 		}
 		if c.session.isEnded() {
 			c.mu.Unlock()
+			c.log.Info("dsp: the session ended during its replay, retrying", "retry_in", delay)
 			continue // it ended during its replay: its registrations went with it
 		}
 		c.setConnected()
+		session, replayed := c.session.id, len(c.regs)
 		c.mu.Unlock()
+		c.log.Info("dsp: reconnected as a new session", "session", session, "replayed", replayed)
 		return
 	}
 }

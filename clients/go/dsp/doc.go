@@ -12,6 +12,15 @@
 // sidecar ejected for not answering in time is made again after a backoff (the
 // change event of its disposal says why, in ChangeEvent.Reason).
 //
+// A provider or listener made WithCache (CacheRevision, CacheFields, CacheTTL)
+// may be answered by the sidecar from what it answered before, until the
+// registry changes or its Registration.Invalidate; ToolsName labels a tool
+// provider in errors and change events.
+//
+// WithLogger hands what the client does on its own (a lost session, each
+// reconnect attempt and replay, an ejected callback made again) to a Logger,
+// which a *slog.Logger satisfies.
+//
 // Every failure is an *Error carrying the gRPC code, the stable Reason and the
 // sidecar's message. The wire contract is proto/dsh/systemprompt/v1 of the
 // repository; docs/protocol.md describes what this package implements.

@@ -31,7 +31,7 @@ func ejectBackoff(n int) time.Duration {
 }
 
 // providerEjected hears on s that the sidecar ejected the provider registered as id.
-func (c *conn) providerEjected(s *session, id string) {
+func (c *conn) providerEjected(s *session, id, why string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.session != s || id == "" {
@@ -39,7 +39,7 @@ func (c *conn) providerEjected(s *session, id string) {
 	}
 	for _, r := range c.regs {
 		if r.id == id {
-			c.scheduleReinstall(r, s.id)
+			c.scheduleReinstall(r, s.id, why)
 			return
 		}
 	}
@@ -47,19 +47,19 @@ func (c *conn) providerEjected(s *session, id string) {
 
 // listenerEjected hears that the sidecar ejected r's listener, made on
 // sessionID, and ended its stream.
-func (c *conn) listenerEjected(r *registration, sessionID string) {
+func (c *conn) listenerEjected(r *registration, sessionID, why string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, other := range c.regs {
 		if other == r {
-			c.scheduleReinstall(r, sessionID)
+			c.scheduleReinstall(r, sessionID, why)
 			return
 		}
 	}
 }
 
 // scheduleReinstall makes r again on sessionID after its backoff; c.mu is held.
-func (c *conn) scheduleReinstall(r *registration, sessionID string) {
+func (c *conn) scheduleReinstall(r *registration, sessionID, why string) {
 	if c.closed || r.reinstall != nil {
 		return
 	}
@@ -71,7 +71,10 @@ func (c *conn) scheduleReinstall(r *registration, sessionID string) {
 	r.lastEjected = now
 	c.background.Add(1) // close waits for a re-install under way
 	wait := &reinstallWait{}
-	wait.timer = time.AfterFunc(ejectBackoff(r.ejections), func() {
+	backoff := ejectBackoff(r.ejections)
+	c.log.Warn("dsp: the sidecar ejected a callback; registering it again after a backoff",
+		"registration", r.id, "why", why, "backoff", backoff)
+	wait.timer = time.AfterFunc(backoff, func() {
 		defer c.background.Done()
 		c.reinstall(r, wait, sessionID)
 	})
@@ -117,7 +120,11 @@ func (c *conn) reinstall(r *registration, wait *reinstallWait, sessionID string)
 	c.mu.Unlock()
 	ctx, cancel := bounded(context.Background(), c.callTimeout)
 	defer cancel()
-	if err := c.make(ctx, r, sessionID); isNoAnswer(err) {
+	err := c.make(ctx, r, sessionID)
+	if err != nil {
+		c.log.Warn("dsp: could not register an ejected callback again", "error", err.Error())
+	}
+	if isNoAnswer(err) {
 		c.restart() // it may be registered there: a new session makes it once
 	}
 	// Any other refusal leaves it out until the next replay, as an ejection does.

@@ -110,6 +110,9 @@ type listenerStream struct {
 	stream    pb.SystemPromptService_ListenClient
 	cancel    context.CancelFunc
 	slotting  slotting // what the sidecar confirmed: what replies name by slot
+	// callbackCache: the sidecar confirmed "callback-cache"; invalidations wait for its confirmations.
+	callbackCache bool
+	invalidations invalidations
 	// base is, with part-slots, the last invocation's parts, which the next one's
 	// slots name (read goroutine only); lostBase: an invocation could not be read
 	// against it, so the stream is half-closed and later invocations go unread.
@@ -121,7 +124,8 @@ type listenerStream struct {
 	mu      sync.Mutex
 	running map[uint64]*invocation
 	closing bool
-	ejected bool // the sidecar said it ejected the listener: its stream's end is not a loss
+	ejected bool   // the sidecar said it ejected the listener: its stream's end is not a loss
+	why     string // what the sidecar said of it
 }
 
 type invocation struct {
@@ -157,6 +161,7 @@ func startListener(waiting context.Context, c *conn, owner *registration, listen
 	s := &listenerStream{
 		c: c, owner: owner, sessionID: start.GetSessionId(), listener: listener, stream: stream, cancel: cancel,
 		slotting: slottingOf(start, registered), running: map[uint64]*invocation{},
+		callbackCache: contains(registered.GetFeatures(), featureCallbackCache),
 	}
 	go s.read()
 	return registered.GetRegistrationId(), s, nil
@@ -177,11 +182,12 @@ func (s *listenerStream) read() {
 		if err != nil {
 			s.mu.Lock()
 			s.abandonAll()
-			lost, ejected := !s.closing, s.ejected
+			lost, ejected, why := !s.closing, s.ejected, s.why
 			s.mu.Unlock()
+			s.invalidations.release()
 			s.cancel()
 			if lost && ejected {
-				s.c.listenerEjected(s.owner, s.sessionID) // installed again on a new stream, after a backoff
+				s.c.listenerEjected(s.owner, s.sessionID, why) // installed again on a new stream, after a backoff
 			} else if lost {
 				s.c.restart() // the sidecar dropped the listener: the session is made again
 			}
@@ -199,9 +205,11 @@ func (s *listenerStream) read() {
 				}
 			}
 			s.mu.Unlock()
+		case *pb.ListenResponse_Invalidated:
+			s.invalidations.confirmed(kind.Invalidated.GetInvalidateId())
 		case *pb.ListenResponse_Ejected:
 			s.mu.Lock()
-			s.ejected = true // the sidecar ends the stream next
+			s.ejected, s.why = true, ejectedWhy(kind.Ejected) // the sidecar ends the stream next
 			s.mu.Unlock()
 		case *pb.ListenResponse_Cancel:
 			s.mu.Lock()

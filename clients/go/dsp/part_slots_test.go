@@ -235,7 +235,7 @@ func namedAgainstTheBase(t *testing.T, w *listenWire, received []*pb.ListenRespo
 		t.Fatalf("%d listener streams, want %d", len(w.confirmed), streams)
 	}
 	for _, features := range w.confirmed {
-		equal(t, features, []string{"tool-slots", "part-slots"})
+		equal(t, features, []string{"tool-slots", "part-slots", "callback-cache"})
 	}
 	for _, response := range received {
 		if invocation := response.GetInvocation(); invocation != nil && invocation.GetSlots() == nil {

@@ -293,7 +293,7 @@ func TestListenerRepliesUseToolSlotsAndBadSlotsFailNext(t *testing.T) {
 	}}
 	client := connectScripted(t, serveScript(t, s))
 	must[*dsp.Registration](t)(client.OnAssemble(bg, passThrough))
-	equal(t, <-offered, []string{"tool-slots", "part-slots"}) // part-slots offered, not confirmed
+	equal(t, <-offered, []string{"tool-slots", "part-slots", "callback-cache"}) // part-slots offered, not confirmed
 	next := (<-replies).GetNext()
 	if next == nil || len(next.GetAssembly().GetTools()) != 0 || fmt.Sprint(next.GetToolSlots()) != "[0 1]" || next.GetSlots() != nil {
 		t.Fatalf("unchanged tools go to next() as tool slots alone: %v", next)

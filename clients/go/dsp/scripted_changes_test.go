@@ -267,7 +267,8 @@ func TestACallCutShortByTheCallersDeadlineSaysSoNotTheCallTimeout(t *testing.T) 
 	s := &script{sessions: make(chan *scriptedSession, 8)}
 	s.register = func(ctx context.Context, request *pb.RegisterSectionRequest) (*pb.RegisterSectionResponse, error) {
 		if request.GetName() == "silent" {
-			<-ctx.Done()
+			<-ctx.Done() // an answer now could still reach the client within its deadline
+			return nil, status.FromContextError(ctx.Err()).Err()
 		}
 		return &pb.RegisterSectionResponse{RegistrationId: "r-" + request.GetName()}, nil
 	}

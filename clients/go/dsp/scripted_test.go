@@ -54,6 +54,7 @@ type script struct {
 // scriptedSession is one open session stream, for the test to talk on.
 type scriptedSession struct {
 	id       string
+	start    *pb.SessionStart // what the client opened it with
 	stream   pb.SystemPromptService_OpenSessionServer
 	received chan *pb.OpenSessionRequest
 	done     chan struct{}
@@ -86,11 +87,12 @@ func (s *script) id(prefix string) string { return fmt.Sprintf("%s%d", prefix, s
 func (s *script) OpenSession(stream pb.SystemPromptService_OpenSessionServer) error {
 	s.openCalls.Add(1)
 	defer s.openCalls.Add(-1)
-	if _, err := stream.Recv(); err != nil {
+	first, err := stream.Recv()
+	if err != nil {
 		return err
 	}
 	session := &scriptedSession{
-		id: s.id("session-"), stream: stream, received: make(chan *pb.OpenSessionRequest, 100),
+		id: s.id("session-"), start: first.GetStart(), stream: stream, received: make(chan *pb.OpenSessionRequest, 100),
 		done: make(chan struct{}), ending: make(chan error, 1),
 	}
 	defer close(session.done)

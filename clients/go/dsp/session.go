@@ -22,6 +22,8 @@ type session struct {
 	c              *conn
 	id             string
 	sidecarVersion string
+	callbackCache  bool // the sidecar confirmed "callback-cache"
+	invalidations  invalidations
 	stream         pb.SystemPromptService_OpenSessionClient
 	cancel         context.CancelFunc
 	done           chan struct{} // closed when the stream is over
@@ -43,7 +45,7 @@ func openSession(c *conn, timeout time.Duration) (*session, error) {
 		return nil, fromRPC(err)
 	}
 	start := &pb.OpenSessionRequest{Kind: &pb.OpenSessionRequest_Start{Start: &pb.SessionStart{
-		ClientName: c.clientName, ClientVersion: ClientVersion,
+		ClientName: c.clientName, ClientVersion: ClientVersion, Features: []string{featureCallbackCache},
 	}}}
 	_ = stream.Send(start) // a failed send shows as the stream's end, read below
 	waiting, done := bounded(context.Background(), timeout)
@@ -60,7 +62,8 @@ func openSession(c *conn, timeout time.Duration) (*session, error) {
 	s := &session{
 		c: c, id: opened.GetSessionId(), sidecarVersion: opened.GetSidecarVersion(),
 		stream: stream, cancel: cancel, done: make(chan struct{}),
-		answering: map[uint64]context.CancelFunc{},
+		answering:     map[uint64]context.CancelFunc{},
+		callbackCache: contains(opened.GetFeatures(), featureCallbackCache),
 	}
 	go s.read()
 	return s, nil
@@ -123,9 +126,11 @@ func (s *session) read() {
 				cancel()
 			}
 			s.mu.Unlock()
+		case *pb.OpenSessionResponse_Invalidated:
+			s.invalidations.confirmed(kind.Invalidated.GetInvalidateId())
 		case *pb.OpenSessionResponse_Ejected:
 			// A provider did not answer in time and is gone: made again after a backoff.
-			s.c.providerEjected(s, kind.Ejected.GetRegistrationId())
+			s.c.providerEjected(s, kind.Ejected.GetRegistrationId(), ejectedWhy(kind.Ejected))
 		}
 		// A second `opened`, and a kind this client does not know (a newer
 		// sidecar's), are ignored: the first `opened` named the session.
@@ -138,6 +143,7 @@ func (s *session) finish() {
 	s.cancelAnswers()
 	lost := !s.ending
 	s.mu.Unlock()
+	s.invalidations.release()
 	close(s.done)
 	s.cancel()
 	if lost {
