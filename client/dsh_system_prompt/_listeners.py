@@ -176,7 +176,7 @@ class ListenerStream:
     async def _answer(self, invocation: pb.ListenerInvocation, sent: Invocation) -> None:
         invocation_id = invocation.invocation_id
         assembly = sent.view()
-        next_ = _Next(self, invocation_id, assembly, sent)
+        next_ = _Next(NextCall(self, invocation_id, assembly, sent))
         try:
             result = await self._listener(assembly, context_from_proto(invocation.context), next_)
             if isinstance(result, NextCall) and not result.started:
@@ -249,21 +249,16 @@ class NextCall:
         self.started = True
         await self._stream._next(self._invocation_id, self._handed, self._sent, tail=tail)
 
+    def handing(self, handed: PromptAssembly) -> NextCall:
+        """The same call, handing the rest of the chain `handed` instead."""
+        return NextCall(self._stream, self._invocation_id, handed, self._sent)
+
 
 class _Next:
     """The `next` a listener receives; callable once per invocation."""
 
-    def __init__(
-        self,
-        stream: ListenerStream,
-        invocation_id: int,
-        assembly: PromptAssembly,
-        sent: Invocation,
-    ) -> None:
-        self._stream = stream
-        self._invocation_id = invocation_id
-        self._assembly = assembly
-        self._sent = sent
+    def __init__(self, call: NextCall) -> None:
+        self._call = call  # handing on the assembly as the listener received it
         self._called = False
 
     def __call__(self, handed: PromptAssembly | None = None) -> NextCall:
@@ -274,5 +269,4 @@ class _Next:
                 Reason.LISTENER_FAILED,
             )
         self._called = True
-        chosen = self._assembly if handed is None else handed
-        return NextCall(self._stream, self._invocation_id, chosen, self._sent)
+        return self._call if handed is None else self._call.handing(handed)
