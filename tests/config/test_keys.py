@@ -112,15 +112,23 @@ def test_every_key_has_a_doc_and_a_default_its_own_kind_accepts() -> None:
 
 
 def _quoted_names(source: str, keys: set[str]) -> list[str]:
-    """Key names a module spells in a string (whole, or quoted as messages quote keys),
-    docstrings and the settings' doc lines left out."""
+    """Key names a module spells in a string: whole, quoted as messages quote keys, or bare in
+    a message's text (a name with `_` or `.` in it, which no English word is); docstrings and
+    the settings' doc lines (which name keys in backticks) left out."""
     tree = ast.parse(source)
     docs = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
-            found += [key for key in keys if node.value == key or f"'{key}'" in node.value]
+            found += [key for key in keys if _spells(node.value, key)]
     return found
+
+
+def _spells(text: str, key: str) -> bool:
+    if text == key or f"'{key}'" in text:
+        return True
+    bare = rf"(?<![\w.`']){re.escape(key)}(?![\w`'])"
+    return ("_" in key or "." in key) and re.search(bare, text) is not None
 
 
 def test_no_config_key_is_spelled_as_a_string_in_the_server_more_than_once() -> None:

@@ -123,11 +123,13 @@ def with_values(settings: T, values: Mapping[str, object]) -> T:
     return result
 
 
-def names(settings: type[Any]) -> Any:
+def names(settings: type[Any], table: str = "") -> Any:
     """The names of `settings`' own keys as attributes (`names(Security).tls_cert_file` is
-    "tls_cert_file"), for the messages of checks that involve more than one key: so that a key
-    is spelled once, where it is declared, and a renamed one cannot leave a message behind."""
-    own = {item.name: item.name for item in fields(settings) if _KEY in item.metadata}
+    "tls_cert_file"; `names(Limits, "limits").max_tools` is "limits.max_tools", as the file
+    spells a key of the table), for the messages that name a key: so that a key is spelled
+    once, where it is declared, and a renamed one cannot leave a message behind."""
+    prefix = f"{table}." if table else ""
+    own = {item.name: prefix + item.name for item in fields(settings) if _KEY in item.metadata}
     return types.SimpleNamespace(**own)
 
 

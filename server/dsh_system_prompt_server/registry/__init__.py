@@ -15,7 +15,7 @@ from .callbacks import CallbackCache, context_key
 from .changes import ChangeFeed, Missed, Subscription
 from .errors import CALLBACK_FAILURES, Failure, RegistryError, ServiceError, Status
 from .filters import Filter, owner_label, public_ref
-from .limits import Limits, quota_exceeded, quota_limit, too_large, value_bytes
+from .limits import LIMIT_KEYS, Limits, quota_exceeded, quota_limit, too_large, value_bytes
 from .model import (
     SIDECAR_OWNER,
     Action,
@@ -50,6 +50,7 @@ from .settings import RegistrySettings, check_callback_timeouts
 __all__ = [
     "BUILTIN_SECTIONS",
     "CALLBACK_FAILURES",
+    "LIMIT_KEYS",
     "SIDECAR_OWNER",
     "Action",
     "AnyRegistration",

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from dsh_system_prompt_core import Reason
 
-from ..config import Count, setting
+from ..config import Count, names, setting
 from .errors import RegistryError, Status
 from .model import Tool, ToolSet
 
@@ -78,7 +78,7 @@ class Limits:
     def check_fields(self, fields_json: str) -> None:
         """An assemble context's fields, before anything parses them."""
         limit = self.max_fields_bytes
-        _check_size("assemble context fields_json", fields_json, limit, "limits.max_fields_bytes")
+        _check_size("assemble context fields_json", fields_json, limit, LIMIT_KEYS.max_fields_bytes)
 
     def check_count(self, what: str, count: int) -> None:
         """A repeated field of a request (`what` names it), before anything reads it."""
@@ -87,7 +87,7 @@ class Limits:
                 Status.INVALID_ARGUMENT,
                 Reason.VALUE_TOO_LARGE,
                 f"{what} has {count} entries, over the limit of {self.max_list_items}"
-                " (limits.max_list_items)",
+                f" ({LIMIT_KEYS.max_list_items})",
             )
 
     def check_total(self, total: int, adding: int) -> None:
@@ -95,7 +95,7 @@ class Limits:
         if adding and total + adding > self.max_total_bytes:
             raise quota_exceeded(
                 f"registered values would take {total + adding} bytes, over the sidecar's"
-                f" budget of {self.max_total_bytes} (limits.max_total_bytes)"
+                f" budget of {self.max_total_bytes} ({LIMIT_KEYS.max_total_bytes})"
             )
 
     def check_tools(self, tools: ToolSet) -> None:
@@ -107,6 +107,9 @@ class Limits:
         size = _size(tool.description) + _size(tool.parameters_json)
         if size > self.max_tool_schema_bytes:
             raise too_large(f'tool "{tool.name}" schema', size, self.max_tool_schema_bytes)
+
+
+LIMIT_KEYS = names(Limits, "limits")  # how messages name these keys: 'limits.max_tools'
 
 
 def too_large(what: str, size: int, limit: int, key: str = "") -> RegistryError:

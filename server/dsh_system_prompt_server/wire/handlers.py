@@ -26,7 +26,7 @@ from dsh_system_prompt_core import Reason
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from ..registry import Failure, Limits, too_large
+from ..registry import LIMIT_KEYS, Failure, Limits, too_large
 from .status import abort, bad_request
 
 Context: TypeAlias = "grpc.aio.ServicerContext[object, object]"
@@ -65,8 +65,8 @@ def check_assemble_size(data: bytes, limits: Limits) -> None:
     limit = limits.max_fields_bytes + 2 * limits.max_name_bytes + _ASSEMBLE_FRAMING_BYTES
     if len(data) > limit:
         raise too_large(
-            "assemble request (its context's fields_json at most limits.max_fields_bytes, its"
-            " scope and report key at most limits.max_name_bytes)",
+            f"assemble request (its context's fields_json at most {LIMIT_KEYS.max_fields_bytes},"
+            f" its scope and report key at most {LIMIT_KEYS.max_name_bytes})",
             len(data),
             limit,
         )
