@@ -26,8 +26,8 @@ from dsh_system_prompt_core import Reason
 from google.protobuf.message import Message as ProtoMessage
 
 from ...guard import Gate
-from ...registry import ServiceError
-from ...telemetry import Metrics, logger
+from ...registry import Registry, ServiceError
+from ...telemetry import Metrics, Tracing, logger
 from ...wire import bad_request
 from .outbox import Message, Outbox, OutboxLimits
 
@@ -77,14 +77,23 @@ H = TypeVar("H", bound=Host[Any])
 
 
 class Broker(ABC, Generic[In, Out, H]):
-    """One kind of callback stream: its start opens a host, and its end closes it."""
+    """One kind of callback stream: its start opens a host in the registry, and its end
+    closes it."""
 
     kind: str  # the stall metric's label: "session", "listener"
     request: type[In]  # what the peer sends
     must_start: str  # BAD_STREAM's message for a stream that does not start with a start
 
-    def __init__(self, metrics: Metrics, outbox: OutboxLimits | None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        metrics: Metrics,
+        outbox: OutboxLimits | None,
+        tracing: Tracing | None,
+    ) -> None:
+        self._registry = registry
         self._metrics = metrics
+        self._tracing = tracing  # None: the hosts' calls are not traced
         self.outbox_limits = outbox or OutboxLimits()  # for streams opened from now on
 
     async def serve(self, stream: Stream[Out], gate: Gate) -> None:

@@ -60,10 +60,8 @@ class Listeners(Broker[pb.ListenRequest, pb.ListenResponse, "ListenerStream"]):
         outbox: OutboxLimits | None = None,
         tracing: Tracing | None = None,
     ) -> None:
-        super().__init__(metrics, outbox)
-        self._registry = registry
+        super().__init__(registry, metrics, outbox, tracing)
         self._sessions = sessions
-        self._tracing = tracing
 
     def peer_name(self, start: pb.ListenRequest) -> str:
         return f'listener "{start.start.name[:64]}"'

@@ -148,9 +148,7 @@ class Sessions(Broker[pb.OpenSessionRequest, pb.OpenSessionResponse, Session]):
         outbox: OutboxLimits | None = None,
         tracing: Tracing | None = None,
     ) -> None:
-        super().__init__(metrics, outbox)
-        self._registry = registry
-        self._tracing = tracing
+        super().__init__(registry, metrics, outbox, tracing)
         self._max_sessions = max_sessions
         self._per_client = ClientCounts(max_per_peer)
         self._open: dict[str, Session] = {}
