@@ -140,8 +140,7 @@ class Registry:
         complete: bool = False,
     ) -> SectionRegistration:
         """Add a section to the global layer or the layer of scope handle `handle`."""
-        scope_handle = self._handle(owner, handle)
-        layer = self._admitted_text(owner, scope_handle, "section", name, order, text)
+        scope_handle, layer = self._admitted_text(owner, handle, "section", name, order, text)
         entry = SectionRegistration(
             **self._fields(owner, Kind.SECTION, scope_handle, name),
             value=text,
@@ -155,12 +154,9 @@ class Registry:
         self, owner: str, handle: str | None, name: str, order: float, text: str | Dynamic
     ) -> ContextRegistration:
         """Add a runtime context to the global layer or a scope's layer."""
-        scope_handle = self._handle(owner, handle)
-        layer = self._admitted_text(owner, scope_handle, "context", name, order, text)
+        scope_handle, layer = self._admitted_text(owner, handle, "context", name, order, text)
         entry = ContextRegistration(
-            **self._fields(owner, Kind.CONTEXT, scope_handle, name),
-            value=text,
-            order=order,
+            **self._fields(owner, Kind.CONTEXT, scope_handle, name), value=text, order=order
         )
         layer.add_context(entry)
         return self._added(entry, scope_handle)
@@ -443,17 +439,19 @@ class Registry:
     def _admitted_text(
         self,
         owner: str,
-        handle: ScopeHandle | None,
+        handle: str | None,
         noun: Literal["section", "context"],
         name: str,
         order: float,
         text: str | Dynamic,
-    ) -> Layer:
-        """The layer a new section or context (`noun`) goes into, once admitted there."""
-        key = _key(handle)
+    ) -> tuple[ScopeHandle | None, Layer]:
+        """The scope handle (`handle`, an id of `owner`'s) and the layer a new section or
+        context (`noun`) goes into, once admitted there."""
+        scope_handle = self._handle(owner, handle)
+        key = _key(scope_handle)
         layer = self._layers.of(key)
         self._admission.check_text(owner, self._owned(owner), noun, name, order, text, layer, key)
-        return layer
+        return scope_handle, layer
 
     def _owned(self, owner: str) -> int:
         """How many live registrations `owner` has (against its quota)."""
