@@ -160,14 +160,19 @@ OVERRIDE_HINT = " (for a per-agent override, register through that agent's scope
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_a_duplicate_global_name_is_rejected_with_the_override_hint(
-    client: dsp.Client, kind: TextKind
+@pytest.mark.parametrize(
+    ("scoped", "where"),
+    [(False, OVERRIDE_HINT), (True, " in this scope")],
+    ids=["global-with-the-override-hint", "in-a-scope"],
+)
+async def test_a_duplicate_name_is_rejected_saying_where(
+    client: dsp.Client, scoped: bool, where: str, kind: TextKind
 ) -> None:
-    register = getattr(client, kind)
+    register = getattr(await client.scope("agent-1") if scoped else client, kind)
     await register("rules", 10, "first")
     error = await rejection(register("rules", 20, "second"))
     assert failure(error) == refusal(
-        "DUPLICATE_NAME", f'prompt {kind} "rules" is already registered{OVERRIDE_HINT}'
+        "DUPLICATE_NAME", f'prompt {kind} "rules" is already registered{where}'
     )
 
 
@@ -177,18 +182,6 @@ async def test_a_global_section_name_is_unique_across_sessions(connect: ClientFa
     error = await rejection(second.section("rules", 10, "second"))
     assert error.code == grpc.StatusCode.ALREADY_EXISTS
     assert error.reason == "DUPLICATE_NAME"
-
-
-@pytest.mark.parametrize("kind", KINDS)
-async def test_a_duplicate_name_in_a_scope_is_rejected_in_this_scope(
-    client: dsp.Client, kind: TextKind
-) -> None:
-    register = getattr(await client.scope("agent-1"), kind)
-    await register("rules", 10, "first")
-    error = await rejection(register("rules", 20, "second"))
-    assert failure(error) == refusal(
-        "DUPLICATE_NAME", f'prompt {kind} "rules" is already registered in this scope'
-    )
 
 
 @pytest.mark.parametrize("order", NON_FINITE)
