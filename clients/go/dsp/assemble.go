@@ -75,12 +75,25 @@ func (c *Client) assemble(ctx context.Context, render bool, opts []AssembleOptio
 	if request.err != nil {
 		return nil, request.err
 	}
+	local, key := c.c.local, localKeyOf(request.message)
+	if local != nil && !render && !request.message.Report {
+		if kept := local.get(key, c.Connected()); kept != nil {
+			if request.skipped != nil {
+				*request.skipped = nil // a kept answer is one of a plan with no callback
+			}
+			return &assembleReply{assembly: kept}, nil
+		}
+	}
+	epoch := local.now()
 	if _, err := c.c.ready(ctx); err != nil {
 		return nil, err
 	}
 	reply := &assembleReply{}
 	if err := c.c.cc.Invoke(ctx, assembleMethod, request.message, reply, grpc.ForceCodec(replyCodec{})); err != nil {
 		return nil, callError(ctx, err)
+	}
+	if local != nil && !render && !request.message.Report {
+		local.put(epoch, key, reply)
 	}
 	if request.skipped != nil {
 		*request.skipped = reply.skipped

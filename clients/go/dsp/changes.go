@@ -215,6 +215,9 @@ type ChangeStream struct {
 	skipUntil    uint64 // events up to this revision are in a resync's snapshot
 	pending      []Change
 	batched      []*pb.WatchChangesResponse
+	// onBreak hears (in Next) that the stream broke, onResume that it is
+	// subscribed again: changes may pass unseen between them (the local cache's).
+	onBreak, onResume func()
 }
 
 // LastRevision is the last revision delivered (or covered by a gap or a
@@ -289,8 +292,14 @@ func (s *ChangeStream) Next(ctx context.Context) (Change, error) {
 			return nil, err
 		}
 		if message == nil {
+			if s.onBreak != nil {
+				s.onBreak()
+			}
 			if err := s.resume(ctx); err != nil {
 				return nil, err
+			}
+			if s.onResume != nil {
+				s.onResume()
 			}
 			continue
 		}

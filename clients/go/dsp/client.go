@@ -31,6 +31,7 @@ type options struct {
 	clientName  string
 	dial        []grpc.DialOption
 	logger      Logger
+	localCache  bool
 }
 
 // Option configures Connect.
@@ -112,7 +113,14 @@ func Connect(ctx context.Context, address string, opts ...Option) (*Client, erro
 		go func() { <-opened; c.close() }() // what opens meanwhile ends with it
 		return nil, fromRPC(ctx.Err())
 	}
-	return &Client{registrar{c: c}}, nil
+	client := &Client{registrar{c: c}}
+	if o.localCache {
+		if err := keepLocally(ctx, client, o.logger); err != nil {
+			c.close()
+			return nil, err
+		}
+	}
+	return client, nil
 }
 
 // target is address as a gRPC target; unix:PATH is dialled by dialOptions.
@@ -197,6 +205,7 @@ func (c *Client) Scope(ctx context.Context, key string, opts ...ScopeOption) (*S
 	r.make = func(ctx context.Context, sessionID, _ string) (string, *listenerStream, error) {
 		request.SessionId = sessionID
 		reply, err := c.c.rpc.OpenScope(ctx, request)
+		r.revision = reply.GetRevision()
 		return reply.GetScopeId(), nil, answerError(ctx, err, "OpenScope")
 	}
 	if err := c.c.register(ctx, r); err != nil {
@@ -436,7 +445,10 @@ type scoped interface {
 		*pb.RegisterToolsRequest | *pb.SuppressRuntimeContextRequest
 }
 
-type registered interface{ GetRegistrationId() string }
+type registered interface {
+	GetRegistrationId() string
+	GetRevision() uint64
+}
 
 func setSession(request any, sessionID, scopeID string) {
 	switch m := request.(type) {
@@ -462,6 +474,7 @@ func register[I scoped, O registered](ctx context.Context, r *registrar, request
 		if err != nil {
 			return "", nil, answerError(ctx, err, "a registration")
 		}
+		reg.revision = reply.GetRevision()
 		return reply.GetRegistrationId(), nil, nil
 	}
 	if err := r.c.register(ctx, reg); err != nil {

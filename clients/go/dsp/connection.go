@@ -38,6 +38,10 @@ type registration struct {
 	// for a listener, the stream that serves it.
 	make func(ctx context.Context, sessionID, scopeID string) (string, *listenerStream, error)
 
+	// revision is the registry's after the last make (0: not said), read by the
+	// make's caller: read-your-writes for the local cache.
+	revision uint64
+
 	// Guarded by conn.mu.
 	id     string
 	stream *listenerStream
@@ -54,7 +58,8 @@ type conn struct {
 	clientName  string
 	callTimeout time.Duration
 	providers   *providers
-	log         Logger // WithLogger's: what the client does on its own
+	log         Logger      // WithLogger's: what the client does on its own
+	local       *localCache // WithLocalCache's; set before Connect returns
 
 	// ops serialises registrations, disposals, updates and replays, so that each
 	// of them sees one session from start to end.
@@ -366,6 +371,7 @@ func (c *conn) register(ctx context.Context, r *registration) error {
 	c.mu.Lock()
 	c.regs = append(c.regs, r)
 	c.mu.Unlock()
+	c.wrote(r.revision)
 	return nil
 }
 
@@ -391,7 +397,10 @@ func (c *conn) dispose(ctx context.Context, r *registration) error {
 	c.mu.Unlock()
 	callCtx, cancel := bounded(ctx, c.callTimeout)
 	defer cancel()
-	_, err := c.rpc.Dispose(callCtx, request)
+	reply, err := c.rpc.Dispose(callCtx, request)
+	if err == nil {
+		c.wrote(reply.GetRevision())
+	}
 	err = answerError(callCtx, err, "Dispose")
 	if isNoAnswer(err) {
 		c.restart() // it may still be registered there: a new session drops it
@@ -438,6 +447,7 @@ func (c *conn) update(ctx context.Context, r *registration, request *pb.UpdateRe
 	if c.holds(r) {
 		apply() // not disposed meanwhile
 	}
+	c.wrote(reply.GetRevision())
 	return reply.GetRevision(), nil
 }
 

@@ -17,6 +17,9 @@
 // registry changes or its Registration.Invalidate; ToolsName labels a tool
 // provider in errors and change events.
 //
+// WithLocalCache answers a repeated Assemble of a cacheable scope from a copy
+// kept in this process, for as long as no later registry revision is known.
+//
 // WithLogger hands what the client does on its own (a lost session, each
 // reconnect attempt and replay, an ejected callback made again) to a Logger,
 // which a *slog.Logger satisfies.

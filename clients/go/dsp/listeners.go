@@ -158,6 +158,7 @@ func startListener(waiting context.Context, c *conn, owner *registration, listen
 		cancel()
 		return "", nil, protocolError("the listener stream did not start with ListenerRegistered")
 	}
+	owner.revision = registered.GetRevision()
 	s := &listenerStream{
 		c: c, owner: owner, sessionID: start.GetSessionId(), listener: listener, stream: stream, cancel: cancel,
 		slotting: slottingOf(start, registered), running: map[uint64]*invocation{},

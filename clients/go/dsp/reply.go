@@ -27,6 +27,8 @@ type assembleReply struct {
 	contextSnapshot string
 	skipped         []SkippedStep
 	report          *AssemblyReport // when asked for
+	revision        uint64          // the registry's revision the assembly was taken at
+	cacheable       bool            // the sidecar answers the same until revision changes
 }
 
 // replyCodec marshals requests as protobuf and decodes an *assembleReply by hand.
@@ -49,6 +51,7 @@ func (replyCodec) Unmarshal(data []byte, v any) error {
 	}
 	w := wire{data: data, text: string(data)}
 	reply.assembly = emptyAssembly()
+	reply.revision, reply.cacheable = replyScalars(data)
 	return w.fields(0, len(data), func(f field) error {
 		switch f.number {
 		case 1: // AssembleResponse.assembly
@@ -76,7 +79,7 @@ func (replyCodec) Unmarshal(data []byte, v any) error {
 			}
 			reply.skipped = append(reply.skipped, skippedFromProto(&step))
 		}
-		return nil // revision and cacheable are not returned
+		return nil // revision and cacheable are read by replyScalars
 	})
 }
 

@@ -40,6 +40,8 @@ type script struct {
 	listen func(start *pb.ListenStart, stream pb.SystemPromptService_ListenServer) error
 	// watch serves WatchChanges; nil: WatchSubscribed, then silence until the end.
 	watch func(n int, request *pb.WatchChangesRequest, stream pb.SystemPromptService_WatchChangesServer) error
+	// list serves ListRegistrations; nil: a listing of nothing at revision 10.
+	list func(request *pb.ListRegistrationsRequest, stream pb.SystemPromptService_ListRegistrationsServer) error
 	// watchPrompt serves WatchPrompt; nil: silence until the end.
 	watchPrompt func(n int, request *pb.WatchPromptRequest, stream pb.SystemPromptService_WatchPromptServer) error
 
@@ -212,6 +214,13 @@ func (s *script) WatchChanges(request *pb.WatchChangesRequest, stream pb.SystemP
 	}
 	<-stream.Context().Done()
 	return nil
+}
+
+func (s *script) ListRegistrations(request *pb.ListRegistrationsRequest, stream pb.SystemPromptService_ListRegistrationsServer) error {
+	if s.list != nil {
+		return s.list(request, stream)
+	}
+	return stream.Send(&pb.ListRegistrationsResponse{Revision: 10})
 }
 
 func (s *script) WatchPrompt(request *pb.WatchPromptRequest, stream pb.SystemPromptService_WatchPromptServer) error {
