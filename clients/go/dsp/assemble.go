@@ -47,7 +47,12 @@ func WithFields(fields map[string]any) AssembleOption {
 // Assemble assembles the prompt. ctx's deadline and cancellation reach the
 // sidecar and, through it, every provider and listener the assembly asks.
 // While the connection is down it fails fast with UNAVAILABLE, or, when ctx
-// has a deadline, waits for the reconnect until then.
+// has a deadline, waits for the reconnect until then. Once ctx is cancelled the
+// error is errors.Is(err, context.Canceled) (a *Error, Canceled); past its
+// deadline errors.Is(err, context.DeadlineExceeded), also for the
+// ReasonProviderTimeout or ReasonListenerTimeout the sidecar answers a moment
+// before that deadline. A callback timeout of the sidecar's own, within a later
+// deadline, is neither.
 func (c *Client) Assemble(ctx context.Context, opts ...AssembleOption) (*Assembly, error) {
 	reply, err := c.assemble(ctx, false, opts)
 	if err != nil {
@@ -58,7 +63,7 @@ func (c *Client) Assemble(ctx context.Context, opts ...AssembleOption) (*Assembl
 
 // Render assembles and renders on the sidecar: the prompt text, the
 // runtime-context snapshot and the assembly. A strict-interpolation failure is
-// FAILED_PRECONDITION, ReasonRenderFailed.
+// FAILED_PRECONDITION, ReasonRenderFailed. ctx's end is errors.Is as for Assemble.
 func (c *Client) Render(ctx context.Context, opts ...AssembleOption) (*Rendered, error) {
 	reply, err := c.assemble(ctx, true, opts)
 	if err != nil {

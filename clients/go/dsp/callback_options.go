@@ -8,22 +8,29 @@ import (
 	pb "dsh.dev/dsh-system-prompt/clients/go/gen/dsh/systemprompt/v1"
 )
 
-// Options of a registration besides its value. Two options, WithCallbackTimeout and
-// WithFailurePolicy, fit every registration with a callback, so the option types are
-// interfaces (sealed: their methods are unexported) that each option implements where it fits.
+// Options of a registration besides its value. The options of a callback
+// (WithCallbackTimeout, WithFailurePolicy, WithCache) fit every registration with
+// one, so the option types are interfaces (sealed: their methods are unexported)
+// that each option implements where it fits.
 
-// SectionOption configures a section: Complete, and for SectionFunc WithCallbackTimeout.
+// SectionOption configures Section and SectionFunc: Complete (either), and for
+// SectionFunc alone (a static Section refuses them, INVALID_VALUE)
+// WithCallbackTimeout, WithFailurePolicy and WithCache.
 type SectionOption interface {
 	applySection(request *pb.RegisterSectionRequest, asked *asked)
 }
 
-// ProviderOption configures ContextFunc, VariableFunc and ToolsFunc: WithCallbackTimeout.
+// ProviderOption configures ContextFunc, VariableFunc and ToolsFunc:
+// WithCallbackTimeout, WithFailurePolicy, WithCache, and for ToolsFunc alone
+// ToolsName.
 type ProviderOption interface {
 	applyProvider(asked *asked)
 }
 
-// ListenerOption places a listener in the waterfall (Prepend, Global,
-// ListenerName) or gives it its own time (WithCallbackTimeout).
+// ListenerOption configures OnAssemble: its place in the waterfall (Prepend,
+// Global), its label (ListenerName), its own time (WithCallbackTimeout), what an
+// assembly does when it fails (WithFailurePolicy) and the reuse of its result
+// (WithCache).
 type ListenerOption interface {
 	applyListener(start *pb.ListenStart, asked *asked)
 }

@@ -261,7 +261,8 @@ func (r *registrar) Section(ctx context.Context, name string, order float64, tex
 }
 
 // SectionFunc contributes a prompt section whose text provider runs at every
-// assembly (WithCallbackTimeout: its own time).
+// assembly that needs it. Options: Complete, WithCallbackTimeout (its own time),
+// WithFailurePolicy, WithCache.
 func (r *registrar) SectionFunc(ctx context.Context, name string, order float64, text TextFunc, opts ...SectionOption) (*Handle[string], error) {
 	request, a := r.sectionRequest(name, order, opts)
 	dynamic, err := r.dynamic(text, a)
@@ -290,7 +291,8 @@ func (r *registrar) Context(ctx context.Context, name string, order float64, tex
 }
 
 // ContextFunc contributes a runtime context whose text provider runs at every
-// assembly (WithCallbackTimeout: its own time).
+// assembly that needs it. Options: WithCallbackTimeout (its own time),
+// WithFailurePolicy, WithCache.
 func (r *registrar) ContextFunc(ctx context.Context, name string, order float64, text TextFunc, opts ...ProviderOption) (*Handle[string], error) {
 	dynamic, err := r.dynamic(text, providerAsked(opts))
 	if err != nil {
@@ -315,7 +317,8 @@ func (r *registrar) VariableUnset(ctx context.Context, name string) (*VariableHa
 }
 
 // VariableFunc contributes {{name}} with a provider run at every assembly that
-// needs it (WithCallbackTimeout: its own time).
+// needs it. Options: WithCallbackTimeout (its own time), WithFailurePolicy,
+// WithCache.
 func (r *registrar) VariableFunc(ctx context.Context, name string, value VariableFunc, opts ...ProviderOption) (*VariableHandle, error) {
 	dynamic, err := r.dynamic(value, providerAsked(opts))
 	if err != nil {
@@ -373,7 +376,9 @@ func (r *registrar) Tools(ctx context.Context, tools ToolProviderResult) (*Handl
 	})
 }
 
-// ToolsFunc contributes a tool provider run at every assembly (WithCallbackTimeout: its own time).
+// ToolsFunc contributes a tool provider run at every assembly. Options:
+// ToolsName (its label), WithCallbackTimeout (its own time), WithFailurePolicy,
+// WithCache.
 func (r *registrar) ToolsFunc(ctx context.Context, tools ToolsFunc, opts ...ProviderOption) (*Handle[ToolProviderResult], error) {
 	a := providerAsked(opts)
 	dynamic, err := r.dynamic(tools, a)
@@ -412,7 +417,8 @@ func (r *registrar) SuppressRuntimeContext(ctx context.Context) (*Registration, 
 }
 
 // OnAssemble installs a waterfall listener (see Listener). ctx bounds the
-// install alone: the listener runs on after it ends, until disposed.
+// install alone: the listener runs on after it ends, until disposed. Options:
+// Prepend, Global, ListenerName, WithCallbackTimeout, WithFailurePolicy, WithCache.
 func (r *registrar) OnAssemble(ctx context.Context, listener Listener, opts ...ListenerOption) (*Registration, error) {
 	start := &pb.ListenStart{Name: label(funcName(listener)), Features: []string{featureToolSlots, featurePartSlots, featureCallbackCache}}
 	var a asked

@@ -24,7 +24,12 @@
 // reconnect attempt and replay, an ejected callback made again) to a Logger,
 // which a *slog.Logger satisfies.
 //
-// Every failure is an *Error carrying the gRPC code, the stable Reason and the
-// sidecar's message. The wire contract is proto/dsh/systemprompt/v1 of the
+// Every failure is an *Error carrying the gRPC code, the stable Reason (one
+// constant per value of the proto's enum, as for ChangeKind, ChangeAction,
+// PartKind and SourceKind) and the sidecar's message; a call its ctx ended, any
+// call, is also errors.Is(err, context.Canceled) or
+// errors.Is(err, context.DeadlineExceeded). Register makes a run of
+// registrations checked once; Text, FieldVariable and Schemas are the common
+// provider shapes. The wire contract is proto/dsh/systemprompt/v1 of the
 // repository; docs/protocol.md describes what this package implements.
 package dsp
