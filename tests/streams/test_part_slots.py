@@ -208,6 +208,60 @@ async def test_invocations_send_only_what_changed_against_the_stream_s_base(
     assert list(assembly.variables) == [variables[2], variables[0], variables[1]]
 
 
+async def test_an_unchanged_scope_s_invocation_names_every_part_by_slot_and_sends_none(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    async with listening(sidecar, client, "part-slots") as raw:
+        for _ in range(2):  # the first in full, the second against it as the base
+            assembling, first = await raw.invoked_by(client)
+            handed = pb.ListenerNext(
+                invocation_id=first.invocation_id, tail=True, slots=everything(first)
+            )
+            await raw.send(next=handed)
+            plain = await assembling
+        assembling, again = await raw.invoked_by(client)
+        assert again.slots == everything(first)
+        assert again.assembly == pb.PromptAssembly()
+        # a reply by slot against it reads the base's parts
+        reply = pb.ListenerResult(
+            invocation_id=again.invocation_id,
+            slots=pb.PartSlots(sections=[2, 0], contexts=[0, 1], tools=[1], variables=[0]),
+        )
+        await raw.send(result=reply)
+        assembly = await assembling
+    sections = names(plain.sections)
+    assert names(assembly.sections) == [sections[2], sections[0]]
+    assert names(assembly.contexts) == names(plain.contexts)
+    assert names(assembly.tools) == [names(plain.tools)[1]]
+    assert list(assembly.variables) == [next(iter(plain.variables))]
+
+
+async def test_what_the_first_listener_is_handed_stays_whole_after_an_assembly_went_without_it(
+    client: dsp.Client,
+) -> None:
+    """The assembly a plan's first listener is handed is kept between assemblies; one
+    that skipped its only listener (IGNORE) and then enforced its complete section did not
+    change it."""
+    await load(client)
+    await client.section("exact", 50, "the complete prompt", complete=True)
+    handed: list[list[str]] = []
+
+    async def fails_once(
+        assembly: dsp.PromptAssembly, context: dsp.AssembleContext, next_: Any
+    ) -> Any:
+        handed.append([section.name for section in assembly.sections])
+        if len(handed) == 1:
+            raise RuntimeError("not this time")
+        return next_()
+
+    await client.on_assemble(fails_once, failure_policy=dsp.FailurePolicy.IGNORE)
+    skipped = await client.assemble()
+    served = await client.assemble()
+    assert names(skipped.sections) == names(served.sections) == ["exact"]
+    assert handed[0][-4:] == ["rules", "style", "notes", "exact"]
+    assert handed[1] == handed[0]
+
+
 async def test_next_results_name_unchanged_parts_against_the_invocation(
     sidecar: Sidecar, client: dsp.Client
 ) -> None:

@@ -51,6 +51,10 @@ class Plan:
     # Every callback declared a policy; this is them together (None otherwise).
     policy: CachePolicy | None = field(init=False)
     result: Assembly | None = None
+    # With listeners but no dynamic provider, the assembly handed to the first listener is
+    # the same at every assembly: made once and kept here (steps never change one they
+    # are handed; a listener stream then names its parts by slot without comparing them).
+    prelude: Assembly | None = None
     # The rpc layer's per-part encodings and renderings of this plan's assemblies
     # (rpc/part_caches.py): a change makes a new plan, so none outlives its parts.
     part_caches: object = None

@@ -84,20 +84,22 @@ async def _run(
     left_out = {skipped.registration_id for skipped in timeout.skips.steps}
     if complete is not None and complete.id in left_out:
         complete = None  # skipped: the sections stand as if it were not registered
-    sections = [Part(e.name, _text(e, values)) for e in plan.sections if e.id not in left_out]
-    tools = _collect_tools(plan.tools, values, tool_order, left_out)
-    assembly = Assembly(
-        sections=sections,
-        contexts=[Part(e.name, _text(e, values)) for e in plan.contexts if e.id not in left_out],
-        tools=tools,
-        variables={e.name: _variable(e, values) for e in plan.variables},
-    )
+    # the same at every assembly of the plan (a static plan keeps its whole result instead)
+    kept = bool(plan.listeners) and not plan.dynamic and origins is None
+    if not kept or plan.prelude is None:
+        assembly = _prelude(plan, values, tool_order, left_out)
+        if kept:
+            plan.prelude = assembly
+    else:
+        assembly = plan.prelude
     trace = None
     if origins is not None:
         origins.update(_registered_origins(plan, values))
         trace = Trace(chain=tuple(plan.chain))
         trace.record("", snapshot(assembly))
     result = await _waterfall(plan.listeners, assembly, context, timeout, origins, trace, cached)
+    if result is plan.prelude:  # no step changed it: the kept one is not the caller's
+        result = result.copy()
     if complete is not None:
         result.sections = [Part(name=complete.name, text=_text(complete, values))]
         if origins is not None:
@@ -110,6 +112,23 @@ async def _run(
         result.trace = trace
     result.skipped = tuple(timeout.skips.steps)
     return result
+
+
+def _prelude(
+    plan: Plan,
+    values: Mapping[ValueRegistration, ProvidedValue],
+    tool_order: Sequence[str] | None,
+    left_out: Collection[str],
+) -> Assembly:
+    """The assembly the waterfall starts from: the plan's parts with their values."""
+    sections = [Part(e.name, _text(e, values)) for e in plan.sections if e.id not in left_out]
+    tools = _collect_tools(plan.tools, values, tool_order, left_out)
+    return Assembly(
+        sections=sections,
+        contexts=[Part(e.name, _text(e, values)) for e in plan.contexts if e.id not in left_out],
+        tools=tools,
+        variables={e.name: _variable(e, values) for e in plan.variables},
+    )
 
 
 def _registered_origins(plan: Plan, values: Mapping[ValueRegistration, ProvidedValue]) -> Origins:

@@ -151,21 +151,29 @@ class ListenerStream:
         )
         # The hop's span holds the rest of the chain too: listeners nest as they run.
         with hop(self._tracing, f'listener "{self.name}"', head.trace_context):
-            sent = Reference(assembly)
-            message = encoded.invocation(head, self._against_base(head, sent))
+            sent, fresh = self._against_base(head, assembly)
+            message = encoded.invocation(head, fresh)
             return await self._run(head.invocation_id, message, sent, next_, timeout)
 
-    def _against_base(self, head: pb.ListenerInvocation, sent: Reference) -> Assembly:
-        """What of `sent` goes in full; with part slots the rest is named in `head` against
-        the base, and `sent` becomes the base (invocations are written in this order)."""
+    def _against_base(
+        self, head: pb.ListenerInvocation, assembly: Assembly
+    ) -> tuple[Reference, Assembly]:
+        """What the client will hold of `assembly` (the replies' reference), and what of it
+        goes in full; with part slots the rest is named in `head` against the base, which
+        the sent assembly becomes (invocations are written in this order). The same parts
+        as the base's (a plan's kept prelude, most often) keep the base as it is."""
         if not self._part_slots:
-            return sent.assembly
-        base, self._base = self._base, sent
+            return Reference(assembly), assembly
+        base = self._base
+        if base is not None and base.holds(assembly):
+            head.slots.CopyFrom(base.every_slot)
+            return base, Assembly(sections=[], contexts=[], tools=[], variables={})
+        sent = self._base = Reference(assembly)
         if base is None:
-            return sent.assembly
-        slots, fresh = base.encode(sent.assembly)
+            return sent, assembly
+        slots, fresh = base.encode(assembly)
         head.slots.CopyFrom(slots)
-        return fresh
+        return sent, fresh
 
     async def _run(
         self,

@@ -73,6 +73,9 @@ class Outbox(Generic[M]):
         nothing queued) once the peer has stalled or its stream has failed."""
         if self.stalled.is_set() or self._broken:
             return False
+        if not self._writing and not self._queue:  # idle: its write starts now, unqueued
+            self._start(message)
+            return not (self.stalled.is_set() or self._broken)
         size = len(message) if isinstance(message, bytes) else message.ByteSize()
         if self._queue and self._queued_bytes + size > self._limits.max_bytes:
             self._stall(f"it left more than {self._limits.max_bytes} bytes unread")
@@ -110,16 +113,21 @@ class Outbox(Generic[M]):
             while not self._writing and self._queue and not self._broken:
                 message, size = self._queue.popleft()
                 self._queued_bytes -= size
-                self._writes += 1
-                self._writing = write = self._writes
-                # Timed from the loop's next turn, as a pump's write was: a sender's own
-                # deadline for the answer, armed right after this, then comes first.
-                asyncio.get_running_loop().call_soon(self._arm, write)
-                step_through(self._write(message), functools.partial(self._written_one, write))
+                self._start(message)
         finally:
             self._starting = False
         if not self._writing:
             self._empty.set()
+
+    def _start(self, message: M | bytes) -> None:
+        """Start writing `message` (nothing else is being written)."""
+        self._empty.clear()
+        self._writes += 1
+        self._writing = write = self._writes
+        # Timed from the loop's next turn, as a pump's write was: a sender's own
+        # deadline for the answer, armed right after this, then comes first.
+        asyncio.get_running_loop().call_soon(self._arm, write)
+        step_through(self._write(message), functools.partial(self._written_one, write))
 
     def _written_one(self, write: int, error: BaseException | None) -> None:
         if write != self._writing:

@@ -86,6 +86,28 @@ class Reference:
             ),
         )
 
+    def holds(self, assembly: Assembly) -> bool:
+        """Whether `assembly` has the very parts of this one, in the same order (equal
+        values: a part named by its slot here is as good as the part itself)."""
+        held = self.assembly
+        return held is assembly or (
+            held.sections == assembly.sections
+            and held.tools == assembly.tools
+            and held.contexts == assembly.contexts
+            and held.variables == assembly.variables
+        )
+
+    @functools.cached_property
+    def every_slot(self) -> pb.PartSlots:
+        """This assembly as slots into itself: every part by its place."""
+        held = self.assembly
+        return pb.PartSlots(
+            sections=range(len(held.sections)),
+            contexts=range(len(held.contexts)),
+            tools=range(len(held.tools)),
+            variables=range(len(held.variables)),
+        )
+
     # Each part's place, by value; built when first needed (one kind alone for "tool-slots").
     @functools.cached_property
     def _sections(self) -> dict[Hashable, int]:
@@ -134,6 +156,15 @@ def _decode(
     """Parts from slots: places in `held`, or -1 for the next of `fresh` (converted)."""
     if not slots:
         return [convert(message) for message in fresh]
+    slots = list(slots)
+    if (  # every slot good (what the loop below checks one by one): resolved at once
+        min(slots) >= -1
+        and max(slots) < len(held)
+        and len(slots) <= len(held) + len(fresh)
+        and slots.count(-1) == len(fresh)
+    ):
+        sent = iter(fresh)
+        return [held[slot] if slot >= 0 else convert(next(sent)) for slot in slots]
     parts: list[T] = []
     remaining = iter(fresh)
     for index, slot in enumerate(slots):
