@@ -160,7 +160,8 @@ func entryFromProto(m *pb.CacheHistoryEntry) CacheHistoryEntry {
 // object, as JSON: DeepSeek's prompt_cache_hit_tokens (+ prompt_cache_miss_tokens
 // or prompt_tokens), Anthropic's cache_read_input_tokens (+ cache_creation_input_tokens
 // and input_tokens, which excludes cache reads), OpenAI's prompt_tokens_details.cached_tokens
-// (or input_tokens_details in the Responses API). Anything else is INVALID_VALUE.
+// (or input_tokens_details in the Responses API), Gemini's usageMetadata
+// promptTokenCount (+ cachedContentTokenCount). Anything else is INVALID_VALUE.
 func UsageFromJSON(data []byte) (Usage, error) {
 	var usage map[string]json.RawMessage
 	if err := json.Unmarshal(data, &usage); err != nil || usage == nil {
@@ -184,6 +185,13 @@ func UsageFromJSON(data []byte) (Usage, error) {
 			written = json.RawMessage("0") // no cache write reported
 		}
 		return usageOf(read, read, written, usage["input_tokens"])
+	}
+	if total := usage["promptTokenCount"]; present(total) { // Gemini's usageMetadata
+		cached := usage["cachedContentTokenCount"]
+		if !present(cached) {
+			cached = json.RawMessage("0") // left out when nothing was cached
+		}
+		return usageOf(cached, total)
 	}
 	for _, names := range [][2]string{{"prompt_tokens_details", "prompt_tokens"}, {"input_tokens_details", "input_tokens"}} {
 		var details map[string]json.RawMessage // OpenAI: chat completions, then responses
