@@ -12,11 +12,13 @@ export interface Usage {
 }
 
 /**
- * Read cached and prompt tokens from a DeepSeek, Anthropic or OpenAI usage object.
+ * Read cached and prompt tokens from a DeepSeek, Anthropic, OpenAI, Gemini or AI SDK usage object.
  *
  * DeepSeek: prompt_cache_hit_tokens (+ prompt_cache_miss_tokens); Anthropic:
  * cache_read_input_tokens (+ cache_creation_input_tokens, input_tokens); OpenAI:
- * prompt_tokens_details.cached_tokens (or input_tokens_details in the Responses API).
+ * prompt_tokens_details.cached_tokens (or input_tokens_details in the Responses API);
+ * Gemini: usageMetadata's promptTokenCount (+ cachedContentTokenCount); the AI SDK:
+ * inputTokens and inputTokenDetails.cacheReadTokens.
  */
 export function usageFrom(usage: unknown): Usage {
   if (usage === null || typeof usage !== "object" || Array.isArray(usage)) {
@@ -36,6 +38,23 @@ export function usageFrom(usage: unknown): Usage {
     if (!("input_tokens" in fields)) return { cachedTokens: read };
     const written = count(fields["cache_creation_input_tokens"] ?? 0);
     return { cachedTokens: read, promptTokens: read + written + count(fields["input_tokens"]) };
+  }
+  if ("promptTokenCount" in fields && fields["promptTokenCount"] != null) {
+    // Gemini's usageMetadata: no cachedContentTokenCount when nothing was cached
+    return {
+      cachedTokens: count(fields["cachedContentTokenCount"] ?? 0),
+      promptTokens: count(fields["promptTokenCount"]),
+    };
+  }
+  const sdkDetails = fields["inputTokenDetails"];
+  if (sdkDetails !== null && typeof sdkDetails === "object" && "cacheReadTokens" in sdkDetails) {
+    // The AI SDK's LanguageModelUsage (generateText's usage)
+    const read = (sdkDetails as Record<string, unknown>)["cacheReadTokens"];
+    const total = fields["inputTokens"];
+    return {
+      cachedTokens: count(read ?? 0),
+      promptTokens: total === undefined ? undefined : count(total),
+    };
   }
   for (const [details, totalKey] of [
     ["prompt_tokens_details", "prompt_tokens"],

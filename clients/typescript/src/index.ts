@@ -10,6 +10,18 @@
  * ```
  */
 
+export {
+  anthropicMessages,
+  gemini,
+  openaiChat,
+  openaiResponses,
+  renderedOf,
+  toolParameters,
+  type AdaptedPrompt,
+  type AdapterOptions,
+  type ProviderMessage,
+  type ProviderRequest,
+} from "./adapters.js";
 export { usageFrom, type Usage } from "./cacheHistory.js";
 export { ChangeStream, type ChangeItem } from "./changes.js";
 export {
