@@ -26,45 +26,16 @@ from agents import Agent, FunctionTool, RunContextWrapper
 from agents.run_config import CallModelData, ModelInputData
 from agents.tool_context import ToolContext
 
-from ..client import Client
 from ..types import RenderedPrompt
 from ._providers import parameters
+from ._turns import Turns
 
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
 """A tool's implementation: its parsed arguments in, its output (anything `str()` takes) out."""
 
 
-class AgentsPrompt:
+class AgentsPrompt(Turns):
     """The registry's prompt and tools for an `agents.Agent`, one assembly per model call."""
-
-    def __init__(
-        self,
-        client: Client,
-        scope: str | None = None,
-        fields: Mapping[str, Any] | None = None,
-        *,
-        report_key: str | None = None,
-    ) -> None:
-        self._client = client
-        self.scope = scope
-        self.fields = dict(fields or {})
-        self.report_key = report_key
-        # The turn's assembly, keyed by the run and the number of model calls it has made.
-        self._turn: tuple[tuple[int, int], asyncio.Task[RenderedPrompt]] | None = None
-
-    @property
-    def report(self) -> dict[str, str | None]:
-        """`client.report_usage(usage, **prompt.report)`: where this prompt's usage goes."""
-        return {"scope": self.scope, "report_key": self.report_key}
-
-    async def render(self) -> RenderedPrompt:
-        """A new assembly, rendered (reported when a report key is set)."""
-        return await self._client.render(
-            self.scope,
-            self.fields,
-            report=self.report_key is not None,
-            report_key=self.report_key,
-        )
 
     def turn(
         self, run_context: RunContextWrapper[Any], *, fresh: bool = False
@@ -76,11 +47,7 @@ class AgentsPrompt:
         the tools run. So the tools (`fresh`) share an assembly only while it is being made,
         and the instructions take the latest one made since the last model call.
         """
-        key = (id(run_context), run_context.usage.requests)
-        latest = self._turn
-        if latest is None or latest[0] != key or (fresh and latest[1].done()):
-            latest = self._turn = (key, asyncio.ensure_future(self.render()))
-        return asyncio.shield(latest[1])
+        return self._assembled((id(run_context), run_context.usage.requests), fresh=fresh)
 
     async def instructions(self, run_context: RunContextWrapper[Any], agent: Agent[Any]) -> str:
         """`Agent(instructions=...)`: the turn's rendered prompt."""

@@ -14,7 +14,6 @@ Importing this module imports `pydantic_ai`; the client never does.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
@@ -24,51 +23,20 @@ from pydantic_ai.capabilities import AbstractCapability, PrepareTools, ProcessHi
 from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
 from pydantic_ai.tools import ToolDefinition
 
-from ..client import Client
 from ..types import RenderedPrompt
 from ._providers import parameters
+from ._turns import Turns
 
 Handler = Callable[..., Awaitable[Any]]
 """A tool's implementation, called with the model's arguments as keywords."""
 
 
-class PydanticAIPrompt:
+class PydanticAIPrompt(Turns):
     """The registry's prompt and tools for a `pydantic_ai.Agent`, one assembly per request."""
-
-    def __init__(
-        self,
-        client: Client,
-        scope: str | None = None,
-        fields: Mapping[str, Any] | None = None,
-        *,
-        report_key: str | None = None,
-    ) -> None:
-        self._client = client
-        self.scope = scope
-        self.fields = dict(fields or {})
-        self.report_key = report_key
-        self._turn: tuple[tuple[str | None, int], asyncio.Task[RenderedPrompt]] | None = None
-
-    @property
-    def report(self) -> dict[str, str | None]:
-        """`client.report_usage(usage, **prompt.report)`: where this prompt's usage goes."""
-        return {"scope": self.scope, "report_key": self.report_key}
-
-    async def render(self) -> RenderedPrompt:
-        """A new assembly, rendered (reported when a report key is set)."""
-        return await self._client.render(
-            self.scope,
-            self.fields,
-            report=self.report_key is not None,
-            report_key=self.report_key,
-        )
 
     def turn(self, ctx: RunContext[Any]) -> Awaitable[RenderedPrompt]:
         """The assembly of this model request, made by whichever hook asks first."""
-        key = (ctx.run_id, ctx.run_step)
-        if self._turn is None or self._turn[0] != key:
-            self._turn = (key, asyncio.ensure_future(self.render()))
-        return asyncio.shield(self._turn[1])
+        return self._assembled((ctx.run_id, ctx.run_step))
 
     async def instructions(self, ctx: RunContext[Any]) -> str:
         """`Agent(instructions=...)`: the request's rendered prompt."""
