@@ -155,6 +155,7 @@ func (c *conn) startSession(timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
+	c.log.Debug("dsp: session opened", "session", s.id, "sidecar", s.sidecarVersion)
 	c.ops.Lock()
 	c.mu.Lock()
 	c.session = s

@@ -17,8 +17,9 @@ type Logger interface {
 // WithLogger tells logger what the client does on its own (see Logger):
 // Warn for what the caller may want to act on (a session lost, a callback
 // ejected, a re-install refused, the local cache off), Info for the reconnect's
-// steps, Debug for the rest. Without it the client says nothing (the Python
-// client logs the same to its "dsh_system_prompt" logger).
+// steps, Debug for each session opened and the waits of WithWaitForReady.
+// Without it the client says nothing (the Python client logs the same to its
+// "dsh_system_prompt" logger).
 func WithLogger(logger Logger) Option {
 	return func(o *options) {
 		if logger != nil {

@@ -64,8 +64,8 @@ func TestTheLoggerHearsARestartedSidecarsReconnectAndReplay(t *testing.T) {
 	lost := client.SessionID()
 	must[*dsp.Handle[string]](t)(client.Section(bg, "static", 10, "Static."))
 	must[*dsp.Handle[string]](t)(client.SectionFunc(bg, "dynamic", 20, cachedText))
-	if len(log.lines) != 0 {
-		t.Fatalf("the client told of what the caller did: %v", log.lines)
+	if said := log.said("INFO") + log.said("WARN"); said != "" {
+		t.Fatalf("the client told of what the caller did: %q", said)
 	}
 	restart()
 	log.wantSaid(t, "WARN dsp: the session ended; reconnecting session="+lost)
@@ -120,6 +120,11 @@ func TestTheLoggerHearsEachAttemptToReachAScriptedSidecarAgain(t *testing.T) {
 		t.Fatalf("the retry: %q", retry)
 	}
 	log.wantSaid(t, "INFO dsp: reconnected as a new session")
+	for _, id := range []string{first.id, client.SessionID()} {
+		if log.said("DEBUG dsp: session opened session="+id+" sidecar=") == "" {
+			t.Fatalf("no session %s opened", id)
+		}
+	}
 }
 
 func TestTheLoggerHearsAScriptedListenerEjectedWithTheSidecarsWords(t *testing.T) {
