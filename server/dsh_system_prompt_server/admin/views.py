@@ -391,33 +391,18 @@ def _provider(entry: AnyRegistration) -> str:
 
 def _assemblies(state: ServerState) -> tuple[int, float]:
     """How many Assemble calls were timed, and their total seconds."""
-    count, total = 0, 0.0
-    for metric in state.metrics.assemble_seconds.collect():
-        for sample in metric.samples:
-            if sample.name.endswith("_count"):
-                count = int(sample.value)
-            elif sample.name.endswith("_sum"):
-                total = sample.value
-    return count, total
+    timings = state.metrics.assemble_seconds
+    return timings.count, timings.sum
 
 
 def _failures(state: ServerState) -> list[tuple[str, int]]:
-    failures = []
-    for metric in state.metrics.assembly_failures.collect():
-        for sample in metric.samples:
-            if sample.name.endswith("_total") and sample.value:
-                failures.append((sample.labels["reason"], int(sample.value)))
-    return sorted(failures)
+    series = state.metrics.assembly_failures.series()
+    return sorted((reason, int(value)) for (reason,), value, _ in series if value)
 
 
 def _skipped_counts(state: ServerState) -> list[tuple[str, str, int]]:
-    counted = []
-    for metric in state.metrics.skipped_callbacks.collect():
-        for sample in metric.samples:
-            if sample.name.endswith("_total") and sample.value:
-                labels = sample.labels
-                counted.append((labels["kind"], labels["reason"], int(sample.value)))
-    return sorted(counted)
+    series = state.metrics.skipped_callbacks.series()
+    return sorted((kind, reason, int(value)) for (kind, reason), value, _ in series if value)
 
 
 def _duration(seconds: float) -> str:

@@ -6,15 +6,18 @@ sidecar makes it from its config (`StateSettings`) and a reload reconfigures it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..guard import Gate, Shares
 from ..registry import Failure, Kind, Registration, Registry
 from ..reports import Reporter, ReportHistory, load_tokenizer
-from ..telemetry import Metrics, Tracing, logger
+from ..telemetry import Metrics, logger
 from .assemble import Assembler
 from .settings import ServerLimits, StateSettings
 from .streams import Listeners, OutboxLimits, Sessions, Watches, WatchSettings
+
+if TYPE_CHECKING:
+    from ..telemetry import Tracing
 
 _log = logger("state")
 

@@ -8,6 +8,7 @@ import resource
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
@@ -16,12 +17,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from ..admin import AdminOptions, AdminServer, start_admin
 from ..config import ConfigError, names
 from ..guard import Authenticator, AuthInterceptor, Shares, sharing
 from ..registry import Registry
 from ..rpc import ServerState, SystemPromptService
-from ..telemetry import Metrics, Tracing, logger
+from ..telemetry import Metrics, logger
 from ..wire import (
     UNIX_PREFIX,
     Intercepted,
@@ -34,6 +34,10 @@ from ..wire import (
     parsing,
 )
 from .config import SidecarConfig, all_credentials
+
+if TYPE_CHECKING:
+    from ..admin import AdminOptions, AdminServer
+    from ..telemetry import Tracing
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SystemPromptService"].full_name
 HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
@@ -175,6 +179,8 @@ def _serve_metrics(metrics: Metrics, listen: str) -> None:
 
 def admin_options(config: SidecarConfig, authenticator: Authenticator | None) -> AdminOptions:
     """The admin page's part of the config (`admin_listen` is set)."""
+    from ..admin import AdminOptions  # aiohttp and jinja2 load only for the admin page
+
     assert config.admin_listen is not None
     host, port = host_and_port(config.admin_listen)
     return AdminOptions(
@@ -200,6 +206,8 @@ def _admin_tls(config: SidecarConfig) -> ssl.SSLContext | None:
 async def _serve_admin(
     state: ServerState, config: SidecarConfig, address: str, authenticator: Authenticator | None
 ) -> AdminServer:
+    from ..admin import start_admin  # aiohttp and jinja2 load only for the admin page
+
     try:
         return await start_admin(state, admin_options(config, authenticator), address)
     except OSError as error:

@@ -1,5 +1,6 @@
 """`dsh-system-prompt`: the sidecar's command line, its parser and `serve`; the client
-commands run in `commands.py`."""
+commands run in `commands.py`, imported only when one runs (the client library and rich
+are no part of `serve`)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,10 @@ from ..reports import Layout
 from ..telemetry import configure_logging, logger, tracing_from_env
 from ..wire import AddressError, check_listen
 from .app import start_sidecar
-from .command_io import add_connection_options
-from .commands import run
 from .config import SidecarConfig, load_config, with_overrides
 from .reload import POLL_S, Reloader
 
-DEFAULT_LISTEN = "127.0.0.1:50051"
+DEFAULT_LISTEN = "127.0.0.1:50051"  # where clients look by default too (dsp.DEFAULT_ADDRESS)
 EXIT_CONFIG = 2
 EXIT_LISTEN = 1
 _log = logger("cli")
@@ -127,8 +126,29 @@ def _add_client_commands(commands: Any) -> None:
         ("ls", listing),
     ):
         add_connection_options(parser)
-        parser.set_defaults(run=lambda args, name=name: run(name, args))
-    render.set_defaults(run=lambda args: run("render", args))
+        parser.set_defaults(run=lambda args, name=name: _client_command(name, args))
+    render.set_defaults(run=lambda args: _client_command("render", args))
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """--address and the auth/TLS options every client command takes."""
+    parser.add_argument(
+        "--address",
+        default=None,
+        help=f"sidecar HOST:PORT or unix:PATH (default: $DSP_ADDRESS, else {DEFAULT_LISTEN})",
+    )
+    parser.add_argument("--auth-token-file", help="send the bearer token in this file")
+    parser.add_argument("--tls-ca", help="CA certificate (PEM) to trust: switches TLS on")
+    parser.add_argument("--tls-cert", help="client certificate (PEM) for mutual TLS")
+    parser.add_argument("--tls-key", help="client private key (PEM) for mutual TLS")
+    parser.add_argument("--tls-server-name", help="name the server certificate carries")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+
+
+def _client_command(name: str, args: argparse.Namespace) -> int:
+    from .commands import run  # the client library and rich load here, for client commands
+
+    return run(name, args)
 
 
 _KINDS = ("section", "context", "tools", "variable", "suppressor", "listener", "scope", "config")

@@ -1,5 +1,7 @@
-"""What every client command shares: its exit codes, its one-line error, the connection
-options, the consoles it prints on and how it shows text a peer chose."""
+"""What every client command shares: its exit codes, its one-line error, its connection,
+the consoles it prints on and how it shows text a peer chose. Loaded only to run a client
+command (the client library and rich with it), never by `serve`; the connection options
+are parsed by `cli.py`."""
 
 from __future__ import annotations
 
@@ -25,21 +27,6 @@ class CommandError(Exception):
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
-
-
-def add_connection_options(parser: argparse.ArgumentParser) -> None:
-    """--address and the auth/TLS options every client command takes."""
-    parser.add_argument(
-        "--address",
-        default=None,
-        help=f"sidecar HOST:PORT or unix:PATH (default: $DSP_ADDRESS, else {dsp.DEFAULT_ADDRESS})",
-    )
-    parser.add_argument("--auth-token-file", help="send the bearer token in this file")
-    parser.add_argument("--tls-ca", help="CA certificate (PEM) to trust: switches TLS on")
-    parser.add_argument("--tls-cert", help="client certificate (PEM) for mutual TLS")
-    parser.add_argument("--tls-key", help="client private key (PEM) for mutual TLS")
-    parser.add_argument("--tls-server-name", help="name the server certificate carries")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
 
 
 def connect(args: argparse.Namespace) -> Any:

@@ -9,7 +9,6 @@ from collections import OrderedDict
 from collections.abc import Hashable
 
 from dsh_system_prompt_core import escape_controls
-from pythonjsonlogger.json import JsonFormatter
 
 LOGGER_NAME = "dsh_system_prompt"
 
@@ -18,6 +17,8 @@ def configure_logging(level: str, log_format: str) -> None:
     """Send the sidecar's logs to stderr at `level` in `log_format`."""
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
+        from pythonjsonlogger.json import JsonFormatter  # loaded only for JSON logs
+
         handler.setFormatter(
             JsonFormatter(
                 "%(asctime)s %(levelname)s %(name)s %(message)s",

@@ -1,53 +1,30 @@
-"""Prometheus metrics, on their own registry and optional HTTP endpoint."""
+"""The sidecar's metrics: their families, names, help texts and labels, counted in process
+(`counts.py`). `Metrics.registry`, the Prometheus registry over them, is built on first use
+(`exposition.py`, the only module that imports prometheus_client): by `metrics_listen`, or
+by whoever reads it, so a sidecar that serves no /metrics never loads the library.
+"""
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-import itertools
-from collections.abc import Callable, Iterator, Sequence
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from dsh_system_prompt_core import Reason
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
-from prometheus_client.core import HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from ..registry import CALLBACK_FAILURES
 from ..reports import HistoryEntry, HistoryKey, Reported
+from .counts import Family, Level, Reading, Timings
 
-
-class Timings(Collector):
-    """A histogram observed by the event loop alone, so without a lock: `observe` is one
-    bucket found and two additions (prometheus_client's Histogram takes ~2-5 µs a call,
-    a fifth of a kept Assemble answer's whole cost)."""
-
-    def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
-        self._name = name
-        self._documentation = documentation
-        self._bounds = tuple(float(bound) for bound in buckets)
-        self._counts = [0] * (len(self._bounds) + 1)  # the last: above every bound
-        self._sum = 0.0
-
-    def observe(self, seconds: float) -> None:
-        self._counts[bisect.bisect_left(self._bounds, seconds)] += 1
-        self._sum += seconds
-
-    def collect(self) -> Iterator[Metric]:
-        # Scraped from the metrics thread: a count may be one call ahead of the sum.
-        counts, total = list(self._counts), self._sum
-        bounds = [repr(bound) for bound in self._bounds] + ["+Inf"]  # as Histogram names them
-        cumulative = [float(count) for count in itertools.accumulate(counts)]
-        buckets = list(zip(bounds, cumulative, strict=True))
-        yield HistogramMetricFamily(
-            self._name, self._documentation, buckets=buckets, sum_value=total
-        )
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 
 class Metrics:
     """The sidecar's metrics; gauges read live counts when scraped."""
 
     def __init__(self, key_labels: bool = False) -> None:
-        self.registry = CollectorRegistry()
         # /metrics has no auth: scope keys and report keys label series only if asked.
         self._key_labels = key_labels
         self.assemble_seconds = Timings(
@@ -55,71 +32,59 @@ class Metrics:
             "Time the sidecar spends on one Assemble call",
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1, 5),
         )
-        self.registry.register(self.assemble_seconds)
-        self.assembly_failures = self._counter(
-            "dsp_assembly_failures", "Assemblies failed, by ErrorInfo reason", "reason"
+        self.assembly_failures = Family(
+            "dsp_assembly_failures",
+            "Assemblies failed, by ErrorInfo reason",
+            ["reason"],
         )
-        self.ejected_callbacks = self._counter(
+        self.ejected_callbacks = Family(
             "dsp_ejected_callbacks",
             "Providers and listeners ejected for not answering in time, by kind",
-            "kind",
+            ["kind"],
         )
-        self.skipped_callbacks = self._counter(
+        self.skipped_callbacks = Family(
             "dsp_skipped_callbacks",
             "Steps assemblies went on without (callbacks under failure_policy IGNORE that"
             " failed), by kind (provider, listener) and ErrorInfo reason",
-            "kind",
-            "reason",
+            ["kind", "reason"],
         )
-        self.share_waits = self._counter(
+        self.share_waits = Family(
             "dsp_share_waits",
             "Calls and watch writes made to wait for their client's fair share of the event"
             " loop ([fair_share])",
         )
-        self.stalled_peers = self._counter(
+        self.stalled_peers = Family(
             "dsp_stalled_peers",
             "Sessions, listeners and watchers closed for not reading their stream, by kind",
-            "kind",
+            ["kind"],
         )
-        self.sessions = self._gauge("dsp_sessions", "Open sessions")
-        self.registrations = self._gauge(
-            "dsp_registrations", "Live registrations (built-ins included)"
-        )
-        self.watchers = self._gauge("dsp_watchers", "Change-event subscribers")
-        self.prefix_stable_ratio = self._gauge(
+        self.sessions = Reading("dsp_sessions", "Open sessions")
+        self.registrations = Reading("dsp_registrations", "Live registrations (built-ins included)")
+        self.watchers = Reading("dsp_watchers", "Change-event subscribers")
+        self.prefix_stable_ratio = Level(
             "dsp_prefix_stable_ratio",
             "Share of the prompt prefix (tools, system prompt) unchanged at the last report",
-            "scope",
+            ["scope"],
         )
 
-        key = ("key_kind", "key")
-        self.cache_reports = self._counter(
-            "dsp_cache_reports", "Reported assemblies, by history key", *key
-        )
-        self.cache_breaks = self._counter(
+        key = ["key_kind", "key"]
+        self.cache_reports = Family("dsp_cache_reports", "Reported assemblies, by history key", key)
+        self.cache_breaks = Family(
             "dsp_cache_breaks",
             "Reported assemblies that broke the prompt prefix, by key and first changed part",
-            *key,
-            "part",
+            [*key, "part"],
         )
-        self.cache_recomputed = self._counter(
+        self.cache_recomputed = Family(
             "dsp_cache_recomputed",
             "Prefix recomputed because of breaks, in tokens (with a tokenizer) or bytes",
-            *key,
-            "unit",
+            [*key, "unit"],
         )
-        self.cache_observed_ratio = self._gauge(
+        self.cache_observed_ratio = Level(
             "dsp_cache_observed_ratio",
             "Cached tokens the model server reported / the stable prefix tokens predicted,"
             " at the key's last reported usage",
-            *key,
+            key,
         )
-
-    def _counter(self, name: str, documentation: str, *labels: str) -> Counter:
-        return Counter(name, documentation, labels, registry=self.registry)
-
-    def _gauge(self, name: str, documentation: str, *labels: str) -> Gauge:
-        return Gauge(name, documentation, labels, registry=self.registry)
 
     def assembly_failed(self, reason: Reason) -> None:
         """Count one failed assembly, if its reason is one of those counted."""
@@ -203,6 +168,34 @@ class Metrics:
         self.registrations.set_function(registrations)
         self.watchers.set_function(watchers)
 
+    def families(self) -> tuple[Timings | Family | Reading, ...]:
+        """Every family, in the order /metrics shows them."""
+        return (
+            self.assemble_seconds,
+            self.assembly_failures,
+            self.ejected_callbacks,
+            self.skipped_callbacks,
+            self.share_waits,
+            self.stalled_peers,
+            self.sessions,
+            self.registrations,
+            self.watchers,
+            self.prefix_stable_ratio,
+            self.cache_reports,
+            self.cache_breaks,
+            self.cache_recomputed,
+            self.cache_observed_ratio,
+        )
+
+    @functools.cached_property
+    def registry(self) -> CollectorRegistry:
+        """The Prometheus registry that reads these counts (prometheus_client loads here)."""
+        from .exposition import registry_of
+
+        return registry_of(self.families)
+
     def serve(self, host: str, port: int) -> None:
         """Serve /metrics on host and port in a background thread."""
-        start_http_server(port, addr=host, registry=self.registry)
+        from .exposition import serve
+
+        serve(self.registry, host, port)

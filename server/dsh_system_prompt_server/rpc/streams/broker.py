@@ -19,7 +19,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import grpc.aio
 from dsh_system_prompt_core import Reason
@@ -27,9 +27,12 @@ from google.protobuf.message import Message as ProtoMessage
 
 from ...guard import Gate
 from ...registry import Registry, ServiceError
-from ...telemetry import Metrics, Tracing, logger
+from ...telemetry import Metrics, logger
 from ...wire import bad_request
 from .outbox import Message, Outbox, OutboxLimits
+
+if TYPE_CHECKING:
+    from ...telemetry import Tracing
 
 Out = TypeVar("Out", bound=Message)
 Out_contra = TypeVar("Out_contra", contravariant=True)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import (
@@ -25,7 +26,7 @@ from ...registry import (
     ServiceError,
     Status,
 )
-from ...telemetry import Metrics, Tracing, hop
+from ...telemetry import Metrics, hop
 from ...wire import (
     cache_from_proto,
     context_to_proto,
@@ -37,6 +38,9 @@ from .broker import Broker, Ended, Replies, Stream
 from .outbox import Outbox, OutboxLimits
 from .part_slots import Reference
 from .sessions import Sessions
+
+if TYPE_CHECKING:
+    from ...telemetry import Tracing
 
 # What this sidecar can do on a listener stream, when the client says it can too.
 LISTENER_FEATURES = frozenset({FEATURE_TOOL_SLOTS, FEATURE_CALLBACK_CACHE, FEATURE_PART_SLOTS})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, Reason, package_version
@@ -24,10 +25,13 @@ from ...registry import (
     new_id,
     quota_exceeded,
 )
-from ...telemetry import Metrics, Tracing, hop
+from ...telemetry import Metrics, hop
 from ...wire import ProvideRequests, provided_from_proto, unknown_session
 from .broker import Broker, Ended, Replies, Stream
 from .outbox import Outbox, OutboxLimits
+
+if TYPE_CHECKING:
+    from ...telemetry import Tracing
 
 SIDECAR_VERSION = f"dsh-system-prompt/{package_version()}"
 # What this sidecar can do on a session stream, when the client says it can too.
