@@ -144,6 +144,9 @@ class Shares:
         self._lag = 0.0  # how late the loop ran lately, seconds
         self._late_at = -math.inf  # when it last ran later than the setting
         self._beat: asyncio.TimerHandle | None = None
+        self._charged = False  # a call or message was charged since the last beat
+        self._quiet_at = 0.0  # when the last beat found nothing charged (the loop's time)
+        self.beats = 0  # the heartbeats so far: none while no call is in flight
         self.running = False  # started and not stopped: the sidecar is serving
         self.on_wait: Callable[[], None] = lambda: None  # a call or write waits (the metrics)
 
@@ -158,6 +161,9 @@ class Shares:
             use = self._uses[key] = Use()
         use.add(now, window, seconds)
         self._total.add(now, window, seconds)
+        self._charged = True
+        if self._beat is None and self.running:
+            self._beat_again()
         if now - self._refreshed >= self.settings.refresh_s:
             self._refresh(now)
 
@@ -256,13 +262,29 @@ class Shares:
         return self._lag
 
     def start(self) -> None:
-        """Measure the loop's lateness from now on (in the running loop), until `stop()`;
-        shares off (`lag_s` 0) measure nothing until started again."""
+        """Measure the loop's lateness from now on, until `stop()`, while calls are in
+        flight: the heartbeat starts with the first call or message charged and stops at a
+        beat that finds none charged since the one before and no call waiting, so an idle
+        sidecar wakes for nothing. Shares off (`lag_s` 0) measure nothing."""
         self.running = True
-        if self._beat is None and self.settings.lag_s:
-            loop = asyncio.get_running_loop()
-            beat = self.settings.beat_s
-            self._beat = loop.call_later(beat, self._beaten, loop.time() + beat)
+        self._quiet_at = asyncio.get_running_loop().time()
+
+    def _beat_again(self) -> None:
+        """Start the heartbeat, with load."""
+        if not self.settings.lag_s:
+            return
+        self._caught_up()
+        loop = asyncio.get_running_loop()
+        beat = self.settings.beat_s
+        self._beat = loop.call_later(beat, self._beaten, loop.time() + beat)
+
+    def _caught_up(self) -> None:
+        """While the heartbeat is stopped, the time since it stopped counts as beats on time,
+        as it measured them when it ticked through idle times: the lateness is what it was."""
+        if self._beat is None and self.running:
+            now = asyncio.get_running_loop().time()
+            self.late(0.0, max(0.0, now - self._quiet_at))
+            self._quiet_at = now
 
     def reconfigure(self, settings: ShareSettings) -> None:
         """Take reloaded `settings`: when serving, the loop's lateness is measured again
@@ -299,13 +321,19 @@ class Shares:
     def _beaten(self, due: float) -> None:
         loop = asyncio.get_running_loop()
         now, beat = loop.time(), self.settings.beat_s
+        self.beats += 1
         self.late(max(0.0, now - due), beat + max(0.0, now - due))
+        if not self._charged and not self._lines:  # nothing in flight: stop until there is
+            self._beat, self._quiet_at = None, now
+            return
+        self._charged = False
         self._beat = loop.call_later(beat, self._beaten, now + beat)
 
     def _refresh(self, now: float) -> None:
         """Forget idle clients; then, when the loop runs late, split the time the clients'
         calls take equally among them."""
         self._refreshed = now
+        self._caught_up()
         window, idle = self.settings.window_s, self.settings.idle
         for key, use in list(self._uses.items()):
             if use.now(now, window) < idle:
