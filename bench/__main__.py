@@ -1,7 +1,7 @@
 """`python -m bench`: measure every figure, print the table, write the JSON and the docs.
 
     python -m bench                       # everything (what `make bench` runs)
-    python -m bench --only listeners,throughput --quick   # a subset, fewer iterations
+    python -m bench --only listeners,throughput_vs_bare --quick   # a subset, fewer iterations
     python -m bench --docs-only           # regenerate docs/benchmarks.md from results.json
     python -m bench --only go_client_assemble --merge   # one figure into the latest run
 

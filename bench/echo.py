@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -33,14 +33,27 @@ async def serve(listen: str) -> None:
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(SERVICE, {"Echo": handler}),)
     )
+    await serve_until_stopped(server, listen, READY)
+
+
+async def serve_until_stopped(
+    server: grpc.aio.Server,
+    listen: str,
+    ready: str,
+    started: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Serve on `listen`, say `ready` and the address on stdout (after `started()`), until
+    SIGTERM or SIGINT."""
     port = server.add_insecure_port(listen)
     await server.start()
+    if started is not None:
+        await started()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     host = listen.rpartition(":")[0]
-    print(f"{READY}{listen if listen.startswith('unix:') else f'{host}:{port}'}", flush=True)
+    print(f"{ready}{listen if listen.startswith('unix:') else f'{host}:{port}'}", flush=True)
     await stop.wait()
     await server.stop(grace=None)
 

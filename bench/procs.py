@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import admin_views, echo, watchers
+from . import admin_views, echo, floor, watchers
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = Path(tempfile.gettempdir()) / f"dsp-bench-{os.getpid()}"
@@ -32,7 +32,7 @@ class ServerProcess:
     process: asyncio.subprocess.Process
     address: str
     label: str
-    config: str | None = None  # the config file written for it, removed when it stops
+    config: str | None = None  # the file written for it (its config), removed when it stops
 
     @property
     def pid(self) -> int:
@@ -44,6 +44,22 @@ class ServerProcess:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
         raise RuntimeError(f"no VmRSS for pid {self.pid}")
+
+    def private_dirty_kib(self) -> int:
+        """Memory the process alone holds and wrote, from /proc/<pid>/smaps_rollup (KiB)."""
+        for line in Path(f"/proc/{self.pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Private_Dirty:"):
+                return int(line.split()[1])
+        raise RuntimeError(f"no Private_Dirty for pid {self.pid}")
+
+    def cpu_ns(self) -> int:
+        """CPU time every thread of the process has run, in nanoseconds (the scheduler's
+        own count, /proc/<pid>/task/*/schedstat: finer than the 10 ms ticks of `stat`)."""
+        total = 0
+        for task in Path(f"/proc/{self.pid}/task").iterdir():
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                total += int((task / "schedstat").read_text().split()[0])
+        return total
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the process has used, from /proc/<pid>/stat."""
@@ -68,7 +84,7 @@ async def start_sidecar(
     listen: str = "127.0.0.1:0", config: dict[str, Any] | None = None, label: str = "sidecar"
 ) -> ServerProcess:
     """`dsh-system-prompt serve` with a config file written from `config`."""
-    argv = [sys.executable, "-c", _CLI, "serve", "--listen", listen]
+    argv = sidecar_argv(listen)
     if not config:
         return await _start(argv, SIDECAR_READY, label)
     handle, path = tempfile.mkstemp(prefix="dsp-bench-", suffix=".toml")
@@ -86,6 +102,32 @@ async def start_sidecar(
 async def start_echo(listen: str = "127.0.0.1:0") -> ServerProcess:
     argv = [sys.executable, "-m", "bench.echo", "--listen", listen]
     return await _start(argv, echo.READY, "echo")
+
+
+async def start_floor(listen: str = "127.0.0.1:0", response: bytes = b"") -> ServerProcess:
+    """The floor (`bench/floor.py`), answering every Assemble with `response`."""
+    argv = floor_argv(listen)
+    if not response:
+        return await _start(argv, floor.READY, "floor")
+    handle, path = tempfile.mkstemp(prefix="dsp-bench-floor-", suffix=".bin")
+    with os.fdopen(handle, "wb") as file:
+        file.write(response)
+    try:
+        server = await _start([*argv, "--response", path], floor.READY, "floor")
+    except BaseException:
+        os.unlink(path)
+        raise
+    server.config = path  # removed when it stops
+    return server
+
+
+def sidecar_argv(listen: str) -> list[str]:
+    """The command of a sidecar with the default config, serving on `listen`."""
+    return [sys.executable, "-c", _CLI, "serve", "--listen", listen]
+
+
+def floor_argv(listen: str) -> list[str]:
+    return [sys.executable, "-m", "bench.floor", "--listen", listen]
 
 
 async def start_watchers(address: str, count: int) -> ServerProcess:

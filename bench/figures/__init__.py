@@ -26,6 +26,7 @@ from .harness import Budget, Harness, collect_garbage
 from .local_cache import local_cache_assemble, local_cache_staleness, ts_local_cache_assemble
 from .memory import memo_memory, session_memory
 from .scale import many_scopes, report_cost, throughput, unix_vs_tcp
+from .tax import tax
 from .watches import change_fan_out, idle_watchers
 
 FigureFn = Callable[[Harness], Awaitable[list[Figure]]]
@@ -44,13 +45,14 @@ ALL: dict[str, FigureFn] = {
     "dynamic_sections": dynamic_sections,
     "listeners": listeners,
     "cached_callbacks": cached_callbacks,
-    "throughput": throughput,
+    "throughput_vs_bare": throughput,
     "unix_vs_tcp": unix_vs_tcp,
     "change_fan_out": change_fan_out,
     "idle_watchers": idle_watchers,
     "session_memory": session_memory,
     "memo_memory": memo_memory,
     "admin_live_views": admin_live_views,
+    "tax": tax,
 }
 
 

@@ -14,6 +14,7 @@ from dsh_system_prompt_server.registry import AssembleContext
 from .. import golang, node, workload
 from ..report import Figure, below
 from ..stats import Samples
+from ..targets import TARGETS
 from .build import figure, p50_ratio
 from .harness import Harness, Probe
 
@@ -47,7 +48,7 @@ async def in_process(h: Harness) -> list[Figure]:
         "render": Samples.of(render_ns).summary_us(),
     }
     name = "in-process assemble + render (realistic load)"
-    judged = below(p50, 50, "p50 < {:g} µs")
+    judged = below(p50, TARGETS["in_process"], "p50 < {:g} µs")
     return [figure("in_process", name, p50, "µs p50", judged, details, digits=1)]
 
 
@@ -63,7 +64,7 @@ async def grpc_assemble(h: Harness) -> list[Figure]:
             samples,
             "assemble",
             "empty_rpc",
-            1.3,
+            TARGETS["grpc_assemble"],
             key="grpc_assemble",
             name="gRPC Assemble (static, rendered) / empty unary RPC",
             details={
@@ -89,7 +90,7 @@ async def client_assemble(h: Harness) -> list[Figure]:
             samples,
             "client_assemble",
             "empty_rpc",
-            1.2,
+            TARGETS["client_assemble"],
             key="client_assemble",
             name="client assemble() end to end / empty unary RPC",
             details={
@@ -103,13 +104,13 @@ async def client_assemble(h: Harness) -> list[Figure]:
 async def ts_client_assemble(h: Harness) -> list[Figure]:
     """The TypeScript client's assemble() vs Health.Check, both from one Node process."""
     name = "TypeScript client assemble() / empty unary RPC (Node)"
-    return [await _other_runtime(h, _node_assemble, "Node", 1.6, "ts_client_assemble", name)]
+    return [await _other_runtime(h, _node_assemble, "Node", "ts_client_assemble", name)]
 
 
 async def go_client_assemble(h: Harness) -> list[Figure]:
     """The Go client's Assemble vs Health.Check, both from one Go process."""
     name = "Go client Assemble / empty unary RPC (Go)"
-    return [await _other_runtime(h, _go_assemble, "Go", 1.3, "go_client_assemble", name)]
+    return [await _other_runtime(h, _go_assemble, "Go", "go_client_assemble", name)]
 
 
 Run = Callable[[str, int, int], Awaitable[dict[str, Any]]]
@@ -123,12 +124,10 @@ async def _go_assemble(address: str, iterations: int, warmup: int) -> dict[str, 
     return await golang.run_json(address, str(iterations), str(warmup))
 
 
-async def _other_runtime(
-    h: Harness, run: Run, runtime: str, limit: float, key: str, name: str
-) -> Figure:
+async def _other_runtime(h: Harness, run: Run, runtime: str, key: str, name: str) -> Figure:
     """A client in another language times its assemble and Health.Check side by side in
     its own process (`run`, given the sidecar, the iterations and the warm-up); the
-    figure is their p50 ratio, at most `limit`."""
+    figure is their p50 ratio, at most its target."""
     measured = await run(h.sidecar.address, h.budget.n(2000), h.budget.n(200))
     samples = {op: Samples.of(measured[op]) for op in ("client_assemble", "empty_rpc")}
     details = {
@@ -137,5 +136,11 @@ async def _other_runtime(
         "channel of its own to the same sidecar",
     }
     return p50_ratio(
-        samples, "client_assemble", "empty_rpc", limit, key=key, name=name, details=details
+        samples,
+        "client_assemble",
+        "empty_rpc",
+        TARGETS[key],
+        key=key,
+        name=name,
+        details=details,
     )

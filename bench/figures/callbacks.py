@@ -10,6 +10,7 @@ import dsh_system_prompt as dsp
 
 from ..report import Figure
 from ..stats import Samples
+from ..targets import TARGETS
 from .build import p50_ratio, round_trips
 from .harness import Harness, Probe
 
@@ -48,10 +49,10 @@ async def dynamic_sections(h: Harness) -> list[Figure]:
             await client.close()
         await probe.close()
     return [
-        over_static(samples, key, label, "≤ static + {:g} round trips", limit, "dynamic sections")
-        for key, label, limit in (
-            ("dynamic_1_session", "10 dynamic sections, 1 session", 1.6),
-            ("dynamic_5_sessions", "10 dynamic sections, 5 sessions", 3.5),
+        over_static(samples, key, label, "≤ static + {:g} round trips", "dynamic sections")
+        for key, label in (
+            ("dynamic_1_session", "10 dynamic sections, 1 session"),
+            ("dynamic_5_sessions", "10 dynamic sections, 5 sessions"),
         )
     ]
 
@@ -105,11 +106,9 @@ async def listeners(h: Harness) -> list[Figure]:
         await client.close()
         await probe.close()
     return [
+        over_static(samples, "before_next", "listener, before next() only", "≤ {:g} round trips"),
         over_static(
-            samples, "before_next", "listener, before next() only", "≤ {:g} round trips", 1.6
-        ),
-        over_static(
-            samples, "post_processing", "listener, with post-processing", "≤ {:g} round trips", 2.8
+            samples, "post_processing", "listener, with post-processing", "≤ {:g} round trips"
         ),
         further_listener(samples),
     ]
@@ -124,7 +123,8 @@ def further_listener(samples: dict[str, Samples]) -> Figure:
         f"{CHAIN} listeners that work before next(), each listener past the first, in round trips"
     )
     name, words = "each further chained listener", "≤ {:g} round trips"
-    return round_trips("further_listener", name, extra, timings, 1.3, words, {"formula": formula})
+    limit = TARGETS["further_listener"]
+    return round_trips("further_listener", name, extra, timings, limit, words, {"formula": formula})
 
 
 async def cached_callbacks(h: Harness) -> list[Figure]:
@@ -159,7 +159,7 @@ async def cached_callbacks(h: Harness) -> list[Figure]:
             {k: samples[k] for k in ("empty_rpc", shape)},
             shape,
             "empty_rpc",
-            1.3,
+            TARGETS[shape],
             key=shape,
             name=f"cacheable: 10 providers, {listener_count} listener(s), unchanged inputs"
             " / empty unary RPC",
@@ -182,7 +182,6 @@ def over_static(
     key: str,
     name: str,
     words: str,
-    limit: float,
     what: str = "the listener",
 ) -> Figure:
     """(p50 of `key` - p50 of the static assemble) in bidi round trips."""
@@ -194,4 +193,4 @@ def over_static(
         "process (bench/echo.py); the sidecar has no echo RPC",
     }
     timings = {k: samples[k] for k in ("static", key, "bidi_round_trip")}
-    return round_trips(key, name, extra, timings, limit, words, details)
+    return round_trips(key, name, extra, timings, TARGETS[key], words, details)

@@ -16,10 +16,11 @@ from dsh_system_prompt_server.rpc.assemble.response_cache import ResponseCache
 from .. import procs, workload
 from ..report import Figure, Judged, X, at_most
 from ..stats import ratio
+from ..targets import TARGETS
 from .build import figure
 from .harness import BUILTIN_SECTIONS, Harness, Probe, collect_garbage
 
-MAX_GROWTH_PCT = 10  # the session_memory target
+MAX_GROWTH_PCT = TARGETS["session_memory"]
 
 
 async def session_memory(h: Harness) -> list[Figure]:
@@ -113,7 +114,7 @@ async def memo_memory(h: Harness) -> list[Figure]:
         "it, the RSS growth per parsed AssembleResponse object (what the memo held "
         f"before it held bytes), over {MESSAGE_COPIES} copies",
     }
-    judged = at_most(value, 1.01, "≤ {:g} (the bytes, their header and key)")
+    judged = at_most(value, TARGETS["memo_memory"], "≤ {:g} (the bytes, their header and key)")
     name = "static memo per assembled scope / its encoded response"
     return [figure("memo_memory", name, value, X, judged, details, digits=3)]
 

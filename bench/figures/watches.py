@@ -11,6 +11,7 @@ import dsh_system_prompt as dsp
 from .. import procs
 from ..report import Figure, Judged
 from ..stats import Samples, Stopwatch
+from ..targets import TARGETS
 from .build import figure, slowdown
 from .harness import Harness, beside_a_process
 
@@ -96,7 +97,9 @@ async def idle_watchers(h: Harness) -> list[Figure]:
         "out to every watcher); the watchers read in a process of their own",
     }
     name = "registration p50, 1,000 idle watchers / none"
-    return [slowdown("idle_watchers", name, watched.p50, alone.p50, 3, details)]
+    return [
+        slowdown("idle_watchers", name, watched.p50, alone.p50, TARGETS["idle_watchers"], details)
+    ]
 
 
 async def _registration_samples(client: dsp.Client, count: int) -> Samples:
