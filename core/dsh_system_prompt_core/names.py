@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import functools
 import re
-from importlib import metadata
 
 # toolOrder's rest entry: where every tool it does not list goes, sorted by name.
 TOOL_ORDER_REST = "<unlisted-tools>"
@@ -36,8 +36,12 @@ FEATURE_CALLBACK_CACHE = "callback-cache"
 FEATURE_PART_SLOTS = "part-slots"
 
 
+@functools.cache
 def package_version() -> str:
-    """This installation's version of dsh-system-prompt, for logs and diagnostics."""
+    """This installation's version of dsh-system-prompt, for logs and diagnostics; read
+    once, when first asked (importlib.metadata is no part of a sidecar's start)."""
+    from importlib import metadata
+
     try:
         return metadata.version("dsh-system-prompt")
     except metadata.PackageNotFoundError:  # run from a source tree that was never installed

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dsh-system-prompt", description="The dsh-system-prompt registry as a gRPC sidecar."
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the sidecar")
     serve.set_defaults(run=_serve)
@@ -61,6 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(serve, SidecarConfig)  # the config keys a flag sets too
     _add_client_commands(commands)
     return parser
+
+
+class _Version(argparse.Action):
+    """--version: the installed version, read only when asked (argparse's own action reads
+    it when the parser is built, on every start)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(f"{parser.prog} {package_version()}")  # on stdout, as argparse's own
+        parser.exit()
 
 
 def _add_client_commands(commands: Any) -> None:

@@ -33,7 +33,6 @@ from .outbox import Outbox, OutboxLimits
 if TYPE_CHECKING:
     from ...telemetry import Tracing
 
-SIDECAR_VERSION = f"dsh-system-prompt/{package_version()}"
 # What this sidecar can do on a session stream, when the client says it can too.
 SESSION_FEATURES = frozenset({FEATURE_CALLBACK_CACHE})
 SessionStream = Stream[pb.OpenSessionResponse]
@@ -198,7 +197,7 @@ class Sessions(Broker[pb.OpenSessionRequest, pb.OpenSessionResponse, Session]):
         opened = pb.SessionOpened(
             session_id=session.id,
             revision=self._registry.revision,
-            sidecar_version=SIDECAR_VERSION,
+            sidecar_version=f"dsh-system-prompt/{package_version()}",
             features=[name for name in start.start.features if name in SESSION_FEATURES],
         )
         return session, pb.OpenSessionResponse(opened=opened)
