@@ -39,6 +39,7 @@ func main() {
 			fmt.Println("sidecar gone, waiting:", err)
 		case err == nil && rendered.Prompt != last:
 			fmt.Printf("prompt:\n%s\n", rendered.Prompt)
+			fmt.Printf("as an OpenAI chat request: %d bytes\n", len(must(must(dsp.OpenAIChat(rendered, nil, dsp.AdapterOptions{})).JSON())))
 		case err == nil && down:
 			fmt.Println("reconnected; prompt unchanged")
 		}

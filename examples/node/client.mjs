@@ -7,7 +7,8 @@
 //      section and a tool,
 //   3. installs a waterfall listener that adds a section,
 //   4. assembles with rendering on the sidecar,
-//   5. prints the prompt, the tools and the change events it saw,
+//   5. prints the prompt, the tools, the request a provider adapter makes of
+//      them (dsp.openaiResponses) and the change events it saw,
 //   6. closes: ending the session disposes everything it registered.
 //
 // Usage:  make node-deps && node client.mjs [HOST:PORT]      (default 127.0.0.1:50051)
@@ -59,6 +60,10 @@ async function main() {
   console.log('--- end of prompt ---');
   if (rendered.contextSnapshot) console.log(`runtime context:\n${rendered.contextSnapshot}`);
   console.log(`tools: ${rendered.assembly.tools.map((tool) => tool.name).join(', ')}`);
+  // What a model call takes, through a provider adapter (OpenAI's Responses API here): the
+  // prompt as instructions, tools in the assembly's order with the sidecar's schema bytes.
+  const request = dsp.openaiResponses(rendered);
+  console.log(`as an OpenAI Responses request: ${JSON.stringify(request.params).length} bytes`);
 
   // Events arrive on their own stream: read the four registrations' events.
   console.log('\nchange events:');

@@ -20,6 +20,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable
 
 import dsh_system_prompt as dsp
+from dsh_system_prompt import adapters
 
 
 async def main(address: str | None) -> None:
@@ -57,6 +58,11 @@ async def main(address: str | None) -> None:
         print("registered; Ctrl-C to leave", flush=True)
         rendered = await client.render(scope="agent-1", fields={"cwd": "/work"})
         print(rendered.prompt, "\n", rendered.context_snapshot, sep="\n", flush=True)
+        # What a model call takes, through a provider adapter: Anthropic's Messages API here,
+        # tools in the assembly's order, cache breakpoints before the runtime context.
+        request = adapters.anthropic_messages(rendered, scope="agent-1")
+        tools = ", ".join(tool["name"] for tool in request.params["tools"])
+        print(f"as an Anthropic request: tools {tools}; report to {request.report}", flush=True)
         print("type a line to replace agent-1's memory section", flush=True)
         async for line in typed_lines():
             await memory.update(f"Remember: {line}")  # in place: one change event

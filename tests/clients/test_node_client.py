@@ -65,6 +65,7 @@ async def test_node_client_registers_listens_watches_and_renders(
     assert IDENTITY in out
     assert rendered_prompt(out) == EXPECTED_PROMPT
     assert "tools: read_file\n" in out
+    assert "as an OpenAI Responses request: " in out  # the example uses a provider adapter
     for event in (
         'registered section "node-example:rules"',
         'registered section "node-example:task"',

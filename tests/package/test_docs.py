@@ -126,9 +126,17 @@ async def test_the_readme_example_runs_beside_the_example_agent(sidecar: Sidecar
         line = await asyncio.wait_for(agent.stdout.readline(), 30)
         assert line == b"registered; Ctrl-C to leave\n"
         code, out, err = await run(sys.executable, "-c", readme_example(), timeout=30, env=env)
+        # the agent, meanwhile, made a model request of its prompt through a provider adapter
+        async with asyncio.timeout(30):
+            while not (line := await agent.stdout.readline()).startswith(b"as an"):
+                assert line, "the agent ended before making its request"
     finally:
         agent.kill()
         await agent.wait()
     assert (code, err) == (0, "")
     assert "Review Python; change nothing." in out
     assert "Working directory: /work." in out
+    assert line == (
+        b"as an Anthropic request: tools bash, read;"
+        b" report to {'scope': 'agent-1', 'report_key': None}\n"
+    )

@@ -10,7 +10,7 @@ Provider adapters (no SDK imported; plain JSON values for the SDK's create call)
 
 `openai_chat`, `openai_responses`, `anthropic_messages` and `gemini` keep the assembly's tool
 order and schema bytes and put the runtime-context snapshot after the cached prefix
-(docs/python-adapters.md). Framework adapters live in their own modules, each importing its
+(docs/adapters.md). Framework adapters live in their own modules, each importing its
 framework only when imported itself: `adapters.openai_agents`, `adapters.pydantic_ai`,
 `adapters.langchain`.
 """

@@ -33,6 +33,7 @@ func TestTheExampleAgentSurvivesASidecarRestart(t *testing.T) {
 	expect(t, lines, "registered; Ctrl-C to leave")
 	expect(t, lines, "prompt:")
 	expect(t, lines, "You are a careful Go agent running deepseek-v4.")
+	expect(t, lines, "as an OpenAI chat request: ") // the example uses a provider adapter
 	restart()
 	expect(t, lines, "sidecar gone, waiting:")
 	expect(t, lines, "reconnected; prompt unchanged")

@@ -5,6 +5,10 @@
  */
 
 import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { readFileSync, rmSync, writeFileSync } from "node:fs";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
 import { test } from "node:test";
 import { generateText, stepCountIs } from "ai";
 import { MockLanguageModelV4 } from "ai/test";
@@ -184,4 +188,27 @@ test("the AI SDK: each step assembled, its tools sent in the assembly's order, t
 
   const entry = await client.reportUsage(result.steps.at(-1)?.usage, { reportKey: "conv-7" });
   assert.deepEqual([entry.observedCachedTokens, entry.observedPromptTokens], [64, 120]);
+});
+
+test("docs/adapters.md's TypeScript loop runs as written", async () => {
+  const doc = readFileSync(new URL("../../../../docs/adapters.md", import.meta.url), "utf-8");
+  const block = /<!-- adapters-typescript-loop -->\n```js\n([\s\S]*?)```/.exec(doc)?.[1];
+  assert.ok(block !== undefined, "docs/adapters.md has no <!-- adapters-typescript-loop --> block");
+  // inside the package, so that "@dsh/system-prompt" is the package itself (self-reference)
+  const script = fileURLToPath(new URL(`../doc-loop-${process.pid}.mjs`, import.meta.url));
+  writeFileSync(script, block);
+  try {
+    const { stdout } = await promisify(execFile)(process.execPath, [script, harness.sidecar.address], {
+      timeout: 60_000,
+    });
+    // the file's other tests reported under conv-7 on this sidecar first: two reports more
+    const lines = stdout.trim().split("\n");
+    const first = Number(/report (\d+) of conv-7$/.exec(lines[0] ?? "")?.[1]);
+    assert.deepEqual(lines, [
+      `turn 1: 64 of 120 prompt tokens cached, report ${first} of conv-7`,
+      `turn 2: 64 of 120 prompt tokens cached, report ${first + 1} of conv-7`,
+    ]);
+  } finally {
+    rmSync(script);
+  }
 });
