@@ -29,6 +29,7 @@ from ...guard import Gate
 from ...registry import Registry, ServiceError
 from ...telemetry import Metrics, logger
 from ...wire import bad_request
+from .flag import Flag
 from .outbox import Message, Outbox, OutboxLimits
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ class Host(Protocol[In_contra]):
     """What a callback stream opened (a session, a listener), as its stream drives it."""
 
     @property
-    def ended(self) -> asyncio.Event:
+    def ended(self) -> Flag:
         """Set once it is over, whoever ended it: its stream ends then too."""
         ...
 
@@ -114,7 +115,7 @@ class Broker(ABC, Generic[In, Out, H]):
             host, confirmation = self.open(first, outbox, stream.peer())
         try:
             outbox.send(confirmation)
-            await run(outbox, _read(stream, self.request, host), host.ended.wait())
+            await run(outbox, _read(stream, self.request, host), host.ended)
         finally:
             self.close(host)
         if outbox.stalled.is_set():
@@ -133,17 +134,29 @@ class Broker(ABC, Generic[In, Out, H]):
         """The stream is over: release what it held."""
 
 
-async def run(outbox: Outbox[Any], *work: Awaitable[object]) -> None:
-    """Write `outbox` while `work` runs, until the first of them ends or the peer stalls;
-    raises what a failing one raised."""
-    tasks = [asyncio.ensure_future(outbox.run()), *map(asyncio.ensure_future, work)]
+async def run(outbox: Outbox[Any], reading: Awaitable[object], ended: Flag) -> None:
+    """Read the peer's messages (`reading`) while the outbox writes, until the first of:
+    the reading ends, the host ends (`ended`), the peer stalls; raises what reading raised.
+    One task reads; one future waits for the first end (a task for each end cost a
+    connected session 3 KiB)."""
+    task = asyncio.ensure_future(reading)
+    over: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def end(_: object = None) -> None:
+        if not over.done():
+            over.set_result(None)
+
+    task.add_done_callback(end)
+    ended.on_set(end)
+    outbox.stalled.on_set(end)
     try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
+        await over
+        if task.done():
             task.result()  # what ended the stream, if it failed
     finally:
-        for task in tasks:
-            task.cancel()
+        task.cancel()
+        ended.forget(end)
+        outbox.stalled.forget(end)
 
 
 async def write_all(

@@ -35,6 +35,7 @@ from ...wire import (
 )
 from . import encoded
 from .broker import Broker, Ended, Replies, Stream
+from .flag import Flag
 from .outbox import Outbox, OutboxLimits
 from .part_slots import Reference
 from .sessions import Sessions
@@ -132,9 +133,9 @@ class ListenerStream:
         self._part_slots = part_slots  # ... and keeps the stream's base
         self._base: Reference | None = None  # the last invocation's assembly, with part slots
         self.outbox = outbox
-        self._replies = Replies[pb.ListenRequest]()
+        self._replies: Replies[pb.ListenRequest] = Replies()  # no __orig_class__ kept
         self._invocation_ids = itertools.count(1)
-        self.ended = asyncio.Event()
+        self.ended = Flag()
         self.messages_sent = 0  # invocations, next results and cancels, for round-trip counts
         self.registration = ("", "")  # (owner, registration id), once installed
         self._ejected = False  # told so: the stream ends once that is written

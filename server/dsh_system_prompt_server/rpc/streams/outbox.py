@@ -21,6 +21,7 @@ from dsh_system_prompt_core import Reason, step_through
 
 from ...registry import RegistrySettings, ServiceError, Status
 from ..settings import ServerLimits
+from .flag import Flag
 
 
 class Message(Protocol):
@@ -56,15 +57,16 @@ class Outbox(Generic[M]):
         self._write = write
         self._limits = limits
         self._peer = peer
-        self._queue: deque[tuple[M | bytes, int]] = deque()
+        # made when a message first waits (an idle stream's writes start at once): an empty
+        # deque is 600 bytes, and most streams never queue
+        self._queue: deque[tuple[M | bytes, int]] | None = None
         self._queued_bytes = 0  # of the queue: the message being written is not counted
         self._writing = 0  # the write going on (they are numbered), 0 when none is
         self._writes = 0
         self._starting = False  # _write_next is on it: a write done at once returns there
         self._timer: asyncio.TimerHandle | None = None
-        self._empty = asyncio.Event()  # nothing queued, nothing being written
-        self._empty.set()
-        self.stalled = asyncio.Event()
+        self._empty = Flag(is_set=True)  # nothing queued, nothing being written
+        self.stalled = Flag()
         self.stall_reason = ""
         self._broken = False  # a write failed: the stream is gone, nothing more is written
 
@@ -80,6 +82,8 @@ class Outbox(Generic[M]):
         if self._queue and self._queued_bytes + size > self._limits.max_bytes:
             self._stall(f"it left more than {self._limits.max_bytes} bytes unread")
             return False
+        if self._queue is None:
+            self._queue = deque()
         self._queue.append((message, size))
         self._queued_bytes += size
         self._empty.clear()
@@ -99,10 +103,6 @@ class Outbox(Generic[M]):
         """Wait until every queued message is written, or the peer stalled (a write that
         does not complete in `write_timeout_s` stalls it, so this wait is bounded)."""
         await self._empty.wait()
-
-    async def run(self) -> None:
-        """Return as soon as the peer stalls (the writes go on by themselves until then)."""
-        await self.stalled.wait()
 
     def _write_next(self) -> None:
         """Nothing is being written: start the queued messages in turn, until one waits."""
@@ -178,6 +178,6 @@ class Outbox(Generic[M]):
 
     def _drop(self) -> None:
         """Nothing more will be written: let the queued messages go now."""
-        self._queue.clear()
+        self._queue = None
         self._queued_bytes = 0
         self._empty.set()

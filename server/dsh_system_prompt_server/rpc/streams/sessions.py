@@ -28,6 +28,7 @@ from ...registry import (
 from ...telemetry import Metrics, hop
 from ...wire import ProvideRequests, provided_from_proto, unknown_session
 from .broker import Broker, Ended, Replies, Stream
+from .flag import Flag
 from .outbox import Outbox, OutboxLimits
 
 if TYPE_CHECKING:
@@ -61,9 +62,9 @@ class Session:
         self.peer = peer
         self.client = client  # what its quota is counted against
         self.outbox = outbox
-        self.ended = asyncio.Event()
+        self.ended = Flag()
         self.provide_requests = 0  # one per assembly that needed this session
-        self._replies = Replies[pb.ProvideResponse]()
+        self._replies: Replies[pb.ProvideResponse] = Replies()  # no __orig_class__ kept
         self._call_ids = itertools.count(1)
         self.on_invalidate: Callable[[pb.CacheInvalidate], None] = lambda _: None
 
