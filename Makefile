@@ -253,7 +253,7 @@ wheelhouse: $(STAMP)
 image: $(STAMP)
 	PYTHON=$(BIN)/python scripts/image.sh
 
-## podman, runc, catatonit (kube play's pause image) and debootstrap (a local base image when
+## podman, runc, catatonit (kube play's pause image) and debootstrap (a local build image when
 ## none can be pulled), from Debian, when missing.
 IMAGE_PACKAGES := podman runc catatonit debootstrap containernetworking-plugins iptables
 image-tools:

@@ -2,7 +2,8 @@
 
     python -m bench.image IMAGE [--runs 5] [--write]
 
-Image size, what the project adds over its base (the base the image's LABEL names), the
+Image size, what the project adds over its base (the base the image's LABEL names: the
+runtime stage, the distroless system and the third-party packages), each layer's size, the
 time from `podman run` to the first SERVING answer of a health check through a published
 port, and the sidecar's resident memory inside the container once idle. Run through
 scripts/image-test.sh --bench, which builds the image and sets podman's state; --write
@@ -36,6 +37,13 @@ def podman(*args: str) -> str:
 
 def inspect(tag: str, template: str) -> str:
     return podman("image", "inspect", "--format", template, tag).strip()
+
+
+def layers(tag: str) -> list[float]:
+    """The sizes of the image's layers that hold files, bottom to top (the Dockerfile's
+    order: system, dependencies, project, entry point), in MiB."""
+    history = json.loads(podman("history", "--format", "json", tag))
+    return [round(entry["size"] / MIB, 1) for entry in reversed(history) if entry["size"]]
 
 
 def free_port() -> int:
@@ -115,6 +123,7 @@ def measure(tag: str, runs: int) -> dict[str, Any]:
         "image_mib": round(size / MIB, 1),
         "base_mib": round(base_size / MIB, 1),
         "added_mib": round((size - base_size) / MIB, 1),
+        "layers_mib": layers(tag),
         "run_to_serving_s": spread([run for run, _, _ in samples], runs),
         "start_to_serving_s": spread([start for _, start, _ in samples], runs),
         "idle_rss_mib": round(statistics.median(kib for _, _, kib in samples) / 1024, 1),
@@ -133,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     figures = measure(args.image, args.runs)
     print(
         f"image {figures['image']}: {figures['image_mib']} MiB, {figures['added_mib']} MiB "
-        f"over its base {figures['base']} ({figures['base_mib']} MiB)"
+        f"over its base {figures['base']} ({figures['base_mib']} MiB); layers, bottom to "
+        f"top: {', '.join(str(mib) for mib in figures['layers_mib'])} MiB"
     )
     for label, key in (
         ("podman run", "run_to_serving_s"),

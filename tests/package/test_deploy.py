@@ -145,15 +145,25 @@ def test_the_wheel_gets_what_pyproject_names() -> None:
 
 
 def test_final_stage_holds_only_the_runtime() -> None:
-    all_stages = stages()
-    assert len(all_stages) >= 2, "the Dockerfile is not multi-stage"
-    build, final = all_stages[0], all_stages[-1]
-    build_image = words(build[0][1])
-    assert words(final[0][1]) == build_image[:1], "both stages must share the base image"
-    for flags, sources, destination in copies(final):
-        assert flags.get("from") == "build", f"final stage copies {sources} from the context"
-        assert sources == [destination], "copy runtime files to the same path"
-    assert any("/opt/venv" in sources for _, sources, _ in copies(final))
+    """Distroless: the runtime stage starts from nothing and takes the layers the build stage
+    cut (deploy/docker/rootfs.py), the final stage adds the project's; nothing else comes in
+    and nothing runs there (there is no package manager to run)."""
+    build, runtime, final = stages()
+    assert words(runtime[0][1]) == ["scratch", "AS", "runtime"], runtime[0]
+    assert words(final[0][1]) == ["runtime"], "the final stage must build on the runtime stage"
+    layers = []
+    for stage in (runtime, final):
+        assert not [rest for keyword, rest in stage if keyword == "RUN"], "a RUN in the image"
+        for flags, sources, destination in copies(stage):
+            assert flags.get("from") == "build", f"{sources} copied from the context"
+            (source,) = sources
+            if source.startswith("/rootfs/"):
+                assert destination == "/", f"{source} is a root filesystem's layer"
+                layers.append(source.strip("/").removeprefix("rootfs/"))
+            else:
+                assert source == destination, "copy runtime files to the same path"
+    assert layers == ["system", "dependencies", "project"], layers
+    assert any("rootfs.py /opt/venv /rootfs" in rest for keyword, rest in build if keyword == "RUN")
     values = env(final)
     assert values["PATH"].startswith("/opt/venv/bin:")
     assert values["PYTHONDONTWRITEBYTECODE"] == "1"
