@@ -62,7 +62,7 @@ async def test_each_turn_is_assembled_and_sent_with_the_sidecar_schema_bytes(
         assembly.tools = [tool for tool in assembly.tools if tool.name != "clock"]
         return await next_()
 
-    async def bash(arguments: dict[str, Any]) -> str:
+    async def bash(**arguments: Any) -> str:
         ran.append(arguments)
         # between the two model calls: the prompt grows and the clock tool goes away
         await agent.section("later", 20, "Tools have run.")

@@ -30,8 +30,9 @@ from ..types import RenderedPrompt
 from ._providers import parameters
 from ._turns import Turns
 
-Handler = Callable[[dict[str, Any]], Awaitable[Any]]
-"""A tool's implementation: its parsed arguments in, its output (anything `str()` takes) out."""
+Handler = Callable[..., Awaitable[Any]]
+"""A tool's implementation, called with the model's arguments as keywords; its output is
+anything `str()` takes (as the other framework adapters' handlers)."""
 
 
 class AgentsPrompt(Turns):
@@ -93,6 +94,6 @@ class AgentsPrompt(Turns):
 
 def _invoke(handler: Handler) -> Callable[[ToolContext[Any], str], Awaitable[Any]]:
     async def invoke(context: ToolContext[Any], arguments: str) -> Any:
-        return await handler(json.loads(arguments) if arguments else {})
+        return await handler(**(json.loads(arguments) if arguments else {}))
 
     return invoke
