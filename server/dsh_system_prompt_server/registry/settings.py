@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from dsh_system_prompt_core import PERSONA_SECTION, RenderFailure, check_template
 
-from ..config import ConfigError, Count, Custom, Flag, Seconds, group, names, setting
+from ..config import Choice, ConfigError, Count, Custom, Flag, Seconds, group, names, setting
 from .assembly import validate_tool_order
 from .errors import RegistryError
 from .limits import Limits
@@ -49,6 +49,13 @@ class RegistrySettings:
         None,
         Custom(_tool_order, 'tool names with one "<unlisted-tools>"'),
         "the model-facing tool order",
+    )
+    tool_order_mode: str = setting(
+        "sorted",
+        Choice(("sorted", "stable")),
+        '"stable": in a reported assembly the tools `tool_order` does not place keep the'
+        " places they had in the history key's last report, new ones appended"
+        " (docs/prompt-cache.md, A stable tool order)",
     )
     provider_timeout_s: float = setting(
         5.0,

@@ -13,7 +13,16 @@ from .report import build_report
 from .reporter import Reported, Reporter
 from .settings import ReportSettings
 from .tokens import TOKENIZERS, Tokenizer, load_tokenizer
-from .values import DEFAULT_LAYOUT, Layout, PartPrint, Previous, Report, Size, Stability
+from .values import (
+    DEFAULT_LAYOUT,
+    Layout,
+    PartPrint,
+    Previous,
+    Report,
+    Size,
+    Stability,
+    ToolOrdering,
+)
 
 __all__ = [
     "DEFAULT_LAYOUT",
@@ -35,6 +44,7 @@ __all__ = [
     "Stability",
     "StaticPrompt",
     "Tokenizer",
+    "ToolOrdering",
     "build_report",
     "load_tokenizer",
 ]

@@ -8,7 +8,8 @@ latest report (`Reporter.observe`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 
 from dsh_system_prompt_core import Reason
 
@@ -16,16 +17,19 @@ from ..registry import Assembly, ServiceError, Status
 from .history import HistoryEntry, HistoryKey, Remembered, ReportHistory
 from .report import build_report
 from .tokens import Tokenizer
+from .tool_order import previous_tools, stable_order
 from .values import Layout, Report
 
 
 @dataclass(frozen=True, slots=True)
 class Reported:
-    """One assembly reported under `key`: its report, and what remembering it did."""
+    """One assembly reported under `key`: its report, what remembering it did, and the
+    assembly as reported (its tools stably ordered when asked)."""
 
     key: HistoryKey
     report: Report
     remembered: Remembered
+    assembly: Assembly
 
     @property
     def breaker(self) -> str:
@@ -50,13 +54,28 @@ class Reporter:
         self.tokenizer = tokenizer
 
     def report(
-        self, key: HistoryKey, assembly: Assembly, layout: Layout, revision: int
+        self,
+        key: HistoryKey,
+        assembly: Assembly,
+        layout: Layout,
+        revision: int,
+        stable: Collection[str] | None = None,
     ) -> Reported:
-        """Report `assembly` (tracked, of `revision`) against the key's last report, and keep it."""
+        """Report `assembly` (tracked, of `revision`) against the key's last report, and keep it.
+
+        With `stable` (the names `tool_order` places), the tools it does not place are first
+        put in the order of the key's last report (`tool_order.stable_order`), and the report
+        says how that differs from the order sorting gave.
+        """
         previous, evicted = self.history.previous(key)
+        ordering = None
+        if stable is not None:
+            tools, ordering = stable_order(assembly.tools, stable, previous_tools(previous))
+            assembly = replace(assembly, tools=tools)  # the assembled one may be shared
         report, current = build_report(assembly, self.tokenizer, layout, previous, evicted)
+        report = replace(report, tool_order=ordering)
         remembered = self.history.remember(key, report, current, revision)
-        return Reported(key=key, report=report, remembered=remembered)
+        return Reported(key=key, report=report, remembered=remembered, assembly=assembly)
 
     def observe(self, key: HistoryKey, cached: int, prompt: int | None) -> HistoryEntry:
         """Attach the model server's usage to the key's latest report; REPORT_NOT_FOUND

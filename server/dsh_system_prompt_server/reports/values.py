@@ -102,6 +102,29 @@ class Stability:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolOrdering:
+    """How a stably ordered assembly's tools differ from the order sorting gave them.
+
+    `kept` says the stable order differs from the sorted one; then `position` (0-based) is
+    the first place where they differ, `sorted_tool` the tool sorting would have put there
+    (breaking the tools prefix from there on) and `kept_tool` the one kept there.
+    """
+
+    kept: bool
+    position: int = 0
+    sorted_tool: str = ""
+    kept_tool: str = ""
+
+    def describe(self) -> str:
+        if not self.kept:
+            return "tool order kept: the same as sorting's"
+        return (
+            f'tool order kept stable: sorting would have put tool "{self.sorted_tool}" at'
+            f' position {self.position}, where tool "{self.kept_tool}" stays'
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     """One assembly's report: its parts, sizes, prefix stability and variables."""
 
@@ -115,3 +138,4 @@ class Report:
     variables: list[tuple[str, Origin]]
     render_error: str = ""  # the first render failure, naming its part; "" when it rendered
     skipped: tuple[Skipped, ...] = ()  # the steps the assembly went on without
+    tool_order: ToolOrdering | None = None  # how a stable order differs from sorting's

@@ -7,7 +7,16 @@ from typing import Any
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 
 from ..registry import Origin, OriginKind, PartKind
-from ..reports import HistoryEntry, HistoryKey, KeyHistory, Layout, Report, Size, Stability
+from ..reports import (
+    HistoryEntry,
+    HistoryKey,
+    KeyHistory,
+    Layout,
+    Report,
+    Size,
+    Stability,
+    ToolOrdering,
+)
 from .convert import change_kind_to_proto, skipped_to_proto
 
 _SOURCE_KINDS = {
@@ -54,6 +63,7 @@ def report_to_proto(report: Report, key: HistoryKey) -> pb.AssemblyReport:
             for name, origin in report.variables
         ],
         render_error=report.render_error,
+        tool_order=_tool_order(report.tool_order),
         prefix_layout=_LAYOUTS[report.layout],
         history_key=key.describe(),
         skipped=[skipped_to_proto(step) for step in report.skipped],
@@ -136,3 +146,14 @@ def source_to_proto(origin: Origin) -> pb.Source:
 
 def size_to_proto(size: Size) -> pb.Size:
     return pb.Size(bytes=size.bytes, tokens=size.tokens)
+
+
+def _tool_order(ordering: ToolOrdering | None) -> pb.ToolOrderReport | None:
+    if ordering is None:  # the default sorted order: the field stays unset
+        return None
+    return pb.ToolOrderReport(
+        kept=ordering.kept,
+        position=ordering.position,
+        sorted_tool=ordering.sorted_tool,
+        kept_tool=ordering.kept_tool,
+    )

@@ -2337,6 +2337,7 @@ class AssemblyReport(_message.Message):
     PREFIX_LAYOUT_FIELD_NUMBER: _builtins.int
     HISTORY_KEY_FIELD_NUMBER: _builtins.int
     SKIPPED_FIELD_NUMBER: _builtins.int
+    TOOL_ORDER_FIELD_NUMBER: _builtins.int
     tokenizer: _builtins.str
     """The tokenizer behind token counts; empty when sizes are bytes only."""
     render_error: _builtins.str
@@ -2376,6 +2377,12 @@ class AssemblyReport(_message.Message):
     def skipped(self) -> _containers.RepeatedCompositeFieldContainer[Global___SkippedStep]:
         """The steps the reported assembly went on without (as AssembleResponse.skipped)."""
 
+    @_builtins.property
+    def tool_order(self) -> Global___ToolOrderReport:
+        """How the tools were kept in the history key's order (config tool_order_mode
+        "stable"); unset in the default sorted mode.
+        """
+
     def __init__(
         self,
         *,
@@ -2390,14 +2397,54 @@ class AssemblyReport(_message.Message):
         prefix_layout: Global___PrefixLayout.ValueType = ...,
         history_key: _builtins.str = ...,
         skipped: _abc.Iterable[Global___SkippedStep] | None = ...,
+        tool_order: Global___ToolOrderReport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["context_snapshot", b"context_snapshot", "prompt", b"prompt", "stability", b"stability", "tools", b"tools"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context_snapshot", b"context_snapshot", "prompt", b"prompt", "stability", b"stability", "tool_order", b"tool_order", "tools", b"tools"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_snapshot", b"context_snapshot", "history_key", b"history_key", "parts", b"parts", "prefix_layout", b"prefix_layout", "prompt", b"prompt", "render_error", b"render_error", "skipped", b"skipped", "stability", b"stability", "tokenizer", b"tokenizer", "tools", b"tools", "variables", b"variables"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_snapshot", b"context_snapshot", "history_key", b"history_key", "parts", b"parts", "prefix_layout", b"prefix_layout", "prompt", b"prompt", "render_error", b"render_error", "skipped", b"skipped", "stability", b"stability", "tokenizer", b"tokenizer", "tool_order", b"tool_order", "tools", b"tools", "variables", b"variables"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AssemblyReport: _TypeAlias = AssemblyReport  # noqa: Y015
+
+@_typing.final
+class ToolOrderReport(_message.Message):
+    """A stably ordered assembly's tools against the order sorting gave them: the
+    tools tool_order does not place keep the order of the key's last report,
+    new ones after them.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEPT_FIELD_NUMBER: _builtins.int
+    POSITION_FIELD_NUMBER: _builtins.int
+    SORTED_TOOL_FIELD_NUMBER: _builtins.int
+    KEPT_TOOL_FIELD_NUMBER: _builtins.int
+    kept: _builtins.bool
+    """The stable order differs from the sorted one: sorting would have broken
+    the tools prefix at `position`.
+    """
+    position: _builtins.int
+    """The first place (0-based, in the tool list) where the orders differ."""
+    sorted_tool: _builtins.str
+    """The tool sorting would have put at `position`."""
+    kept_tool: _builtins.str
+    """The tool the stable order keeps at `position`."""
+    def __init__(
+        self,
+        *,
+        kept: _builtins.bool = ...,
+        position: _builtins.int = ...,
+        sorted_tool: _builtins.str = ...,
+        kept_tool: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kept", b"kept", "kept_tool", b"kept_tool", "position", b"position", "sorted_tool", b"sorted_tool"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolOrderReport: _TypeAlias = ToolOrderReport  # noqa: Y015
 
 @_typing.final
 class ReportUsageRequest(_message.Message):

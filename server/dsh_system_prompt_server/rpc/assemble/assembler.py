@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from dsh_system_prompt_core import Reason, RenderFailure
+from dsh_system_prompt_core import TOOL_ORDER_REST, Reason, RenderFailure
 
 from ...registry import (
     Assembly,
@@ -98,7 +98,9 @@ class Assembler:
         assembly = await self._registry.run(plan, context, deadline, track=request.report)
         self._count_skipped(assembly.skipped)
         # before rendering: a report names a failing part, never fails
-        report = self._report(request, plan.revision, assembly, layout) if request.report else None
+        report = None
+        if request.report:
+            assembly, report = self._report(request, plan.revision, assembly, layout)
         caches = self.parts.of(plan)
         rendered = _rendered(assembly, caches) if request.render else None
         payload = caches.encoding(assembly)
@@ -127,12 +129,18 @@ class Assembler:
 
     def _report(
         self, request: pb.AssembleRequest, revision: int, assembly: Assembly, default: Layout
-    ) -> pb.AssemblyReport:
+    ) -> tuple[Assembly, pb.AssemblyReport]:
+        """The assembly as reported (its tools in the key's stable order, when configured)
+        and its report."""
         key = history_key(self._registry.limits, request.context.scope, request.report_key)
         layout = layout_from_proto(request.prefix_layout, default)
-        reported = self._reporter.report(key, assembly, layout, revision)
+        settings = self._registry.settings
+        stable = None
+        if settings.tool_order_mode == "stable":  # the names tool_order places keep them
+            stable = frozenset(settings.tool_order or ()) - {TOOL_ORDER_REST}
+        reported = self._reporter.report(key, assembly, layout, revision, stable)
         self._metrics.reported(reported)
-        return report_to_proto(reported.report, key)
+        return reported.assembly, report_to_proto(reported.report, key)
 
     def _check_sendable(self, size: int, with_report: bool) -> None:
         """Fail with a reason here rather than let gRPC refuse to send it without one."""
