@@ -27,6 +27,7 @@ from .local_cache import local_cache_assemble, local_cache_staleness, ts_local_c
 from .memory import memo_memory, session_memory
 from .scale import many_scopes, report_cost, throughput, unix_vs_tcp
 from .tax import tax
+from .tool_order import tool_order_churn
 from .watches import change_fan_out, idle_watchers
 
 FigureFn = Callable[[Harness], Awaitable[list[Figure]]]
@@ -42,6 +43,7 @@ ALL: dict[str, FigureFn] = {
     "local_cache_staleness": local_cache_staleness,
     "many_scopes": many_scopes,
     "report_cost": report_cost,
+    "tool_order_churn": tool_order_churn,
     "dynamic_sections": dynamic_sections,
     "listeners": listeners,
     "cached_callbacks": cached_callbacks,
