@@ -173,7 +173,7 @@ class _Registrar:
     ) -> Handle:
         """Contribute tool schemas: a list, a ToolProviderResult, or a provider of one.
 
-        `name` labels a provider in errors, reports and traces (default: its function name);
+        `name` labels it in errors, reports and traces (a provider's default: its function name);
         `cache`, `timeout_s` and `failure_policy` as for `section`.
         """
         request = pb.RegisterToolsRequest()
@@ -186,6 +186,7 @@ class _Registrar:
         else:
             _Asked(cache, timeout_s, failure_policy).refuse_static()
             request.result.CopyFrom(tools_to_proto(provider))
+            request.name = name or ""
         record = Contribution(request=request, rpc=self._stub.RegisterTools)
         return await self._register_value(record, source)
 
