@@ -120,15 +120,60 @@ def _prelude(
     tool_order: Sequence[str] | None,
     left_out: Collection[str],
 ) -> Assembly:
-    """The assembly the waterfall starts from: the plan's parts with their values."""
-    sections = [Part(e.name, _text(e, values)) for e in plan.sections if e.id not in left_out]
-    tools = _collect_tools(plan.tools, values, tool_order, left_out)
+    """The assembly the waterfall starts from: the plan's parts with their values (the
+    static ones made once a plan, unless a provider was left out)."""
+    if left_out:  # made from the entries that are left
+        return Assembly(
+            sections=[
+                Part(e.name, _text(e, values)) for e in plan.sections if e.id not in left_out
+            ],
+            contexts=[
+                Part(e.name, _text(e, values)) for e in plan.contexts if e.id not in left_out
+            ],
+            tools=_collect_tools(plan.tools, values, tool_order, left_out),
+            variables={e.name: _variable(e, values) for e in plan.variables},
+        )
+    made = plan.made
+    if not isinstance(made, _Made):
+        made = plan.made = _Made.of(plan, tool_order)
     return Assembly(
-        sections=sections,
-        contexts=[Part(e.name, _text(e, values)) for e in plan.contexts if e.id not in left_out],
-        tools=tools,
+        sections=[
+            p if isinstance(p, Part) else Part(p.name, _text(p, values)) for p in made.sections
+        ],
+        contexts=[
+            p if isinstance(p, Part) else Part(p.name, _text(p, values)) for p in made.contexts
+        ],
+        tools=list(made.tools)
+        if made.tools is not None
+        else _collect_tools(plan.tools, values, tool_order, left_out),
         variables={e.name: _variable(e, values) for e in plan.variables},
     )
+
+
+@dataclass(slots=True)
+class _Made:
+    """A plan's parts made once: a static entry's part, or the dynamic entry itself; the
+    ordered tools when no tool provider is dynamic (None: collected at each assembly)."""
+
+    sections: list[Part | SectionRegistration]
+    contexts: list[Part | ContextRegistration]
+    tools: list[Tool] | None
+
+    @classmethod
+    def of(cls, plan: Plan, tool_order: Sequence[str] | None) -> _Made:
+        static = all(not isinstance(entry.value, Dynamic) for entry in plan.tools)
+        return cls(
+            sections=[_made_part(entry) for entry in plan.sections],
+            contexts=[_made_part(entry) for entry in plan.contexts],
+            tools=_collect_tools(plan.tools, {}, tool_order) if static else None,
+        )
+
+
+E = TypeVar("E", SectionRegistration, ContextRegistration)
+
+
+def _made_part(entry: E) -> Part | E:
+    return entry if isinstance(entry.value, Dynamic) else Part(entry.name, _text(entry, {}))
 
 
 def _registered_origins(plan: Plan, values: Mapping[ValueRegistration, ProvidedValue]) -> Origins:
