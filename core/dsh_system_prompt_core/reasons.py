@@ -117,3 +117,7 @@ class Reason(enum.StrEnum):
     """A rule that does not compile; the message names the rule, the expression and CEL's words."""
     RULE_FAILED = "RULE_FAILED"
     """A rule's expression failed at assembly (under FAIL); the message names both."""
+
+    # -- the tool freeze (FAILED_PRECONDITION at assembly), added after rules ----------
+    TOOLS_FROZEN = "TOOLS_FROZEN"
+    """A reported assembly whose tools differ from the ones its history key froze."""

@@ -8,10 +8,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import dsh_system_prompt as dsp
+import grpc
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import ConfigError, parse_config
 from helpers import SidecarFactory, raw_channel, raw_stub, tool, tool_names
+from wire.test_errors import error_info, raw_failure
 
 REST = dsp.TOOL_ORDER_REST
 Assemble = Callable[..., Awaitable[pb.AssembleResponse]]
@@ -31,6 +33,11 @@ class Stable:
     async def report(self, key: str = "conv-1") -> pb.AssemblyReport:
         return (await self.assemble(key)).report
 
+    async def frozen(self, key: str = "conv-1") -> tuple[grpc.StatusCode, str, str]:
+        """How a reported assembly of `key` fails: code, reason, message."""
+        error = await raw_failure(self.assemble(key))
+        return error.code(), error_info(error).reason, error.details() or ""
+
 
 @pytest.fixture
 async def stable(make_sidecar: SidecarFactory) -> AsyncIterator[Callable[..., Awaitable[Stable]]]:
@@ -38,8 +45,8 @@ async def stable(make_sidecar: SidecarFactory) -> AsyncIterator[Callable[..., Aw
     session of it and a raw stub asking for reported assemblies."""
     closing: list[Callable[[], Awaitable[object]]] = []
 
-    async def open_stable(**config: object) -> Stable:
-        sidecar = await make_sidecar(tool_order_mode="stable", **config)
+    async def open_stable(mode: str = "stable", **config: object) -> Stable:
+        sidecar = await make_sidecar(tool_order_mode=mode, **config)
         client = await dsp.connect(sidecar.address)
         closing.append(client.close)
         channel = raw_channel(sidecar.address)
@@ -47,8 +54,8 @@ async def stable(make_sidecar: SidecarFactory) -> AsyncIterator[Callable[..., Aw
         closing.append(lambda: channel.__aexit__(None, None, None))
         stub = raw_stub(opened)
 
-        async def assemble(key: str) -> pb.AssembleResponse:
-            request = pb.AssembleRequest(report=True, report_key=key)
+        async def assemble(key: str, freeze: int = 0, report: bool = True) -> pb.AssembleResponse:
+            request = pb.AssembleRequest(report=report, report_key=key, tool_freeze=freeze)
             response: pb.AssembleResponse = await stub.Assemble(request)
             return response
 
@@ -178,3 +185,90 @@ def test_the_mode_is_one_of_sorted_and_stable() -> None:
     assert parse_config({"tool_order_mode": "stable"}).registry.tool_order_mode == "stable"
     with pytest.raises(ConfigError, match="config key 'tool_order_mode' must be one of"):
         parse_config({"tool_order_mode": "frozen"})
+
+
+# -- the tool freeze --------------------------------------------------------------------
+
+HOLD, RELEASE = pb.TOOL_FREEZE_HOLD, pb.TOOL_FREEZE_RELEASE
+RELEASE_HINT = " (release them with tool_freeze RELEASE to change them)"
+
+
+def frozen(change: str, since: int = 1) -> tuple[grpc.StatusCode, str, str]:
+    message = f'the tools of key "conv-1" are frozen since its report {since}: {change}'
+    return grpc.StatusCode.FAILED_PRECONDITION, "TOOLS_FROZEN", message + RELEASE_HINT
+
+
+@pytest.mark.parametrize("mode", ["sorted", "stable"])
+async def test_a_frozen_key_refuses_an_assembly_that_adds_a_tool_and_keeps_nothing(
+    stable: Callable[..., Awaitable[Stable]], mode: str
+) -> None:
+    agent = await stable(mode)
+    await agent.client.tools([tool("bash"), tool("read")])
+    await agent.assemble("conv-1", HOLD)
+    await agent.client.tools([tool("abc")])
+    assert await agent.frozen() == frozen('tool "abc" would be added')
+    assert (await agent.client.cache_history(report_key="conv-1")).reports == 1
+    assert await agent.names("conv-2") == ["abc", "bash", "read"]  # other keys are free
+    assert tool_names(await agent.client.assemble()) == ["abc", "bash", "read"]  # unreported
+
+
+async def test_a_frozen_key_refuses_a_removed_or_changed_tool(
+    stable: Callable[..., Awaitable[Stable]],
+) -> None:
+    agent = await stable()
+    await agent.client.tools([tool("bash")])
+    read = await agent.client.tools([tool("read")])
+    await agent.names()
+    await agent.assemble("conv-1", HOLD)  # the second report freezes them
+    await read()
+    assert await agent.frozen() == frozen('tool "read" would be removed', since=2)
+    read = await agent.client.tools([tool("read", "Read a file, now with line numbers.")])
+    assert await agent.frozen() == frozen('tool "read" would change', since=2)
+    await read()
+    await agent.client.tools([tool("read")])  # as it was: the assembly goes through
+    assert await agent.names() == ["bash", "read"]
+
+
+async def test_a_reconnect_reordering_tools_passes_a_freeze_in_stable_order(
+    stable: Callable[..., Awaitable[Stable]],
+) -> None:
+    agent = await stable()
+    await agent.client.tools([tool("bash")])
+    mcp = await agent.client.tools([tool("mcp__fs__zip"), tool("mcp__fs__cat")])
+    await agent.assemble("conv-1", HOLD)
+    await mcp()
+    await agent.client.tools([tool("mcp__fs__cat"), tool("mcp__fs__zip")])
+    assert await agent.names() == ["bash", "mcp__fs__cat", "mcp__fs__zip"]
+
+
+async def test_release_lets_the_tools_change_and_a_later_hold_freezes_them_anew(
+    stable: Callable[..., Awaitable[Stable]],
+) -> None:
+    agent = await stable()
+    await agent.client.tools([tool("bash")])
+    await agent.assemble("conv-1", HOLD)
+    await agent.assemble("conv-1", HOLD)  # held already: still since report 1
+    await agent.client.tools([tool("read")])
+    assert await agent.frozen() == frozen('tool "read" would be added')
+    released = await agent.assemble("conv-1", RELEASE)  # compaction
+    assert [t.name for t in released.assembly.tools] == ["bash", "read"]
+    await agent.client.tools([tool("abc")])
+    assert await agent.names() == ["bash", "read", "abc"]  # not frozen any more
+    await agent.assemble("conv-1", HOLD)  # report 5
+    await agent.client.tools([tool("zed")])
+    assert await agent.frozen() == frozen('tool "zed" would be added', since=5)
+
+
+async def test_a_freeze_needs_a_report_and_a_known_value(
+    stable: Callable[..., Awaitable[Stable]],
+) -> None:
+    agent = await stable()
+    for call in (agent.assemble("conv-1", HOLD, report=False), agent.assemble("conv-1", 9)):
+        error = await raw_failure(call)
+        assert (error.code(), error_info(error).reason) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_VALUE",
+        )
+    assert "tool_freeze needs report = true" in (
+        (await raw_failure(agent.assemble("conv-1", RELEASE, report=False))).details() or ""
+    )

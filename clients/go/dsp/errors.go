@@ -69,6 +69,7 @@ const (
 	ReasonPermissionDenied         Reason = "PERMISSION_DENIED"
 	ReasonRuleInvalid              Reason = "RULE_INVALID"
 	ReasonRuleFailed               Reason = "RULE_FAILED"
+	ReasonToolsFrozen              Reason = "TOOLS_FROZEN"
 )
 
 // Error is every failure of this package: the gRPC status code, the stable

@@ -13,6 +13,7 @@ from .report import build_report
 from .reporter import Reported, Reporter
 from .settings import ReportSettings
 from .tokens import TOKENIZERS, Tokenizer, load_tokenizer
+from .tool_order import Freeze
 from .values import (
     DEFAULT_LAYOUT,
     Layout,
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_LAYOUT",
     "TOKENIZERS",
     "Break",
+    "Freeze",
     "HistoryEntry",
     "HistoryKey",
     "KeyHistory",

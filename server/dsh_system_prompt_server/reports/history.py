@@ -114,6 +114,7 @@ class KeyHistory:
     entry_bytes: deque[int] = field(default_factory=deque)  # each of `recent`'s, in order
     break_bytes: int = 0
     breaker_bytes: int = 0  # the breakers' names
+    frozen_since: int | None = None  # the report that froze its tools (tool_order.Freeze)
 
     @property
     def bytes(self) -> int:
@@ -210,6 +211,21 @@ class ReportHistory:
         return Remembered(
             entry=entry, forgotten_keys=self._make_room(key), forgotten_breakers=dropped
         )
+
+    def frozen_since(self, key: HistoryKey) -> int | None:
+        """The report (its sequence) that froze the key's tools; None when they are not."""
+        kept = self._keys.get(key)
+        return None if kept is None else kept.frozen_since
+
+    def freeze(self, key: HistoryKey, since: int) -> None:
+        """Freeze the key's tools as its latest report (`since`) has them; it must have one."""
+        self._keys[key].frozen_since = since
+
+    def release(self, key: HistoryKey) -> None:
+        """Release the key's tools (nothing when they are not frozen or it has no history)."""
+        kept = self._keys.get(key)
+        if kept is not None:
+            kept.frozen_since = None
 
     def observe(self, key: HistoryKey, cached: int, prompt: int | None) -> HistoryEntry | None:
         """Attach what the model server said to the key's latest report; None without one."""

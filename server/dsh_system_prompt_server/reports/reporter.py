@@ -17,7 +17,7 @@ from ..registry import Assembly, ServiceError, Status
 from .history import HistoryEntry, HistoryKey, Remembered, ReportHistory
 from .report import build_report
 from .tokens import Tokenizer
-from .tool_order import previous_tools, stable_order
+from .tool_order import Freeze, frozen_change, previous_tools, stable_order, tool_prints
 from .values import Layout, Report
 
 
@@ -60,13 +60,18 @@ class Reporter:
         layout: Layout,
         revision: int,
         stable: Collection[str] | None = None,
+        freeze: Freeze = Freeze.NONE,
     ) -> Reported:
         """Report `assembly` (tracked, of `revision`) against the key's last report, and keep it.
 
         With `stable` (the names `tool_order` places), the tools it does not place are first
         put in the order of the key's last report (`tool_order.stable_order`), and the report
-        says how that differs from the order sorting gave.
+        says how that differs from the order sorting gave. `freeze` holds or releases the
+        key's tools (`tool_order.Freeze`); while they are held, an assembly whose tools differ
+        from the last report's is refused TOOLS_FROZEN and not kept.
         """
+        if freeze is Freeze.RELEASE:
+            self.history.release(key)
         previous, evicted = self.history.previous(key)
         ordering = None
         if stable is not None:
@@ -74,7 +79,19 @@ class Reporter:
             assembly = replace(assembly, tools=tools)  # the assembled one may be shared
         report, current = build_report(assembly, self.tokenizer, layout, previous, evicted)
         report = replace(report, tool_order=ordering)
+        since = self.history.frozen_since(key)
+        if since is not None and (
+            change := frozen_change(tool_prints(previous), tool_prints(current))
+        ):
+            raise ServiceError(
+                Status.FAILED_PRECONDITION,
+                Reason.TOOLS_FROZEN,
+                f"the tools of {key.describe()} are frozen since its report {since}: {change}"
+                " (release them with tool_freeze RELEASE to change them)",
+            )
         remembered = self.history.remember(key, report, current, revision)
+        if freeze is Freeze.HOLD and since is None:
+            self.history.freeze(key, remembered.entry.sequence)
         return Reported(key=key, report=report, remembered=remembered, assembly=assembly)
 
     def observe(self, key: HistoryKey, cached: int, prompt: int | None) -> HistoryEntry:

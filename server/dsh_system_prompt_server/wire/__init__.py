@@ -65,6 +65,7 @@ from .handlers import (
     request_of,
 )
 from .report_messages import (
+    freeze_from_proto,
     history_entry_to_proto,
     history_key_from_proto,
     history_to_proto,
@@ -106,6 +107,7 @@ __all__ = [
     "delimited",
     "failure_policy_from_proto",
     "filter_from_proto",
+    "freeze_from_proto",
     "held_objects",
     "history_entry_to_proto",
     "history_key_from_proto",

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh_system_prompt_core import Reason
 
-from ..registry import Origin, OriginKind, PartKind
+from ..registry import Origin, OriginKind, PartKind, ServiceError, Status
 from ..reports import (
+    Freeze,
     HistoryEntry,
     HistoryKey,
     KeyHistory,
@@ -157,3 +159,27 @@ def _tool_order(ordering: ToolOrdering | None) -> pb.ToolOrderReport | None:
         sorted_tool=ordering.sorted_tool,
         kept_tool=ordering.kept_tool,
     )
+
+
+_FREEZES: dict[int, Freeze] = {
+    pb.TOOL_FREEZE_UNSPECIFIED: Freeze.NONE,
+    pb.TOOL_FREEZE_HOLD: Freeze.HOLD,
+    pb.TOOL_FREEZE_RELEASE: Freeze.RELEASE,
+}
+
+
+def freeze_from_proto(value: int, report: bool) -> Freeze:
+    """The request's tool freeze: INVALID_VALUE for one this sidecar does not know, or one
+    asked for without a report (the freeze belongs to the report key's history)."""
+    freeze = _FREEZES.get(value)
+    if freeze is None:
+        raise ServiceError(
+            Status.INVALID_ARGUMENT, Reason.INVALID_VALUE, f"unknown tool_freeze value {value}"
+        )
+    if freeze is not Freeze.NONE and not report:
+        raise ServiceError(
+            Status.INVALID_ARGUMENT,
+            Reason.INVALID_VALUE,
+            "tool_freeze needs report = true: the freeze belongs to the report key's history",
+        )
+    return freeze

@@ -130,6 +130,42 @@ PROVIDER_KIND_VARIABLE: ProviderKind.ValueType  # 4
 """A variable provider: answer variable_value or no_value."""
 Global___ProviderKind: _TypeAlias = ProviderKind  # noqa: Y015
 
+class _ToolFreeze:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ToolFreezeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolFreeze.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOOL_FREEZE_UNSPECIFIED: _ToolFreeze.ValueType  # 0
+    """Nothing: a frozen key stays frozen, and this assembly is checked."""
+    TOOL_FREEZE_HOLD: _ToolFreeze.ValueType  # 1
+    """Freeze the key's tools as this assembly has them (names, order and
+    bytes), unless frozen already; while frozen, a reported assembly of the key
+    whose tools differ fails FAILED_PRECONDITION / TOOLS_FROZEN and is not
+    kept.
+    """
+    TOOL_FREEZE_RELEASE: _ToolFreeze.ValueType  # 2
+    """Release the key's freeze before this assembly (e.g. at compaction), which
+    may then change the tools.
+    """
+
+class ToolFreeze(_ToolFreeze, metaclass=_ToolFreezeEnumTypeWrapper):
+    """What a reported assembly does to its history key's tool freeze."""
+
+TOOL_FREEZE_UNSPECIFIED: ToolFreeze.ValueType  # 0
+"""Nothing: a frozen key stays frozen, and this assembly is checked."""
+TOOL_FREEZE_HOLD: ToolFreeze.ValueType  # 1
+"""Freeze the key's tools as this assembly has them (names, order and
+bytes), unless frozen already; while frozen, a reported assembly of the key
+whose tools differ fails FAILED_PRECONDITION / TOOLS_FROZEN and is not
+kept.
+"""
+TOOL_FREEZE_RELEASE: ToolFreeze.ValueType  # 2
+"""Release the key's freeze before this assembly (e.g. at compaction), which
+may then change the tools.
+"""
+Global___ToolFreeze: _TypeAlias = ToolFreeze  # noqa: Y015
+
 class _PrefixLayout:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -439,6 +475,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     expression's path. Under FAILURE_POLICY_IGNORE the rule is skipped instead
     (AssembleResponse.skipped).
     """
+    TOOLS_FROZEN: _ErrorReason.ValueType  # 45
+    """A reported assembly whose tools differ from the ones its history key froze
+    (AssembleRequest.tool_freeze, FAILED_PRECONDITION). The message names the
+    key, the report that froze them and the first difference; nothing is kept.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The stable reason of a failure. The google.rpc.ErrorInfo detail of every
@@ -562,6 +603,11 @@ runtime error (e.g. a missing field), its iteration budget exhausted, or a
 value of the wrong type (ABORTED). The message names the rule and the
 expression's path. Under FAILURE_POLICY_IGNORE the rule is skipped instead
 (AssembleResponse.skipped).
+"""
+TOOLS_FROZEN: ErrorReason.ValueType  # 45
+"""A reported assembly whose tools differ from the ones its history key froze
+(AssembleRequest.tool_freeze, FAILED_PRECONDITION). The message names the
+key, the report that froze them and the first difference; nothing is kept.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
@@ -1949,6 +1995,7 @@ class AssembleRequest(_message.Message):
     REPORT_FIELD_NUMBER: _builtins.int
     PREFIX_LAYOUT_FIELD_NUMBER: _builtins.int
     REPORT_KEY_FIELD_NUMBER: _builtins.int
+    TOOL_FREEZE_FIELD_NUMBER: _builtins.int
     render: _builtins.bool
     """Also render on the sidecar: prompt text and context snapshot, with the
     same strict interpolation errors as the client's renderer.
@@ -1965,6 +2012,11 @@ class AssembleRequest(_message.Message):
     """For a report: the history key to compare with and count under, e.g. one
     per conversation; empty means the scope.
     """
+    tool_freeze: Global___ToolFreeze.ValueType
+    """For a report: hold or release the history key's whole tool list
+    (docs/prompt-cache.md, "Freezing the tools"). Without report it is
+    INVALID_ARGUMENT / INVALID_VALUE.
+    """
     @_builtins.property
     def context(self) -> Global___AssembleContext:
         """What the assembly is for: scope and free-form fields."""
@@ -1977,10 +2029,11 @@ class AssembleRequest(_message.Message):
         report: _builtins.bool = ...,
         prefix_layout: Global___PrefixLayout.ValueType = ...,
         report_key: _builtins.str = ...,
+        tool_freeze: Global___ToolFreeze.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context", b"context"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "prefix_layout", b"prefix_layout", "render", b"render", "report", b"report", "report_key", b"report_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context", b"context", "prefix_layout", b"prefix_layout", "render", b"render", "report", b"report", "report_key", b"report_key", "tool_freeze", b"tool_freeze"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -19,13 +19,14 @@ from ...registry import (
     Skipped,
     Status,
 )
-from ...reports import HistoryKey, Layout, Reporter
+from ...reports import Freeze, HistoryKey, Layout, Reporter
 from ...telemetry import Metrics, Throttled, logger
 from ...wire import (
     assemble_request,
     assemble_response,
     check_assemble_size,
     context_from_proto,
+    freeze_from_proto,
     history_key_from_proto,
     layout_from_proto,
     report_to_proto,
@@ -88,6 +89,7 @@ class Assembler:
         """`request` (whose bytes are `encoded`) answered by its plan by `deadline` (the loop's
         clock): the response kept for the plan when it may be reused, else assembled."""
         context = context_from_proto(request.context, self._registry.limits)
+        freeze = freeze_from_proto(request.tool_freeze, request.report)
         plan = self._registry.plan(context.scope)
         generation = self._registry.callbacks.generation
         key = None if request.report else reuse_key(plan, context, request.render, generation)
@@ -100,7 +102,7 @@ class Assembler:
         # before rendering: a report names a failing part, never fails
         report = None
         if request.report:
-            assembly, report = self._report(request, plan.revision, assembly, layout)
+            assembly, report = self._report(request, plan.revision, assembly, layout, freeze)
         caches = self.parts.of(plan)
         rendered = _rendered(assembly, caches) if request.render else None
         payload = caches.encoding(assembly)
@@ -128,7 +130,12 @@ class Assembler:
             )
 
     def _report(
-        self, request: pb.AssembleRequest, revision: int, assembly: Assembly, default: Layout
+        self,
+        request: pb.AssembleRequest,
+        revision: int,
+        assembly: Assembly,
+        default: Layout,
+        freeze: Freeze,
     ) -> tuple[Assembly, pb.AssemblyReport]:
         """The assembly as reported (its tools in the key's stable order, when configured)
         and its report."""
@@ -138,7 +145,7 @@ class Assembler:
         stable = None
         if settings.tool_order_mode == "stable":  # the names tool_order places keep them
             stable = frozenset(settings.tool_order or ()) - {TOOL_ORDER_REST}
-        reported = self._reporter.report(key, assembly, layout, revision, stable)
+        reported = self._reporter.report(key, assembly, layout, revision, stable, freeze)
         self._metrics.reported(reported)
         return reported.assembly, report_to_proto(reported.report, key)
 
