@@ -187,8 +187,11 @@ export class Registrar {
     return disposer(() => this.connection.dispose(registration));
   }
 
-  /** Contribute tool schemas: a list, a ToolProviderResult, or a provider of either. */
-  tools(provider: ToolsSource, options: CallbackOptions = {}): Promise<Handle> {
+  /**
+   * Contribute tool schemas: a list, a ToolProviderResult, or a provider of either.
+   * `name` labels it in errors, reports and traces (a provider's default: its function's name).
+   */
+  tools(provider: ToolsSource, options: CallbackOptions & { name?: string | undefined } = {}): Promise<Handle> {
     return this.#guard(() => {
       const request = create(pb.RegisterToolsRequestSchema);
       let key: string | undefined;
@@ -196,10 +199,11 @@ export class Registrar {
         const dynamic = this.#dynamic(provider as Provider, options);
         key = dynamic.providerKey;
         request.source = { case: "dynamic", value: dynamic };
-        request.name = label(provider.name);
+        request.name = options.name ?? label(provider.name);
       } else {
         refuseStatic(options);
         request.source = { case: "result", value: toolsToProto(provider) };
+        request.name = options.name ?? "";
       }
       return this.#registerValue(pb.SystemPromptService.method.registerTools, request, key);
     });
