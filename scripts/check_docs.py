@@ -32,6 +32,7 @@ from pathlib import Path
 
 from dsh_system_prompt_server import SidecarConfig
 from dsh_system_prompt_server.config import flat
+from dsh_system_prompt_server.registry.rules import RULE_KEYS
 from dsh_system_prompt_server.sidecar.cli import build_parser
 from dsh_system_prompt_server.sidecar.config import CREDENTIAL_KEYS
 from dsh_system_prompt_server.telemetry.metrics import Metrics
@@ -253,9 +254,9 @@ def cli_flags() -> tuple[set[str], set[str]]:
 
 def config_key_names() -> set[str]:
     """The config file's keys, `limits.x` also as plain `x` (the `[limits]` table's rows, and
-    so on), and the keys of a `[[credentials]]` table."""
+    so on), and the keys of a `[[credentials]]` and a `[[rules]]` table."""
     keys = set(flat(SidecarConfig()))
-    return keys | {key.rpartition(".")[2] for key in keys} | CREDENTIAL_KEYS
+    return keys | {key.rpartition(".")[2] for key in keys} | CREDENTIAL_KEYS | RULE_KEYS
 
 
 def metric_names() -> set[str]:

@@ -15,6 +15,7 @@ from ._changes import ChangeStream
 from ._channel import DEFAULT_ADDRESS, TLS, default_address, open_channel
 from ._listeners import Listener, Next
 from ._prompts import PromptStream
+from ._rules import Mutation, Rule, RulePart
 from .client import (
     Client,
     Disposer,
@@ -79,6 +80,7 @@ __all__ = [
     "Handle",
     "Listener",
     "ListenerHandle",
+    "Mutation",
     "Next",
     "PartReport",
     "PrefixLayout",
@@ -90,6 +92,8 @@ __all__ = [
     "RegistrationInfo",
     "RenderError",
     "RenderedPrompt",
+    "Rule",
+    "RulePart",
     "Scope",
     "Size",
     "SkippedCount",

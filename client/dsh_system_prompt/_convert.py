@@ -17,6 +17,7 @@ from .types import (
     ChangeAction,
     ChangeEvent,
     ChangeKind,
+    FailurePolicy,
     PartKind,
     PartReport,
     PrefixLayout,
@@ -260,3 +261,20 @@ def _source(message: pb.Source) -> Source:
 def size_from_proto(message: pb.Size) -> Size:
     """A size; tokens only when the message carries them."""
     return Size(message.bytes, message.tokens if message.HasField("tokens") else None)
+
+
+_POLICIES = {
+    FailurePolicy.FAIL: pb.FAILURE_POLICY_FAIL,
+    FailurePolicy.IGNORE: pb.FAILURE_POLICY_IGNORE,
+}
+
+
+def failure_policy_to_proto(given: object) -> pb.FailurePolicy.ValueType:
+    """A callback's or rule's failure policy as sent; anything else is INVALID_VALUE."""
+    try:
+        policy = FailurePolicy(given)  # type: ignore[arg-type]  # a value is checked here
+    except ValueError:
+        raise invalid_value(
+            f"failure_policy must be dsp.FailurePolicy.FAIL or .IGNORE, not {given!r}"
+        ) from None
+    return _POLICIES[policy]

@@ -13,9 +13,10 @@ from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, FEATURE_PART_SLOTS, F
 
 from ._callback_cache import Cache
 from ._connection import Connection
-from ._convert import tools_to_proto
+from ._convert import failure_policy_to_proto, tools_to_proto
 from ._listeners import Listener, label, listener_name
 from ._replay import Contribution, ListenerRegistration, Registration, ScopeHandle
+from ._rules import Rule, rule_spec
 from ._updates import update_for
 from .errors import invalid_value
 from .types import AssembleContext, FailurePolicy, ToolProviderResult, ToolSchema
@@ -262,6 +263,19 @@ class _Registrar:
         await self._make(record, None)
         return ListenerHandle(self._connection, record)
 
+    async def rule(
+        self, name: str, rule: Rule, *, prepend: bool = False, global_: bool = False
+    ) -> Handle:
+        """Register a rule: a waterfall step the sidecar runs itself, with no round trip
+        (docs/protocol.md, "Rules"). It runs where a listener installed here would, in the
+        same order (`prepend`, `global_` as for `on_assemble`). `await handle.update(rule)`
+        replaces what it does in place; `await handle()` removes it. A rule that does not
+        compile is refused with RULE_INVALID, naming the expression and CEL's message."""
+        request = pb.RegisterRuleRequest(name=name, prepend=prepend, rule=rule_spec(rule))
+        setattr(request, "global", global_)  # a Python keyword as a field name
+        record = Contribution(request=request, rpc=self._stub.RegisterRule)
+        return await self._register_value(record, None)
+
     def _source(self, value: object, field: str, labelled: str, asked: _Asked) -> str | pb.Dynamic:
         """A text or value as sent: the string itself, or its provider's key here
         (`labelled` names the provider in traces: `section provider "cwd"`)."""
@@ -357,20 +371,7 @@ class _Asked:
         """The failure policy as sent; unspecified (FAIL, the sidecar's default) if none."""
         if self.failure_policy is None:
             return pb.FAILURE_POLICY_UNSPECIFIED
-        try:
-            policy = FailurePolicy(self.failure_policy)
-        except ValueError:
-            raise invalid_value(
-                f"failure_policy must be dsp.FailurePolicy.FAIL or .IGNORE,"
-                f" not {self.failure_policy!r}"
-            ) from None
-        return _POLICIES[policy]
-
-
-_POLICIES = {
-    FailurePolicy.FAIL: pb.FAILURE_POLICY_FAIL,
-    FailurePolicy.IGNORE: pb.FAILURE_POLICY_IGNORE,
-}
+        return failure_policy_to_proto(self.failure_policy)
 
 
 def _order(order: float) -> float:

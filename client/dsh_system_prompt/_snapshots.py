@@ -9,6 +9,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 
 from ._convert import CHANGE_KIND_WIRE, CHANGE_KINDS, toolset_from_proto
+from ._rules import Rule, rule_from_proto
 from .errors import error_from_rpc, invalid_value
 from .types import ChangeKind, RegistrationInfo, Snapshot, ToolProviderResult
 
@@ -44,11 +45,13 @@ async def list_registrations(
 
 def registration_from_proto(message: pb.RegistrationInfo) -> RegistrationInfo:
     case = message.value.WhichOneof("value") if message.HasField("value") else None
-    value: str | ToolProviderResult | None = None
+    value: str | ToolProviderResult | Rule | None = None
     if case == "text":
         value = message.value.text
     elif case == "tools":
         value = toolset_from_proto(message.value.tools)
+    elif case == "rule":
+        value = rule_from_proto(message.value.rule)
     return RegistrationInfo(
         ref=message.ref,
         kind=CHANGE_KINDS.get(message.kind, "unknown"),

@@ -9,6 +9,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from google.protobuf.message import Message
 
 from ._convert import tools_to_proto
+from ._rules import rule_spec
 from .errors import invalid_value
 
 
@@ -24,8 +25,11 @@ def update_for(registration: Message, value: object) -> Update:
     """The update of the registration made by `registration` to the static `value`.
 
     A section or context takes a str, a variable a str or None, tools a list
-    of ToolSchema or a ToolProviderResult; anything else is refused here.
+    of ToolSchema or a ToolProviderResult, a rule a `Rule`; anything else is refused here.
     """
+    if isinstance(registration, pb.RegisterRuleRequest):
+        spec = rule_spec(value)
+        return Update(pb.UpdateRequest(rule=spec), lambda: registration.rule.CopyFrom(spec))
     if isinstance(registration, pb.RegisterToolsRequest):
         if callable(value):
             raise _not_static()

@@ -339,7 +339,8 @@ class RegistrationInfo:
 
     `fingerprint` is equal for equal static values ("" for a dynamic one);
     `value` is the static value when the listing asked for values
-    (`has_value`): a text, None (a variable's "no value") or a ToolProviderResult.
+    (`has_value`): a text, None (a variable's "no value"), a ToolProviderResult or a
+    rule's `dsp.Rule`.
     """
 
     ref: str  # the same as ChangeEvent.ref of its events
@@ -354,7 +355,7 @@ class RegistrationInfo:
     size_bytes: int
     fingerprint: str
     has_value: bool = False
-    value: str | ToolProviderResult | None = None
+    value: object = None  # a str, a ToolProviderResult, a dsp.Rule or None (see above)
 
 
 @dataclass(frozen=True)

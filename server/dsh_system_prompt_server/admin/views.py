@@ -24,6 +24,7 @@ from ..registry import (
     OriginKind,
     SectionRegistration,
     Skipped,
+    StepRegistration,
     ToolSet,
     owner_label,
     value_bytes,
@@ -313,9 +314,11 @@ def _clock(at: float) -> str:
 # -- named for the page --------------------------------------------------------------
 
 
-def listener_name(entry: ListenerRegistration) -> str:
+def listener_name(entry: StepRegistration) -> str:
+    """A waterfall step (a listener, or a rule) as the page names it."""
     where = "everywhere" if entry.scope is None or entry.global_ else f'scope "{entry.scope}"'
-    return f'listener "{entry.name}" ({where})' if entry.name else f"listener ({where})"
+    noun = entry.kind.value
+    return f'{noun} "{entry.name}" ({where})' if entry.name else f"{noun} ({where})"
 
 
 # -- sessions and health --------------------------------------------------------------

@@ -67,6 +67,15 @@ def _listen(message: pb.ListenRequest, handles: _Handles) -> Request | None:
     )
 
 
+def _rule(message: pb.RegisterRuleRequest, handles: _Handles) -> Request | None:
+    scope = handles.key(message.session_id, message.scope_id)
+    if scope is _UNKNOWN:
+        return None  # the service refuses it (SCOPE_NOT_FOUND)
+    assert scope is None or isinstance(scope, str)
+    everywhere = scope is None or getattr(message, "global")  # a Python keyword
+    return Request(verb=Verb.RULE, scope=scope, everywhere=everywhere, name=message.name)
+
+
 def _open_scope(message: pb.OpenScopeRequest, handles: _Handles) -> Request:
     return Request(verb=Verb.OPEN_SCOPE, scope=message.key, parent=message.parent_key or None)
 
@@ -112,6 +121,7 @@ _DESCRIBERS: dict[str, Callable[[Any, _Handles], Request | None]] = {
     "SuppressRuntimeContext": _registration("suppressor"),
     "RegisterTools": _registration("tools"),
     "RegisterVariable": _registration("variable"),
+    "RegisterRule": _rule,
     "OpenScope": _open_scope,
     "Dispose": _fixed(Verb.CHANGE_OWN),
     "Update": _fixed(Verb.CHANGE_OWN),
@@ -130,6 +140,7 @@ SESSION_BOUND = frozenset(
         "SuppressRuntimeContext",
         "RegisterTools",
         "RegisterVariable",
+        "RegisterRule",
         "OpenScope",
         "Dispose",
         "Update",

@@ -70,9 +70,12 @@ class Verb(enum.StrEnum):
     LIST = "list registrations"
     WATCH_PROMPT = "watch a prompt"
     LISTEN = "install a listener"
+    RULE = "register a rule"
 
 
-WRITES = frozenset({Verb.REGISTER, Verb.OPEN_SCOPE, Verb.CHANGE_OWN, Verb.REPORT, Verb.LISTEN})
+WRITES = frozenset(
+    {Verb.REGISTER, Verb.OPEN_SCOPE, Verb.CHANGE_OWN, Verb.REPORT, Verb.LISTEN, Verb.RULE}
+)
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ class Request:
     kind: str = ""  # what is registered: section, context, tools, variable, suppressor
     name: str = ""
     complete: bool = False
-    everywhere: bool = False  # a listener that sees every assembly
+    everywhere: bool = False  # a listener or rule that sees every assembly
     parent: str | None = None  # a scope handle's parent key
     values: bool = False  # the answer carries registered values
     report_key: str = ""  # a caller-named cache history key
@@ -130,9 +133,10 @@ def _agent_lacks(grants: Grants, request: Request) -> str | None:
         return _scope_lacks(grants, request.scope) or _scope_lacks(grants, request.parent)
     if verb is Verb.REGISTER:
         return _register_lacks(grants, request)
-    if verb is Verb.LISTEN:
+    if verb in (Verb.LISTEN, Verb.RULE):  # a rule reshapes assemblies as a listener does
+        noun = "a listener" if verb is Verb.LISTEN else "a rule"
         if request.everywhere and not grants.global_listeners:
-            return "a listener on every assembly needs 'global_listeners = true'"
+            return f"{noun} on every assembly needs 'global_listeners = true'"
         return None if request.everywhere else _scope_lacks(grants, request.scope)
     return _reads_lack(grants, request)
 

@@ -36,8 +36,10 @@ from .model import (
     ProviderCall,
     ProviderHost,
     Registration,
+    RuleRegistration,
     SectionRegistration,
     Skipped,
+    StepRegistration,
     Tool,
     ToolSet,
     ValueRegistration,
@@ -45,6 +47,7 @@ from .model import (
 )
 from .provenance import Origin, OriginKind, Origins, PartKey, PartKind, Step, Trace
 from .registry import Registry
+from .rules import OperatorRule, Rule
 from .settings import RegistrySettings, check_callback_timeouts
 
 __all__ = [
@@ -73,6 +76,7 @@ __all__ = [
     "ListenerRegistration",
     "Missed",
     "NextFn",
+    "OperatorRule",
     "Origin",
     "OriginKind",
     "Origins",
@@ -87,11 +91,14 @@ __all__ = [
     "Registry",
     "RegistryError",
     "RegistrySettings",
+    "Rule",
+    "RuleRegistration",
     "SectionRegistration",
     "ServiceError",
     "Skipped",
     "Status",
     "Step",
+    "StepRegistration",
     "Subscription",
     "Tool",
     "ToolSet",

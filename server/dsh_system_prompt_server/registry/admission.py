@@ -148,6 +148,20 @@ class Admission:
             raise quota_exceeded(f"the sidecar already has {listeners} listeners, its limit")
         self.clients.check_listener(owner, self.limits)
 
+    def check_rules(self, rules: int, owned: int) -> None:
+        """The sidecar, with `rules` of sessions installed, may install one more, and so may
+        a session holding `owned` of them."""
+        limits = self.limits
+        if rules >= limits.max_rules:
+            raise quota_exceeded(
+                f"the sidecar already has {rules} rules, its limit (limits.max_rules)"
+            )
+        if owned >= limits.max_rules_per_session:
+            raise quota_exceeded(
+                f"this session already has {owned} rules, the limit per session"
+                " (limits.max_rules_per_session)"
+            )
+
     def check_update(self, entry: AnyRegistration, value: StaticValue) -> None:
         """The checks registration makes of a value of the entry's kind."""
         label = f'{entry.kind.value} "{entry.name}"' if entry.name else entry.kind.value

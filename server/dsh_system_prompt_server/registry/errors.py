@@ -13,8 +13,8 @@ from collections.abc import Iterable
 
 from dsh_system_prompt_core import Reason
 
-# A callback's own failures: it raised or broke its protocol, did not answer in time, or its
-# stream is gone (what assemblies fail with for a provider or listener, or skip it for).
+# A step's own failures: a callback raised or broke its protocol, did not answer in time, or its
+# stream is gone; a rule's expression failed (what assemblies fail with, or skip it for).
 CALLBACK_FAILURES = frozenset(
     {
         Reason.PROVIDER_FAILED,
@@ -23,6 +23,7 @@ CALLBACK_FAILURES = frozenset(
         Reason.LISTENER_FAILED,
         Reason.LISTENER_TIMEOUT,
         Reason.LISTENER_UNAVAILABLE,
+        Reason.RULE_FAILED,
     }
 )
 
@@ -74,6 +75,14 @@ def duplicate_entry(noun: str, name: str, scope: str | None) -> RegistryError:
     elif noun != "prompt variable":
         message += " (for a per-agent override, register through that agent's scope instead)"
     return RegistryError(Status.ALREADY_EXISTS, Reason.DUPLICATE_NAME, message)
+
+
+def duplicate_rule(name: str, scope: str | None) -> RegistryError:
+    """A rule's name is unique among the rules of its layer: errors and skipped steps name it."""
+    where = " in this scope" if scope is not None else ""
+    return RegistryError(
+        Status.ALREADY_EXISTS, Reason.DUPLICATE_NAME, f'rule "{name}" is already registered{where}'
+    )
 
 
 def reserved_builtin(name: str) -> RegistryError:

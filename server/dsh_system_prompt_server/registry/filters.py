@@ -7,9 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .model import Kind, ToolSet
+from .rules import Rule
 
 # Kinds whose value a listing can show (the others hold no value of their own).
-VALUED = frozenset({Kind.SECTION, Kind.CONTEXT, Kind.VARIABLE, Kind.TOOLS})
+VALUED = frozenset({Kind.SECTION, Kind.CONTEXT, Kind.VARIABLE, Kind.TOOLS, Kind.RULE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,8 @@ def _encoded(value: object) -> bytes | None:
         return b"\0".join(fields)
     if value is None:
         return b"n"
+    if isinstance(value, Rule):  # its definition, as the wire carries it
+        return b"r" + value.spec.SerializeToString(deterministic=True)
     return None  # a Dynamic: its value is the provider's, at each assembly
 
 

@@ -62,6 +62,17 @@ class Limits:
         "entries of any one repeated field of a request, counted before any is read; a session"
         " or listener stream that sends one is closed with it",
     )
+    max_rules: int = setting(256, Count(), f"{_QUOTA}: rules registered by sessions together")
+    max_rules_per_session: int = setting(64, Count(), f"{_QUOTA}: rules one session may hold")
+    max_rule_expressions: int = setting(
+        32,
+        Count(),
+        "INVALID_ARGUMENT `RULE_INVALID`: CEL expressions of one rule (match, variables,"
+        " predicates, texts and values; a rule of seven holds about 30 KB)",
+    )
+    max_rule_expression_bytes: int = setting(
+        4096, Count(), "INVALID_ARGUMENT `RULE_INVALID`: one CEL expression of a rule"
+    )
     max_callback_cache_bytes: int = setting(
         32 * 1024 * 1024,
         Count(),

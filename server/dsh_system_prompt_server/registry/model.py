@@ -11,7 +11,7 @@ import enum
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypedDict, TypeVar
 
 from .provenance import Origins, Trace
 
@@ -278,6 +278,41 @@ class ListenerRegistration(Registration[ListenerHost]):
     failure_policy: FailurePolicy = FailurePolicy.FAIL
 
 
+# A rule reads only the assembly, the fields and the scope: its result may be reused as a
+# callback's that declared it depends on the context (and nothing expires it).
+RULE_CACHE = CachePolicy(by_context=True)
+
+
+class RuleValue(Protocol):
+    """A rule as its registration holds it: compiled by registry/rules/ (a `Rule`), named
+    here by what the registry reads of it, so that this module needs none of that one."""
+
+    @property
+    def failure_policy(self) -> FailurePolicy: ...
+
+    @property
+    def spec(self) -> object: ...  # its definition as given (the proto's RuleSpec)
+
+
+@dataclass(eq=False, kw_only=True, slots=True)
+class RuleRegistration(Registration[RuleValue]):
+    """A rule: a waterfall step the sidecar runs itself, placed as a listener is. An
+    operator's rule (the config's) may hold a scope `pattern` instead of a layer."""
+
+    global_: bool
+    position: int
+    pattern: str | None = None  # fnmatch-style, against each key of the assembly's chain
+    cache: CachePolicy | None = RULE_CACHE
+
+    @property
+    def failure_policy(self) -> FailurePolicy:
+        return self.value.failure_policy
+
+
+# A step of the waterfall: a client's listener, or a rule the sidecar runs.
+StepRegistration = ListenerRegistration | RuleRegistration
+
+
 @dataclass(eq=False, kw_only=True, slots=True)
 class ScopeHandle(Registration[None]):
     """A session's handle on a scope key; registrations made through it die with it."""
@@ -290,7 +325,13 @@ ValueRegistration = (
     SectionRegistration | ContextRegistration | VariableRegistration | ToolsRegistration
 )
 # One registration of any kind, each kind its own class.
-AnyRegistration = ValueRegistration | ListenerRegistration | ScopeHandle | SuppressorRegistration
+AnyRegistration = (
+    ValueRegistration
+    | ListenerRegistration
+    | RuleRegistration
+    | ScopeHandle
+    | SuppressorRegistration
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +346,31 @@ class ChangeEvent:
     ref: str = ""  # the registration's public reference (filters.public_ref)
     fingerprint: str = ""  # its value's after the change; "" when gone or not static
     reason: str = ""  # why the sidecar disposed it (an ejected callback); "" otherwise
+
+
+class RegistrationFields(TypedDict):
+    """What every registration records (`registration_fields`)."""
+
+    id: str
+    owner: str
+    kind: Kind
+    scope: str | None
+    handle: str | None
+    name: str
+
+
+def registration_fields(
+    owner: str, kind: Kind, handle: ScopeHandle | None, name: str = ""
+) -> RegistrationFields:
+    """A new registration's: a new id, its owner, kind, layer (its handle's key) and handle."""
+    return {
+        "id": new_id(),
+        "owner": owner,
+        "kind": kind,
+        "scope": None if handle is None else handle.name,
+        "handle": None if handle is None else handle.id,
+        "name": name,
+    }
 
 
 def new_id() -> str:

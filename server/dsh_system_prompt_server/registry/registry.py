@@ -6,10 +6,10 @@ assembly works on its scope's plan (`plan_cache`), made by `assembly/`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
 from dataclasses import replace
-from typing import Literal, TypedDict, TypeVar
+from typing import Literal, TypeVar
 
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import (
     HARNESS_IDENTITY_ORDER,
     HARNESS_IDENTITY_SECTION,
@@ -25,7 +25,8 @@ from .admission import Admission, StaticValue
 from .assembly import Plan, assemble_plan
 from .callbacks import Budget, CallbackCache, Ejector, ListenerIndex
 from .changes import ChangeFeed
-from .filters import Filter, public_ref, value_fingerprint
+from .filters import public_ref, value_fingerprint
+from .inspection import Inspection, Invalidation
 from .layers import Layer, Layers, ScopeTree
 from .limits import Limits
 from .model import (
@@ -41,6 +42,7 @@ from .model import (
     Kind,
     ListenerHost,
     ListenerRegistration,
+    RuleRegistration,
     ScopeHandle,
     SectionRegistration,
     SuppressorRegistration,
@@ -48,8 +50,11 @@ from .model import (
     ToolsRegistration,
     VariableRegistration,
     new_id,
+    registration_fields,
 )
 from .plan_cache import PlanCache
+from .rule_book import RuleBook
+from .rules import OperatorRule, Rule, compile_rule
 from .settings import RegistrySettings
 
 _UPDATABLE = frozenset({Kind.SECTION, Kind.CONTEXT, Kind.VARIABLE, Kind.TOOLS})
@@ -57,16 +62,7 @@ _UPDATABLE = frozenset({Kind.SECTION, Kind.CONTEXT, Kind.VARIABLE, Kind.TOOLS})
 E = TypeVar("E", bound=AnyRegistration)
 
 
-class _RegistrationFields(TypedDict):
-    id: str
-    owner: str
-    kind: Kind
-    scope: str | None
-    handle: str | None
-    name: str
-
-
-class Registry:
+class Registry(Inspection, Invalidation):
     """Every registration of the sidecar, by layer and by owner."""
 
     def __init__(self, settings: RegistrySettings | None = None) -> None:
@@ -88,6 +84,8 @@ class Registry:
                 HARNESS_IDENTITY_SECTION, HARNESS_IDENTITY_ORDER, HARNESS_IDENTITY_TEXT
             )
         self._add_builtin(PERSONA_SECTION, PERSONA_ORDER, self.settings.persona)
+        self._rules = RuleBook(self._listeners, self._admission)
+        self._set_operator_rules(self.settings.rules)
 
     def reconfigure(self, settings: RegistrySettings) -> list[str]:
         """Apply reloaded settings; returns the config keys that changed.
@@ -110,9 +108,13 @@ class Registry:
                 self._remove(self._builtins.pop(HARNESS_IDENTITY_SECTION))
         if settings.persona != old.persona:  # in place, as update() does: no gap for assemblies
             self._replace_value(self._builtins[PERSONA_SECTION], settings.persona)
-        # the built-in sections' keys changed as their sections did; the rest are `config` events
+        self._set_operator_rules(settings.rules)
+        # the built-ins' keys changed as their sections and rules did; the rest are `config` events
         others = replace(
-            settings, persona=old.persona, include_harness_identity=old.include_harness_identity
+            settings,
+            persona=old.persona,
+            include_harness_identity=old.include_harness_identity,
+            rules=old.rules,
         )
         for key, value in flat(others).items():
             if before[key] != value:
@@ -142,7 +144,7 @@ class Registry:
         """Add a section to the global layer or the layer of scope handle `handle`."""
         scope_handle, layer = self._admitted_text(owner, handle, "section", name, order, text)
         entry = SectionRegistration(
-            **self._fields(owner, Kind.SECTION, scope_handle, name),
+            **registration_fields(owner, Kind.SECTION, scope_handle, name),
             value=text,
             order=order,
             complete=complete,
@@ -156,7 +158,7 @@ class Registry:
         """Add a runtime context to the global layer or a scope's layer."""
         scope_handle, layer = self._admitted_text(owner, handle, "context", name, order, text)
         entry = ContextRegistration(
-            **self._fields(owner, Kind.CONTEXT, scope_handle, name), value=text, order=order
+            **registration_fields(owner, Kind.CONTEXT, scope_handle, name), value=text, order=order
         )
         layer.add_context(entry)
         return self._added(entry, scope_handle)
@@ -176,7 +178,7 @@ class Registry:
             owner, self._owned(owner), f'prompt variable "{name}" value', value
         )
         entry = VariableRegistration(
-            **self._fields(owner, Kind.VARIABLE, scope_handle, name),
+            **registration_fields(owner, Kind.VARIABLE, scope_handle, name),
             value=value,
         )
         layer.add_variable(entry)
@@ -190,7 +192,7 @@ class Registry:
         self.limits.check_name("tool provider", name)
         self._admission.check_tools(owner, self._owned(owner), source)
         entry = ToolsRegistration(
-            **self._fields(owner, Kind.TOOLS, scope_handle, name),
+            **registration_fields(owner, Kind.TOOLS, scope_handle, name),
             value=source,
         )
         layer = self._layers.of(_key(scope_handle))
@@ -202,7 +204,7 @@ class Registry:
         scope_handle = self._handle(owner, handle)
         self._admission.check_quota(self._owned(owner))
         entry = SuppressorRegistration(
-            **self._fields(owner, Kind.SUPPRESSOR, scope_handle), value=None
+            **registration_fields(owner, Kind.SUPPRESSOR, scope_handle), value=None
         )
         layer = self._layers.of(_key(scope_handle))
         layer.add_suppressor(entry)
@@ -228,7 +230,7 @@ class Registry:
         self._admission.check_quota(self._owned(owner))
         self._admission.check_listeners(owner, len(self._listeners), timeout_s)
         entry = ListenerRegistration(
-            **self._fields(owner, Kind.LISTENER, scope_handle, name),
+            **registration_fields(owner, Kind.LISTENER, scope_handle, name),
             value=host,
             global_=global_,
             position=self._listeners.next_position(prepend),
@@ -238,6 +240,43 @@ class Registry:
         )
         self._listeners.add(entry)
         return self._added(entry, scope_handle)
+
+    def add_rule(
+        self,
+        owner: str,
+        handle: str | None,
+        name: str,
+        spec: pb.RuleSpec,
+        *,
+        prepend: bool = False,
+        global_: bool = False,
+    ) -> RuleRegistration:
+        """Install a rule (docs/protocol.md, "Rules"): compiled and checked now (RULE_INVALID),
+        run as a step of the waterfall, placed among the listeners as one is."""
+        scope_handle = self._handle(owner, handle)
+        owned = self._by_owner.get(owner, {})
+        rule = self._rules.admitted(name, spec, _key(scope_handle), owned.values())
+        self._admission.check_quota(len(owned))
+        return self._install_rule(owner, scope_handle, rule, prepend, global_)
+
+    def _install_rule(
+        self,
+        owner: str,
+        handle: ScopeHandle | None,
+        rule: Rule,
+        prepend: bool,
+        global_: bool,
+        pattern: str | None = None,
+    ) -> RuleRegistration:
+        entry = RuleRegistration(
+            **registration_fields(owner, Kind.RULE, handle, rule.name),
+            value=rule,
+            global_=global_,
+            position=self._listeners.next_position(prepend),
+            pattern=pattern,
+        )
+        self._listeners.add(entry)
+        return self._added(entry, handle)
 
     def open_scope(self, owner: str, key: str, parent: str | None = None) -> ScopeHandle:
         """Open a handle on scope `key`, binding its parent the first time one is given."""
@@ -274,7 +313,9 @@ class Registry:
 
     # -- updates ----------------------------------------------------------------------
 
-    def update(self, owner: str, registration_id: str, value: StaticValue) -> AnyRegistration:
+    def update(
+        self, owner: str, registration_id: str, value: StaticValue | pb.RuleSpec
+    ) -> AnyRegistration:
         """Replace the static value of one of `owner`'s registrations, in place.
 
         Only the value changes (name, order, layer, owner and id stay), so the
@@ -285,8 +326,16 @@ class Registry:
         entry = self._by_owner.get(owner, {}).get(registration_id)
         if entry is None:
             raise errors.not_found()
+        if isinstance(entry, RuleRegistration):
+            if not isinstance(value, pb.RuleSpec):
+                raise errors.wrong_value_kind(f'rule "{entry.name}"', "a rule")
+            if entry.value.spec != value:  # a rule's place stays; what it does is compiled anew
+                self._replace_value(entry, compile_rule(entry.name, value, self.limits))
+            return entry
         if entry.kind not in _UPDATABLE or isinstance(entry.value, Dynamic):
             raise errors.not_updatable(entry.kind.value, entry.name)
+        if isinstance(value, pb.RuleSpec):
+            raise errors.wrong_value_kind(f'{entry.kind.value} "{entry.name}"', "its own value")
         self._admission.check_update(entry, value)
         if entry.value == value:
             return entry
@@ -294,7 +343,7 @@ class Registry:
         self._replace_value(entry, value)
         return entry
 
-    def _replace_value(self, entry: AnyRegistration, value: StaticValue) -> None:
+    def _replace_value(self, entry: AnyRegistration, value: StaticValue | Rule) -> None:
         """Put `value` in the entry's place (its fingerprint with it) and say so."""
         entry.value = value
         entry.fingerprint = value_fingerprint(entry.kind, value)
@@ -357,55 +406,6 @@ class Registry:
                 scope = None
         return self._plans.plan(scope, self.revision, self.settings.include_runtime_context)
 
-    # -- cached callback answers -------------------------------------------------------
-
-    def invalidate_providers(self, owner: str, provider_keys: Collection[str]) -> None:
-        """Drop the cached answers of `owner`'s providers with these keys (all, if none)."""
-        self.callbacks.invalidate(
-            entry.id
-            for entry in self._by_owner.get(owner, {}).values()
-            if isinstance(entry.value, Dynamic)
-            and (not provider_keys or entry.value.key in provider_keys)
-        )
-
-    def invalidate_listener(self, owner: str, registration_id: str) -> None:
-        """Drop the cached results that `owner`'s listener had a part in."""
-        if registration_id in self._by_owner.get(owner, {}):
-            self.callbacks.invalidate([registration_id])
-
-    # -- inspection -------------------------------------------------------------------
-
-    def registrations(self, owner: str | None = None) -> list[AnyRegistration]:
-        """Every live registration (of `owner`, when given), oldest first."""
-        if owner is None:
-            return list(self._entries.values())
-        return list(self._by_owner.get(owner, {}).values())
-
-    def registration_count(self) -> int:
-        """How many registrations are live, without listing them (for metrics scrapes)."""
-        return len(self._entries)
-
-    def scope_keys(self) -> list[str]:
-        return self._scopes.keys()
-
-    def keeps(self, wanted: Filter) -> Callable[[Kind, str | None], bool]:
-        """A test of (kind, layer) against `wanted`, on the scope tree as it is when asked."""
-        return wanted.matcher(self._scopes.chain)
-
-    def listing(self, wanted: Filter) -> list[AnyRegistration]:
-        """The live registrations `wanted` keeps, oldest first (the built-ins first)."""
-        keeps = self.keeps(wanted)
-        return [entry for entry in self._entries.values() if keeps(entry.kind, entry.scope)]
-
-    def scope_chain(self, scope: str | None) -> list[str]:
-        """The scope, its parent, ... farthest ancestor last; empty for the global scope."""
-        return self._scopes.chain(scope)
-
-    def handle_key(self, owner: str, handle: str) -> str | None:
-        """The scope key of `owner`'s scope handle `handle`; None when it holds no such one."""
-        entry = self._by_owner.get(owner, {}).get(handle)
-        return entry.name if isinstance(entry, ScopeHandle) else None
-
     # -- helpers ----------------------------------------------------------------------
 
     def _handle(self, owner: str, handle: str | None) -> ScopeHandle | None:
@@ -416,25 +416,26 @@ class Registry:
             raise errors.scope_not_found()
         return entry
 
-    def _fields(
-        self, owner: str, kind: Kind, handle: ScopeHandle | None, name: str = ""
-    ) -> _RegistrationFields:
-        """What every registration records: a new id, its owner, kind, layer and handle."""
-        return {
-            "id": new_id(),
-            "owner": owner,
-            "kind": kind,
-            "scope": _key(handle),
-            "handle": None if handle is None else handle.id,
-            "name": name,
-        }
-
     def _add_builtin(self, name: str, order: float, text: str) -> None:
         # The sidecar's own sections come from its config, not from a session: no limits.
-        fields = self._fields(SIDECAR_OWNER, Kind.SECTION, None, name)
+        fields = registration_fields(SIDECAR_OWNER, Kind.SECTION, None, name)
         entry = SectionRegistration(**fields, value=text, order=order)
         self._layers.global_.add_section(entry)
         self._builtins[name] = self._added(entry, None)
+
+    def _set_operator_rules(self, rules: tuple[OperatorRule, ...]) -> None:
+        """The config's rules in force: those gone removed, new ones added (in the config's
+        order), a changed definition updated in place, a changed place removed and added."""
+        changes = self._rules.operator_changes(rules)
+        for entry in changes.gone:
+            self._remove(entry)
+        for entry, rule in changes.changed:
+            self._replace_value(entry, rule)
+        for given in changes.new:
+            installed = self._install_rule(
+                SIDECAR_OWNER, None, given.compiled, given.prepend, True, given.pattern
+            )
+            self._rules.operator[given.name] = installed
 
     def _admitted_text(
         self,
@@ -470,7 +471,7 @@ class Registry:
     def _unlink(self, entry: AnyRegistration) -> None:
         """Take `entry` out of where it lives, found by what it is (no remover is kept per
         entry: a closure each cost more than the entry itself)."""
-        if isinstance(entry, ListenerRegistration):
+        if isinstance(entry, ListenerRegistration | RuleRegistration):
             self._listeners.remove(entry)
         elif isinstance(entry, ScopeHandle):
             self._scopes.close(entry.name)

@@ -10,6 +10,7 @@ from ..config import Choice, ConfigError, Count, Custom, Flag, Seconds, group, n
 from .assembly import validate_tool_order
 from .errors import RegistryError
 from .limits import Limits
+from .rules import OperatorRule, read_rules
 
 MAX_HISTORY = 1_000_000  # change events kept for resuming watchers, at most
 MAX_EJECT_AFTER = 1_000  # consecutive timeouts before a callback is ejected, at most
@@ -76,6 +77,13 @@ class RegistrySettings:
         " (INVALID_ARGUMENT `VALUE_TOO_LARGE` past it); at least `provider_timeout_s`",
     )
     limits: Limits = group(Limits, "limits")
+    rules: tuple[OperatorRule, ...] = setting(
+        (),
+        Custom(read_rules, "[[rules]] tables"),
+        "the operator's rules (docs/protocol.md, Rules), the sidecar's own: each a `name`, an"
+        " optional `scope` key or pattern (`agent-*`; none: every assembly), `prepend`, and"
+        " its `match`, `variables`, `mutations` and `failure_policy` as in RuleSpec",
+    )
     change_history: int = setting(
         1024,
         Count(most=MAX_HISTORY),

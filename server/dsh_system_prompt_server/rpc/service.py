@@ -123,8 +123,17 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
     async def RegisterRule(
         self, request: pb.RegisterRuleRequest, context: Context
     ) -> pb.RegisterRuleResponse:
-        # The wire contract lands first, for the clients; the registry's rules follow it.
-        raise NotImplementedError("RegisterRule is not served by this sidecar yet")
+        def register(session: Session, handle: str | None) -> AnyRegistration:
+            return self._state.registry.add_rule(
+                session.id,
+                handle,
+                request.name,
+                request.rule,
+                prepend=request.prepend,
+                global_=getattr(request, "global"),  # a Python keyword: no attribute syntax
+            )
+
+        return await self._register(context, request, register, pb.RegisterRuleResponse)
 
     async def OpenScope(
         self, request: pb.OpenScopeRequest, context: Context

@@ -44,8 +44,8 @@ class Metrics:
         )
         self.skipped_callbacks = Family(
             "dsp_skipped_callbacks",
-            "Steps assemblies went on without (callbacks under failure_policy IGNORE that"
-            " failed), by kind (provider, listener) and ErrorInfo reason",
+            "Steps assemblies went on without (callbacks and rules under failure_policy IGNORE"
+            " that failed), by kind (provider, listener, rule) and ErrorInfo reason",
             ["kind", "reason"],
         )
         self.share_waits = Family(

@@ -33,6 +33,7 @@ from ..registry import (
     ProvidedValue,
     ProviderCall,
     ProviderHost,
+    Rule,
     SectionRegistration,
     ServiceError,
     Skipped,
@@ -129,13 +130,18 @@ def tools_from_proto(
     return toolset_from_proto(request.result, limits)
 
 
-def update_value_from_proto(request: pb.UpdateRequest, limits: Limits) -> str | None | ToolSet:
-    """An update's new static value: text (or a variable's value), no value, or tools."""
+def update_value_from_proto(
+    request: pb.UpdateRequest, limits: Limits
+) -> str | None | ToolSet | pb.RuleSpec:
+    """An update's new static value: text (or a variable's value), no value, tools, or a
+    rule's definition (which the registry compiles)."""
     case = request.WhichOneof("value")
     if case is None:
         raise bad_request(Reason.MISSING_VALUE, "an update needs a new value")
     if case == "tools":
         return toolset_from_proto(request.tools, limits)
+    if case == "rule":
+        return request.rule
     return request.text if case == "text" else None
 
 
@@ -413,6 +419,8 @@ def registration_to_proto(
 
 
 def _registered_value(value: object) -> pb.RegisteredValue:
+    if isinstance(value, Rule):
+        return pb.RegisteredValue(rule=value.spec)
     if isinstance(value, ToolSet):
         return pb.RegisteredValue(tools=toolset_to_proto(value))
     if isinstance(value, str):

@@ -4064,7 +4064,9 @@ Global___RegisterRuleResponse: _TypeAlias = RegisterRuleResponse  # noqa: Y015
 class RuleSpec(_message.Message):
     """What a rule does at its place in the waterfall: when every `match`
     expression is true, the `mutations` in order, each on the assembly the one
-    before it left. A rule reads nothing but the assembly, the fields and the
+    before it left. Every expression of the rule sees `assembly` as the rule
+    received it; a predicate judges each item as the mutations before it left
+    the list. A rule reads nothing but the assembly, the fields and the
     scope, so its result is a function of them: it never waits on a peer, and an
     assembly whose only non-static steps are rules may be answered from kept
     responses.
@@ -4267,8 +4269,9 @@ class RulePart(_message.Message):
     place (an upsert never moves a part; `order` is for new parts only). A new
     part goes where a registered part of that order would go: after every part
     whose order is at most `order` (a registered part's order is its
-    registration's; a part a listener or rule added takes the order of the part
-    before it, or -infinity at the start).
+    registration's, a part a rule added has the order the rule gave it, and a
+    part a listener added takes the order of the part before it, or -infinity at
+    the start).
     """
 
     DESCRIPTOR: _descriptor.Descriptor

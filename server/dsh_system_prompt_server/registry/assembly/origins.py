@@ -20,9 +20,16 @@ def entry_origin(entry: AnyRegistration, chain: list[str]) -> Origin:
     )
 
 
-def record_changes(origins: Origins, before: Assembly, after: Assembly, listener: str) -> None:
-    """Credit `listener` with every part of `after` it added or changed since `before`."""
-    origin = Origin(kind=OriginKind.LISTENER, listener=listener)
+def record_changes(
+    origins: Origins,
+    before: Assembly,
+    after: Assembly,
+    listener: str,
+    step: OriginKind = OriginKind.LISTENER,
+) -> None:
+    """Credit the step `listener` (a listener, or a rule by `step`) with every part of `after`
+    it added or changed since `before`."""
+    origin = Origin(kind=step, listener=listener)
     for kind, old, new in (
         (PartKind.SECTION, before.sections, after.sections),
         (PartKind.CONTEXT, before.contexts, after.contexts),

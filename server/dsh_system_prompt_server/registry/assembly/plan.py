@@ -14,8 +14,8 @@ from ..model import (
     CachePolicy,
     ContextRegistration,
     Dynamic,
-    ListenerRegistration,
     SectionRegistration,
+    StepRegistration,
     ToolsRegistration,
     ValueRegistration,
     VariableRegistration,
@@ -41,12 +41,12 @@ class Plan:
     sections: list[SectionRegistration]
     contexts: list[ContextRegistration]
     tools: list[ToolsRegistration]
-    listeners: list[ListenerRegistration]
+    listeners: list[StepRegistration]  # the waterfall's steps: listeners and rules
     dynamic: list[tuple[ValueRegistration, Dynamic]] = field(init=False)
     is_static: bool = field(init=False)
-    # The listeners after the last one that cannot be cached: their result is kept
-    # for their input, under `tail_policy`.
-    cacheable_tail: list[ListenerRegistration] = field(init=False)
+    # The steps after the last one that cannot be cached: their result is kept for their
+    # input, under `tail_policy` (a rule is cacheable by the context).
+    cacheable_tail: list[StepRegistration] = field(init=False)
     tail_policy: CachePolicy | None = field(init=False)
     # Every callback declared a policy; this is them together (None otherwise).
     policy: CachePolicy | None = field(init=False)
@@ -100,7 +100,7 @@ def plan_of(
     chain: list[str],
     layers: Sequence[Layer],
     include_runtime_context: bool,
-    listeners: list[ListenerRegistration],
+    listeners: list[StepRegistration],
 ) -> Plan:
     """The plan over `layers`, farthest first: the global one, then the chain's scopes
     down to the assembly's own; `listeners` are those admitted for `chain`, in order."""

@@ -24,7 +24,9 @@ from ..model import (
     ProvidedValue,
     ProviderCall,
     ProviderHost,
+    RuleRegistration,
     SectionRegistration,
+    StepRegistration,
     Tool,
     ToolSet,
     ToolsRegistration,
@@ -32,9 +34,11 @@ from ..model import (
     VariableRegistration,
 )
 from ..provenance import Origins, PartKind, Trace
+from ..rules import Inputs
 from .invariants import validate
 from .origins import entry_origin, record_changes, snapshot
 from .plan import Plan
+from .rule_steps import rule_inputs, run_rule
 from .tool_order import check_known, order_tools
 
 R = TypeVar("R")
@@ -97,7 +101,10 @@ async def _run(
         origins.update(_registered_origins(plan, values))
         trace = Trace(chain=tuple(plan.chain))
         trace.record("", snapshot(assembly))
-    result = await _waterfall(plan.listeners, assembly, context, timeout, origins, trace, cached)
+    inputs = rule_inputs(plan, context, limits)
+    result = await _waterfall(
+        plan.listeners, assembly, context, timeout, origins, trace, cached, inputs
+    )
     if result is plan.prelude:  # no step changed it: the kept one is not the caller's
         result = result.copy()
     if complete is not None:
@@ -434,24 +441,32 @@ _FLAT_EVERY = 16  # listeners whose next() nest their frames before a task flatt
 
 
 async def _waterfall(
-    listeners: list[ListenerRegistration],
+    listeners: list[StepRegistration],
     assembly: Assembly,
     context: AssembleContext,
     timeout: Timeout,
     origins: Origins | None,
     trace: Trace | None = None,
     cached: _Cached | None = None,
+    inputs: Inputs | None = None,
 ) -> Assembly:
     tail = len(listeners) - len(cached.plan.cacheable_tail) if cached is not None else -1
 
     async def step(index: int, current: Assembly) -> Assembly:
-        if index == tail and tail < len(listeners) and cached is not None:
-            return await cached_tail(index, current, cached)
-        while index < len(listeners) and listeners[index].disposed:
-            index += 1  # disposed while the assembly ran: skipped
-        if index == len(listeners):
-            return current
-        listener = listeners[index]
+        while True:  # the rules up to the next listener run here, one after the other
+            if index == tail and tail < len(listeners) and cached is not None:
+                return await cached_tail(index, current, cached)
+            if index == len(listeners):
+                return current
+            entry = listeners[index]
+            if not entry.disposed and isinstance(entry, RuleRegistration):
+                assert inputs is not None
+                current = run_rule(entry, current, inputs, timeout.skips, origins, trace)
+            elif not entry.disposed:
+                break
+            index += 1  # a rule done, or a step disposed while the assembly ran: skipped
+        assert isinstance(entry, ListenerRegistration)
+        listener = entry
         from_next: list[Assembly] = []
         passed_on: list[errors.Failure] = []
 

@@ -9,6 +9,7 @@ face re-exports what the floors above need (a context's cache key).
 
 from .cache import MISSING, CallbackCache, combined, context_key
 from .ejection import Budget, Ejector
+from .failure_policy import Skips
 from .listener_index import ListenerIndex
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "CallbackCache",
     "Ejector",
     "ListenerIndex",
+    "Skips",
     "combined",
     "context_key",
 ]

@@ -11,12 +11,19 @@ back); what a callback returns does not tell the two apart, so the sidecar does 
 from __future__ import annotations
 
 from ..errors import CALLBACK_FAILURES, Failure
-from ..model import AnyRegistration, Dynamic, FailurePolicy, ListenerRegistration, Skipped
+from ..model import (
+    AnyRegistration,
+    Dynamic,
+    FailurePolicy,
+    ListenerRegistration,
+    RuleRegistration,
+    Skipped,
+)
 
 
 def policy_of(entry: AnyRegistration) -> FailurePolicy:
-    """The failure policy a listener or dynamic provider declared; FAIL for anything else."""
-    if isinstance(entry, ListenerRegistration):
+    """The failure policy a listener, rule or dynamic provider declared; FAIL for the rest."""
+    if isinstance(entry, ListenerRegistration | RuleRegistration):
         return entry.failure_policy
     if isinstance(entry.value, Dynamic):
         return entry.value.failure_policy

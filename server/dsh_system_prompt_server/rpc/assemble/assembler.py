@@ -119,7 +119,7 @@ class Assembler:
 
     def _count_skipped(self, skipped: tuple[Skipped, ...]) -> None:
         for step in skipped:
-            kind = "listener" if step.kind is Kind.LISTENER else "provider"
+            kind = step.kind.value if step.kind in (Kind.LISTENER, Kind.RULE) else "provider"
             self._metrics.skipped_callbacks.labels(kind, step.reason).inc()
             self._skip_log.warning(
                 (step.registration_id, step.reason),

@@ -1,0 +1,54 @@
+"""Rules as steps of the waterfall: what they read besides the assembly, made once per
+assembly, and one rule's step with its failure policy and its provenance."""
+
+from __future__ import annotations
+
+from .. import errors
+from ..callbacks import Skips
+from ..limits import Limits
+from ..model import AssembleContext, Assembly, RuleRegistration
+from ..provenance import OriginKind, Origins, Trace
+from ..rules import Inputs, Rule, apply
+from .origins import record_changes, snapshot
+from .plan import Plan
+
+
+def rule_inputs(plan: Plan, context: AssembleContext, limits: Limits) -> Inputs | None:
+    """What the plan's rules read besides the assembly (None when it has no rule)."""
+    if not any(isinstance(step, RuleRegistration) for step in plan.listeners):
+        return None
+    return Inputs(
+        fields_json=context.fields_json,
+        scope=context.scope or "",
+        chain=list(plan.chain),
+        limits=limits,
+        orders={
+            "sections": {entry.name: entry.order for entry in plan.sections},
+            "contexts": {entry.name: entry.order for entry in plan.contexts},
+        },
+    )
+
+
+def run_rule(
+    rule: RuleRegistration,
+    current: Assembly,
+    inputs: Inputs,
+    skips: Skips,
+    origins: Origins | None,
+    trace: Trace | None,
+) -> Assembly:
+    """One rule's step: what it makes of `current`, or `current` when it fails under IGNORE."""
+    compiled = rule.value
+    assert isinstance(compiled, Rule)  # a rule registration holds one
+    try:
+        result = apply(compiled, current, inputs)
+    except errors.Failure as error:
+        if not skips.skip(rule, error):
+            raise
+        return current
+    if result is not current:
+        if origins is not None:
+            record_changes(origins, current, result, rule.name, OriginKind.RULE)
+        if trace is not None:
+            trace.record(rule.name, snapshot(result))
+    return result

@@ -1,0 +1,17 @@
+"""What the rules tests share: a catalogue of tools and a client with a few parts."""
+
+from __future__ import annotations
+
+import dsh_system_prompt as dsp
+from helpers import tool
+
+TOOLS = ["bash", "mcp__github__issue", "mcp__github__pr", "todo_write", "web_fetch"]
+
+
+async def stocked(client: dsp.Client) -> None:
+    """Five tools, sections at orders 10 and 30, a context, a variable."""
+    await client.tools([tool(name, f"{name} does things") for name in TOOLS])
+    await client.section("intro", 10, "Hello.")
+    await client.section("outro", 30, "Bye.")
+    await client.context("clock", 10, "noon")
+    await client.variable("model", "v3")
