@@ -1,11 +1,13 @@
 """A small MCP server over stdio for the MCP tools bridge's tests, on the `mcp` SDK's own
 server API (MCPServer, FastMCP's name in mcp 2).
 
-`python mcp_server.py [--instructions TEXT] [--reversed] [--extra NAME]...` serves `echo`,
+`python mcp_server.py [--instructions TEXT] [--reversed] [--extra NAME]... [--page-size N]
+[--endless]` serves `echo`,
 the extra tools named, and tools that change the server's own list, each sending
 `notifications/tools/list_changed`: `add_tool`, `remove_tool`, and `reverse_keys`, which sends
 every schema with its keys in the opposite order (what one server did across two protocol
-versions) without changing what they say.
+versions) without changing what they say. `--page-size` lists the tools N a page, with
+cursors; `--endless` answers every page with a next cursor, forever (a hostile server).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import ListToolsResult, PaginatedRequestParams
 
 
 def _reversed(value: Any) -> Any:
@@ -35,8 +38,30 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--instructions")
 parser.add_argument("--reversed", action="store_true")
 parser.add_argument("--extra", action="append", default=[])
+parser.add_argument("--page-size", type=int, default=0)
+parser.add_argument("--endless", action="store_true")
 options = parser.parse_args()
-server: MCPServer[Any] = MCPServer("test-server", instructions=options.instructions)
+
+
+class PagedServer(MCPServer[Any]):
+    """MCPServer whose tools/list answers in pages (the SDK's own handler lists all at once)."""
+
+    async def _handle_list_tools(
+        self, ctx: Any, params: PaginatedRequestParams | None
+    ) -> ListToolsResult:
+        tools = await self.list_tools()
+        start = int(params.cursor) if params is not None and params.cursor else 0
+        if options.endless:
+            return ListToolsResult(tools=tools[:1], next_cursor=str(start + 1))
+        if not options.page_size:
+            return ListToolsResult(tools=tools)
+        end = start + options.page_size
+        return ListToolsResult(
+            tools=tools[start:end], next_cursor=str(end) if end < len(tools) else None
+        )
+
+
+server = PagedServer("test-server", instructions=options.instructions)
 
 
 @server.tool(description="Echo the text back, count times.")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import dsh_system_prompt as dsp
 import pytest
-from dsh_system_prompt.mcp_tools import McpTools, canonical_json
+from dsh_system_prompt.mcp_tools import MAX_PAGES, McpTools, canonical_json
 from helpers import next_events, tool_names
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -180,3 +180,23 @@ async def test_a_failed_first_attach_leaves_nothing_behind(
             await bridge.attach(session)
     assembly = await client.assemble()
     assert assembly.tools == []
+
+
+async def test_a_listing_in_pages_is_followed_to_its_end(client: dsp.Client, serve: Serve) -> None:
+    async with McpTools(client, "fs") as bridge, serve(bridge, "--page-size", "1") as session:
+        first_page = await session.list_tools()
+        await bridge.attach(session)
+        assembly = await client.assemble()
+    assert len(first_page.tools) == 1 and first_page.next_cursor == "1"
+    assert tool_names(assembly) == OWN
+
+
+async def test_a_server_paging_forever_is_refused_after_max_pages(
+    client: dsp.Client, serve: Serve
+) -> None:
+    async with McpTools(client, "fs") as bridge, serve(bridge, "--endless") as session:
+        with pytest.raises(RuntimeError, match=f"still had a next page after {MAX_PAGES} pages"):
+            await bridge.attach(session)
+    assembly = await client.assemble()
+    assert assembly.tools == []
+    assert "mcp:fs" not in [section.name for section in assembly.sections]

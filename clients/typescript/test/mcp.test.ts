@@ -11,7 +11,7 @@ import { test } from "node:test";
 import { Client as McpClient } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import * as dsp from "../src/index.js";
-import { McpTools, canonicalJson } from "../src/mcp.js";
+import { MAX_PAGES, McpTools, canonicalJson } from "../src/mcp.js";
 import { toolNames, useSidecar } from "./helpers.js";
 
 const harness = useSidecar();
@@ -192,6 +192,36 @@ test("dispose removes everything it registered, and a failed first attach leaves
     await assert.rejects(again.attach(mcp), /already registered/);
     assembly = await client.assemble();
     assert.deepEqual(assembly.tools, []);
+  } finally {
+    await mcp.close();
+  }
+});
+
+test("a listing in pages is followed to its end", async () => {
+  const client = await harness.connect();
+  const bridge = new McpTools(client, "fs");
+  const mcp = await serve("--page-size", "1");
+  try {
+    const firstPage = await mcp.listTools();
+    await bridge.attach(mcp);
+    assert.equal(firstPage.tools.length, 1);
+    assert.equal(firstPage.nextCursor, "1");
+    assert.deepEqual(toolNames(await client.assemble()), OWN);
+  } finally {
+    await bridge.dispose();
+    await mcp.close();
+  }
+});
+
+test("a server paging forever is refused after MAX_PAGES", async () => {
+  const client = await harness.connect();
+  const bridge = new McpTools(client, "fs");
+  const mcp = await serve("--endless");
+  try {
+    await assert.rejects(bridge.attach(mcp), new RegExp(`still had a next page after ${MAX_PAGES} pages`));
+    const assembly = await client.assemble();
+    assert.deepEqual(assembly.tools, []);
+    assert.ok(!assembly.sections.some((section) => section.name === "mcp:fs"));
   } finally {
     await mcp.close();
   }
