@@ -53,6 +53,8 @@ from .types import (
     SkippedStep,
     Snapshot,
     Source,
+    ToolFreeze,
+    ToolOrderReport,
     ToolProviderResult,
     ToolSchema,
 )
@@ -103,6 +105,8 @@ __all__ = [
     "SystemPromptError",
     "TextProvider",
     "TextSource",
+    "ToolFreeze",
+    "ToolOrderReport",
     "ToolProviderResult",
     "ToolSchema",
     "ToolsProvider",

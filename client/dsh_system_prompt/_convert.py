@@ -27,6 +27,8 @@ from .types import (
     SkippedStep,
     Source,
     SourceKind,
+    ToolFreeze,
+    ToolOrderReport,
     ToolProviderResult,
     ToolSchema,
 )
@@ -214,7 +216,29 @@ def report_from_proto(message: pb.AssemblyReport) -> AssemblyReport:
         prefix_layout=LAYOUTS.get(message.prefix_layout, "system-first"),
         history_key=message.history_key,
         skipped=skipped_from_proto(message.skipped),
+        tool_order=_tool_order(message),
     )
+
+
+def _tool_order(message: pb.AssemblyReport) -> ToolOrderReport | None:
+    if not message.HasField("tool_order"):
+        return None
+    order = message.tool_order
+    return ToolOrderReport(order.kept, order.position, order.sorted_tool, order.kept_tool)
+
+
+FREEZES: dict[str, pb.ToolFreeze.ValueType] = {
+    "hold": pb.TOOL_FREEZE_HOLD,
+    "release": pb.TOOL_FREEZE_RELEASE,
+}
+
+
+def freeze_to_proto(freeze: ToolFreeze | None) -> pb.ToolFreeze.ValueType:
+    if freeze is None:
+        return pb.TOOL_FREEZE_UNSPECIFIED
+    if freeze not in FREEZES:
+        raise invalid_value(f"tool_freeze must be one of hold, release, not {freeze!r}")
+    return FREEZES[freeze]
 
 
 def skipped_from_proto(steps: Iterable[pb.SkippedStep]) -> tuple[SkippedStep, ...]:

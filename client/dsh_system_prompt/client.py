@@ -24,6 +24,7 @@ from ._connection import CALL_TIMEOUT_S, Connection, not_ready, open_when_ready
 from ._convert import (
     assembly_from_proto,
     context_to_proto,
+    freeze_to_proto,
     layout_to_proto,
     report_from_proto,
     skipped_from_proto,
@@ -44,7 +45,7 @@ from ._registrar import (
 )
 from ._replay import ScopeHandle
 from ._snapshots import change_filter, list_registrations
-from .types import ChangeKind, PrefixLayout, PromptAssembly, RenderedPrompt, Snapshot
+from .types import ChangeKind, PrefixLayout, PromptAssembly, RenderedPrompt, Snapshot, ToolFreeze
 
 # The registering names stay importable from here, where they always were.
 __all__ = [
@@ -117,6 +118,7 @@ class Client(_Registrar):
         report: bool = False,
         report_key: str | None = None,
         prefix_layout: PrefixLayout | None = None,
+        tool_freeze: ToolFreeze | None = None,
     ) -> PromptAssembly:
         """Assemble the prompt for `scope` with `fields` passed to providers and listeners.
 
@@ -124,12 +126,14 @@ class Client(_Registrar):
         a `timeout`, waits up to that long for the reconnect first. With
         `report`, `assembly.report` tells provenance, sizes and prefix stability,
         compared with the last report of `report_key` (default: the scope) and
-        laid out in `prefix_layout` (default: the sidecar's).
+        laid out in `prefix_layout` (default: the sidecar's). `tool_freeze` "hold" freezes
+        the report key's tools, "release" releases them (docs/prompt-cache.md, "Freezing the
+        tools"); it needs `report`.
         """
         local = self._connection.local
-        if local is not None and not report:
+        if local is not None and not report and tool_freeze is None:
             return await self._assemble_locally(local, scope, fields, timeout)
-        report_ = _Report(report, report_key, prefix_layout)
+        report_ = _Report(report, report_key, prefix_layout, tool_freeze)
         reply = await self._assemble(scope, fields, timeout, render=False, report=report_)
         return _assembly(reply)
 
@@ -161,9 +165,10 @@ class Client(_Registrar):
         report: bool = False,
         report_key: str | None = None,
         prefix_layout: PrefixLayout | None = None,
+        tool_freeze: ToolFreeze | None = None,
     ) -> RenderedPrompt:
         """Assemble and render on the sidecar (raises RenderError like render_prompt)."""
-        report_ = _Report(report, report_key, prefix_layout)
+        report_ = _Report(report, report_key, prefix_layout, tool_freeze)
         reply = await self._assemble(scope, fields, timeout, render=True, report=report_)
         return RenderedPrompt(
             reply.rendered.prompt, reply.rendered.context_snapshot, _assembly(reply)
@@ -293,6 +298,7 @@ class Client(_Registrar):
             report=report.wanted,
             report_key=report.key or "",
             prefix_layout=layout_to_proto(report.layout),
+            tool_freeze=freeze_to_proto(report.freeze),
         )
         reply: pb.AssembleResponse = await self._connection.call(
             self._connection.stub.Assemble, request, timeout=timeout
@@ -307,6 +313,7 @@ class _Report:
     wanted: bool
     key: str | None
     layout: PrefixLayout | None
+    freeze: ToolFreeze | None = None
 
 
 _NO_REPORT = _Report(False, None, None)

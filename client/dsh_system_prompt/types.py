@@ -28,6 +28,8 @@ SourceKind = Literal["builtin", "global", "scope", "listener", "rule", "unknown"
 PartKind = Literal["tool", "section", "context", "unknown"]
 # The order a model server caches tools and the system prompt in (see docs/prompt-cache.md).
 PrefixLayout = Literal["tools-first", "system-first"]
+# What a reported assembly does to its report key's tool freeze (docs/prompt-cache.md).
+ToolFreeze = Literal["hold", "release"]
 
 
 class FailurePolicy(enum.StrEnum):
@@ -203,6 +205,18 @@ class PrefixStability:
 
 
 @dataclass(frozen=True)
+class ToolOrderReport:
+    """A stably ordered assembly's tools (config `tool_order_mode = "stable"`) against the
+    order sorting gave: `kept` when they differ, then the first `position` where they do,
+    the tool sorting would have put there and the one kept there."""
+
+    kept: bool
+    position: int = 0
+    sorted_tool: str = ""
+    kept_tool: str = ""
+
+
+@dataclass(frozen=True)
 class AssemblyReport:
     """Provenance, sizes and prefix stability of one assembly (`assemble(report=True)`)."""
 
@@ -217,6 +231,7 @@ class AssemblyReport:
     prefix_layout: PrefixLayout = "system-first"
     history_key: str = ""  # e.g. 'scope "agent-1"' or 'key "conv-7"'
     skipped: tuple[SkippedStep, ...] = ()  # the steps the assembly went on without
+    tool_order: ToolOrderReport | None = None  # set only when the sidecar keeps a stable order
 
 
 @dataclass

@@ -12,7 +12,15 @@ import grpc
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import ConfigError, parse_config
-from helpers import SidecarFactory, raw_channel, raw_stub, tool, tool_names
+from helpers import (
+    SidecarFactory,
+    failure,
+    raw_channel,
+    raw_stub,
+    rejection,
+    tool,
+    tool_names,
+)
 from wire.test_errors import error_info, raw_failure
 
 REST = dsp.TOOL_ORDER_REST
@@ -271,4 +279,26 @@ async def test_a_freeze_needs_a_report_and_a_known_value(
         )
     assert "tool_freeze needs report = true" in (
         (await raw_failure(agent.assemble("conv-1", RELEASE, report=False))).details() or ""
+    )
+
+
+async def test_the_python_client_freezes_and_reads_the_order(
+    stable: Callable[..., Awaitable[Stable]],
+) -> None:
+    client = (await stable()).client
+    await client.tools([tool("bash"), tool("read")])
+    await client.assemble(report=True, report_key="conv-1", tool_freeze="hold")
+    await client.tools([tool("abc")])
+    error = await rejection(client.assemble(report=True, report_key="conv-1"))
+    assert failure(error) == frozen('tool "abc" would be added')
+    released = await client.render(report=True, report_key="conv-1", tool_freeze="release")
+    assert released.assembly.report is not None
+    assert released.assembly.report.tool_order == dsp.ToolOrderReport(
+        kept=True, position=0, sorted_tool="abc", kept_tool="bash"
+    )
+    assert tool_names(released.assembly) == ["bash", "read", "abc"]
+    wrong = await rejection(client.assemble(report=True, tool_freeze="keep"))  # type: ignore[arg-type]
+    assert (wrong.reason, wrong.message) == (
+        "INVALID_VALUE",
+        "tool_freeze must be one of hold, release, not 'keep'",
     )
