@@ -56,7 +56,7 @@ class Plan:
     # are handed; a listener stream then names its parts by slot without comparing them).
     prelude: Assembly | None = None
     # What of that assembly is the same at every assembly of a plan with providers
-    # (steps.py's _Made: its static parts, its tools when every provider is static).
+    # (prelude.py's _Made: its static parts, its tools when every provider is static).
     made: object = None
     # The rpc layer's per-part encodings and renderings of this plan's assemblies
     # (rpc/part_caches.py): a change makes a new plan, so none outlives its parts.

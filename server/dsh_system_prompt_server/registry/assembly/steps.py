@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from dsh_system_prompt_core import TOOL_ORDER_REST, Reason
+from dsh_system_prompt_core import Reason
 
 from .. import errors
 from ..callbacks import MISSING, Budget, CallbackCache
@@ -16,7 +16,6 @@ from ..model import (
     AssembleContext,
     Assembly,
     CachePolicy,
-    ContextRegistration,
     Dynamic,
     FailurePolicy,
     ListenerRegistration,
@@ -25,21 +24,17 @@ from ..model import (
     ProviderCall,
     ProviderHost,
     RuleRegistration,
-    SectionRegistration,
     StepRegistration,
-    Tool,
     ToolSet,
-    ToolsRegistration,
     ValueRegistration,
-    VariableRegistration,
 )
 from ..provenance import Origins, PartKind, Trace
 from ..rules import Inputs
 from .invariants import validate
 from .origins import entry_origin, record_changes, snapshot
 from .plan import Plan
+from .prelude import part_text, prelude, resolved
 from .rule_steps import rule_inputs, run_rule
-from .tool_order import check_known, order_tools
 
 R = TypeVar("R")
 
@@ -91,7 +86,7 @@ async def _run(
     # the same at every assembly of the plan (a static plan keeps its whole result instead)
     kept = bool(plan.listeners) and not plan.dynamic and origins is None
     if not kept or plan.prelude is None:
-        assembly = _prelude(plan, values, tool_order, left_out)
+        assembly = prelude(plan, values, tool_order, left_out)
         if kept:
             plan.prelude = assembly
     else:
@@ -108,7 +103,7 @@ async def _run(
     if result is plan.prelude:  # no step changed it: the kept one is not the caller's
         result = result.copy()
     if complete is not None:
-        result.sections = [Part(name=complete.name, text=_text(complete, values))]
+        result.sections = [Part(name=complete.name, text=part_text(complete, values))]
         if origins is not None:
             origins[(PartKind.SECTION, complete.name)] = entry_origin(complete, plan.chain)
     if plan.suppressed:
@@ -121,68 +116,6 @@ async def _run(
     return result
 
 
-def _prelude(
-    plan: Plan,
-    values: Mapping[ValueRegistration, ProvidedValue],
-    tool_order: Sequence[str] | None,
-    left_out: Collection[str],
-) -> Assembly:
-    """The assembly the waterfall starts from: the plan's parts with their values (the
-    static ones made once a plan, unless a provider was left out)."""
-    if left_out:  # made from the entries that are left
-        return Assembly(
-            sections=[
-                Part(e.name, _text(e, values)) for e in plan.sections if e.id not in left_out
-            ],
-            contexts=[
-                Part(e.name, _text(e, values)) for e in plan.contexts if e.id not in left_out
-            ],
-            tools=_collect_tools(plan.tools, values, tool_order, left_out),
-            variables={e.name: _variable(e, values) for e in plan.variables},
-        )
-    made = plan.made
-    if not isinstance(made, _Made):
-        made = plan.made = _Made.of(plan, tool_order)
-    return Assembly(
-        sections=[
-            p if isinstance(p, Part) else Part(p.name, _text(p, values)) for p in made.sections
-        ],
-        contexts=[
-            p if isinstance(p, Part) else Part(p.name, _text(p, values)) for p in made.contexts
-        ],
-        tools=list(made.tools)
-        if made.tools is not None
-        else _collect_tools(plan.tools, values, tool_order, left_out),
-        variables={e.name: _variable(e, values) for e in plan.variables},
-    )
-
-
-@dataclass(slots=True)
-class _Made:
-    """A plan's parts made once: a static entry's part, or the dynamic entry itself; the
-    ordered tools when no tool provider is dynamic (None: collected at each assembly)."""
-
-    sections: list[Part | SectionRegistration]
-    contexts: list[Part | ContextRegistration]
-    tools: list[Tool] | None
-
-    @classmethod
-    def of(cls, plan: Plan, tool_order: Sequence[str] | None) -> _Made:
-        static = all(not isinstance(entry.value, Dynamic) for entry in plan.tools)
-        return cls(
-            sections=[_made_part(entry) for entry in plan.sections],
-            contexts=[_made_part(entry) for entry in plan.contexts],
-            tools=_collect_tools(plan.tools, {}, tool_order) if static else None,
-        )
-
-
-E = TypeVar("E", SectionRegistration, ContextRegistration)
-
-
-def _made_part(entry: E) -> Part | E:
-    return entry if isinstance(entry.value, Dynamic) else Part(entry.name, _text(entry, {}))
-
-
 def _registered_origins(plan: Plan, values: Mapping[ValueRegistration, ProvidedValue]) -> Origins:
     origins: Origins = {}
     for kind, entries in (
@@ -193,7 +126,7 @@ def _registered_origins(plan: Plan, values: Mapping[ValueRegistration, ProvidedV
         for entry in entries:
             origins[(kind, entry.name)] = entry_origin(entry, plan.chain)
     for provider in plan.tools:
-        if isinstance(source := _resolved(provider, values), ToolSet):
+        if isinstance(source := resolved(provider, values), ToolSet):
             for tool in source.schemas:
                 origins[(PartKind.TOOL, tool.name)] = entry_origin(provider, plan.chain)
     return origins
@@ -390,51 +323,6 @@ def _check_provided(
             if not timeout.skips.skip(entry, failure):
                 raise failure from None
             del values[entry]
-
-
-def _resolved(
-    entry: ValueRegistration, values: Mapping[ValueRegistration, ProvidedValue]
-) -> object:
-    """The entry's value in this assembly: as registered, or as its provider answered
-    (None when it was not asked: disposed while the assembly ran)."""
-    return values.get(entry) if isinstance(entry.value, Dynamic) else entry.value
-
-
-def _text(
-    entry: SectionRegistration | ContextRegistration,
-    values: Mapping[ValueRegistration, ProvidedValue],
-) -> str:
-    text = _resolved(entry, values)
-    return text if isinstance(text, str) else ""
-
-
-def _variable(
-    entry: VariableRegistration, values: Mapping[ValueRegistration, ProvidedValue]
-) -> str | None:
-    value = _resolved(entry, values)
-    return value if isinstance(value, str) else None
-
-
-def _collect_tools(
-    providers: list[ToolsRegistration],
-    values: Mapping[ValueRegistration, ProvidedValue],
-    tool_order: Sequence[str] | None,
-    left_out: Collection[str] = (),
-) -> list[Tool]:
-    collected: list[Tool] = []
-    known: list[str] = []
-    for entry in providers:
-        source = _resolved(entry, values)
-        if not isinstance(source, ToolSet):
-            continue  # disposed before it was asked
-        collected.extend(source.schemas)
-        known.extend(source.known())
-    if any(tool.name == TOOL_ORDER_REST for tool in collected):
-        raise errors.reserved_tool_name(TOOL_ORDER_REST)
-    # A skipped provider's names are unknown: the order is then checked against none.
-    if tool_order is not None and not any(entry.id in left_out for entry in providers):
-        check_known(tool_order, known)
-    return order_tools(collected, tool_order)
 
 
 _FLAT_EVERY = 16  # listeners whose next() nest their frames before a task flattens them
