@@ -112,12 +112,58 @@ async def use(address: str) -> None:
         assert "Be brief." in dsp.render_prompt(assembly)
 
 
+# What only a config file, credentials, server reflection or a report's diff need, by module.
+DEFERRED = {
+    "tomllib": "a config file",
+    "dsh_system_prompt_server.sidecar.reload": "a config file",
+    "dsh_system_prompt_server.guard.auth": "credentials",
+    "grpc_reflection.v1alpha.reflection": "server reflection",  # (grpc imports the package)
+    "difflib": "a report's diff",
+}
+
+
+def deferred(modules: list[str]) -> set[str]:
+    """Which of `DEFERRED` (a package or one of its modules) are among `modules`."""
+    return {
+        name for name in DEFERRED if any(m == name or m.startswith(name + ".") for m in modules)
+    }
+
+
 async def test_serve_with_the_default_config_loads_no_optional_library() -> None:
     async with wrapped("serve", "--listen", "127.0.0.1:0") as run:
         await use(run.address)
         modules = await run.stop()
     assert loaded(modules) == set()
     assert "dsh_system_prompt_server.admin" not in modules
+    assert deferred(modules) == {"grpc_reflection.v1alpha.reflection"}  # on by default on loopback
+
+
+async def test_serve_without_reflection_loads_neither_it_nor_what_no_one_configured() -> None:
+    async with wrapped("serve", "--listen", "127.0.0.1:0", "--no-reflection") as run:
+        await use(run.address)
+        modules = await run.stop()
+    assert deferred(modules) == set()
+
+
+async def test_a_config_file_with_a_credential_loads_toml_reload_and_auth(tmp_path: Path) -> None:
+    """The file is read and watched, and the credential checked: a call without it refused."""
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-for-loads")
+    config = tmp_path / "sidecar.toml"
+    config.write_text(f'auth_token_file = "{token}"\n')
+    async with wrapped("serve", "--listen", "127.0.0.1:0", "--config", str(config)) as run:
+        with pytest.raises(dsp.SystemPromptError):
+            await use(run.address)
+        async with dsp.connect(run.address, client_name="loads", token=token.read_text()) as client:
+            await client.section("rules", 10, "Be brief.")
+            assert "Be brief." in dsp.render_prompt(await client.assemble())
+        modules = await run.stop()
+    assert deferred(modules) == {
+        "tomllib",
+        "dsh_system_prompt_server.sidecar.reload",
+        "dsh_system_prompt_server.guard.auth",
+        "grpc_reflection.v1alpha.reflection",
+    }
 
 
 def _get(url: str) -> tuple[int, str]:

@@ -4,13 +4,22 @@ refuses new calls once the sidecar is stopping.
 
 It may import only the folders before it in `LAYERS` in tests/package/test_package.py (the wire's
 handlers and statuses among them).
+
+Credentials are checked only when the config has some: `Authenticator` and `AuthInterceptor`
+(`auth.py`, `access.py`) load on first use.
 """
 
-from .auth import Authenticator, AuthInterceptor
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .clients import client_of
 from .gate import Gate
 from .policy import ADMIN, Credential, Grants, Request, Role, Verb, decide
 from .shares import Shares, ShareSettings, share_key, sharing, wire_s
+
+if TYPE_CHECKING:
+    from .auth import Authenticator, AuthInterceptor
 
 __all__ = [
     "ADMIN",
@@ -30,3 +39,12 @@ __all__ = [
     "sharing",
     "wire_s",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """`Authenticator` and `AuthInterceptor` on first use (PEP 562): only credentials need them."""
+    if name in ("Authenticator", "AuthInterceptor"):
+        from . import auth
+
+        return getattr(auth, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Sequence
 
@@ -18,6 +17,8 @@ def bounded_diff(old: str, new: str, json_: bool = False) -> str:
     """
     if old == new:
         return ""
+    import difflib  # a prompt changed since the last report: not before
+
     if json_:
         old, new = _pretty(old), _pretty(new)
     before, after = old.splitlines(), new.splitlines()

@@ -15,10 +15,9 @@ import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from ..config import ConfigError, names
-from ..guard import Authenticator, AuthInterceptor, Shares, sharing
+from ..guard import Shares, sharing
 from ..registry import Registry
 from ..rpc import ServerState, SystemPromptService
 from ..telemetry import Metrics, logger
@@ -37,6 +36,7 @@ from .config import SidecarConfig, all_credentials
 
 if TYPE_CHECKING:
     from ..admin import AdminOptions, AdminServer
+    from ..guard import Authenticator, AuthInterceptor, Credential
     from ..telemetry import Tracing
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SystemPromptService"].full_name
@@ -95,8 +95,7 @@ async def start_sidecar(
     raise_open_files()
     registry = Registry(config.registry)
     credentials = all_credentials(config)
-    authenticator = Authenticator(credentials) if credentials else None
-    auth = None if authenticator is None else AuthInterceptor(authenticator, registry)
+    authenticator, auth = _auth(credentials, registry) if credentials else (None, None)
     server = grpc.aio.server(options=server_options(config))
     metrics = Metrics(key_labels=config.metrics_key_labels)
     state = ServerState(registry, config.state, metrics, tracing)
@@ -105,9 +104,7 @@ async def start_sidecar(
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, served)
     if reflection_enabled(config, listen):
-        names = (SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME)
-        servicer = reflection.aio.ReflectionServicer(names)
-        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, served)
+        _add_reflection(served)
     port = _bind(server, listen, server_credentials(config))
     if config.metrics_listen:
         _serve_metrics(metrics, config.metrics_listen)
@@ -140,6 +137,16 @@ async def start_sidecar(
     )
 
 
+def _auth(
+    credentials: list[Credential], registry: Registry
+) -> tuple[Authenticator, AuthInterceptor]:
+    """What checks every call's credential (the config has some: only then is it loaded)."""
+    from ..guard import Authenticator, AuthInterceptor
+
+    authenticator = Authenticator(credentials)
+    return authenticator, AuthInterceptor(authenticator, registry)
+
+
 def interceptions(
     tracing: Tracing | None, auth: AuthInterceptor | None, shares: Shares
 ) -> list[Interception]:
@@ -153,6 +160,15 @@ def interceptions(
     listed.append(Interception("shares", sharing(shares)))
     listed.append(Interception("parsing", parsing))
     return listed
+
+
+def _add_reflection(served: Intercepted) -> None:
+    """Server reflection: loaded only where it is on (by default, loopback listeners only)."""
+    from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
+
+    names = (SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME)
+    servicer = reflection.aio.ReflectionServicer(names)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, served)
 
 
 def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None) -> int:

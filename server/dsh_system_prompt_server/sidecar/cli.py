@@ -18,8 +18,7 @@ from ..reports import Layout
 from ..telemetry import configure_logging, logger, tracing_from_env
 from ..wire import AddressError, check_listen
 from .app import start_sidecar
-from .config import SidecarConfig, load_config, with_overrides
-from .reload import POLL_S, Reloader
+from .config import POLL_S, SidecarConfig, load_config, with_overrides
 
 DEFAULT_LISTEN = "127.0.0.1:50051"  # where clients look by default too (dsp.DEFAULT_ADDRESS)
 EXIT_CONFIG = 2
@@ -202,6 +201,8 @@ async def _run(config: SidecarConfig, args: argparse.Namespace) -> None:
         loop.add_signal_handler(signum, stop.set)
     watching = None
     if args.config:
+        from .reload import Reloader  # only a config file is reloaded
+
         reloader = Reloader(sidecar, args.config, lambda: _load(args))
         loop.add_signal_handler(signal.SIGHUP, reloader.reload, "SIGHUP")
         if args.config_poll > 0:

@@ -7,7 +7,6 @@ adds the process's own, and checks what no single key can say.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -159,6 +158,7 @@ _AGENT_GRANTS = {
     "global_listeners": "global_listeners",
     "builtins": "builtins",
 }
+POLL_S = 1.0  # how often a config file is compared with what was loaded (sidecar/reload.py)
 CREDENTIAL_KEYS = {
     "name",
     "role",
@@ -174,6 +174,8 @@ def load_config(path: str | Path | None) -> SidecarConfig:
     """Read and validate `path`; None gives the defaults."""
     if path is None:
         return SidecarConfig()
+    import tomllib  # only a config file needs it
+
     try:
         with open(path, "rb") as file:
             raw = tomllib.load(file)

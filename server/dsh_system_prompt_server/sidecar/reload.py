@@ -18,10 +18,9 @@ from pathlib import Path
 from ..config import ConfigError, Key, Reload, declared, flat, merged
 from ..telemetry import LOGGER_NAME, logger
 from .app import Sidecar
-from .config import SidecarConfig, all_credentials, auth_enabled
+from .config import POLL_S, SidecarConfig, all_credentials, auth_enabled
 
 _log = logger("reload")
-POLL_S = 1.0  # how often the config file is compared with what was loaded
 
 
 @dataclass(frozen=True)
