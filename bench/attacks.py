@@ -1,4 +1,4 @@
-"""Hostile peers, every attack of issues 11 and 22 at once, in their own process (`bench.hostile`).
+"""Hostile peers, every attack of issues 11, 22 and 34 at once, in their own process.
 
     python -m bench.attacks ADDRESS SECONDS [SKIP,...]
 
@@ -24,7 +24,9 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt._channel import _bearer_token
 
-Counts = collections.Counter[str]
+from . import trust_attacks as trust
+from .attack_counts import Counts, answered, tally
+
 Stub = pb_grpc.SystemPromptServiceStub
 OWN_CONNECTION = [
     ("grpc.use_local_subchannel_pool", 1),
@@ -45,28 +47,6 @@ def _channel(address: str, options: Any = None) -> grpc.aio.Channel:
 
 def _nested(depth: int) -> str:
     return '{"a":' * (depth - 1) + "{}" + "}" * (depth - 1)
-
-
-async def _tally(counts: Counts, name: str, call: Awaitable[object]) -> None:
-    try:
-        await call
-        counts[f"{name}: ok"] += 1
-    except grpc.aio.AioRpcError as error:
-        counts[f"{name}: {error.code().name}"] += 1
-    except dsp.SystemPromptError as error:
-        counts[f"{name}: {error.code.name} {error.reason}"] += 1
-
-
-async def _answered(call: Any, counts: Counts, name: str, answered: str) -> bool:
-    """Whether the stream `call` sent its first message; counted as `name: answered`, or
-    by the status code it was refused with."""
-    try:
-        await call.read()
-    except grpc.aio.AioRpcError as error:
-        counts[f"{name}: {error.code().name}"] += 1
-        return False
-    counts[f"{name}: {answered}"] += 1
-    return True
 
 
 async def _raw_session(stub: pb_grpc.SystemPromptServiceStub) -> tuple[Any, str]:
@@ -129,7 +109,7 @@ async def stalled_session(
     )
     loop = asyncio.get_running_loop()
     while loop.time() < until:
-        await _tally(counts, "stalled session assemble", stub.Assemble(request, timeout=2))
+        await tally(counts, "stalled session assemble", stub.Assemble(request, timeout=2))
     return [session]
 
 
@@ -142,7 +122,7 @@ async def huge_scope_keys(
         index += 1
         key = f"{index}-" + "k" * 1_000_000
         request = pb.AssembleRequest(context=pb.AssembleContext(scope=key))
-        await _tally(counts, "huge scope key", stub.Assemble(request, timeout=5))
+        await tally(counts, "huge scope key", stub.Assemble(request, timeout=5))
 
 
 async def deep_json(
@@ -151,9 +131,9 @@ async def deep_json(
     loop = asyncio.get_running_loop()
     fields = pb.AssembleRequest(context=pb.AssembleContext(fields_json=_nested(DEEP)))
     while loop.time() < until:
-        await _tally(counts, "deep fields", stub.Assemble(fields, timeout=5))
+        await tally(counts, "deep fields", stub.Assemble(fields, timeout=5))
         tool = dsp.ToolSchema.from_json("deep", "d", _nested(DEEP))
-        await _tally(counts, "deep tool parameters", client.tools([tool]))
+        await tally(counts, "deep tool parameters", client.tools([tool]))
 
 
 async def session_flood(address: str, counts: Counts, until: float) -> list[Any]:
@@ -178,7 +158,7 @@ async def malformed_templates(client: dsp.Client, counts: Counts, until: float) 
     index = 0
     while loop.time() < until:
         index += 1
-        await _tally(counts, "malformed template", client.section(f"bad-{index}", 1, "{{ x }}"))
+        await tally(counts, "malformed template", client.section(f"bad-{index}", 1, "{{ x }}"))
         await asyncio.sleep(0.01)
 
 
@@ -188,7 +168,7 @@ async def idle_watchers(stub: pb_grpc.SystemPromptServiceStub, counts: Counts) -
     calls = []
     for _ in range(WATCHERS):
         call = stub.WatchChanges(pb.WatchChangesRequest())
-        if not await _answered(call, counts, "idle watcher", "subscribed"):
+        if not await answered(call, counts, "idle watcher", "subscribed"):
             break
         calls.append(call)
     return calls
@@ -207,26 +187,19 @@ async def loud_provider_and_deep_waterfall(
     await scope.section("loud", 1, loud)
     waterfall = await client.scope("hostile-waterfall")
 
-    async def passing(
-        assembly: dsp.PromptAssembly,
-        ctx: dsp.AssembleContext,
-        next_: Callable[[], Awaitable[dsp.PromptAssembly]],
-    ) -> Any:
-        return await next_()
-
     loop = asyncio.get_running_loop()
     installed, refused = 0, False
     while loop.time() < until:
-        await _tally(counts, "loud provider", client.assemble(scope="hostile-loud", timeout=5))
+        await tally(counts, "loud provider", client.assemble(scope="hostile-loud", timeout=5))
         for _ in range(0 if refused else min(50, 400 - installed)):  # grows while assembled
             try:
-                await waterfall.on_assemble(passing)
+                await waterfall.on_assemble(trust.passing)
             except dsp.SystemPromptError as error:  # past the client's listener quota
                 counts[f"chained listener: {error.code.name} {error.reason}"] += 1
                 refused = True
                 break
             installed += 1
-        await _tally(
+        await tally(
             counts,
             f"{installed} chained listeners",
             client.assemble(scope="hostile-waterfall", timeout=10),
@@ -253,7 +226,7 @@ async def big_scopes(stub: Stub, counts: Counts, until: float) -> list[Any]:
             order=900 + index,
             text=chr(ord("a") + index) * BIG_PART,
         )
-        await _tally(counts, "big scopes: register", stub.RegisterSection(request))
+        await tally(counts, "big scopes: register", stub.RegisterSection(request))
     loop = asyncio.get_running_loop()
     index = 0
     while loop.time() < until:
@@ -262,7 +235,7 @@ async def big_scopes(stub: Stub, counts: Counts, until: float) -> list[Any]:
         opening = pb.OpenScopeRequest(session_id=session_id, key=key, parent_key="hostile-big")
         await stub.OpenScope(opening)
         assemble = pb.AssembleRequest(context=pb.AssembleContext(scope=key))
-        await _tally(counts, "big scopes: assemble", stub.Assemble(assemble, timeout=10))
+        await tally(counts, "big scopes: assemble", stub.Assemble(assemble, timeout=10))
     return [session]
 
 
@@ -284,9 +257,9 @@ async def largest_requests(stub: Stub, counts: Counts, until: float) -> list[Any
         index += 1
         context = pb.AssembleContext(scope="hostile-fields", fields_json=_largest_fields(index))
         request = pb.AssembleRequest(context=context)
-        await _tally(counts, "largest fields", stub.Assemble(request, timeout=10))
+        await tally(counts, "largest fields", stub.Assemble(request, timeout=10))
         listing = pb.ListRegistrationsRequest(filter=pb.ChangeFilter(kinds=kinds))
-        await _tally(counts, "largest filter", _drain(stub.ListRegistrations(listing)))
+        await tally(counts, "largest filter", _drain(stub.ListRegistrations(listing)))
         invalidate.invalidate_id = index
         await session.write(pb.OpenSessionRequest(invalidate=invalidate))
     return [session]
@@ -307,7 +280,7 @@ async def unread_listings(stub: Stub, counts: Counts) -> list[Any]:
     calls = []
     for _ in range(10):
         call = stub.ListRegistrations(pb.ListRegistrationsRequest(include_values=True))
-        await _answered(call, counts, "unread listing", "started")
+        await answered(call, counts, "unread listing", "started")
         calls.append(call)
     return calls
 
@@ -321,7 +294,7 @@ async def prompt_watchers(address: str, counts: Counts) -> list[Any]:
         stub = pb_grpc.SystemPromptServiceStub(channel)
         for _ in range(64):
             call = stub.WatchPrompt(pb.WatchPromptRequest(scope="hostile-big-0"))
-            await _answered(call, counts, "prompt watcher", "watching")
+            await answered(call, counts, "prompt watcher", "watching")
             held.append(call)
     return held
 
@@ -350,7 +323,7 @@ async def quota_hog(address: str, counts: Counts, until: float) -> list[Any]:
     held: list[Any] = [channel]
     while asyncio.get_running_loop().time() < until:
         call = stub.WatchChanges(pb.WatchChangesRequest())
-        if not await _answered(call, counts, "quota hog watch", "opened"):
+        if not await answered(call, counts, "quota hog watch", "opened"):
             break
         held.append(call)
     return held
@@ -372,6 +345,16 @@ ATTACKS = (
     "prompt-watchers",
     "idle-connections",
     "quota-hog",
+    # issue 34
+    "no-token-flood",
+    "wrong-token-flood",
+    "health-flood",
+    "reflection-flood",
+    "own-scope-churn",
+    "oversized-answer",
+    "slow-provider",
+    "listener-burst",
+    "watchers-behind-a-burst",
 )
 
 
@@ -401,6 +384,7 @@ async def attack(address: str, seconds: float, skip: frozenset[str] = frozenset(
             "big-scopes": lambda: big_scopes(stub, counts, until),
             "largest-requests": lambda: largest_requests(stub, counts, until),
             "quota-hog": lambda: quota_hog(address, counts, until),
+            **_trust_attacks(address, stub, client, counts, until),
             # after the big scope is registered: they list and watch it
             "unread-listings": lambda: _after(5, unread_listings(stub, counts)),
             "prompt-watchers": lambda: _after(5, prompt_watchers(address, counts)),
@@ -426,6 +410,25 @@ async def attack(address: str, seconds: float, skip: frozenset[str] = frozenset(
         await client.close()
         await channel.close()
     return counts
+
+
+def _trust_attacks(
+    address: str, stub: Stub, client: dsp.Client, counts: Counts, until: float
+) -> dict[str, Callable[[], Awaitable[object]]]:
+    """Issue 34's attacks (bench.trust_attacks), by name."""
+    return {
+        "no-token-flood": lambda: trust.credential_flood(address, None, counts, until),
+        "wrong-token-flood": lambda: trust.credential_flood(address, "wrong", counts, until),
+        "health-flood": lambda: trust.health_flood(address, counts, until),
+        "reflection-flood": lambda: trust.reflection_flood(address, TOKEN, counts, until),
+        "own-scope-churn": lambda: trust.own_scope_churn(client, counts, until),
+        "oversized-answer": lambda: trust.oversized_answer(address, TOKEN, counts, until),
+        "slow-provider": lambda: trust.slow_beside_instant(address, TOKEN, counts, until),
+        "listener-burst": lambda: trust.listener_burst(client, counts, until),
+        "watchers-behind-a-burst": lambda: trust.watchers_behind_a_burst(
+            stub, client, counts, until
+        ),
+    }
 
 
 def main() -> int:

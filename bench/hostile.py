@@ -4,14 +4,18 @@
 
 Twice, each time against a fresh sidecar process: a calm run of the soak's
 clients (`bench.soak`: register, assemble, churn), then the same run while
-`bench.attacks` does every attack of issues 11 and 22 at once from its own process
+`bench.attacks` does every attack of issues 11, 22 and 34 at once from its own process
 (a listener that stops reading, one that reads and never answers, a session that
 never reads, huge scope keys, deep JSON, a session flood, malformed templates, idle
 watchers (as many as one connection may hold of the 1,000 asked), a 20 KB provider
 error, chained listeners (as many as one client may hold of the 400 asked), a 3.5 MiB
 scope assembled in 300 scopes, the largest requests the bounds allow, unread listings,
 256 prompt watchers, 1,100 idle connections, one connection holding every watch it
-may). Then issue 22's memory
+may), and issue 34's (`bench.trust_attacks`: no-token, wrong-token, health and
+reflection floods, churn in the attackers' own scope, a provider answer over the
+message bound, a slow provider beside instant ones, a burst of 150 assemblies with
+240 KB answers through one listener, slow plain watchers behind a burst of 1,500
+registrations). Then issue 22's memory
 findings 2-5 each alone (`bench.hostile_figures`). It passes when the well-behaved
 clients see no error but the assemblies in flight during a silent listener's one
 timeout, their assembly p99 stays within 2x of the calm run's, and the sidecar's peak

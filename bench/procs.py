@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import admin_views, echo, floor, watchers
+from . import admin_views, echo, floods, floor, watchers
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = Path(tempfile.gettempdir()) / f"dsp-bench-{os.getpid()}"
@@ -136,10 +136,37 @@ async def start_watchers(address: str, count: int) -> ServerProcess:
     return await _start(argv, watchers.READY, "watchers")
 
 
+async def start_plain_watchers(
+    address: str, count: int, per_channel: int, burst: int, out: Path, window_s: float
+) -> ServerProcess:
+    """`count` WatchChanges streams without change-batches, `per_channel` to a connection,
+    noting when each was told of each of the next `burst` revisions (`bench/watchers.py`);
+    `finished()` waits for the notes in `out`."""
+    argv = [sys.executable, "-m", "bench.watchers", address, str(count), "--plain"]
+    argv += ["--per-channel", str(per_channel), "--burst", str(burst), "--out", str(out)]
+    return await _start([*argv, "--window", str(window_s)], watchers.READY, "plain-watchers")
+
+
+async def finished(process: ServerProcess, line: str, timeout_s: float) -> None:
+    """Wait until `process` prints `line` (or ends), at most `timeout_s`."""
+    stdout = process.process.stdout
+    assert stdout is not None
+    async with asyncio.timeout(timeout_s):
+        while said := (await stdout.readline()).decode():
+            if said.strip() == line:
+                return
+
+
 async def start_admin_views(url: str, count: int) -> ServerProcess:
     """`count` live admin views of the page at `url`, read by a process of their own."""
     argv = [sys.executable, "-m", "bench.admin_views", url, str(count)]
     return await _start(argv, admin_views.READY, "admin-views")
+
+
+async def start_flood(address: str, kind: str) -> ServerProcess:
+    """The flood `kind` of `bench.floods` on `address`, from a process of its own."""
+    argv = [sys.executable, "-m", "bench.floods", address, kind]
+    return await _start(argv, floods.READY, f"flood-{kind}")
 
 
 # cli.py has no `if __name__ == "__main__"`; call its main() the way the script does.

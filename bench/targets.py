@@ -14,6 +14,9 @@ TARGETS: dict[str, float] = {
     # the local cache (figures/local_cache.py): µs, the Python client's cached assemble()
     "local_cache_assemble_p50_us": 50.0,
     "local_cache_assemble_p99_us": 100.0,
+    # caches keyed by reach, alice's figures while bob churns (figures/cache_reach.py)
+    "cache_reach_provider_calls": 1.0,  # calls of her cacheable provider in 300 assemblies
+    "cache_reach_local_answers": 95.0,  # % of her assemblies her local cache answers, at least
     # scale (figures/scale.py)
     "many_scopes": 1.1,
     "report_cost": 1.1,
@@ -26,9 +29,23 @@ TARGETS: dict[str, float] = {
     "further_listener": 1.3,
     "cached_10_providers_1_listener": 1.3,  # x the empty unary RPC, p50
     "cached_10_providers_10_listeners": 1.3,
+    # rules, the sidecar's own steps (figures/rules.py): round trips over the static assemble
+    "rule_step": 0.2,
+    "rules_10": 2.0,
+    "rules_10_cached": 1.2,  # x the static assemble with unchanged inputs, p50
+    "rule_worst": 2.0,  # x other callers' calm p99, beside the dearest admitted rule
     # watchers and the admin page, slowdowns (figures/watches.py, figures/admin.py)
     "idle_watchers": 3.0,
+    "beside_plain_lag_ms": 300.0,  # a batching watcher's p50 beside 900 plain ones, all seen
+    "plain_watchers_told_s": 5.0,  # each plain watcher up to date or told it missed, at most
+    "prompt_watchers_beside": 1.5,  # x another client's Assemble p50, as issue 34 asks of floods
     "admin_live_views": 2.0,
+    # calls without a valid credential, health and reflection, flooding beside a credentialed
+    # client (figures/floods.py): its Assemble p50 over its calm one, in the same run
+    "flood_no_token": 1.5,
+    "flood_wrong_token": 1.5,
+    "flood_health": 1.5,
+    "flood_reflection": 1.5,
     # memory (figures/memory.py)
     "session_memory": 10.0,  # % RSS growth over 10,000 session cycles, below
     "memo_memory": 1.01,

@@ -78,6 +78,7 @@ NOT_IN_TREE = (
     "build/",
     "sidecar.toml",
     "assembly.json",
+    "rules.toml",
 )
 # Files of other projects the docs cite (DeepSeek's model repository, googleapis).
 EXTERNAL = {"tokenizer_config.json", "encoding/encoding_dsv32.py", "google/rpc/status.proto"}
@@ -242,14 +243,21 @@ def cli_flags() -> tuple[set[str], set[str]]:
     for script in (ROOT / "bench").glob("*.py"):
         flags |= set(ADD_ARGUMENT.findall(script.read_text(encoding="utf-8")))
     serve: set[str] = set()
-    for action in root._actions:
+    for name, sub in _commands(root):
+        options = {f for a in sub._actions for f in a.option_strings}
+        flags |= options
+        if name == "serve":
+            serve = {f for f in options if f.startswith("--") and f != "--help"}
+    return flags, serve
+
+
+def _commands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """Each command's name and parser, those of a command's own commands (`rules check`) too."""
+    for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
-                options = {f for a in sub._actions for f in a.option_strings}
-                flags |= options
-                if name == "serve":
-                    serve = {f for f in options if f.startswith("--") and f != "--help"}
-    return flags, serve
+                yield name, sub
+                yield from _commands(sub)
 
 
 def config_key_names() -> set[str]:

@@ -29,6 +29,11 @@ Check = Callable[[], bool | Awaitable[bool]]
 IDENTITY = "You are an AI agent powered by DeepSeek Harness."
 
 
+def metric(sidecar: Sidecar, name: str, **labels: str) -> float:
+    """A sample of the sidecar's own metrics; 0 while it has never been counted."""
+    return sidecar.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
 def section_names(assembly: dsp.PromptAssembly) -> list[str]:
     return [section.name for section in assembly.sections]
 

@@ -21,14 +21,22 @@ from .assemble import (
     in_process,
     ts_client_assemble,
 )
+from .cache_reach import cache_reach
 from .callbacks import cached_callbacks, dynamic_sections, listeners
+from .floods import floods_beside
 from .harness import Budget, Harness, collect_garbage
 from .local_cache import local_cache_assemble, local_cache_staleness, ts_local_cache_assemble
 from .memory import memo_memory, session_memory
+from .rules import rule_worst, rules, rules_memory
 from .scale import many_scopes, report_cost, throughput, unix_vs_tcp
 from .tax import tax
 from .tool_order import tool_order_churn
-from .watches import change_fan_out, idle_watchers
+from .watches import (
+    beside_plain_watchers,
+    change_fan_out,
+    idle_watchers,
+    prompt_watchers_beside,
+)
 
 FigureFn = Callable[[Harness], Awaitable[list[Figure]]]
 
@@ -41,19 +49,26 @@ ALL: dict[str, FigureFn] = {
     "local_cache_assemble": local_cache_assemble,
     "ts_local_cache_assemble": ts_local_cache_assemble,
     "local_cache_staleness": local_cache_staleness,
+    "cache_reach": cache_reach,
     "many_scopes": many_scopes,
     "report_cost": report_cost,
     "tool_order_churn": tool_order_churn,
     "dynamic_sections": dynamic_sections,
     "listeners": listeners,
     "cached_callbacks": cached_callbacks,
+    "rules": rules,
+    "rule_worst": rule_worst,
+    "rules_memory": rules_memory,
     "throughput_vs_bare": throughput,
     "unix_vs_tcp": unix_vs_tcp,
     "change_fan_out": change_fan_out,
     "idle_watchers": idle_watchers,
+    "beside_plain_watchers": beside_plain_watchers,
+    "prompt_watchers_beside": prompt_watchers_beside,
     "session_memory": session_memory,
     "memo_memory": memo_memory,
     "admin_live_views": admin_live_views,
+    "floods": floods_beside,
     "tax": tax,
 }
 

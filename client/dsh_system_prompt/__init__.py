@@ -15,21 +15,19 @@ from ._changes import ChangeStream
 from ._channel import DEFAULT_ADDRESS, TLS, default_address, open_channel
 from ._listeners import Listener, Next
 from ._prompts import PromptStream
-from ._rules import Mutation, Rule, RulePart
-from .client import (
-    Client,
+from ._registrar import (
     Disposer,
     Handle,
     ListenerHandle,
-    Scope,
     TextProvider,
     TextSource,
     ToolsProvider,
     ToolsSource,
     VariableProvider,
     VariableSource,
-    connect,
 )
+from ._rules import Mutation, Rule, RulePart
+from .client import Client, Scope, connect
 from .errors import RenderError, SystemPromptError
 from .render import render_context_snapshot, render_prompt
 from .types import (

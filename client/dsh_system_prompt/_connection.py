@@ -143,9 +143,17 @@ class Connection:
         if record in self.journal:
             self.reinstalls.ejected(record, self.session_id, why)
 
+    def listener_lost(self, record: ListenerRegistration, why: str) -> None:
+        """`record`'s stream ended while this client keeps it (the sidecar closed it): it
+        is installed again on the same session, which the sidecar keeps (with the rest of
+        its registrations); a lost session is made again, and replays it, on its own."""
+        if record in self.journal and not self.closed:
+            self.reinstalls.lost(record, self.session_id, why)
+
     async def _reinstall(self, record: Registration, session_id: str) -> None:
-        """Make an ejected `record` again, on the session it was ejected from: after a
-        reconnect the replay made it already, and a disposed one is not made again."""
+        """Make an ejected (or lost) `record` again, on the session it was ejected from:
+        after a reconnect the replay made it already, and a disposed one is not made
+        again."""
         if self.closed or record not in self.journal or self.session_id != session_id:
             return
         await record.release()  # an ejected listener's stream has ended
@@ -155,7 +163,9 @@ class Connection:
             # %r here and below: the sidecar's words, a log line each, their controls escaped
             _log.warning("could not register an ejected callback again: %r", str(error))
             return
-        if record not in self.journal:  # disposed while it was made: the disposer wins
+        if self.closed:  # closed while it was made: close() did not see its stream
+            await record.release()
+        elif record not in self.journal:  # disposed while it was made: the disposer wins
             await self._dispose_on(session_id, record)
 
     def _lost(self, session: Session) -> None:

@@ -49,6 +49,7 @@ class Dispatch:
         self._writing = False
         self._starting = False  # _write_next is on it: a write done at once returns there
         self._running: dict[int, asyncio.Task[None]] = {}
+        self.end_reason = ""  # the status message the stream ended with, if it failed
 
     async def read(self, ended: Callable[[], None]) -> None:
         """Dispatch each message to its kind's handler until the stream ends; then release
@@ -60,8 +61,9 @@ class Dispatch:
                 handler = self._handlers.get(kind or "")
                 if handler is not None:
                     handler(getattr(message, kind or ""))
-        except grpc.RpcError:
-            pass
+        except grpc.RpcError as error:
+            details = getattr(error, "details", None)  # an aio error's: the status message
+            self.end_reason = str(details() if callable(details) else "") or str(error)
         finally:
             self.cancel_all()  # their answers have nowhere to go now
             self.invalidations.release()

@@ -36,13 +36,30 @@ class Reinstalls:
 
     def ejected(self, record: Registration, session_id: str, why: str) -> None:
         """The sidecar ejected `record` from the session `session_id`: make it again later."""
+        delay = self._backoff(record)
+        # %r: `why` is the sidecar's text, naming the callback; its controls stay escapes
+        _log.warning("the sidecar ejected a callback (%r); registering it again in %gs", why, delay)
+        self._schedule(record, session_id, delay)
+
+    def lost(self, record: Registration, session_id: str, why: str) -> None:
+        """The sidecar closed the stream of `record`'s listener while its session lives
+        (it keeps the listener's place, failing what it would see, until it is back):
+        install it again on that session, at once the first time, then with the backoff
+        (a stream closed again and again costs the sidecar one install per backoff)."""
+        delay = self._backoff(record) - FIRST_BACKOFF_S  # 0 the first time
+        _log.warning(
+            "the sidecar closed a listener's stream (%r); installing it again in %gs", why, delay
+        )
+        self._schedule(record, session_id, delay)
+
+    def _backoff(self, record: Registration) -> float:
         count, last = self._ejections.get(record, (0, 0.0))
         now = time.monotonic()
         count = 1 if now - last > CALM_S else count + 1
         self._ejections[record] = (count, now)
-        delay = min(FIRST_BACKOFF_S * 2 ** (count - 1), MAX_BACKOFF_S)
-        # %r: `why` is the sidecar's text, naming the callback; its controls stay escapes
-        _log.warning("the sidecar ejected a callback (%r); registering it again in %gs", why, delay)
+        return float(min(FIRST_BACKOFF_S * 2 ** (count - 1), MAX_BACKOFF_S))
+
+    def _schedule(self, record: Registration, session_id: str, delay: float) -> None:
         task = asyncio.create_task(self._later(record, session_id, delay))
         self._waiting.add(task)
         task.add_done_callback(self._waiting.discard)

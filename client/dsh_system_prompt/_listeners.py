@@ -58,7 +58,7 @@ class ListenerStream:
         self,
         stub: pb_grpc.SystemPromptServiceStub,
         listener: Listener,
-        on_lost: Callable[[], None] = lambda: None,
+        on_lost: Callable[[str], None] = lambda _: None,
         on_ejected: Callable[[str], None] = lambda _: None,
     ) -> None:
         self._stub = stub
@@ -128,8 +128,8 @@ class ListenerStream:
             return
         if self._ejected:
             self._on_ejected(self._ejected)  # it did not answer in time: installed again
-        else:
-            self._on_lost()  # the sidecar dropped the listener: the session is re-made
+        else:  # the stream ended under it: installed again on the same session
+            self._on_lost(self._stream.end_reason or "its stream ended")
 
     def _ejected_by_sidecar(self, ejected: pb.CallbackEjected) -> None:
         self._ejected = ejected.message or ejected.reason or "ejected"

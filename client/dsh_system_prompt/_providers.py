@@ -20,7 +20,7 @@ from .types import AssembleContext
 
 # What a provider returns is checked when it answers (a hostile or buggy one fails the assembly).
 Provider = Callable[[AssembleContext], object]
-Waiting = list[Coroutine[Any, Any, None]]
+Waiting = list[tuple[pb.ProvidedValue, Coroutine[Any, Any, None]]]  # an answer, what fills it
 """What a ProvideRequest's answer still waits for: its async (or traced) providers."""
 
 
@@ -64,9 +64,9 @@ class Providers:
         pairs = list(zip(answers, request.calls, strict=True))
         if request.trace_context:  # the sidecar traces: one span per provider, in a task
             carrier = request.trace_context
-            return response, [self._traced(a, call, context, carrier) for a, call in pairs]
+            return response, [(a, self._traced(a, call, context, carrier)) for a, call in pairs]
         waiting = [  # async providers run concurrently; sync ones have answered already
-            _finish(answer, call.kind, pending)
+            (answer, _finish(answer, call.kind, pending))
             for answer, call in pairs
             if (pending := self._start(answer, call, context)) is not None
         ]

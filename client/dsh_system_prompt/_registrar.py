@@ -130,12 +130,9 @@ class _Registrar:
         FailurePolicy.IGNORE, one an assembly goes on without when it fails, for a
         provider that decorates, never one that filters: see docs/protocol.md)."""
         request = pb.RegisterSectionRequest(name=name, order=_order(order), complete=complete)
-        labelled = f'section provider "{name}"'
-        source = _with_text(
-            request, self._source(text, "text", labelled, _Asked(cache, timeout_s, failure_policy))
-        )
         record = Contribution(request=request, rpc=self._stub.RegisterSection)
-        return await self._register_value(record, source)
+        asked = _Asked(cache, timeout_s, failure_policy)
+        return await self._register_text(record, "section", text, asked)
 
     async def context(
         self,
@@ -150,12 +147,9 @@ class _Registrar:
         """Contribute an ordered runtime context; `text` is a string or a provider
         (`cache`, `timeout_s` and `failure_policy` as for `section`)."""
         request = pb.RegisterContextRequest(name=name, order=_order(order))
-        labelled = f'context provider "{name}"'
-        source = _with_text(
-            request, self._source(text, "text", labelled, _Asked(cache, timeout_s, failure_policy))
-        )
         record = Contribution(request=request, rpc=self._stub.RegisterContext)
-        return await self._register_value(record, source)
+        asked = _Asked(cache, timeout_s, failure_policy)
+        return await self._register_text(record, "context", text, asked)
 
     async def suppress_runtime_context(self) -> Disposer:
         """Suppress runtime context here until the returned disposer runs."""
@@ -257,7 +251,7 @@ class _Registrar:
             start=start,
             listener=listener,
             stub=self._stub,
-            on_lost=self._connection.restart,
+            on_lost=self._connection.listener_lost,
             on_ejected=self._connection.listener_ejected,
         )
         await self._make(record, None)
@@ -302,6 +296,18 @@ class _Registrar:
     ) -> Disposer:
         await self._make(record, source)
         return Disposer(lambda: self._connection.dispose(record))
+
+    async def _register_text(
+        self,
+        record: Contribution[Any],
+        kind: str,
+        text: TextSource,
+        asked: _Asked,
+    ) -> Handle:
+        """A section or context: its text, or its provider (`section provider "cwd"`)."""
+        labelled = f'{kind} provider "{record.request.name}"'
+        source = _with_text(record.request, self._source(text, "text", labelled, asked))
+        return await self._register_value(record, source)
 
     async def _register_value(
         self, record: Contribution[Any], source: str | pb.Dynamic | None

@@ -119,7 +119,8 @@ class ListenerRegistration(Registration):
     start: pb.ListenStart
     listener: Listener
     stub: pb_grpc.SystemPromptServiceStub
-    on_lost: Callable[[], None]  # the sidecar ended the stream while the session lives
+    # the sidecar ended the stream while the session lives: given the record and why
+    on_lost: Callable[[ListenerRegistration, str], None]
     # the sidecar ejected it (it did not answer in time): given the record and why
     on_ejected: Callable[[ListenerRegistration, str], None] = lambda *_: None
     stream: ListenerStream | None = None
@@ -128,7 +129,10 @@ class ListenerRegistration(Registration):
         self.start.session_id = session_id
         self.start.scope_id = self.scope_id()
         stream = ListenerStream(
-            self.stub, self.listener, self.on_lost, lambda why: self.on_ejected(self, why)
+            self.stub,
+            self.listener,
+            lambda why: self.on_lost(self, why),
+            lambda why: self.on_ejected(self, why),
         )
         registration_id = await stream.start(self.start, timeout)
         self.stream = stream

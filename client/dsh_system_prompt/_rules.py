@@ -64,14 +64,14 @@ class Mutation:
         return cls(pb.RuleMutation(upsert_sections=pb.RuleParts(parts=_parts(parts))))
 
     @classmethod
-    def upsert_contexts(cls, *parts: RulePart) -> Mutation:
-        """Add or replace runtime contexts by name."""
-        return cls(pb.RuleMutation(upsert_contexts=pb.RuleParts(parts=_parts(parts))))
-
-    @classmethod
     def drop_sections(cls, predicate: str) -> Mutation:
         """Remove the sections for which `predicate` (CEL over `section`) is true."""
         return cls(pb.RuleMutation(drop_sections=_text(predicate)))
+
+    @classmethod
+    def upsert_contexts(cls, *parts: RulePart) -> Mutation:
+        """Add or replace runtime contexts by name."""
+        return cls(pb.RuleMutation(upsert_contexts=pb.RuleParts(parts=_parts(parts))))
 
     @classmethod
     def drop_contexts(cls, predicate: str) -> Mutation:

@@ -29,39 +29,13 @@ from ._convert import (
     report_from_proto,
     skipped_from_proto,
 )
-from ._local_cache import LocalCache
+from ._local_cache import MAX_BYTES, LocalCache
 from ._prompts import PromptStream
-from ._registrar import (
-    Disposer,
-    Handle,
-    ListenerHandle,
-    TextProvider,
-    TextSource,
-    ToolsProvider,
-    ToolsSource,
-    VariableProvider,
-    VariableSource,
-    _Registrar,
-)
+from ._registrar import Disposer, _Registrar
 from ._replay import ScopeHandle
 from ._snapshots import change_filter, list_registrations
+from .errors import invalid_value
 from .types import ChangeKind, PrefixLayout, PromptAssembly, RenderedPrompt, Snapshot, ToolFreeze
-
-# The registering names stay importable from here, where they always were.
-__all__ = [
-    "Client",
-    "Disposer",
-    "Handle",
-    "ListenerHandle",
-    "Scope",
-    "TextProvider",
-    "TextSource",
-    "ToolsProvider",
-    "ToolsSource",
-    "VariableProvider",
-    "VariableSource",
-    "connect",
-]
 
 
 class Scope(_Registrar):
@@ -145,15 +119,17 @@ class Client(_Registrar):
         timeout: float | None,
     ) -> PromptAssembly:
         """The kept answer while it is the registry's; else asked for, and kept if it may be."""
-        context = context_to_proto(scope, fields)
-        key = (context.scope, context.fields_json)
+        key = scope or ""
+        context = context_to_proto(scope, fields)  # its fields_json keys a rules-only answer
         if self._connection.connected.is_set():
-            kept = local.get(key)
+            kept = local.get(key, context.fields_json)
             if kept is not None:
                 return kept
-        epoch = local.epoch
-        reply = await self._assemble(scope, fields, timeout, render=False, report=_NO_REPORT)
-        local.put(epoch, key, reply)
+        ticket = local.ticket(key)
+        reply = await self._assemble(
+            scope, fields, timeout, render=False, report=_NO_REPORT, context=context
+        )
+        local.put(ticket, key, context.fields_json, reply)
         return _assembly(reply)
 
     async def render(
@@ -290,8 +266,10 @@ class Client(_Registrar):
         timeout: float | None,
         render: bool,
         report: _Report,
+        context: pb.AssembleContext | None = None,
     ) -> pb.AssembleResponse:
-        context = context_to_proto(scope, fields)
+        if context is None:
+            context = context_to_proto(scope, fields)
         request = pb.AssembleRequest(
             context=context,
             render=render,
@@ -347,7 +325,7 @@ class _Connecting:
             await channel.close()
             raise
         if options.local_cache:
-            await _keep_locally(connection)
+            await _keep_locally(connection, options.local_cache_bytes)
         return Client(connection)
 
     def __await__(self) -> Generator[Any, None, Client]:
@@ -375,6 +353,7 @@ class _ConnectOptions:
     timeout: float | None
     call_timeout: float
     local_cache: bool
+    local_cache_bytes: int
 
     def ready_timeout(self) -> float:
         return READY_TIMEOUT_S if self.timeout is None else self.timeout
@@ -393,6 +372,7 @@ def connect(
     timeout: float | None = None,
     call_timeout: float = CALL_TIMEOUT_S,
     local_cache: bool = False,
+    local_cache_bytes: int = MAX_BYTES,
 ) -> _Connecting:
     """Open a session with the sidecar at `address` (HOST:PORT or unix:PATH; default
     `$DSP_ADDRESS`, else 127.0.0.1:50051).
@@ -408,8 +388,13 @@ def connect(
     for a registration or disposal, the client opens a new session and replays.
     With `local_cache=True`, `assemble()` (without a report) of a scope whose plan
     is all-static answers from a copy kept here, checked against the client's own
-    change stream (see docs/protocol.md, "The local cache").
+    change stream (see docs/protocol.md, "The local cache"); what it keeps is bounded by
+    `local_cache_bytes` (its texts counted; 32 MiB), the least recently used dropped first.
     """
+    if isinstance(local_cache_bytes, bool) or not isinstance(local_cache_bytes, int):
+        raise invalid_value(f"local_cache_bytes must be a whole number, not {local_cache_bytes!r}")
+    if local_cache_bytes < 1:
+        raise invalid_value(f"local_cache_bytes must be at least 1, not {local_cache_bytes}")
     options = _ConnectOptions(
         token=token,
         tls=tls,
@@ -417,14 +402,15 @@ def connect(
         timeout=timeout,
         call_timeout=call_timeout,
         local_cache=local_cache,
+        local_cache_bytes=local_cache_bytes,
     )
     name = client_name or f"python-{os.getpid()}"
     return _Connecting(address or default_address(), name, options)
 
 
-async def _keep_locally(connection: Connection) -> None:
-    """Give `connection` its local cache, subscribed to every change."""
-    local = LocalCache(connection.stub, connection.call_timeout)
+async def _keep_locally(connection: Connection, max_bytes: int) -> None:
+    """Give `connection` its local cache, subscribed to the changes it may watch."""
+    local = LocalCache(connection.stub, connection.call_timeout, max_bytes)
     try:
         await local.start()
     except BaseException:

@@ -352,7 +352,8 @@ class ChangesMissed:
 class RegistrationInfo:
     """One registration as a listing shows it (`client.snapshot()`).
 
-    `fingerprint` is equal for equal static values ("" for a dynamic one);
+    `fingerprint` is equal for equal static values within the sidecar's incarnation
+    (keyed: it changes when the sidecar restarts; "" for a dynamic one);
     `value` is the static value when the listing asked for values
     (`has_value`): a text, None (a variable's "no value"), a ToolProviderResult or a
     rule's `dsp.Rule`.

@@ -34,6 +34,8 @@ def is_variable_name(name: str) -> bool:
 FEATURE_TOOL_SLOTS = "tool-slots"
 FEATURE_CALLBACK_CACHE = "callback-cache"
 FEATURE_PART_SLOTS = "part-slots"
+# A session's client answers a ProvideRequest provider by provider (several ProvideResponses).
+FEATURE_EACH_ANSWER = "each-answer"
 
 
 @functools.cache

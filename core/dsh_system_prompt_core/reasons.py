@@ -121,3 +121,7 @@ class Reason(enum.StrEnum):
     # -- the tool freeze (FAILED_PRECONDITION at assembly), added after rules ----------
     TOOLS_FROZEN = "TOOLS_FROZEN"
     """A reported assembly whose tools differ from the ones its history key froze."""
+
+    # -- reach (a skipped step only, never a failure), added after the tool freeze -----
+    OUT_OF_REACH = "OUT_OF_REACH"
+    """A step or dynamic provider passed over: its owner's credential may not read the scope."""

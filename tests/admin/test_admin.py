@@ -262,6 +262,45 @@ async def test_the_scope_tree_lists_each_scope_with_its_registrations(
         await expect(page.locator('li.scope[data-scope="late-agent"]')).to_contain_text("hello")
 
 
+async def test_rules_are_shown_in_the_scope_tree_the_live_prompt_and_the_sessions(
+    make_sidecar: SidecarFactory, page: Page
+) -> None:
+    """A session's scoped rule, a session's global one and an operator's rule with a scope
+    pattern: each a row of its layer, a step of the scope's waterfall, a session's step."""
+    operator = {"name": "team-order", "scope": "agent-*", "mutations": [{"drop_tools": "false"}]}
+    admin = await make_sidecar(admin_listen="127.0.0.1:0", rules=[operator])
+    async with dsp.connect(admin.address, client_name="ruler") as client:
+        agent = await client.scope("agent-1")
+        no_web = dsp.Mutation.drop_tools("tool.name.startsWith('web_')")
+        await agent.rule("no-web", dsp.Rule([no_web], match=["true"]))
+        await client.rule("quiet", dsp.Rule([dsp.Mutation.drop_contexts("true")]), global_=True)
+        await page.goto(url(admin, "/scopes"))
+        scoped = page.locator('li.scope[data-scope="agent-1"] tr.kind-rule')
+        await expect(scoped).to_contain_text("no-web", timeout=WAIT_MS)
+        await expect(scoped).to_contain_text("cel")
+        await expect(scoped).to_contain_text("1 match, 1 mutation")
+        await expect(scoped).to_contain_text("ruler #")
+        global_ = page.locator('li.scope[data-scope=""] > table tr.kind-rule')
+        await expect(global_.filter(has_text="quiet")).to_contain_text("quiet (everywhere)")
+        await expect(global_.filter(has_text="team-order")).to_contain_text(
+            'team-order (scopes "agent-*")'
+        )
+        await page.goto(url(admin, "/prompt?scope=agent-1"))
+        steps = page.locator("ul.listeners li")
+        await expect(steps).to_have_text(
+            [
+                'rule "team-order" (scopes "agent-*")',
+                'rule "no-web" (scope "agent-1")',
+                'rule "quiet" (everywhere)',
+            ],
+            timeout=WAIT_MS,
+        )
+        await page.goto(url(admin, "/sessions"))
+        live = page.locator("#live table.sessions")
+        await expect(live).to_contain_text('rule "no-web" (scope "agent-1")', timeout=WAIT_MS)
+        await expect(live).to_contain_text('rule "quiet" (everywhere)')
+
+
 async def test_the_sessions_view_shows_clients_and_health(
     admin: Sidecar, page: Page, tmp_path: Path
 ) -> None:

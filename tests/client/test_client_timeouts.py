@@ -10,15 +10,14 @@ from typing import Any
 import dsh_system_prompt as dsp
 import pytest
 from dsh_system_prompt_server import Sidecar
-from helpers import ClientOf, SidecarFactory, rejection, tool
+from helpers import ClientOf, SidecarFactory, metric, rejection, tool
 
 SLOW_S = 1.5  # three times the sidecar's provider_timeout_s below, half the declared time
 
 
 def _ejected(sidecar: Sidecar) -> float:
-    registry = sidecar.metrics.registry
     return sum(
-        registry.get_sample_value("dsp_ejected_callbacks_total", {"kind": kind}) or 0.0
+        metric(sidecar, "dsp_ejected_callbacks_total", kind=kind)
         for kind in ("provider", "listener")
     )
 

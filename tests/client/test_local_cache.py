@@ -12,14 +12,13 @@ from collections.abc import AsyncIterator
 import dsh_system_prompt as dsp
 import pytest
 from dsh_system_prompt_server import Sidecar
-from helpers import ClientFactory, eventually, section_names, tool
+from helpers import ClientFactory, eventually, metric, section_names, tool
 from processes import free_port, serve
 
 
 def served(sidecar: Sidecar) -> float:
     """How many Assemble calls the sidecar has answered."""
-    value = sidecar.metrics.registry.get_sample_value("dsp_assemble_seconds_count")
-    return value or 0.0
+    return metric(sidecar, "dsp_assemble_seconds_count")
 
 
 def texts(assembly: dsp.PromptAssembly) -> dict[str, str]:
@@ -76,13 +75,17 @@ async def test_a_scope_with_a_provider_is_asked_every_time(
     assert served(sidecar) == before + 1
 
 
-async def test_fields_are_part_of_what_an_answer_is_kept_under(
+async def test_a_static_scope_is_kept_once_whatever_the_fields(
     sidecar: Sidecar, caching: dsp.Client
 ) -> None:
-    await caching.assemble(fields={"turn": 1})
+    """An all-static plan ignores the fields (the sidecar's kept answers know it too):
+    255 distinct fields are one kept answer, not 255 copies of it (issue 34, item 10)."""
+    await caching.section("rules", 10, "be brief")
+    first = await caching.assemble(fields={"turn": 0})
     before = served(sidecar)
-    await caching.assemble(fields={"turn": 2})
-    assert served(sidecar) == before + 1
+    for turn in range(1, 256):
+        assert await caching.assemble(fields={"turn": turn}) == first
+    assert served(sidecar) == before
 
 
 async def test_an_assemble_with_a_report_is_always_a_call(
@@ -197,3 +200,64 @@ async def caching_sees(client: dsp.Client, name: str, text: str, scope: str | No
 
 async def caching_lacks(client: dsp.Client, name: str) -> bool:
     return name not in section_names(await client.assemble())
+
+
+def _greeting() -> dsp.Rule:
+    """A rule that appends a section when fields.who is set."""
+    part = dsp.RulePart("greeting", 50, "'Hello ' + fields.who + '.'")
+    return dsp.Rule([dsp.Mutation.upsert_sections(part)], match=["'who' in fields"])
+
+
+async def test_a_rules_only_scope_is_kept_by_its_fields(
+    sidecar: Sidecar, caching: dsp.Client
+) -> None:
+    await caching.section("rules", 10, "be brief")
+    await caching.rule("greet", _greeting())
+    first = await caching.assemble(fields={"who": "ada"})
+    before = served(sidecar)
+    again = await caching.assemble(fields={"who": "ada"})
+    assert served(sidecar) == before and again == first  # the second answered here
+    assert texts(again)["greeting"] == "Hello ada."
+    other = await caching.assemble(fields={"who": "bob"})
+    assert served(sidecar) == before + 1 and texts(other)["greeting"] == "Hello bob."
+    bare = await caching.assemble()
+    assert served(sidecar) == before + 2 and "greeting" not in texts(bare)
+    await caching.assemble(fields={"who": "bob"})
+    assert served(sidecar) == before + 2  # each kept under its own fields
+
+
+async def greets(caching: dsp.Client, text: str | None) -> bool:
+    """Whether `caching`'s assembly for fields.who "ada" greets with `text` (None: not)."""
+    return texts(await caching.assemble(fields={"who": "ada"})).get("greeting") == text
+
+
+async def test_a_rule_update_or_disposal_drops_the_answers_kept_by_fields(
+    sidecar: Sidecar, connect: ClientFactory, caching: dsp.Client
+) -> None:
+    other = await connect()  # another client's rule: its changes come by the stream
+    await caching.section("rules", 10, "be brief")
+    handle = await other.rule("greet", _greeting())
+    await eventually(lambda: greets(caching, "Hello ada."), "the rule")
+    before = served(sidecar)
+    assert await greets(caching, "Hello ada.") and served(sidecar) == before  # kept
+    shout = dsp.RulePart("greeting", 50, "'HELLO ' + fields.who + '!'")
+    await handle.update(dsp.Rule([dsp.Mutation.upsert_sections(shout)], match=["'who' in fields"]))
+    await eventually(lambda: greets(caching, "HELLO ada!"), "the update")
+    await handle()
+    await eventually(lambda: greets(caching, None), "the disposal")
+
+
+async def test_a_scope_with_a_rule_and_a_listener_is_asked_every_time(
+    sidecar: Sidecar, caching: dsp.Client
+) -> None:
+    async def same(
+        assembly: dsp.PromptAssembly, context: dsp.AssembleContext, next: dsp.Next
+    ) -> dsp.PromptAssembly:
+        return await next(assembly)
+
+    await caching.rule("greet", _greeting())
+    await caching.on_assemble(same)
+    await caching.assemble(fields={"who": "ada"})
+    before = served(sidecar)
+    await caching.assemble(fields={"who": "ada"})
+    assert served(sidecar) == before + 1

@@ -44,15 +44,30 @@ def serve(tmp_path: Path) -> Serve:
     return session
 
 
+Attached = Callable[[], AbstractAsyncContextManager[tuple[McpTools, ClientSession]]]
+
+
+@pytest.fixture
+def attached(client: dsp.Client, serve: Serve) -> Attached:
+    """The bridge "fs" attached to a fresh test server's session, for the block."""
+
+    @asynccontextmanager
+    async def bridged() -> AsyncIterator[tuple[McpTools, ClientSession]]:
+        async with McpTools(client, "fs") as bridge, serve(bridge) as session:
+            await bridge.attach(session)
+            yield bridge, session
+
+    return bridged
+
+
 def parameters_json(assembly: dsp.PromptAssembly) -> dict[str, str]:
     return {tool.name: tool.parameters_json() or "" for tool in assembly.tools}
 
 
 async def test_the_tools_are_one_labelled_registration_with_canonical_schemas(
-    client: dsp.Client, serve: Serve
+    client: dsp.Client, attached: Attached
 ) -> None:
-    async with McpTools(client, "fs") as bridge, serve(bridge) as session:
-        await bridge.attach(session)
+    async with attached() as (_bridge, session):
         assembly = await client.assemble()
         listed = {tool.name: tool for tool in (await session.list_tools()).tools}
         snapshot = await client.snapshot()
@@ -66,9 +81,8 @@ async def test_the_tools_are_one_labelled_registration_with_canonical_schemas(
     assert [info.name for info in tools] == ["mcp:fs"]
 
 
-async def test_keys_in_another_order_change_nothing(client: dsp.Client, serve: Serve) -> None:
-    async with McpTools(client, "fs") as bridge, serve(bridge) as session:
-        await bridge.attach(session)
+async def test_keys_in_another_order_change_nothing(client: dsp.Client, attached: Attached) -> None:
+    async with attached() as (bridge, session):
         before = parameters_json(await client.assemble())
         sent_before = [json.dumps(tool.input_schema) for tool in (await session.list_tools()).tools]
         changes = await client.watch_changes()
@@ -85,10 +99,9 @@ async def test_keys_in_another_order_change_nothing(client: dsp.Client, serve: S
 
 
 async def test_a_tool_added_then_removed_is_one_update_each(
-    client: dsp.Client, serve: Serve
+    client: dsp.Client, attached: Attached
 ) -> None:
-    async with McpTools(client, "fs") as bridge, serve(bridge) as session:
-        await bridge.attach(session)
+    async with attached() as (bridge, session):
         changes = await client.watch_changes()
         await session.call_tool("add_tool", {"name": "abc"})
         [added] = await next_events(changes, 1)
@@ -148,9 +161,8 @@ async def test_instructions_holding_braces_render_as_written(
     assert again.prompt.endswith("\n\nNow {{other}}.")
 
 
-async def test_no_instructions_leave_no_text(client: dsp.Client, serve: Serve) -> None:
-    async with McpTools(client, "fs") as bridge, serve(bridge) as session:
-        await bridge.attach(session)
+async def test_no_instructions_leave_no_text(client: dsp.Client, attached: Attached) -> None:
+    async with attached():
         rendered = await client.render()
     assert [section.name for section in rendered.assembly.sections][-1] == "mcp:fs"
     assert rendered.prompt == "You are an AI agent powered by DeepSeek Harness."

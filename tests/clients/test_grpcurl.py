@@ -174,6 +174,12 @@ def check_session(ran: Ran, sidecar: Sidecar) -> None:
     assert sorted(names) == sorted(BUILTIN_SECTIONS)
 
 
+def check_token(ran: Ran, sidecar: Sidecar) -> None:
+    check_list(ran, sidecar)
+    assert "dsh.systemprompt.v1.AssembleRequest is a message:" in ran.out, ran
+    assert ".dsh.systemprompt.v1.AssembleContext context = " in ran.out, ran
+
+
 def check_no_reflection(ran: Ran, sidecar: Sidecar) -> None:
     assert ran.code == 0, ran
     [answer] = json_objects(ran.out)
@@ -188,6 +194,14 @@ CHECKS: dict[str, Callable[[Ran, Sidecar], None]] = {
     "no-session": check_no_session,
     "session": check_session,
     "no-reflection": check_no_reflection,
+    "token": check_token,
+}
+# The token block runs against a sidecar with credentials, once per role (`TOKENS`).
+WITH_TOKEN = "token"
+TOKENS = {
+    "admin": "grpcurl-admin-token-0123",
+    "agent": "grpcurl-agent-token-4567",  # lists one scope only
+    "reader": "grpcurl-reader-token-89ab",  # without values
 }
 
 
@@ -195,7 +209,7 @@ def test_every_documented_block_is_checked() -> None:
     assert sorted(documented_blocks()) == sorted(CHECKS)
 
 
-@pytest.mark.parametrize("name", list(CHECKS))
+@pytest.mark.parametrize("name", [name for name in CHECKS if name != WITH_TOKEN])
 async def test_documented_grpcurl_block(
     name: str, make_sidecar: SidecarFactory, grpcurl_env: dict[str, str]
 ) -> None:
@@ -214,3 +228,47 @@ async def test_reflection_is_really_off_for_the_no_reflection_block(
     sidecar = await make_sidecar(reflection=False)
     ran = await run_block(f"grpcurl -plaintext {DOC_ADDRESS} list", sidecar.address, grpcurl_env)
     assert ran.code != 0, ran
+
+
+def credentials_config(folder: Path) -> dict[str, Any]:
+    """One credential of each role, each token in its own file."""
+    files = {}
+    for role, token in TOKENS.items():
+        files[role] = folder / f"{role}.token"
+        files[role].write_text(token + "\n")
+    return {
+        "auth_token_file": str(files["admin"]),
+        "credentials": [
+            {
+                "name": "agent",
+                "role": "agent",
+                "scopes": ["alice"],
+                "token_file": str(files["agent"]),
+            },
+            {"name": "reader", "role": "reader", "token_file": str(files["reader"])},
+        ],
+    }
+
+
+@pytest.mark.parametrize("role", list(TOKENS))
+async def test_the_token_block_lists_and_describes_for_every_role(
+    role: str, make_sidecar: SidecarFactory, grpcurl_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Reflection under auth (issue 34, item 9): every role that may call the service may
+    read its contract, as the page says."""
+    sidecar = await make_sidecar(**credentials_config(tmp_path))
+    env = {**grpcurl_env, "DSP_TOKEN_FILE": str(tmp_path / f"{role}.token")}
+    ran = await run_block(documented_blocks()[WITH_TOKEN], sidecar.address, env)
+    CHECKS[WITH_TOKEN](ran, sidecar)
+
+
+@pytest.mark.parametrize("token", ["", "nobody's-token"])
+async def test_the_token_block_without_a_known_token_is_unauthenticated(
+    token: str, make_sidecar: SidecarFactory, grpcurl_env: dict[str, str], tmp_path: Path
+) -> None:
+    sidecar = await make_sidecar(**credentials_config(tmp_path))
+    (tmp_path / "unknown.token").write_text(token)
+    env = {**grpcurl_env, "DSP_TOKEN_FILE": str(tmp_path / "unknown.token")}
+    ran = await run_block(documented_blocks()[WITH_TOKEN], sidecar.address, env)
+    assert ran.code == 1, ran  # grpcurl's list fails with 1, before the script's end
+    assert "Unauthenticated" in ran.err, ran

@@ -20,7 +20,7 @@ from typing import Any
 import dsh_system_prompt as dsp
 from dsh_system_prompt_server import load_config
 from dsh_system_prompt_server.sidecar.reload import Reloader
-from helpers import SidecarFactory, next_events
+from helpers import SidecarFactory, metric, next_events
 
 TOKENS = {
     "hog": "hog-token-0123456789",
@@ -145,8 +145,7 @@ async def test_a_change_watcher_over_its_share_still_gets_every_change(
 
 
 def _metric(sidecar: Any, name: str) -> float:
-    value = sidecar.metrics.registry.get_sample_value(name)
-    return 0.0 if value is None else float(value)
+    return metric(sidecar, name)
 
 
 async def test_a_reload_changes_the_fair_share_keys_live(

@@ -8,6 +8,8 @@ import asyncio
 from pathlib import Path
 
 import dsh_system_prompt as dsp
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import SidecarFactory
 
 from guard.test_fair_shares import FIELDS_PAD, credentials, light
@@ -46,4 +48,17 @@ async def test_calls_of_clients_nobody_holds_start_no_heartbeat(
     async with dsp.connect(sidecar.address) as client:
         for _ in range(50):
             await client.assemble(fields={"pad": "p" * FIELDS_PAD})
+    assert sidecar.state.shares.beats == 0
+
+
+async def test_health_checks_over_loopback_without_credentials_start_no_heartbeat(
+    make_sidecar: SidecarFactory,
+) -> None:
+    """Health is charged like every call, but without credentials a loopback probe is nobody's
+    to hold: an idle sidecar's probes wake no heartbeat (the tax's idle_cpu)."""
+    sidecar = await make_sidecar()
+    async with grpc.aio.insecure_channel(sidecar.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for _ in range(50):
+            await health.Check(health_pb2.HealthCheckRequest())
     assert sidecar.state.shares.beats == 0

@@ -13,7 +13,7 @@ import tomllib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import dsh_system_prompt as dsp
 import grpc
@@ -104,10 +104,16 @@ class Raw:
         return await call.read()
 
 
+R = TypeVar("R", bound=Raw)
+
+
 @contextlib.asynccontextmanager
-async def raw(sidecar: Sidecar, who: str) -> AsyncIterator[Raw]:
+async def raw(
+    sidecar: Sidecar, who: str, token: str | None = None, kind: type[R] = Raw
+) -> AsyncIterator[R]:
+    """A `kind` of raw client (another module's subclass) with `who`'s token, or `token`."""
     async with grpc.aio.insecure_channel(sidecar.address) as channel:
-        client = Raw(pb_grpc.SystemPromptServiceStub(channel), TOKENS[who])
+        client = kind(pb_grpc.SystemPromptServiceStub(channel), token or TOKENS[who])
         try:
             yield client
         finally:

@@ -15,7 +15,7 @@ import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server import Sidecar
-from helpers import SidecarFactory, eventually, next_events, raw_channel, raw_stub
+from helpers import SidecarFactory, eventually, metric, next_events, raw_channel, raw_stub
 
 Stub = pb_grpc.SystemPromptServiceStub
 
@@ -60,6 +60,12 @@ async def _listener(stub: Stub, session_id: str, name: str = "silent", timeout_s
     return listen
 
 
+async def _dynamic_section(stub: Stub, session_id: str, dynamic: pb.Dynamic) -> Any:
+    """Section "slow" of `session_id`, answered by the session's provider `dynamic` names."""
+    request = pb.RegisterSectionRequest(session_id=session_id, name="slow", dynamic=dynamic)
+    return await stub.RegisterSection(request)
+
+
 @contextlib.asynccontextmanager
 async def _silent(sidecar: Sidecar) -> AsyncIterator[tuple[Stub, Any]]:
     """A raw stub of `sidecar` and a silent listener (its Listen stream) of a session on
@@ -77,23 +83,24 @@ Answer = Callable[[pb.ListenerInvocation], Awaitable[pb.ListenRequest]]
 
 @contextlib.asynccontextmanager
 async def _answering(
-    stub: Stub, session_id: str, answer: Answer, name: str, timeout_s: float = 0
-) -> AsyncIterator[None]:
-    """Listener `name` of `session_id`, answering each invocation with what `answer`
-    makes of it until the block ends."""
-    listen = await _listener(stub, session_id, name, timeout_s)
+    sidecar: Sidecar, answer: Answer, name: str, timeout_s: float = 0
+) -> AsyncIterator[Stub]:
+    """A raw stub of `sidecar` and, on a session of it, listener `name` answering each
+    invocation with what `answer` makes of it until the block ends."""
+    async with _opened(sidecar) as (stub, _session_call, session_id):
+        listen = await _listener(stub, session_id, name, timeout_s)
 
-    async def answer_each() -> None:
-        while (message := await listen.read()) is not grpc.aio.EOF:
-            if message.WhichOneof("kind") == "invocation":
-                await listen.write(await answer(message.invocation))
+        async def answer_each() -> None:
+            while (message := await listen.read()) is not grpc.aio.EOF:
+                if message.WhichOneof("kind") == "invocation":
+                    await listen.write(await answer(message.invocation))
 
-    answering = asyncio.create_task(answer_each())
-    try:
-        yield
-    finally:
-        answering.cancel()
-        listen.cancel()
+        answering = asyncio.create_task(answer_each())
+        try:
+            yield stub
+        finally:
+            answering.cancel()
+            listen.cancel()
 
 
 async def _until_end(call: Any) -> list[Any]:
@@ -105,8 +112,7 @@ async def _until_end(call: Any) -> list[Any]:
 
 
 def _ejected(sidecar: Sidecar, kind: str) -> float:
-    value = sidecar.metrics.registry.get_sample_value("dsp_ejected_callbacks_total", {"kind": kind})
-    return value or 0.0
+    return metric(sidecar, "dsp_ejected_callbacks_total", kind=kind)
 
 
 def _listeners(sidecar: Sidecar) -> int:
@@ -181,10 +187,7 @@ async def test_a_listener_that_fails_loudly_every_time_is_not_ejected(
         failure = pb.ListenerFailure(invocation_id=invocation.invocation_id, message="boom")
         return pb.ListenRequest(failure=failure)
 
-    async with (
-        _opened(sidecar) as (stub, _session_call, session_id),
-        _answering(stub, session_id, fail, "loud"),
-    ):
+    async with _answering(sidecar, fail, "loud") as stub:
         outcomes = [await _outcome(stub) for _ in range(3)]
     assert outcomes == ["LISTENER_FAILED"] * 3
     assert _ejected(sidecar, "listener") == 0
@@ -195,11 +198,7 @@ async def test_a_provider_that_does_not_answer_is_ejected_and_its_session_told(
 ) -> None:
     sidecar = await make_sidecar(provider_timeout_s=0.5)
     async with _opened(sidecar) as (stub, session, session_id):
-        reply = await stub.RegisterSection(
-            pb.RegisterSectionRequest(
-                session_id=session_id, name="slow", dynamic=pb.Dynamic(provider_key="p")
-            )
-        )
+        reply = await _dynamic_section(stub, session_id, pb.Dynamic(provider_key="p"))
         first, second = await _outcome(stub), await _outcome(stub)
         kinds = []
         while (message := await asyncio.wait_for(session.read(), 10)).WhichOneof("kind") != (
@@ -226,10 +225,7 @@ async def test_a_callback_with_its_own_longer_timeout_is_waited_for(
         )
         return pb.ListenRequest(result=result)
 
-    async with (
-        _opened(sidecar) as (stub, _session_call, session_id),
-        _answering(stub, session_id, answer_late, "slow", timeout_s=30),
-    ):
+    async with _answering(sidecar, answer_late, "slow", timeout_s=30) as stub:
         outcome = await _outcome(stub)
     assert outcome == "ok"
     assert _ejected(sidecar, "listener") == 0
@@ -240,11 +236,8 @@ async def test_a_timeout_s_over_max_callback_timeout_s_is_value_too_large(
 ) -> None:
     sidecar = await make_sidecar(max_callback_timeout_s=10)
     async with _opened(sidecar) as (stub, _session_call, session_id):
-        dynamic = pb.Dynamic(provider_key="p", timeout_s=11)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await stub.RegisterSection(
-                pb.RegisterSectionRequest(session_id=session_id, name="s", dynamic=dynamic)
-            )
+            await _dynamic_section(stub, session_id, pb.Dynamic(provider_key="p", timeout_s=11))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert _reason(caught.value) == "VALUE_TOO_LARGE"
     assert "max_callback_timeout_s" in (caught.value.details() or "")

@@ -13,7 +13,7 @@ import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server import Sidecar
-from helpers import BUILTIN_SECTIONS, SidecarFactory, eventually
+from helpers import BUILTIN_SECTIONS, SidecarFactory, eventually, metric
 
 BIG = "x" * (250 * 1024)
 
@@ -53,34 +53,42 @@ async def _listening(stub: pb_grpc.SystemPromptServiceStub, session_id: str) -> 
 async def test_a_listener_that_stops_reading_is_dropped_and_assemblies_answer(
     make_sidecar: SidecarFactory,
 ) -> None:
-    # not ejected for its timeouts (that is test_hostile_ejection's): closed for not reading
-    sidecar = await make_sidecar(provider_timeout_s=1, eject_after_timeouts=0)
+    # not ejected for its timeouts (that is test_hostile_ejection's): closed for not reading,
+    # then away (its assemblies fail LISTENER_UNAVAILABLE) until its owner's dead-peer
+    # bound passes without it coming back, and gone
+    sidecar = await make_sidecar(
+        provider_timeout_s=1, eject_after_timeouts=0, dead_peer_timeout_s=1.0
+    )
     async with _big_session(sidecar, 12) as (stub, session_id):  # 3 MiB an invocation
         listener = await _listening(stub, session_id)  # from here on it reads nothing
         outcomes = []
-        for _ in range(6):
+        for _ in range(12):
             try:
                 await stub.Assemble(pb.AssembleRequest(), timeout=5)
                 outcomes.append("ok")
             except grpc.aio.AioRpcError as error:
                 trailers = dict(error.trailing_metadata() or ())
                 outcomes.append(str(trailers.get("dsh-error-reason", error.code())))
+            if outcomes[-1] == "ok":
+                break
+            await asyncio.sleep(0.2)
         listener.cancel()
-    assert set(outcomes) <= {"ok", "LISTENER_TIMEOUT"}
+    assert set(outcomes) <= {"ok", "LISTENER_TIMEOUT", "LISTENER_UNAVAILABLE"}
     assert outcomes[-1] == "ok"
     assert _stalled(sidecar, "listener") == 1
 
 
 def _stalled(sidecar: Sidecar, kind: str) -> float:
-    value = sidecar.metrics.registry.get_sample_value("dsp_stalled_peers_total", {"kind": kind})
-    return value or 0.0
+    return metric(sidecar, "dsp_stalled_peers_total", kind=kind)
 
 
 async def test_a_session_that_stops_reading_is_closed_before_its_outbox_outgrows_the_bound(
     make_sidecar: SidecarFactory,
 ) -> None:
+    # what is queued stays under the bound (past it, requests wait for room within their
+    # assembly's time), and the session is closed once a write waits its write timeout
     limits = {"max_outbox_bytes": 1 << 20, "max_fields_bytes": 1 << 20}
-    sidecar = await make_sidecar(provider_timeout_s=30, limits=limits)
+    sidecar = await make_sidecar(provider_timeout_s=2, limits=limits)
     fields = json.dumps({"blob": "y" * (256 * 1024)})
     async with grpc.aio.insecure_channel(sidecar.address) as channel:
         stub = pb_grpc.SystemPromptServiceStub(channel)
@@ -105,7 +113,9 @@ async def test_a_session_that_stops_reading_is_closed_before_its_outbox_outgrows
 async def test_a_watcher_that_stops_reading_is_closed_and_frees_its_slot(
     make_sidecar: SidecarFactory,
 ) -> None:
-    sidecar = await make_sidecar(provider_timeout_s=1, watch_buffer=100_000)
+    # Neither its buffer nor its lag tells it it missed events (a watcher told so has none
+    # left to send until the next change): its writes fill the stream's window and stall.
+    sidecar = await make_sidecar(provider_timeout_s=1, watch_buffer=100_000, watch_lag_s=0)
     async with grpc.aio.insecure_channel(sidecar.address) as channel:
         watcher = pb_grpc.SystemPromptServiceStub(channel).WatchChanges(pb.WatchChangesRequest())
         await watcher.read()  # subscribed; from here on it reads nothing

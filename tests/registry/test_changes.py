@@ -63,8 +63,12 @@ async def test_scope_events_are_sent_per_handle(connect: ClientFactory) -> None:
 async def test_a_stuck_watcher_blocks_no_registration_and_is_told_what_it_missed(
     make_sidecar: SidecarFactory,
 ) -> None:
-    # 256 buffered: the stuck watcher still overflows, a live reader slowed by load does not.
-    sidecar: Sidecar = await make_sidecar(watch_buffer=256, limits={"max_name_bytes": 16384})
+    # 256 buffered: the stuck watcher overflows; the live reader never does, however loaded
+    # the machine, for the changes come 100 at a time, each 100 once it read the 100 before
+    # (its write timeout is long for the same reason).
+    sidecar: Sidecar = await make_sidecar(
+        watch_buffer=256, provider_timeout_s=60, limits={"max_name_bytes": 16384}
+    )
     async with dsp.connect(sidecar.address) as client:
         stuck = await client.watch_changes()  # never read until the end
         live = await client.watch_changes()
@@ -74,19 +78,27 @@ async def test_a_stuck_watcher_blocks_no_registration_and_is_told_what_it_missed
             async for event in live:
                 live_events.append(event)
 
+        async def read_up_to_now() -> None:
+            now = sidecar.registry.revision
+            await eventually(
+                lambda: bool(live_events) and _reached(live_events[-1]) >= now,
+                "the live watcher reads up to the last change",
+                timeout=20,
+            )
+
         reader = asyncio.create_task(read_live())
         padding = "x" * 8192  # big events fill the transport's flow-control windows
-        offs = await asyncio.wait_for(
-            asyncio.gather(*(client.section(f"s{i}{padding}", i, "") for i in range(1000))), 60
-        )
-        for off in offs[:500]:
+        offs: list[dsp.Disposer] = []
+        for hundred in range(0, 1000, 100):  # 100 registrations at once
+            names = [f"s{i}{padding}" for i in range(hundred, hundred + 100)]
+            registered = asyncio.gather(*(client.section(name, 1, "") for name in names))
+            offs += await asyncio.wait_for(registered, 60)
+            await read_up_to_now()
+        for index, off in enumerate(offs[:500]):
             await off()
+            if index % 100 == 99:
+                await read_up_to_now()
         last = sidecar.registry.revision
-        await eventually(
-            lambda: bool(live_events) and _reached(live_events[-1]) >= last,
-            "the live watcher reads up to the last change",
-            timeout=20,
-        )
         reader.cancel()
         assert all(isinstance(e, dsp.ChangeEvent) for e in live_events)
         assert len(live_events) == 1500

@@ -16,7 +16,7 @@ import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server import Sidecar
-from helpers import SidecarFactory, raw_channel, raw_stub
+from helpers import SidecarFactory, metric, raw_channel, raw_stub
 
 Stub = pb_grpc.SystemPromptServiceStub
 IGNORE = pb.FAILURE_POLICY_IGNORE
@@ -199,10 +199,6 @@ def names(response: pb.AssembleResponse) -> list[str]:
     return [section.name for section in response.assembly.sections[2:]]  # after the built-ins
 
 
-def sample(sidecar: Sidecar, metric: str, **labels: str) -> float:
-    return sidecar.metrics.registry.get_sample_value(metric, labels) or 0.0
-
-
 async def test_an_ignored_provider_that_fails_is_left_out_and_named_in_response_and_trailer(
     sidecar: Sidecar,
 ) -> None:
@@ -224,7 +220,7 @@ async def test_an_ignored_provider_that_fails_is_left_out_and_named_in_response_
     assert trailers["dsh-skipped-steps"] == f"section:{ref}:PROVIDER_FAILED"
     assert response.rendered.prompt.endswith("Be precise.")
     labels = {"kind": "provider", "reason": "PROVIDER_FAILED"}
-    assert sample(sidecar, "dsp_skipped_callbacks_total", **labels) == 1
+    assert metric(sidecar, "dsp_skipped_callbacks_total", **labels) == 1
 
 
 async def test_an_ignored_provider_that_times_out_is_skipped_and_still_ejected(
@@ -238,9 +234,9 @@ async def test_an_ignored_provider_that_times_out_is_skipped_and_still_ejected(
     assert [(step.name, step.reason) for step in first.skipped] == [("slow", "PROVIDER_TIMEOUT")]
     assert first.skipped[0].message == 'section provider "slow" (global) did not answer within 0.5s'
     assert (list(second.skipped), trailers.get("dsh-skipped-steps")) == ([], None)  # ejected
-    assert sample(sidecar, "dsp_ejected_callbacks_total", kind="provider") == 1
+    assert metric(sidecar, "dsp_ejected_callbacks_total", kind="provider") == 1
     labels = {"kind": "provider", "reason": "PROVIDER_TIMEOUT"}
-    assert sample(sidecar, "dsp_skipped_callbacks_total", **labels) == 1
+    assert metric(sidecar, "dsp_skipped_callbacks_total", **labels) == 1
 
 
 async def test_a_slow_ignored_provider_does_not_hold_up_the_failing_ones_of_its_session(
@@ -265,7 +261,7 @@ async def test_a_provider_under_fail_still_fails_the_assembly_beside_an_ignored_
         failed = await refused(s.stub)
     assert failed == ("PROVIDER_FAILED", 'section provider "cwd" (global) failed: no cwd')
     assert (
-        sample(sidecar, "dsp_skipped_callbacks_total", kind="provider", reason="PROVIDER_FAILED")
+        metric(sidecar, "dsp_skipped_callbacks_total", kind="provider", reason="PROVIDER_FAILED")
         == 0
     )
 
@@ -310,7 +306,7 @@ async def test_an_ignored_listener_that_fails_is_passed_over_and_later_listeners
     ]
     assert trailers["dsh-skipped-steps"] == f"listener:{ref}:LISTENER_FAILED"
     labels = {"kind": "listener", "reason": "LISTENER_FAILED"}
-    assert sample(sidecar, "dsp_skipped_callbacks_total", **labels) == 1
+    assert metric(sidecar, "dsp_skipped_callbacks_total", **labels) == 1
 
 
 async def test_an_ignored_listener_that_fails_after_next_keeps_what_the_rest_returned(
@@ -387,7 +383,7 @@ async def test_skipped_steps_are_logged_once_per_callback_and_reason_in_a_while(
         " (failure_policy IGNORE)"
     ]
     labels = {"kind": "provider", "reason": "PROVIDER_FAILED"}
-    assert sample(sidecar, "dsp_skipped_callbacks_total", **labels) == 5
+    assert metric(sidecar, "dsp_skipped_callbacks_total", **labels) == 5
 
 
 async def test_a_skipped_tool_provider_does_not_fail_the_tool_orders_check(

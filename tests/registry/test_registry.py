@@ -5,7 +5,7 @@ No gRPC here: these drive `Registry` through its public methods, as the service 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import pytest
@@ -14,8 +14,8 @@ from dsh_system_prompt_server.registry import (
     Assembly,
     ChangeEvent,
     Dynamic,
+    Exchange,
     ProvidedValue,
-    ProviderCall,
     Registry,
     RegistryError,
     Subscription,
@@ -30,11 +30,9 @@ class AnsweringHost:
 
     asked: list[str] = field(default_factory=list)
 
-    async def provide(
-        self, calls: Sequence[ProviderCall], context: AssembleContext, timeout: float | None
-    ) -> Mapping[str, ProvidedValue]:
-        self.asked.extend(call.key for call in calls)
-        return {call.key: f"provided {call.key}" for call in calls}
+    async def provide(self, exchange: Exchange) -> Mapping[str, ProvidedValue]:
+        self.asked.extend(call.key for call in exchange.calls)
+        return {call.key: f"provided {call.key}" for call in exchange.calls}
 
 
 def sections(assembly: Assembly) -> dict[str, str]:

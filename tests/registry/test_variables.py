@@ -182,12 +182,13 @@ async def test_a_shadowing_variable_keeps_the_shadowed_names_position(client: ds
     scope = await client.scope("agent-1")
     await scope.variable("extra", "agent extra")
     await scope.variable("second", "agent second")
-    assembly = await client.assemble(scope="agent-1")
-    assert list(assembly.variables.items()) == [
-        ("first", "global first"),
-        ("second", "agent second"),
-        ("third", "global third"),
-        ("extra", "agent extra"),
+    variables = (await client.assemble(scope="agent-1")).variables
+    assert list(variables) == ["first", "second", "third", "extra"]  # "second" where it was
+    assert variables["second"] == "agent second"
+    assert [variables[n] for n in ("first", "third", "extra")] == [
+        "global first",
+        "global third",
+        "agent extra",
     ]
 
 

@@ -20,7 +20,7 @@ import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import Sidecar, load_config
 from dsh_system_prompt_server.sidecar.reload import Reloader
-from helpers import ClientFactory, SidecarFactory, raw_channel
+from helpers import ClientFactory, SidecarFactory, metric, raw_channel
 
 ASSEMBLE = "/dsh.systemprompt.v1.SystemPromptService/Assemble"
 
@@ -69,8 +69,7 @@ class Counted:
 
 
 def served(sidecar: Sidecar) -> float:
-    value = sidecar.metrics.registry.get_sample_value("dsp_assemble_seconds_count")
-    return value or 0.0
+    return metric(sidecar, "dsp_assemble_seconds_count")
 
 
 # -- answered from the request's bytes -----------------------------------------------

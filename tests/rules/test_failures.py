@@ -8,12 +8,14 @@ import dsh_system_prompt as dsp
 import grpc
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt import FailurePolicy, Mutation, Rule, RulePart
-from helpers import failure, rejection, tool_names
+from helpers import ClientOf, failure, rejection, tool_names
 
 from rules.stock import TOOLS, stocked
 
 FAILED = (grpc.StatusCode.ABORTED, "RULE_FAILED")
 # 101 x 100 iterations: one more than an evaluation's budget of 10,000
+# the cost bounds as high as they go: what the budget alone stops
+UNBOUNDED = {"max_rule_cost": 2**31 - 1, "max_rule_evaluation_cost": 2**31 - 1}
 OVER_BUDGET = "[" + ",".join(["1"] * 101) + "].all(x, [" + ",".join(["1"] * 100) + "].all(y, true))"
 
 
@@ -53,24 +55,28 @@ async def test_a_failing_variable_is_named_where_it_is_evaluated(client: dsp.Cli
 
 
 async def test_the_iteration_budget_fails_an_evaluation_that_needs_more(
-    client: dsp.Client,
+    client_of: ClientOf,
 ) -> None:
-    await stocked(client)
-    await client.rule("heavy", Rule(match=[OVER_BUDGET]))
-    error = await rejection(client.assemble())
-    assert failure(error) == (
-        *FAILED,
-        'rule "heavy" failed: match[0]: over the budget of 10,000 iterations of one evaluation',
-    )
+    # the cost bound refuses this under the defaults (tests/rules/test_cost.py)
+    async with client_of(limits=UNBOUNDED) as client:
+        await stocked(client)
+        await client.rule("heavy", Rule(match=[OVER_BUDGET]))
+        error = await rejection(client.assemble())
+        assert failure(error) == (
+            *FAILED,
+            'rule "heavy" failed: match[0]: over the budget of 10,000 iterations of one evaluation',
+        )
 
 
-async def test_a_predicate_shares_one_budget_over_all_its_items(client: dsp.Client) -> None:
-    await stocked(client)
-    # 5 tools x 2,001 iterations each: over the budget together, not one by one
-    inner = "[" + ",".join(["1"] * 2001) + "].exists(x, x == 2)"
-    await client.rule("per-tool", Rule([Mutation.drop_tools(inner)]))
-    error = await rejection(client.assemble())
-    assert error.message.endswith("over the budget of 10,000 iterations of one evaluation")
+async def test_a_predicate_shares_one_budget_over_all_its_items(client_of: ClientOf) -> None:
+    # a cost limit far above the default's: this predicate is refused under it (test_cost.py)
+    async with client_of(limits={**UNBOUNDED, "max_rule_items": 5}) as client:
+        await stocked(client)
+        # 5 tools x 2,001 iterations each: over the budget together, not one by one
+        inner = "[" + ",".join(["1"] * 2001) + "].exists(x, x == 2)"
+        await client.rule("per-tool", Rule([Mutation.drop_tools(inner)]))
+        error = await rejection(client.assemble())
+        assert error.message.endswith("over the budget of 10,000 iterations of one evaluation")
 
 
 async def test_under_ignore_a_failing_rule_is_skipped_and_named(client: dsp.Client) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dsh_system_prompt as dsp
 from dsh_system_prompt import Mutation, Rule, RulePart
-from helpers import context_names, section_names, tool_names
+from helpers import ClientOf, context_names, section_names, tool_names
 
 from rules.stock import TOOLS, stocked
 
@@ -22,13 +22,16 @@ async def test_keep_tools_keeps_only_those_its_predicate_holds_for(client: dsp.C
     assert tool_names(await client.assemble()) == ["bash", "web_fetch"]
 
 
-async def test_a_predicate_reads_the_fields(client: dsp.Client) -> None:
-    await stocked(client)
-    deny = "'deny' in fields && tool.name in fields.deny"
-    await client.rule("deny", Rule([Mutation.drop_tools(deny)]))
-    assembly = await client.assemble(fields={"deny": ["bash", "todo_write"]})
-    assert tool_names(assembly) == ["mcp__github__issue", "mcp__github__pr", "web_fetch"]
-    assert tool_names(await client.assemble()) == TOOLS
+async def test_a_predicate_reads_the_fields(client_of: ClientOf) -> None:
+    # a list in the fields looked through for every tool is refused under the default bounds
+    # (its worst case is tools x entries, tests/rules/test_cost.py): smaller fields admit it
+    async with client_of(limits={"max_rule_fields_bytes": 64}) as client:
+        await stocked(client)
+        deny = "'deny' in fields && tool.name in fields.deny"
+        await client.rule("deny", Rule([Mutation.drop_tools(deny)]))
+        assembly = await client.assemble(fields={"deny": ["bash", "todo_write"]})
+        assert tool_names(assembly) == ["mcp__github__issue", "mcp__github__pr", "web_fetch"]
+        assert tool_names(await client.assemble()) == TOOLS
 
 
 async def test_tool_order_puts_the_named_first_and_keeps_the_rest_in_order(

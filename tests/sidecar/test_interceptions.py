@@ -1,8 +1,8 @@
 """What every call passes through, in one order built once (sidecar/app.py's
-`interceptions`): its span, its credential and the policy, its client's share of the loop,
-its request parsed; and each of them around every kind of method, health's and
-reflection's too, whatever shape their behaviour has (a coroutine, a reader/writer stream,
-a response generator)."""
+`interceptions`): its span, the credential it presents, its client's share of the loop
+(a refused call's too), its refusal or the policy, its request parsed; and each of them
+around every kind of method, health's and reflection's too, whatever shape their behaviour
+has (a coroutine, a reader/writer stream, a response generator)."""
 
 from __future__ import annotations
 
@@ -52,13 +52,14 @@ def status_code(span: ReadableSpan) -> object:
     return (span.attributes or {}).get("rpc.grpc.status_code")
 
 
-async def test_every_call_is_traced_then_authenticated_then_shared_then_parsed(
+async def test_every_call_is_traced_then_identified_then_shared_then_authorized_then_parsed(
     guarded: Sidecar,
 ) -> None:
     assert [interception.name for interception in guarded.interceptions] == [
         "tracing",
-        "auth",
+        "identity",
         "shares",
+        "auth",
         "parsing",
     ]
 

@@ -6,8 +6,9 @@ import asyncio
 import json
 
 import dsh_system_prompt as dsp
+from dsh_system_prompt import FailurePolicy, Mutation, Rule, RulePart
 from dsh_system_prompt_server import Sidecar
-from helpers import SidecarFactory
+from helpers import SidecarFactory, tool, tool_names
 from processes import running
 
 
@@ -167,3 +168,42 @@ async def test_watchers_of_one_scope_share_one_prompt_and_each_stream_starts_afr
     assert all(c.report is not None and c.report.stability.has_previous for c in changed)
     assert first.report is not None and not first.report.stability.has_previous
     assert first.assembly is not None and first.assembly.sections[-1].text == "v1"
+
+
+async def test_a_live_prompt_runs_the_rules_with_no_fields(client: dsp.Client) -> None:
+    agent = await client.scope("agent-1")
+    await client.tools([tool("bash"), tool("web_fetch")])
+    await agent.section("intro", 10, "Hello.")
+    await agent.rule("no-web", Rule([Mutation.drop_tools("tool.name == 'web_fetch'")]))
+    note = Mutation.upsert_sections(RulePart("note", 20, "'no fields: ' + string(size(fields))"))
+    await agent.rule("note", Rule([note]))
+    # a rule whose field is missing: under IGNORE passed over, as an Assemble without fields
+    await agent.rule("by-field", Rule(match=["fields.x"], failure_policy=FailurePolicy.IGNORE))
+    prompts = await client.watch_prompt("agent-1", render=True)
+    first = await next_prompt(prompts)
+    assert first.assembly is not None and not first.error
+    assert tool_names(first.assembly) == ["bash"]
+    assert [section.name for section in first.assembly.sections][-2:] == ["intro", "note"]
+    assert first.prompt is not None and "no fields: 0" in first.prompt
+    # under FAIL, the live prompt shows the assembly's error
+    await agent.rule("strict", Rule([Mutation.drop_tools("tool.name == fields.agent")]))
+    change = await next_prompt(prompts)
+    assert change.assembly is None
+    assert change.error == (
+        'rule "strict" failed: mutations[0].drop_tools: Key not found in map : "agent"'
+    )
+
+
+async def test_a_live_prompt_runs_a_global_rule_made_in_another_scope(client: dsp.Client) -> None:
+    """A rule registered with `global` in agent-2's layer runs for agent-1's assemblies:
+    agent-1's live prompt follows it (its watch of the chain is told of the rule)."""
+    agent, other = await client.scope("agent-1"), await client.scope("agent-2")
+    await client.tools([tool("bash"), tool("web_fetch")])
+    await agent.section("intro", 10, "Hello.")
+    prompts = await client.watch_prompt("agent-1")
+    first = await next_prompt(prompts)
+    assert first.assembly is not None and tool_names(first.assembly) == ["bash", "web_fetch"]
+    drop = Rule([Mutation.drop_tools("tool.name == 'web_fetch'")])
+    await other.rule("no-web", drop, global_=True)
+    change = await next_prompt(prompts)
+    assert change.assembly is not None and tool_names(change.assembly) == ["bash"]

@@ -174,6 +174,34 @@ async def test_a_scope_filter_delivers_its_layer_and_with_ancestors_its_chain(
     assert [e.scope for e in chain_events] == [None, "team", "agent-1"]
 
 
+async def test_a_scope_filter_with_ancestors_delivers_a_global_step_made_in_another_scope(
+    client: dsp.Client,
+) -> None:
+    """A listener registered with `global` in agent-2's layer runs for agent-1's assemblies
+    too: agent-1's chain watch gets its event (as a local cache following the chain must);
+    a listener of agent-2's layer alone, which agent-1's assemblies never run, it does not,
+    nor does the watch of agent-1's layer alone."""
+    _, agent, other = await scope_tree(client)
+    chain = await client.watch_changes("agent-1", ancestors=True)
+    own = await client.watch_changes("agent-1")
+
+    async def passing(
+        assembly: dsp.PromptAssembly, context: dsp.AssembleContext, next: dsp.Next
+    ) -> dsp.PromptAssembly:
+        return await next(assembly)
+
+    await other.on_assemble(passing, name="scoped")
+    await other.on_assemble(passing, global_=True, name="everywhere")
+    await client.variable("end", "x")  # the global layer's: the last event either watch gets
+    events = await next_events(chain, 2)
+    assert [(e.kind, e.name, e.scope) for e in events] == [
+        ("listener", "everywhere", "agent-2"),
+        ("variable", "end", None),
+    ]
+    await agent.variable("own_end", "x")  # agent-1's layer: the first event its own watch gets
+    assert [(e.kind, e.name) for e in await next_events(own, 1)] == [("variable", "own_end")]
+
+
 async def test_watches_per_connection_are_bounded(make_sidecar: SidecarFactory) -> None:
     sidecar: Sidecar = await make_sidecar(limits={"max_watchers_per_peer": 2})
     async with dsp.connect(sidecar.address) as client:

@@ -130,6 +130,29 @@ async def test_an_assembly_is_one_span_tree_through_providers_and_listeners(
     await eventually(lambda: spans() == expected, "the span tree")
 
 
+async def test_a_rule_is_a_span_of_its_own_between_the_listeners_it_runs_among(
+    traced_sidecar: Sidecar,
+) -> None:
+    async with dsp.connect(traced_sidecar.address) as client:
+        await client.on_assemble(sign, name="sign")
+        note = dsp.Mutation.upsert_sections(dsp.RulePart("note", 1, "'Noted.'"))
+        await client.rule("noter", dsp.Rule([note]))
+        trace_id = await traced_assembly(client)
+    expected = [
+        "agent turn",
+        f"  {ASSEMBLE}",
+        '    listener "sign"',
+        '      listener "sign"',
+        '      rule "noter"',
+    ]
+
+    def spans() -> list[str]:
+        found = nodes_of(_EXPORTER.get_finished_spans(), trace_id)
+        return [line.split(" [")[0] for line in tree(found)]
+
+    await eventually(lambda: spans() == expected, "the span tree")
+
+
 async def test_listener_hops_nest_as_the_chain_runs(traced_sidecar: Sidecar) -> None:
     async with dsp.connect(traced_sidecar.address) as client:
         await client.on_assemble(sign, name="outer")

@@ -73,6 +73,16 @@ def parameters(tool: ToolSchema) -> dict[str, Any]:
     return schema or {"type": "object"}
 
 
+def _function(tool: ToolSchema, strict: bool) -> dict[str, Any]:
+    """OpenAI's function tool: the chat API nests it under "function", Responses does not."""
+    return {
+        "name": tool.name,
+        "description": tool.description,
+        "parameters": parameters(tool),
+        "strict": strict,
+    }
+
+
 def openai_chat(
     prompt: Prompt,
     messages: Iterable[Message] = (),
@@ -93,18 +103,7 @@ def openai_chat(
     if snapshot:
         sent.append({"role": "user", "content": snapshot})
     params: dict[str, Any] = {"messages": sent}
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": tool.name,
-                "description": tool.description,
-                "parameters": parameters(tool),
-                "strict": strict,
-            },
-        }
-        for tool in tools_of(prompt)
-    ]
+    tools = [{"type": "function", "function": _function(tool, strict)} for tool in tools_of(prompt)]
     if tools:  # the API refuses an empty list
         params["tools"] = tools
     return ProviderRequest(params, scope, report_key)
@@ -130,16 +129,7 @@ def openai_responses(
     params: dict[str, Any] = {"input": items}
     if text:
         params["instructions"] = text
-    tools = [
-        {
-            "type": "function",
-            "name": tool.name,
-            "description": tool.description,
-            "parameters": parameters(tool),
-            "strict": strict,
-        }
-        for tool in tools_of(prompt)
-    ]
+    tools = [{"type": "function", **_function(tool, strict)} for tool in tools_of(prompt)]
     if tools:
         params["tools"] = tools
     return ProviderRequest(params, scope, report_key)

@@ -81,7 +81,10 @@ func (c *Client) assemble(ctx context.Context, render bool, opts []AssembleOptio
 		return nil, request.err
 	}
 	local, key := c.c.local, localKeyOf(request.message)
-	if local != nil && !render && !request.message.Report {
+	if render || request.message.Report {
+		local = nil // neither is kept
+	}
+	if local != nil {
 		if kept := local.get(key, c.Connected()); kept != nil {
 			if request.skipped != nil {
 				*request.skipped = nil // a kept answer is one of a plan with no callback
@@ -89,7 +92,7 @@ func (c *Client) assemble(ctx context.Context, render bool, opts []AssembleOptio
 			return &assembleReply{assembly: kept}, nil
 		}
 	}
-	epoch := local.now()
+	ticket := local.now(key)
 	if _, err := c.c.ready(ctx); err != nil {
 		return nil, err
 	}
@@ -97,8 +100,8 @@ func (c *Client) assemble(ctx context.Context, render bool, opts []AssembleOptio
 	if err := c.c.cc.Invoke(ctx, assembleMethod, request.message, reply, grpc.ForceCodec(replyCodec{})); err != nil {
 		return nil, callError(ctx, err)
 	}
-	if local != nil && !render && !request.message.Report {
-		local.put(epoch, key, reply)
+	if local != nil {
+		local.put(ticket, key, reply)
 	}
 	if request.skipped != nil {
 		*request.skipped = reply.skipped

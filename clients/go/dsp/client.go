@@ -32,6 +32,8 @@ type options struct {
 	dial        []grpc.DialOption
 	logger      Logger
 	localCache  bool
+	// WithLocalCacheBytes'
+	localCacheBytes int
 }
 
 // Option configures Connect.
@@ -115,7 +117,7 @@ func Connect(ctx context.Context, address string, opts ...Option) (*Client, erro
 	}
 	client := &Client{registrar{c: c}}
 	if o.localCache {
-		if err := keepLocally(ctx, client, o.logger); err != nil {
+		if err := keepLocally(ctx, client, o.logger, o.localCacheBytes); err != nil {
 			c.close()
 			return nil, err
 		}
@@ -448,7 +450,7 @@ func (r *registrar) OnAssemble(ctx context.Context, listener Listener, opts ...L
 // scoped is every registration request: the session and the layer it goes to.
 type scoped interface {
 	*pb.RegisterSectionRequest | *pb.RegisterContextRequest | *pb.RegisterVariableRequest |
-		*pb.RegisterToolsRequest | *pb.SuppressRuntimeContextRequest
+		*pb.RegisterToolsRequest | *pb.SuppressRuntimeContextRequest | *pb.RegisterRuleRequest
 }
 
 type registered interface {
@@ -467,6 +469,8 @@ func setSession(request any, sessionID, scopeID string) {
 	case *pb.RegisterToolsRequest:
 		m.SessionId, m.ScopeId = sessionID, scopeID
 	case *pb.SuppressRuntimeContextRequest:
+		m.SessionId, m.ScopeId = sessionID, scopeID
+	case *pb.RegisterRuleRequest:
 		m.SessionId, m.ScopeId = sessionID, scopeID
 	}
 }

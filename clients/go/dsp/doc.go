@@ -17,8 +17,14 @@
 // registry changes or its Registration.Invalidate; ToolsName labels a tool
 // provider in errors and change events.
 //
+// Rule registers a rule: a waterfall step the sidecar runs itself, in CEL, with
+// no hop (Rule, the Mutation constructors DropTools, KeepTools, OrderTools,
+// UpsertSections, DropSections, UpsertContexts, DropContexts and SetVariables,
+// RulePart; docs/protocol.md, "Rules"); its handle's Update replaces what it does.
+//
 // WithLocalCache answers a repeated Assemble of a cacheable scope from a copy
-// kept in this process, for as long as no later registry revision is known.
+// kept in this process until a change of a layer it read is known (a scoped
+// agent's cache watches each scope it assembles).
 //
 // WithLogger hands what the client does on its own (a lost session, each
 // reconnect attempt and replay, an ejected callback made again) to a Logger,

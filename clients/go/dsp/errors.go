@@ -70,6 +70,7 @@ const (
 	ReasonRuleInvalid              Reason = "RULE_INVALID"
 	ReasonRuleFailed               Reason = "RULE_FAILED"
 	ReasonToolsFrozen              Reason = "TOOLS_FROZEN"
+	ReasonOutOfReach               Reason = "OUT_OF_REACH"
 )
 
 // Error is every failure of this package: the gRPC status code, the stable

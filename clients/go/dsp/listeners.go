@@ -69,11 +69,11 @@ func (n *Next) send(assembly *Assembly, tail bool) error {
 	return nil
 }
 
-// Prepend runs the listener before the listeners registered earlier.
-func Prepend() ListenerOption { return listenerFlag(func(s *pb.ListenStart) { s.Prepend = true }) }
+// Prepend runs the listener (or rule) before the listeners and rules registered earlier.
+func Prepend() StepOption { return stepFlag{prepend: true} }
 
-// Global makes a listener installed through a scope see every assembly anyway.
-func Global() ListenerOption { return listenerFlag(func(s *pb.ListenStart) { s.Global = true }) }
+// Global makes a listener (or rule) installed through a scope see every assembly anyway.
+func Global() StepOption { return stepFlag{global: true} }
 
 // ListenerName names the listener in errors and change events (default: the function's name).
 func ListenerName(name string) ListenerOption {

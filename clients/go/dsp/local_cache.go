@@ -9,102 +9,264 @@ import (
 	"io"
 	"sync"
 
+	"google.golang.org/grpc/codes"
+
 	pb "dsh.dev/dsh-system-prompt/clients/go/gen/dsh/systemprompt/v1"
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // The local cache (Python's connect(local_cache=True); docs/protocol.md, "The
-// local cache"). An answer is kept under (scope, fields) with the registry
-// revision it was taken at, and served while no later revision is known. Later
-// revisions come from the cache's own change stream (every change, of every
-// scope) and from the replies to this client's own registrations, updates and
-// disposals (read-your-writes). While the change stream is broken, and after a
-// resync, nothing kept before is served: a break may hide changes, and a
-// restarted sidecar's revisions start again.
+// local cache"). An answer is kept under its scope alone (a cacheable plan is
+// all-static: the fields change nothing), with what it read (the asked key, the
+// reply's scope_chain, the global layer) and their revision (cache_revision). It is
+// served until a change event of one of those layers comes with a later revision
+// (a listener or rule event anywhere counts: one registered with global runs
+// everywhere), so another scope's change leaves it in place; a sidecar that sends
+// no cache_revision is one where every change counts. Changes come from a change
+// stream: one of every change when the credential may watch every layer, else
+// (PERMISSION_DENIED: an agent that lists its own scopes) one per scope assembled,
+// filtered to that scope's chain (its layer, its ancestors', the global one), at
+// most localScopeWatches of them; and from the replies to this client's own
+// registrations, updates and disposals (read-your-writes). While a stream is
+// broken, and after a resync or a gap, nothing it covers is served or kept. What
+// is kept is bounded by WithLocalCacheBytes, least recently used first.
 
-// localCacheEntries bounds the (scope, fields) pairs kept; a revision change
-// makes them all unservable, so when full they are all dropped.
+// localCacheEntries bounds the scopes kept.
 const localCacheEntries = 256
+
+// LocalCacheBytes is WithLocalCacheBytes' default: 32 MiB of kept texts.
+const LocalCacheBytes = 32 << 20
+
+// localRecent bounds the change events remembered for answers in flight while they came.
+const localRecent = 1024
+
+// localScopeWatches bounds the change streams of one scope each, for a credential listing scopes.
+const localScopeWatches = 16
+
+// localRefused bounds the scopes whose watch was refused, not asked again (then forgotten).
+const localRefused = 1024
 
 // WithLocalCache keeps the answers of Assemble (without WithReport) for scopes
 // whose plan the sidecar marks cacheable (every part static, no listener) and
-// answers a repeated Assemble from a copy, without a call, for as long as no
-// later registry revision is known: this client's own registrations, updates
-// and disposals are seen by its next Assemble, other clients' changes once its
-// change stream (opened by Connect, closed with the client) brings them. While
-// the stream is broken or the connection is down, and after a resync, every
-// Assemble is a call. Render is always a call.
+// answers a repeated Assemble of the scope (whatever its fields) from a copy,
+// without a call, until a change of a layer it read is known: this client's own
+// registrations, updates and disposals are seen by its next Assemble, other
+// clients' changes once its change stream (opened by Connect, closed with the
+// client) brings them; a change in another scope leaves it. A credential that may
+// not watch every change (an agent listing its own scopes) gets a watch of each
+// scope it assembles instead (up to 16), opened in the background by the scope's
+// first Assemble and filtered to its chain: the scope's answers are kept from then
+// on. While a stream is broken or the connection is down, and after a resync,
+// every Assemble of what it covers is a call. Render is always a call.
 func WithLocalCache() Option { return func(o *options) { o.localCache = true } }
 
-// localKey is what an answer is kept under: the scope and the fields as sent.
-type localKey struct{ scope, fields string }
+// WithLocalCacheBytes bounds what WithLocalCache keeps: its answers' texts, in
+// bytes (LocalCacheBytes by default); the least recently used go first, and an
+// answer larger than the whole budget is not kept. Anything below 1 is the default.
+func WithLocalCacheBytes(n int) Option { return func(o *options) { o.localCacheBytes = n } }
 
-func localKeyOf(request *pb.AssembleRequest) localKey {
-	return localKey{request.GetContext().GetScope(), request.GetContext().GetFieldsJson()}
+// localKeyOf is what an answer is kept under: the scope as sent.
+func localKeyOf(request *pb.AssembleRequest) string {
+	return request.GetContext().GetScope()
 }
 
 type localEntry struct {
-	revision uint64
-	assembly *Assembly // never handed out: copies are
+	revision uint64              // of what it read (an older sidecar's: the registry's)
+	reads    map[string]struct{} // the scope keys it read; nil: every change concerns it
+	assembly *Assembly           // never handed out: copies are
+	watch    *localWatch         // the change stream that tells when it goes
+	size     int
+	used     uint64 // when last used, for the least recently used to go first
+}
+
+// concerned tells whether a change of layer (every: any layer) at revision makes e stale.
+func (e localEntry) concerned(layer string, every bool, revision uint64) bool {
+	if revision <= e.revision {
+		return false // it is in the answer already
+	}
+	if every || e.reads == nil {
+		return true
+	}
+	_, read := e.reads[layer]
+	return read
+}
+
+type seenChange struct {
+	sequence, revision uint64
+	layer              string
+	every              bool
+}
+
+// localTicket is taken before an Assemble call: what its answer is kept against.
+type localTicket struct {
+	epoch, sequence uint64
+	watch           *localWatch // nil: the answer is not kept
+	watchEpoch      uint64      // the watch's: moves when it broke, resynced or missed events
+}
+
+// localWatch is one change stream the cache follows: of every layer (every), or of
+// one scope's chain; its fields are the cache's, under its mu.
+type localWatch struct {
+	scope string
+	every bool
+	live  bool   // subscribed, and not broken since
+	epoch uint64 // moves whenever it may have missed changes
 }
 
 // localCache is one client's kept answers; nil without WithLocalCache (its methods take nil).
 type localCache struct {
-	changes *ChangeStream
-	log     Logger
+	client   *Client
+	log      Logger
+	maxBytes int
 
-	mu      sync.Mutex
-	entries map[localKey]localEntry
-	known   uint64 // the latest revision this client knows of
-	epoch   uint64 // moves whenever what is known may have been lost
-	live    bool   // the change stream is subscribed
+	mu       sync.Mutex
+	entries  map[string]localEntry
+	bytes    int
+	uses     uint64
+	recent   []seenChange           // the last localRecent changes seen, oldest first
+	sequence uint64                 // changes seen (and own writes)
+	epoch    uint64                 // moves whenever every answer is dropped
+	every    *localWatch            // the stream of every change, when allowed
+	scoped   map[string]*localWatch // else one per scope
+	refused  map[string]struct{}    // scopes whose watch was refused
 }
 
-// keepLocally gives client its local cache, subscribed to every change within ctx.
-func keepLocally(ctx context.Context, client *Client, log Logger) error {
+// keepLocally gives client its local cache, subscribed within ctx to every change,
+// or, when its credential may not, ready to watch each scope it assembles.
+func keepLocally(ctx context.Context, client *Client, log Logger, maxBytes int) error {
+	if maxBytes < 1 {
+		maxBytes = LocalCacheBytes
+	}
+	l := &localCache{client: client, log: log, maxBytes: maxBytes, entries: map[string]localEntry{},
+		scoped: map[string]*localWatch{}, refused: map[string]struct{}{}}
 	changes, err := client.WatchChanges(ctx)
-	if err != nil {
+	var failed *Error
+	switch {
+	case err == nil:
+		l.every = &localWatch{every: true, live: true}
+		l.follow(l.every, changes)
+	case errors.As(err, &failed) && failed.Code == codes.PermissionDenied:
+		// an agent listing its own scopes: each scope assembled is watched instead
+	default:
 		return err
 	}
-	l := &localCache{changes: changes, log: log, entries: map[localKey]localEntry{}, known: changes.Revision, live: true}
-	changes.onBreak, changes.onResume = l.broke, l.resumed
 	client.c.local = l
-	go l.follow()
 	return nil
 }
 
 // get is a copy of the answer kept for key while it is the registry's, else nil.
-func (l *localCache) get(key localKey, connected bool) *Assembly {
+func (l *localCache) get(key string, connected bool) *Assembly {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	entry, ok := l.entries[key]
-	if !ok || !l.live || !connected || entry.revision < l.known {
+	if !ok || !entry.watch.live || !connected {
 		return nil
 	}
+	l.uses++
+	entry.used = l.uses
+	l.entries[key] = entry
 	return copyAssembly(entry.assembly)
 }
 
-// now is the epoch an Assemble starts in: put keeps its answer only if it has not moved.
-func (l *localCache) now() uint64 {
+// now is the ticket an Assemble of key starts with: put keeps its answer only if
+// nothing was lost since. No stream covering key yet: its watch is opened for the next.
+func (l *localCache) now(key string) localTicket {
 	if l == nil {
-		return 0
+		return localTicket{}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.epoch
+	watch := l.watchOf(key)
+	if watch == nil || !watch.live {
+		return localTicket{}
+	}
+	return localTicket{epoch: l.epoch, sequence: l.sequence, watch: watch, watchEpoch: watch.epoch}
 }
 
-// put keeps reply, asked for at epoch, unless something was lost since or a later change is known.
-func (l *localCache) put(epoch uint64, key localKey, reply *assembleReply) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !reply.cacheable || epoch != l.epoch || !l.live || reply.revision < l.known {
+// watchOf is the stream covering key: the one of every change, else the scope's
+// own, opened in the background the first time (none for the global layer alone,
+// past localScopeWatches, or where the watch was refused); l.mu is held.
+func (l *localCache) watchOf(key string) *localWatch {
+	if l.every != nil {
+		return l.every
+	}
+	watch, ok := l.scoped[key]
+	if _, refused := l.refused[key]; ok || key == "" || refused || len(l.scoped) >= localScopeWatches {
+		return watch
+	}
+	watch = &localWatch{scope: key}
+	l.scoped[key] = watch
+	go l.open(watch)
+	return watch
+}
+
+// open subscribes watch, filtered to its scope's chain, and follows it.
+func (l *localCache) open(watch *localWatch) {
+	ctx, cancel := bounded(context.Background(), l.client.c.callTimeout)
+	defer cancel()
+	changes, err := l.client.WatchChanges(ctx, InScope(watch.scope, true))
+	if err != nil {
+		var failed *Error
+		if errors.As(err, &failed) && failed.Code == codes.PermissionDenied {
+			l.log.Warn("dsp: local cache off for a scope: its watch was refused", "scope", watch.scope, "error", err.Error())
+		}
+		l.ended(watch, err)
 		return
 	}
-	if _, held := l.entries[key]; !held && len(l.entries) >= localCacheEntries {
-		l.entries = map[localKey]localEntry{} // they share one revision: most are about to go anyway
+	l.mu.Lock()
+	watch.live = true
+	l.mu.Unlock()
+	l.follow(watch, changes)
+}
+
+// ended hears that watch ended for good, with err: a scope's may be opened again
+// later, unless it was refused.
+func (l *localCache) ended(watch *localWatch, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	watch.live = false
+	l.lost(watch)
+	if watch.every || l.scoped[watch.scope] != watch {
+		return
 	}
-	l.entries[key] = localEntry{revision: reply.revision, assembly: copyAssembly(reply.assembly)}
+	delete(l.scoped, watch.scope)
+	var failed *Error
+	if errors.As(err, &failed) && failed.Code == codes.PermissionDenied {
+		if len(l.refused) >= localRefused {
+			l.refused = map[string]struct{}{}
+		}
+		l.refused[watch.scope] = struct{}{}
+	}
+}
+
+// put keeps reply, asked for with ticket, unless something was lost or overtook it since.
+func (l *localCache) put(ticket localTicket, key string, reply *assembleReply) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	watch := ticket.watch
+	if !reply.cacheable || ticket.epoch != l.epoch || watch == nil || !watch.live || ticket.watchEpoch != watch.epoch {
+		return
+	}
+	entry := localEntry{revision: reply.revision, assembly: copyAssembly(reply.assembly), watch: watch,
+		size: assemblyBytes(reply.assembly) + len(key)}
+	if reply.cacheRevision != 0 {
+		entry.revision = reply.cacheRevision
+		entry.reads = map[string]struct{}{key: {}}
+		for _, scope := range reply.scopeChain {
+			entry.reads[scope] = struct{}{}
+		}
+	}
+	if entry.size > l.maxBytes || l.overtaken(entry, ticket.sequence) {
+		return
+	}
+	l.remove(key)
+	l.uses++
+	entry.used = l.uses
+	l.entries[key] = entry
+	l.bytes += entry.size
+	for l.bytes > l.maxBytes || len(l.entries) > localCacheEntries {
+		l.remove(l.leastUsed())
+	}
 }
 
 // wrote hears that this client changed the registry, its reply saying revision (0: not said).
@@ -117,57 +279,136 @@ func (c *conn) wrote(revision uint64) {
 	defer l.mu.Unlock()
 	if revision == 0 {
 		l.drop()
-	} else if revision > l.known {
-		l.known = revision
+	} else {
+		l.seen("", true, revision) // its layer unknown here: any
+	}
+}
+
+// seen hears of a change of layer (every: of any) at revision; l.mu is held.
+func (l *localCache) seen(layer string, every bool, revision uint64) {
+	l.sequence++
+	l.recent = append(l.recent, seenChange{l.sequence, revision, layer, every})
+	if len(l.recent) > localRecent {
+		l.recent = append(l.recent[:0], l.recent[len(l.recent)-localRecent:]...)
+	}
+	for key, entry := range l.entries {
+		if entry.concerned(layer, every, revision) {
+			l.remove(key)
+		}
+	}
+}
+
+// overtaken tells whether a change seen since sequence (while the answer was on its
+// way) makes entry stale, or too many came to tell; l.mu is held.
+func (l *localCache) overtaken(entry localEntry, sequence uint64) bool {
+	if l.sequence == sequence {
+		return false
+	}
+	if len(l.recent) == 0 || l.recent[0].sequence > sequence+1 {
+		return true // some have been forgotten
+	}
+	for _, change := range l.recent {
+		if change.sequence > sequence && entry.concerned(change.layer, change.every, change.revision) {
+			return true
+		}
+	}
+	return false
+}
+
+func (l *localCache) leastUsed() string {
+	oldest, first := "", true
+	for key, entry := range l.entries {
+		if first || entry.used < l.entries[oldest].used {
+			oldest, first = key, false
+		}
+	}
+	return oldest
+}
+
+func (l *localCache) remove(key string) {
+	if entry, ok := l.entries[key]; ok {
+		delete(l.entries, key)
+		l.bytes -= entry.size
 	}
 }
 
 // drop forgets every answer, and any answer asked for before now; l.mu is held.
 func (l *localCache) drop() {
-	l.entries = map[localKey]localEntry{}
+	l.entries = map[string]localEntry{}
+	l.bytes = 0
 	l.epoch++
 }
 
-// broke hears that the change stream broke: changes may pass unseen until it resumes.
-func (l *localCache) broke() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.live = false
-	l.drop()
+// lost hears that watch may have missed changes: what it covers goes; l.mu is held.
+func (l *localCache) lost(watch *localWatch) {
+	watch.epoch++
+	for key, entry := range l.entries {
+		if entry.watch == watch {
+			l.remove(key)
+		}
+	}
 }
 
-// resumed hears that the change stream is subscribed again (its replay, or a resync, follows).
-func (l *localCache) resumed() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.drop()
-	l.known = l.changes.LastRevision()
-	l.live = true
-}
-
-// follow reads the change stream, each change moving what is known, until it ends.
-func (l *localCache) follow() {
-	for {
-		change, err := l.changes.Next(context.Background())
-		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				l.log.Warn("dsp: local cache off: its change stream ended", "error", err.Error())
+// follow reads changes in the background until they end, each change dropping the
+// answers that read its layer, a break, a resync or a gap those watch covers.
+func (l *localCache) follow(watch *localWatch, changes *ChangeStream) {
+	changes.onBreak = func() { // changes may pass unseen until it resumes
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		watch.live = false
+		l.lost(watch)
+	}
+	changes.onResume = func() { // its replay, or a resync, follows
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.lost(watch)
+		watch.live = true
+	}
+	go func() {
+		for {
+			change, err := changes.Next(context.Background())
+			if err != nil {
+				if !errors.Is(err, io.EOF) {
+					if watch.every {
+						l.log.Warn("dsp: local cache off: its change stream ended", "error", err.Error())
+					} else {
+						l.log.Warn("dsp: local cache off for a scope: its change stream ended", "scope", watch.scope, "error", err.Error())
+					}
+				}
+				l.ended(watch, err)
+				return
 			}
 			l.mu.Lock()
-			l.live = false
-			l.drop()
+			switch change := change.(type) {
+			case ChangeEvent:
+				every := change.Scope == "" || change.Kind == ChangeKindListener || change.Kind == ChangeKindRule
+				l.seen(change.Scope, every, change.Revision)
+			default:
+				l.lost(watch) // a resync (another incarnation's revisions) or a gap
+			}
 			l.mu.Unlock()
-			return
 		}
-		l.mu.Lock()
-		if _, resynced := change.(ChangesResynced); resynced {
-			l.drop() // another incarnation's revisions, or a gap
+	}()
+}
+
+// assemblyBytes is what an assembly's texts take.
+func assemblyBytes(a *Assembly) int {
+	size := 0
+	for _, parts := range [][]Part{a.Sections, a.Contexts} {
+		for _, part := range parts {
+			size += len(part.Name) + len(part.Text)
 		}
-		if last := l.changes.LastRevision(); last > l.known {
-			l.known = last
-		}
-		l.mu.Unlock()
 	}
+	for _, tool := range a.Tools {
+		size += len(tool.Name) + len(tool.Description) + len(tool.ParametersJSON)
+	}
+	for _, v := range a.Variables {
+		size += len(v.Name)
+		if v.Value != nil {
+			size += len(*v.Value)
+		}
+	}
+	return size
 }
 
 // copyAssembly is a copy of a the caller may change freely.
@@ -188,33 +429,36 @@ func copyAssembly(a *Assembly) *Assembly {
 	return out
 }
 
-// replyScalars reads an AssembleResponse's revision (3) and cacheable (5), the
-// varints the reply's decoder passes over.
-func replyScalars(data []byte) (revision uint64, cacheable bool) {
+// replyScalars reads an AssembleResponse's revision (3), cacheable (5) and
+// cache_revision (7), the varints the reply's decoder passes over.
+func replyScalars(data []byte) (revision uint64, cacheable bool, cacheRevision uint64) {
 	for len(data) > 0 {
 		number, kind, n := protowire.ConsumeTag(data)
 		if n < 0 {
-			return 0, false
+			return 0, false, 0
 		}
 		data = data[n:]
-		if kind == protowire.VarintType && (number == 3 || number == 5) {
+		if kind == protowire.VarintType && (number == 3 || number == 5 || number == 7) {
 			value, m := protowire.ConsumeVarint(data)
 			if m < 0 {
-				return 0, false
+				return 0, false, 0
 			}
-			if number == 3 {
+			switch number {
+			case 3:
 				revision = value
-			} else {
+			case 5:
 				cacheable = value != 0
+			default:
+				cacheRevision = value
 			}
 			data = data[m:]
 			continue
 		}
 		m := protowire.ConsumeFieldValue(number, kind, data)
 		if m < 0 {
-			return 0, false
+			return 0, false, 0
 		}
 		data = data[m:]
 	}
-	return revision, cacheable
+	return revision, cacheable, cacheRevision
 }

@@ -3,6 +3,7 @@ package dsp_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -91,16 +92,70 @@ func TestAScopeWithAProviderIsAskedEveryTime(t *testing.T) {
 	}
 }
 
-func TestFieldsArePartOfWhatAnAnswerIsKeptUnder(t *testing.T) {
-	client, calls := caching(t, shared(t))
-	must[*dsp.Assembly](t)(client.Assemble(bg, dsp.WithFields(map[string]any{"turn": 1})))
+func TestAStaticScopeIsKeptOnceWhateverTheFields(t *testing.T) {
+	// An all-static plan ignores the fields, as the sidecar's kept answers know (issue 34, item 10).
+	client, calls := caching(t, startSidecar(t, nil))
+	must[*dsp.Assembly](t)(client.Assemble(bg, dsp.WithFields(map[string]any{"turn": 0})))
 	before := calls.n.Load()
-	must[*dsp.Assembly](t)(client.Assemble(bg, dsp.WithFields(map[string]any{"turn": 2})))
-	if calls.n.Load() != before+1 {
-		t.Fatal("other fields were answered from the kept answer")
+	for turn := 1; turn < 256; turn++ {
+		must[*dsp.Assembly](t)(client.Assemble(bg, dsp.WithFields(map[string]any{"turn": turn})))
 	}
-	if _, made := assembledTwice(t, client, calls, dsp.ForScope("agent"), dsp.WithFields(map[string]any{"turn": 2})); made != 0 {
-		t.Fatalf("a repeated scope and fields made %d calls", made)
+	if made := calls.n.Load() - before; made != 0 {
+		t.Fatalf("255 other fields of a static scope made %d calls", made)
+	}
+}
+
+func TestAnotherScopesChurnLeavesTheKeptAnswer(t *testing.T) {
+	// Issue 34, item 6: bob's register/dispose pairs in his own scope are in no layer alice's answer read.
+	s := startSidecar(t, nil)
+	client, calls := caching(t, s)
+	alice, bob := connect(t, s), connect(t, s)
+	must[*dsp.Scope](t)(alice.Scope(bg, "team"))
+	mine := must[*dsp.Scope](t)(alice.Scope(bg, "alice", dsp.WithParent("team")))
+	his := must[*dsp.Scope](t)(bob.Scope(bg, "bob", dsp.WithParent("team")))
+	must[*dsp.Handle[string]](t)(mine.Section(bg, "rules", 10, "alice's"))
+	must[*dsp.Assembly](t)(client.Assemble(bg, dsp.ForScope("alice")))
+	before := calls.n.Load()
+	for i := 0; i < 20; i++ {
+		handle := must[*dsp.Handle[string]](t)(his.Section(bg, fmt.Sprintf("churn-%d", i), 5, "bob's"))
+		must[*dsp.Assembly](t)(client.Assemble(bg, dsp.ForScope("alice")))
+		if err := handle.Dispose(bg); err != nil {
+			t.Fatal(err)
+		}
+		if got := text(must[*dsp.Assembly](t)(client.Assemble(bg, dsp.ForScope("alice"))), "rules"); got != "alice's" {
+			t.Fatalf("rules: %q", got)
+		}
+	}
+	if made := calls.n.Load() - before; made != 0 {
+		t.Fatalf("bob's churn made alice's kept answer ask %d times", made)
+	}
+	// a change of its parent's layer still reaches it
+	team := must[*dsp.Scope](t)(alice.Scope(bg, "team"))
+	must[*dsp.Handle[string]](t)(team.Section(bg, "parent", 5, "team's"))
+	sees(t, client, "parent", "team's", dsp.ForScope("alice"))
+}
+
+func TestWhatIsKeptIsBoundedByLocalCacheBytes(t *testing.T) {
+	s := startSidecar(t, nil)
+	owner := connect(t, s)
+	for key, size := range map[string]int{"a": 60_000, "b": 60_000, "huge": 200_000} {
+		scope := must[*dsp.Scope](t)(owner.Scope(bg, key))
+		must[*dsp.Handle[string]](t)(scope.Section(bg, "text", 1, strings.Repeat(key[:1], size)))
+	}
+	client, calls := caching(t, s, dsp.WithLocalCacheBytes(100_000))
+	if _, made := assembledTwice(t, client, calls, dsp.ForScope("a")); made != 0 {
+		t.Fatalf("a: %d calls", made)
+	}
+	if _, made := assembledTwice(t, client, calls, dsp.ForScope("b")); made != 0 {
+		t.Fatalf("b: %d calls", made)
+	}
+	before := calls.n.Load()
+	must[*dsp.Assembly](t)(client.Assemble(bg, dsp.ForScope("a")))
+	if calls.n.Load() != before+1 {
+		t.Fatal("a was kept beside b over 100,000 bytes")
+	}
+	if _, made := assembledTwice(t, client, calls, dsp.ForScope("huge")); made != 1 {
+		t.Fatalf("an answer over the whole budget: the second assemble made %d calls", made)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 var optionTypes = map[string]bool{
 	"Option": true, "ScopeOption": true, "SectionOption": true, "ProviderOption": true, "ListenerOption": true,
 	"CallbackOption": true, "AssembleOption": true, "WatchOption": true, "PromptOption": true,
+	"RuleOption": true, "StepOption": true,
 }
 
 // optionFunctions are the package's exported functions that return an option.

@@ -91,6 +91,11 @@ func (g *Registrations) OnAssemble(listener Listener, opts ...ListenerOption) *R
 	return g.run(func() error { _, err := g.r.OnAssemble(g.ctx, listener, opts...); return err })
 }
 
+// Rule registers a rule (as the registrar's Rule) unless the run failed.
+func (g *Registrations) Rule(name string, rule Rule, opts ...RuleOption) *Registrations {
+	return g.run(func() error { _, err := g.r.Rule(g.ctx, name, rule, opts...); return err })
+}
+
 // Text is a TextFunc for text that needs only the assembly's context and cannot
 // fail (a value computed from the fields, the time, the process's state).
 func Text(text func(assembly AssembleContext) string) TextFunc {

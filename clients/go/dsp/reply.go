@@ -28,7 +28,9 @@ type assembleReply struct {
 	skipped         []SkippedStep
 	report          *AssemblyReport // when asked for
 	revision        uint64          // the registry's revision the assembly was taken at
-	cacheable       bool            // the sidecar answers the same until revision changes
+	cacheable       bool            // the sidecar answers the same until a layer it read changes
+	cacheRevision   uint64          // the revision of what it read (0: an older sidecar)
+	scopeChain      []string        // the scope keys it read, nearest first
 }
 
 // replyCodec marshals requests as protobuf and decodes an *assembleReply by hand.
@@ -51,7 +53,7 @@ func (replyCodec) Unmarshal(data []byte, v any) error {
 	}
 	w := wire{data: data, text: string(data)}
 	reply.assembly = emptyAssembly()
-	reply.revision, reply.cacheable = replyScalars(data)
+	reply.revision, reply.cacheable, reply.cacheRevision = replyScalars(data)
 	return w.fields(0, len(data), func(f field) error {
 		switch f.number {
 		case 1: // AssembleResponse.assembly
@@ -78,8 +80,10 @@ func (replyCodec) Unmarshal(data []byte, v any) error {
 				return err
 			}
 			reply.skipped = append(reply.skipped, skippedFromProto(&step))
+		case 8: // AssembleResponse.scope_chain
+			reply.scopeChain = append(reply.scopeChain, w.string(f))
 		}
-		return nil // revision and cacheable are read by replyScalars
+		return nil // revision, cacheable and cache_revision are read by replyScalars
 	})
 }
 

@@ -2,6 +2,7 @@ package dsp_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -176,12 +177,63 @@ func TestALocalCacheWhoseStreamCannotBeResumedIsOffAndSaysSo(t *testing.T) {
 	}
 }
 
-func TestConnectWithALocalCacheFailsWhenItsChangeStreamIsRefused(t *testing.T) {
+func TestConnectWithALocalCacheFailsWhenItsChangeStreamFails(t *testing.T) {
 	c := newCacheable()
 	c.watch = func(int, *pb.WatchChangesRequest, pb.SystemPromptService_WatchChangesServer) error {
-		return status.Error(codes.PermissionDenied, "no watching")
+		return status.Error(codes.FailedPrecondition, "no watching")
 	}
 	_, err := dsp.Connect(bg, serveScript(t, c.script), dsp.WithCallTimeout(scriptedCallTimeout), dsp.WithLocalCache())
-	wantError(t, err, codes.PermissionDenied, dsp.ReasonUnknown)
+	wantError(t, err, codes.FailedPrecondition, dsp.ReasonUnknown)
+	nothingLeft(t, c.script)
+}
+
+// refusing is a scripted sidecar that refuses the watch of every change, as for an
+// agent listing its own scopes, and takes a watch of one scope's chain, counting them.
+func refusing() (*cacheable, *atomic.Int32) {
+	c, scoped := newCacheable(), &atomic.Int32{}
+	c.watch = func(_ int, request *pb.WatchChangesRequest, stream pb.SystemPromptService_WatchChangesServer) error {
+		filter := request.GetFilter()
+		if filter.GetScope() == "" {
+			return status.Error(codes.PermissionDenied, "scope: the credential may not read every scope")
+		}
+		if !filter.GetAncestors() {
+			return status.Error(codes.InvalidArgument, "the cache watches a scope's whole chain")
+		}
+		scoped.Add(1)
+		if err := stream.Send(subscribed(10, "first")); err != nil {
+			return err
+		}
+		<-stream.Context().Done()
+		return nil
+	}
+	return c, scoped
+}
+
+// keptFor tells whether a second Assemble of scope is answered without a call.
+func keptFor(t *testing.T, c *cacheable, client *dsp.Client, scope string) bool {
+	t.Helper()
+	must[*dsp.Assembly](t)(client.Assemble(bg, dsp.ForScope(scope)))
+	before := c.asked.Load()
+	must[*dsp.Assembly](t)(client.Assemble(bg, dsp.ForScope(scope)))
+	return c.asked.Load() == before
+}
+
+func TestAWatchRefusedForEveryChangeWatchesEachScopeAssembledUpTo16(t *testing.T) {
+	c, scoped := refusing()
+	client := must[*dsp.Client](t)(dsp.Connect(bg, serveScript(t, c.script), dsp.WithCallTimeout(scriptedCallTimeout), dsp.WithLocalCache()))
+	if keptFor(t, c, client, "") {
+		t.Fatal("the global layer alone was kept without a stream covering it")
+	}
+	for number := 0; number < 16; number++ {
+		scope := fmt.Sprint("scope-", number)
+		waitFor(t, "a kept answer of "+scope, func() bool { return keptFor(t, c, client, scope) })
+	}
+	if keptFor(t, c, client, "the-17th") || keptFor(t, c, client, "the-17th") {
+		t.Fatal("a 17th scope was kept")
+	}
+	if scoped.Load() != 16 {
+		t.Fatalf("%d scopes watched, want 16", scoped.Load())
+	}
+	client.Close()
 	nothingLeft(t, c.script)
 }

@@ -5,13 +5,19 @@ package dsp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"sort"
 	"sync"
 	"time"
 
 	pb "dsh.dev/dsh-system-prompt/clients/go/gen/dsh/systemprompt/v1"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 )
+
+// framingBytes is the OpenSessionRequest around a ProvideResponse, with room to spare.
+const framingBytes = 64
 
 // ClientVersion is sent in SessionStart, for the sidecar's logs only.
 const ClientVersion = "dsh-system-prompt-go/0.1.0"
@@ -23,6 +29,7 @@ type session struct {
 	id             string
 	sidecarVersion string
 	callbackCache  bool // the sidecar confirmed "callback-cache"
+	maxAnswer      int  // the sidecar's max_message_bytes less framing; 0: it did not say
 	invalidations  invalidations
 	stream         pb.SystemPromptService_OpenSessionClient
 	cancel         context.CancelFunc
@@ -64,6 +71,9 @@ func openSession(c *conn, timeout time.Duration) (*session, error) {
 		stream: stream, cancel: cancel, done: make(chan struct{}),
 		answering:     map[uint64]context.CancelFunc{},
 		callbackCache: contains(opened.GetFeatures(), featureCallbackCache),
+	}
+	if limit := int(opened.GetMaxMessageBytes()); limit > framingBytes {
+		s.maxAnswer = limit - framingBytes
 	}
 	go s.read()
 	return s, nil
@@ -182,9 +192,29 @@ func (s *session) answer(ctx context.Context, cancel context.CancelFunc, request
 	if ctx.Err() != nil {
 		return // the sidecar gave up on this request: nobody reads the answer
 	}
-	s.send(&pb.OpenSessionRequest{Kind: &pb.OpenSessionRequest_Provided{Provided: &pb.ProvideResponse{
-		CallId: request.GetCallId(), Values: values,
-	}}})
+	response := &pb.ProvideResponse{CallId: request.GetCallId(), Values: values}
+	s.fit(response)
+	s.send(&pb.OpenSessionRequest{Kind: &pb.OpenSessionRequest_Provided{Provided: response}})
+}
+
+// fit replaces the largest values of response by their providers' errors while it
+// is over what the sidecar reads: the assembly fails naming them, the session lives.
+func (s *session) fit(response *pb.ProvideResponse) {
+	if s.maxAnswer == 0 || proto.Size(response) <= s.maxAnswer {
+		return
+	}
+	largest := append([]*pb.ProvidedValue(nil), response.GetValues()...)
+	sort.SliceStable(largest, func(i, j int) bool { return proto.Size(largest[i]) > proto.Size(largest[j]) })
+	for _, value := range largest {
+		size := proto.Size(value)
+		message := fmt.Sprintf("its answer of %d bytes is over the sidecar's max_message_bytes", size)
+		value.Value = &pb.ProvidedValue_Error{Error: &pb.ProviderError{Message: message, AnswerBytes: uint64(size)}}
+		s.c.log.Warn("dsp: a provider's answer is over the sidecar's max_message_bytes",
+			"provider", value.GetProviderKey(), "bytes", size)
+		if proto.Size(response) <= s.maxAnswer {
+			return
+		}
+	}
 }
 
 func (s *session) send(message *pb.OpenSessionRequest) {

@@ -33,12 +33,15 @@ type RegistrationInfo struct {
 	Owner      string
 	OwnerLabel string
 	SizeBytes  uint64
-	// Fingerprint is 16 hex digits of SHA-256 of the static value.
+	// Fingerprint is 16 hex digits of HMAC-SHA256 of the static value, keyed for
+	// the sidecar's incarnation: equal values print alike until it restarts.
 	Fingerprint string
 	// Text is a static text or variable value, with WithValues.
 	Text *string
 	// Tools is a static tool list, with WithValues.
 	Tools *ToolProviderResult
+	// Rule is a rule's definition, with WithValues.
+	Rule *Rule
 }
 
 // Snapshot lists the registrations now, filtered like WatchChanges.
@@ -86,6 +89,9 @@ func registrationFromProto(m *pb.RegistrationInfo) RegistrationInfo {
 			tools.KnownNames = value.Tools.KnownNames.GetNames()
 		}
 		info.Tools = &tools
+	case *pb.RegisteredValue_Rule:
+		rule := ruleFromProto(value.Rule)
+		info.Rule = &rule
 	}
 	return info
 }

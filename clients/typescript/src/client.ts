@@ -7,8 +7,8 @@ import { entryFromProto, historyFromProto, usageFrom } from "./cacheHistory.js";
 import { ChangeStream, WATCH_FEATURES } from "./changes.js";
 import { answerError, CALL_TIMEOUT_MS, Connection, notReady, type Registration } from "./connection.js";
 import { assemblyFromProto, contextToProto, layoutToProto, reportFromProto, skippedFromProto } from "./convert.js";
-import { NoAnswer } from "./errors.js";
-import { cacheKey, LocalCache } from "./localCache.js";
+import { invalid, NoAnswer } from "./errors.js";
+import { LOCAL_CACHE_BYTES, LocalCache } from "./localCache.js";
 import { PromptStream } from "./prompts.js";
 import { disposer, Registrar, type Disposer } from "./registrar.js";
 import { openChannel, Rpc, type TlsOptions } from "./rpc.js";
@@ -96,6 +96,11 @@ export interface ConnectOptions {
    * docs/protocol.md, "The local cache"). Default false.
    */
   localCache?: boolean | undefined;
+  /**
+   * What the local cache keeps, at most: its answers' texts, in bytes (two a UTF-16
+   * unit); the least recently used go first. Default 32 MiB.
+   */
+  localCacheBytes?: number | undefined;
 }
 
 /** A handle on a scope key: registrations made through it land in that scope's layer. */
@@ -172,12 +177,12 @@ export class Client extends Registrar {
 
   /** The kept answer while it is the registry's; else asked for, and kept if it may be. */
   async #assembleLocally(local: LocalCache, options: AssembleOptions): Promise<PromptAssembly> {
-    const key = cacheKey(contextToProto(options.scope, options.fields));
+    const key = options.scope ?? ""; // a cacheable (all-static) plan's answer is the same for any fields
     const kept = this.connection.connected ? local.get(key) : undefined;
     if (kept !== undefined) return kept;
-    const epoch = local.epoch;
+    const ticket = local.ticket(key);
     const reply = await this.#assemble(options, false);
-    local.put(epoch, key, reply);
+    local.put(ticket, key, reply);
     return toAssembly(reply);
   }
 
@@ -319,6 +324,10 @@ export function defaultAddress(): string {
  * with UNAVAILABLE when the sidecar cannot be reached, unless `waitForReady`.
  */
 export async function connect(address?: string, options: ConnectOptions = {}): Promise<Client> {
+  const maxBytes: unknown = options.localCacheBytes ?? LOCAL_CACHE_BYTES;
+  if (typeof maxBytes !== "number" || !Number.isSafeInteger(maxBytes) || maxBytes < 1) {
+    throw invalid(`localCacheBytes must be a whole number of at least 1, not ${String(maxBytes)}`);
+  }
   const target = address || defaultAddress();
   const rpc = new Rpc(openChannel(target, options), options.token);
   const callTimeoutMs = options.callTimeoutMs ?? CALL_TIMEOUT_MS;
@@ -337,14 +346,14 @@ export async function connect(address?: string, options: ConnectOptions = {}): P
     }
     throw error;
   }
-  if (options.localCache) await keepLocally(connection);
+  if (options.localCache) await keepLocally(connection, maxBytes);
   return new Client(connection);
 }
 
-/** Give `connection` its local cache, subscribed to every change. */
-async function keepLocally(connection: Connection): Promise<void> {
+/** Give `connection` its local cache, subscribed to the changes it may watch. */
+async function keepLocally(connection: Connection, maxBytes: number): Promise<void> {
   try {
-    connection.local = await LocalCache.open(connection.rpc, connection.callTimeoutMs);
+    connection.local = await LocalCache.open(connection.rpc, connection.callTimeoutMs, maxBytes);
   } catch (error) {
     await connection.close();
     throw error;

@@ -153,24 +153,39 @@ export class Connection {
    * it already; a disposed one is not made again.
    */
   ejected(registration: Registration, sessionId: string = this.sessionId): void {
+    void this.#reinstall(registration, sessionId, this.#backoff(registration));
+  }
+
+  /**
+   * The stream of `registration`'s listener ended while its session `sessionId` lives (the
+   * sidecar closed it, and keeps the listener's place, failing what it would see, until it
+   * is back): install it again on that session, at once the first time, then with the
+   * ejection backoff. The session and its other registrations stay; a lost session is
+   * made again, and replays it, on its own.
+   */
+  lost(registration: Registration, sessionId: string): void {
+    void this.#reinstall(registration, sessionId, this.#backoff(registration) - FIRST_EJECT_BACKOFF_MS);
+  }
+
+  #backoff(registration: Registration): number {
     const now = Date.now();
     const before = this.#ejections.get(registration);
     const count = before === undefined || now - before.last > EJECT_CALM_MS ? 1 : before.count + 1;
     this.#ejections.set(registration, { count, last: now });
-    const delay = Math.min(FIRST_EJECT_BACKOFF_MS * 2 ** (count - 1), MAX_EJECT_BACKOFF_MS);
-    void this.#reinstall(registration, sessionId, delay);
+    return Math.min(FIRST_EJECT_BACKOFF_MS * 2 ** (count - 1), MAX_EJECT_BACKOFF_MS);
   }
 
   async #reinstall(registration: Registration, sessionId: string, delay: number): Promise<void> {
     if ((await pause(delay, this.#closing.signal)) === "aborted") return;
     if (this.closed || !this.registrations.has(registration) || this.sessionId !== sessionId) return;
-    registration.stream?.close(); // an ejected listener's stream has ended
+    registration.stream?.close(); // an ejected (or lost) listener's stream has ended
     registration.stream = undefined;
     try {
       await this.#make(registration, sessionId);
     } catch {
       return; // its session is going: the reconnect's replay makes it
     }
+    if (this.closed) return closeStream(registration); // closed while it was made: close() did not see it
     if (!this.registrations.has(registration)) await this.#disposeOn(sessionId, registration); // the disposer wins
   }
 
@@ -364,6 +379,11 @@ export class Connection {
     registration.stream = made.stream;
     return made.revision;
   }
+}
+
+/** Close `registration`'s stream, if it has one (a listener's). */
+function closeStream(registration: Registration): void {
+  registration.stream?.close();
 }
 
 /** The error for a call the sidecar answers at once: our own deadline is NoAnswer. */

@@ -49,6 +49,7 @@ export { Code, Reason, RenderError, SystemPromptError } from "./errors.js";
 export type { Listener, NextFn } from "./listeners.js";
 export { PromptStream } from "./prompts.js";
 export { CONTEXT_SNAPSHOT_HEADER, renderContextSnapshot, renderPrompt } from "./render.js";
+export { Mutation, type Rule, type RuleOptions, type RulePart } from "./rules.js";
 export type { Pem, TlsOptions } from "./rpc.js";
 export type { FilterOptions } from "./snapshots.js";
 export * from "./types.js";

@@ -109,7 +109,7 @@ export class ListenerStream {
         for (const id of [...this.#running.keys()]) this.#abandon(id); // their replies have nowhere to go
         if (!opened || this.#closing) return;
         if (this.#ejected) this.#onEjected(this.#ejected); // it did not answer in time: installed again
-        else this.#onLost(); // the sidecar dropped the listener: the session is made again
+        else this.#onLost(); // the stream ended under it: installed again on the same session
       },
     });
   }

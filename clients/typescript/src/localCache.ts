@@ -1,41 +1,83 @@
 /**
  * The opt-in local cache (`connect(address, { localCache: true })`): `assemble()` of a
- * scope whose plan the sidecar marks `cacheable` answers from a copy kept here,
- * without a call.
+ * scope whose plan the sidecar marks `cacheable` (all-static) answers from a copy kept
+ * here, without a call.
  *
- * An answer is kept under (scope, fields) with the registry revision it was taken
- * at, and served while no later revision is known. Later revisions come from this
- * client's own change stream (every change, of every scope) and from the replies to
- * this client's own registrations, updates and disposals (read-your-writes). While
- * the change stream is broken, and after a resync, nothing is served or kept: a
- * break may hide changes, and a restarted sidecar's revisions start again.
+ * An answer is kept under its scope alone (a static plan ignores the fields, as the
+ * sidecar's own kept answers do), with what it read: the layers of its scope chain
+ * (`AssembleResponse.scopeChain`, the asked key and the global layer) and their
+ * revision (`cacheRevision`). It is served until a change event of one of those layers
+ * comes with a later revision (a listener or rule event anywhere counts: one registered
+ * with `global` runs everywhere), so a change in another scope leaves it in place. A
+ * sidecar that sends no `cacheRevision` is one where every change counts.
+ *
+ * Changes come from a change stream: one of every change when the credential may
+ * watch every layer, else (PERMISSION_DENIED: an agent that lists its own scopes) one
+ * per scope assembled, filtered to that scope's chain, at most MAX_SCOPE_WATCHES. The
+ * replies to this client's own registrations, updates and disposals count too
+ * (read-your-writes). While a stream is broken, and after a resync or a gap, nothing
+ * it covers is served or kept.
+ *
+ * What is kept is bounded by `localCacheBytes` (its texts counted, two bytes a UTF-16
+ * unit) and by MAX_ENTRIES, the least recently used dropped first.
  */
 
 import { create } from "@bufbuild/protobuf";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import { ChangeStream, WATCH_FEATURES } from "./changes.js";
+import { Code, SystemPromptError } from "./errors.js";
 import type { Rpc } from "./rpc.js";
-import { ToolSchema, type PromptAssembly } from "./types.js";
+import { ToolSchema, type ChangeEvent, type PromptAssembly } from "./types.js";
 
-const MAX_ENTRIES = 256; // (scope, fields) pairs; a revision change makes them all unservable
+/** `connect({ localCacheBytes })`'s default: 32 MiB. */
+export const LOCAL_CACHE_BYTES = 32 * 1024 * 1024;
+const MAX_ENTRIES = 256; // scopes kept
+const MAX_SCOPE_WATCHES = 16; // change streams of one scope each, for a credential listing scopes
+const RECENT = 1024; // change events remembered for answers in flight while they came
+const REFUSED = 1024; // scopes whose watch was refused, not asked again (then forgotten)
+const STEP_KINDS = new Set(["listener", "rule"]); // one registered with `global` runs everywhere
 
 /** A converted assembly, as plain values: each answer is built afresh from it. */
 interface Template {
+  /** Of what it read (cacheRevision; an older sidecar's: the registry's revision). */
   readonly revision: number;
+  /** The scope keys it read; undefined: every change concerns it. */
+  readonly reads: ReadonlySet<string> | undefined;
+  readonly watch: Watch;
+  readonly size: number;
   readonly sections: readonly (readonly [string, string])[];
   readonly contexts: readonly (readonly [string, string])[];
   readonly tools: readonly (readonly [string, string, string])[]; // name, description, parameters JSON
   readonly variables: readonly (readonly [string, string | undefined])[];
 }
 
-function templateOf(reply: pb.AssembleResponse): Template {
+/** Whether a change of `layer` (undefined: every layer) at `revision` makes `entry` stale. */
+function concerned(entry: Template, layer: string | undefined, revision: number): boolean {
+  if (revision <= entry.revision) return false; // it is in the answer already
+  return layer === undefined || entry.reads === undefined || entry.reads.has(layer);
+}
+
+function templateOf(reply: pb.AssembleResponse, scope: string, watch: Watch): Template {
   const message = reply.assembly;
+  const sections = (message?.sections ?? []).map(({ name, text }) => [name, text] as const);
+  const contexts = (message?.contexts ?? []).map(({ name, text }) => [name, text] as const);
+  const tools = (message?.tools ?? []).map(
+    ({ name, description, parametersJson }) => [name, description, parametersJson] as const,
+  );
+  const variables = (message?.variables ?? []).map(({ name, value }) => [name, value] as const);
+  let units = scope.length;
+  for (const part of [...sections, ...contexts, ...tools]) for (const text of part) units += text.length;
+  for (const [name, value] of variables) units += name.length + (value?.length ?? 0);
+  const cacheRevision = Number(reply.cacheRevision);
   return {
-    revision: Number(reply.revision),
-    sections: (message?.sections ?? []).map(({ name, text }) => [name, text] as const),
-    contexts: (message?.contexts ?? []).map(({ name, text }) => [name, text] as const),
-    tools: (message?.tools ?? []).map(({ name, description, parametersJson }) => [name, description, parametersJson] as const),
-    variables: (message?.variables ?? []).map(({ name, value }) => [name, value] as const),
+    revision: cacheRevision || Number(reply.revision),
+    reads: cacheRevision ? new Set([scope, ...reply.scopeChain]) : undefined,
+    watch,
+    size: 2 * units,
+    sections,
+    contexts,
+    tools,
+    variables,
   };
 }
 
@@ -51,94 +93,232 @@ function copyOf(template: Template): PromptAssembly {
   };
 }
 
-/** What an answer is kept under: the scope and the fields' JSON, as sent. */
-export function cacheKey(context: pb.AssembleContext): string {
-  return `${context.scope}\u0000${context.fieldsJson}`;
+/** Taken before an Assemble call: what its answer is kept against. */
+export interface Ticket {
+  readonly epoch: number;
+  readonly watch: Watch;
+  readonly watchEpoch: number;
+  readonly sequence: number;
 }
 
-/** Cacheable answers by (scope, fields), valid while their revision is the latest known. */
-export class LocalCache {
-  /** The latest revision this client knows of. */
-  known = 0;
-  /** Moves whenever what is known may have been lost. */
-  epoch = 0;
-  /** The change stream is subscribed. */
+/** One change stream the cache follows: of every layer (`scope` undefined), or of one scope's chain. */
+class Watch {
   live = false;
-  readonly #entries = new Map<string, Template>();
+  epoch = 0;
   #changes: ChangeStream | undefined;
   #following: Promise<void> | undefined;
 
-  /** A cache subscribed to every change; answers are kept from when it resolves. */
-  static async open(rpc: Rpc, timeoutMs: number): Promise<LocalCache> {
-    const cache = new LocalCache();
+  constructor(
+    readonly cache: LocalCache,
+    readonly scope: string | undefined,
+  ) {}
+
+  async start(rpc: Rpc, timeoutMs: number): Promise<void> {
     const request = create(pb.WatchChangesRequestSchema, { features: WATCH_FEATURES });
-    cache.#changes = await ChangeStream.open(rpc, request, timeoutMs, () => cache.#ended(), cache);
-    cache.known = cache.#changes.revision;
-    cache.live = true;
-    cache.#following = cache.#follow(cache.#changes);
-    return cache;
+    if (this.scope !== undefined) request.filter = create(pb.ChangeFilterSchema, { scope: this.scope, ancestors: true });
+    this.#changes = await ChangeStream.open(rpc, request, timeoutMs, () => this.#ended(), this);
+    this.live = true;
+    this.#following = this.#follow(this.#changes);
   }
 
-  /** A copy of the kept answer for `key`, if it is still the registry's. */
-  get(key: string): PromptAssembly | undefined {
-    const entry = this.live ? this.#entries.get(key) : undefined;
-    return entry === undefined || entry.revision < this.known ? undefined : copyOf(entry);
-  }
-
-  /** Keep `reply`, asked for at `epoch`, unless something was lost since. */
-  put(epoch: number, key: string, reply: pb.AssembleResponse): void {
-    if (!reply.cacheable || epoch !== this.epoch || !this.live) return;
-    if (Number(reply.revision) < this.known) return; // a later change is known already
-    if (this.#entries.size >= MAX_ENTRIES && !this.#entries.has(key)) this.#entries.clear();
-    this.#entries.set(key, templateOf(reply));
-  }
-
-  /** This client changed the registry; its reply said `revision` (undefined or 0: not said). */
-  wrote(revision: number | undefined): void {
-    if (revision) this.known = Math.max(this.known, revision);
-    else this.drop();
-  }
-
-  /** Forget every answer, and any answer asked for before now. */
-  drop(): void {
-    this.#entries.clear();
-    this.epoch += 1;
-  }
-
-  /** The change stream broke: changes may pass unseen until it resumes. */
+  /** The stream broke: changes may pass unseen until it resumes. */
   broke(): void {
     this.live = false;
-    this.drop();
+    this.lost();
   }
 
-  /** The change stream is subscribed again (its replay, or a resync, follows). */
+  /** Subscribed again (its replay, or a resync, follows). */
   resumed(): void {
-    this.drop();
-    this.known = this.#changes?.lastRevision ?? 0;
+    this.lost();
     this.live = true;
   }
 
+  lost(): void {
+    this.epoch += 1;
+    this.cache.lost(this);
+  }
+
   async close(): Promise<void> {
-    this.#ended();
+    this.live = false;
     this.#changes?.close();
     await this.#following;
   }
 
   #ended(): void {
     this.live = false;
-    this.drop();
+    this.lost();
+    this.cache.ended(this);
   }
 
   async #follow(changes: ChangeStream): Promise<void> {
     try {
       for await (const item of changes) {
-        if (item.type === "resynced") this.drop(); // another incarnation's revisions, or a gap
-        this.known = Math.max(this.known, changes.lastRevision);
+        if (item.type === "change") this.cache.changed(item);
+        else this.lost(); // a resync (another incarnation's revisions) or a gap
       }
-    } catch {
-      // the stream ended with an error: the cache is off (#ended ran with the close)
+    } catch (error) {
+      if (error instanceof SystemPromptError && error.code === Code.PERMISSION_DENIED && this.scope !== undefined) {
+        this.cache.refused(this.scope);
+      }
     } finally {
       this.#ended();
     }
+  }
+}
+
+/** Cacheable answers by scope, each valid until a layer it read changes. */
+export class LocalCache {
+  /** Moves whenever every answer is dropped. */
+  epoch = 0;
+  live = false;
+  /** What the kept answers' texts take. */
+  bytes = 0;
+  /** Assemblies answered here, without a call, and those asked of the sidecar. */
+  answered = 0;
+  asked = 0;
+  readonly #entries = new Map<string, Template>(); // in use order, the least recent first
+  #every: Watch | undefined;
+  readonly #scoped = new Map<string, Watch>();
+  readonly #refused = new Set<string>();
+  readonly #recent: (readonly [number, number, string | undefined])[] = []; // sequence, revision, layer
+  #sequence = 0;
+
+  private constructor(
+    readonly rpc: Rpc,
+    readonly timeoutMs: number,
+    readonly maxBytes: number,
+  ) {}
+
+  /** A cache subscribed to every change, or ready to watch each scope assembled when the
+   * credential may not watch every layer; answers are kept from when it resolves. */
+  static async open(rpc: Rpc, timeoutMs: number, maxBytes = LOCAL_CACHE_BYTES): Promise<LocalCache> {
+    const cache = new LocalCache(rpc, timeoutMs, maxBytes);
+    const watch = new Watch(cache, undefined);
+    try {
+      await watch.start(rpc, timeoutMs);
+      cache.#every = watch;
+    } catch (error) {
+      if (!(error instanceof SystemPromptError && error.code === Code.PERMISSION_DENIED)) throw error;
+    }
+    cache.live = true;
+    return cache;
+  }
+
+  /** What an answer for `scope` asked for now is kept against; undefined: it is not kept
+   * (no stream covers the scope yet: one is opened for the next). */
+  ticket(scope: string): Ticket | undefined {
+    this.asked += 1;
+    const watch = this.live ? this.#watchOf(scope) : undefined;
+    if (watch === undefined || !watch.live) return undefined;
+    return { epoch: this.epoch, watch, watchEpoch: watch.epoch, sequence: this.#sequence };
+  }
+
+  /** A copy of the kept answer for `scope`, if it is still the registry's. */
+  get(scope: string): PromptAssembly | undefined {
+    const entry = this.live ? this.#entries.get(scope) : undefined;
+    if (entry === undefined || !entry.watch.live) return undefined;
+    this.#entries.delete(scope);
+    this.#entries.set(scope, entry); // the most recently used
+    this.answered += 1;
+    return copyOf(entry);
+  }
+
+  /** Keep `reply`, asked for with `ticket`, unless something was lost since. */
+  put(ticket: Ticket | undefined, scope: string, reply: pb.AssembleResponse): void {
+    if (ticket === undefined || !reply.cacheable || ticket.epoch !== this.epoch) return;
+    const watch = ticket.watch;
+    if (!watch.live || ticket.watchEpoch !== watch.epoch) return;
+    const entry = templateOf(reply, scope, watch);
+    if (entry.size > this.maxBytes || this.#overtaken(entry, ticket.sequence)) return;
+    this.#drop(scope);
+    this.#entries.set(scope, entry);
+    this.bytes += entry.size;
+    while (this.bytes > this.maxBytes || this.#entries.size > MAX_ENTRIES) {
+      const oldest = this.#entries.keys().next();
+      if (oldest.done === true) break;
+      this.#drop(oldest.value);
+    }
+  }
+
+  /** A change event: the answers that read its layer go. */
+  changed(event: ChangeEvent): void {
+    const everywhere = event.scope === undefined || event.scope === "" || STEP_KINDS.has(event.kind);
+    this.#seen(everywhere ? undefined : event.scope, event.revision);
+  }
+
+  /** This client changed the registry; its reply said `revision` (undefined or 0: not said). */
+  wrote(revision: number | undefined): void {
+    if (revision) this.#seen(undefined, revision); // its layer unknown here: any
+    else this.drop();
+  }
+
+  /** Forget every answer, and any answer asked for before now. */
+  drop(): void {
+    this.#entries.clear();
+    this.bytes = 0;
+    this.epoch += 1;
+  }
+
+  /** `watch` may have missed changes: what it covers goes. */
+  lost(watch: Watch): void {
+    for (const [scope, entry] of [...this.#entries]) if (entry.watch === watch) this.#drop(scope);
+  }
+
+  refused(scope: string): void {
+    if (this.#refused.size >= REFUSED) this.#refused.clear();
+    this.#refused.add(scope);
+  }
+
+  /** `watch` ended for good: a scope's may be opened again later. */
+  ended(watch: Watch): void {
+    if (watch.scope !== undefined && this.#scoped.get(watch.scope) === watch) this.#scoped.delete(watch.scope);
+  }
+
+  async close(): Promise<void> {
+    this.live = false;
+    const watches = [...this.#scoped.values(), ...(this.#every ? [this.#every] : [])];
+    this.#scoped.clear();
+    await Promise.all(watches.map((watch) => watch.close()));
+    this.drop();
+  }
+
+  /** The stream covering `scope`: the one of every change, else the scope's own, opened in
+   * the background the first time (none for the global layer alone, past
+   * MAX_SCOPE_WATCHES, or where the watch was refused). */
+  #watchOf(scope: string): Watch | undefined {
+    if (this.#every !== undefined) return this.#every;
+    const watch = this.#scoped.get(scope);
+    if (watch !== undefined || scope === "" || this.#refused.has(scope)) return watch;
+    if (this.#scoped.size >= MAX_SCOPE_WATCHES) return undefined;
+    const opened = new Watch(this, scope);
+    this.#scoped.set(scope, opened);
+    opened.start(this.rpc, this.timeoutMs).catch((error: unknown) => {
+      if (error instanceof SystemPromptError && error.code === Code.PERMISSION_DENIED) this.refused(scope);
+      this.ended(opened);
+    });
+    return opened;
+  }
+
+  #seen(layer: string | undefined, revision: number): void {
+    this.#sequence += 1;
+    this.#recent.push([this.#sequence, revision, layer]);
+    if (this.#recent.length > RECENT) this.#recent.shift();
+    for (const [scope, entry] of [...this.#entries]) if (concerned(entry, layer, revision)) this.#drop(scope);
+  }
+
+  /** Whether a change seen since `sequence` (while the answer was on its way) makes `entry`
+   * stale, or too many came to tell. */
+  #overtaken(entry: Template, sequence: number): boolean {
+    if (this.#sequence === sequence) return false;
+    const first = this.#recent[0];
+    if (first === undefined || first[0] > sequence + 1) return true; // some have been forgotten
+    return this.#recent.some(([seen, revision, layer]) => seen > sequence && concerned(entry, layer, revision));
+  }
+
+  #drop(scope: string): void {
+    const entry = this.#entries.get(scope);
+    if (entry === undefined) return;
+    this.#entries.delete(scope);
+    this.bytes -= entry.size;
   }
 }

@@ -8,6 +8,7 @@ import { invalid } from "./errors.js";
 import { FEATURE_PART_SLOTS, FEATURE_TOOL_SLOTS, label, ListenerStream, type Listener } from "./listeners.js";
 import type { Provider } from "./providers.js";
 import type { Method } from "./rpc.js";
+import { ruleSpec, type Rule, type RuleOptions } from "./rules.js";
 import { updateFor, type UpdatableRequest } from "./updates.js";
 import type { AssembleContext, FailurePolicy, ToolProviderResult, ToolSchemaLike } from "./types.js";
 
@@ -232,6 +233,22 @@ export class Registrar {
   }
 
   /**
+   * Register a rule: a waterfall step the sidecar runs itself, in CEL, with no hop
+   * (docs/protocol.md, "Rules"). The handle's `update(rule)` replaces what it does in place.
+   */
+  rule(name: string, rule: Rule, options: RuleOptions = {}): Promise<Handle> {
+    return this.#guard(() => {
+      const request = create(pb.RegisterRuleRequestSchema, {
+        name,
+        prepend: options.prepend ?? false,
+        global: options.global ?? false,
+        rule: ruleSpec(rule),
+      });
+      return this.#registerValue(pb.SystemPromptService.method.registerRule, request);
+    });
+  }
+
+  /**
    * Install a waterfall listener: `(assembly, context, next) => assembly`.
    * See {@link Listener} for next() and tail calls.
    */
@@ -253,7 +270,7 @@ export class Registrar {
         const stream = new ListenerStream(
           rpc,
           listener,
-          () => this.connection.restart(),
+          () => this.connection.lost(registration, sessionId),
           () => this.connection.ejected(registration, sessionId),
         );
         return { id: await stream.start(start, timeoutMs), stream };

@@ -7,7 +7,7 @@
  * connection is told, and reconnects and replays.
  */
 
-import { create } from "@bufbuild/protobuf";
+import { create, toBinary } from "@bufbuild/protobuf";
 import type { ClientDuplexStream } from "@grpc/grpc-js";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import { Deferred, within } from "./async.js";
@@ -30,6 +30,8 @@ export class Session {
   readonly #providers: Providers;
   readonly #finished: Promise<void>;
   readonly #answering = new Map<bigint, AbortController>();
+  /** The largest message the sidecar reads (0: not said): a message over it would end the session. */
+  readonly #maxMessageBytes: number;
   #ending = false;
   #ended = false;
   /** Hears that the sidecar ejected one of this session's providers (it did not answer in time). */
@@ -41,6 +43,7 @@ export class Session {
     this.sidecarVersion = opened.sidecarVersion;
     this.#providers = providers;
     this.#finished = finished;
+    this.#maxMessageBytes = Number(opened.maxMessageBytes);
   }
 
   /** Open a session, confirmed within `timeoutMs`; `onLost` hears when it ends without `end()`. */
@@ -127,7 +130,7 @@ export class Session {
     try {
       this.#stream.write(
         create(pb.OpenSessionRequestSchema, {
-          kind: { case: "provided", value: { callId: request.callId, values } },
+          kind: { case: "provided", value: { callId: request.callId, values: fitted(values, this.#maxMessageBytes) } },
         }),
       );
     } catch {
@@ -138,4 +141,31 @@ export class Session {
   #cancelAnswers(): void {
     for (const controller of this.#answering.values()) controller.abort();
   }
+}
+
+const FRAMING_BYTES = 64; // the OpenSessionRequest and ProvideResponse around the values, with room to spare
+
+/**
+ * `values`, their largest replaced by their providers' errors (with `answerBytes`) while
+ * together they are over what the sidecar reads, `limit` (0: not said): the assembly
+ * fails naming them, and the session lives on.
+ */
+function fitted(values: pb.ProvidedValue[], limit: number): pb.ProvidedValue[] {
+  if (limit <= 0) return values;
+  const sizes = values.map((value) => toBinary(pb.ProvidedValueSchema, value).length + 6); // with its tag and length
+  let total = sizes.reduce((sum, size) => sum + size, FRAMING_BYTES);
+  if (total <= limit) return values;
+  const out = [...values];
+  const largest = sizes.map((_, index) => index).sort((a, b) => sizes[b]! - sizes[a]!);
+  for (const index of largest) {
+    if (total <= limit) break;
+    const size = sizes[index]! - 6;
+    const message = `its answer of ${size} bytes is over the sidecar's max_message_bytes`;
+    out[index] = create(pb.ProvidedValueSchema, {
+      providerKey: values[index]!.providerKey,
+      value: { case: "error", value: { message, answerBytes: BigInt(size) } },
+    });
+    total -= sizes[index]! - toBinary(pb.ProvidedValueSchema, out[index]!).length;
+  }
+  return out;
 }

@@ -5,6 +5,7 @@ import type { ServiceError } from "@grpc/grpc-js";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import { CHANGE_KINDS, toolsetFromProto } from "./convert.js";
 import { errorFromGrpc, invalid } from "./errors.js";
+import { ruleFromProto } from "./rules.js";
 import type { Rpc } from "./rpc.js";
 import type { ChangeKind, RegistrationInfo, Snapshot } from "./types.js";
 
@@ -65,6 +66,15 @@ export function registrationFromProto(message: pb.RegistrationInfo): Registratio
     sizeBytes: Number(message.sizeBytes),
     fingerprint: message.fingerprint,
     hasValue: value?.case !== undefined,
-    value: value?.case === "text" ? value.value : value?.case === "tools" ? toolsetFromProto(value.value) : undefined,
+    value: listedValue(message.value),
   };
+}
+
+/** A listed static value: a text, a tool list or a rule (undefined for "no value"). */
+function listedValue(message: pb.RegisteredValue | undefined): RegistrationInfo["value"] {
+  const value = message?.value;
+  if (value?.case === "text") return value.value;
+  if (value?.case === "tools") return toolsetFromProto(value.value);
+  if (value?.case === "rule") return ruleFromProto(value.value);
+  return undefined;
 }

@@ -1,5 +1,7 @@
 /** The client's value types: plain data, shaped like the registry's original TypeScript API. */
 
+import type { Rule } from "./rules.js";
+
 /** The reserved rest entry of a configured tool order. */
 export const TOOL_ORDER_REST = "<unlisted-tools>";
 /** The name of the sidecar's built-in persona section. */
@@ -362,8 +364,8 @@ export interface RegistrationInfo {
   fingerprint: string;
   /** The listing asked for values and this one has a static value. */
   hasValue: boolean;
-  /** The static value, when listed: a text, undefined ("no value") or a ToolProviderResult. */
-  value?: string | ToolProviderResult | undefined;
+  /** The static value, when listed: a text, undefined ("no value"), a ToolProviderResult or a Rule. */
+  value?: string | ToolProviderResult | Rule | undefined;
 }
 
 /** The registrations at `revision` of the sidecar incarnation `incarnation`. */

@@ -4,13 +4,15 @@ import { create } from "@bufbuild/protobuf";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import { toolsToProto } from "./convert.js";
 import { invalid } from "./errors.js";
+import { ruleSpec, type Rule } from "./rules.js";
 
 /** A request that makes a registration whose value can be updated. */
 export type UpdatableRequest =
   | pb.RegisterSectionRequest
   | pb.RegisterContextRequest
   | pb.RegisterVariableRequest
-  | pb.RegisterToolsRequest;
+  | pb.RegisterToolsRequest
+  | pb.RegisterRuleRequest;
 
 /** What to send, and how to make the registration's request carry the new value. */
 export interface Update {
@@ -22,11 +24,20 @@ export interface Update {
 /**
  * The update of the registration made by `registration` to the static `value`.
  * A section or context takes a string, a variable a string or undefined, tools a
- * list of schemas or a ToolProviderResult; anything else is refused here.
+ * list of schemas or a ToolProviderResult, a rule a Rule; anything else is refused here.
  */
 export function updateFor(registration: UpdatableRequest, value: unknown): Update {
   if (typeof value === "function") {
     throw invalid("update() takes a static value; a provider already gives the latest value at each assembly");
+  }
+  if (registration.$typeName === "dsh.systemprompt.v1.RegisterRuleRequest") {
+    const rule = ruleSpec(value as Rule);
+    return {
+      request: create(pb.UpdateRequestSchema, { value: { case: "rule", value: rule } }),
+      apply: () => {
+        registration.rule = rule;
+      },
+    };
   }
   if (registration.$typeName === "dsh.systemprompt.v1.RegisterToolsRequest") {
     const tools = toolsToProto(value as Parameters<typeof toolsToProto>[0]);

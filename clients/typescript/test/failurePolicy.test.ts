@@ -105,3 +105,21 @@ test("the cache history counts each reported assembly's skipped steps by kind an
   );
   assert.equal(history.recent[1]?.firstChanged, 'section "probe-a"');
 });
+
+test("an answer over the sidecar's max_message_bytes fails its assembly, naming it, and the session lives on", async () => {
+  // A 5 MB answer would be a message over the sidecar's bound (4 MiB): gRPC would end the
+  // whole session, disposing everything it registered. The client sends the provider's
+  // error instead (issue 34, item 4).
+  const client = await harness.connect();
+  const sessionId = client.sessionId;
+  await client.section("kept", 5, "still here");
+  const huge = "x".repeat(5 * 1024 * 1024);
+  const dispose = await client.section("dump", 10, () => huge);
+  const error = await failure(client.assemble());
+  assert.equal(error.reason, dsp.Reason.PROVIDER_FAILED);
+  assert.match(error.message, /section provider "dump".*is over the largest message the sidecar reads/);
+  await dispose();
+  const after = await client.assemble();
+  assert.deepEqual(ownSections(after), ["kept"]);
+  assert.equal(client.sessionId, sessionId);
+});

@@ -4,7 +4,9 @@ Read-only by construction: only GET and HEAD are routed, anything else is 405
 before a handler runs, and no handler calls anything that changes the registry.
 With credentials configured, every page asks for an admin's or a reader's token:
 `Authorization: Bearer <token>`, or the cookie signing in sets (sign_in.py); a
-reader sees the Prompt and Cache views only with `values`, and of its scopes.
+reader sees the Prompt and Cache views only with `values`, and every view, query parameter
+and picker only within its scopes (reach.py). A live view ends once its credential may no
+longer see it (a reload removed or narrowed it).
 Unless `admin_allow_remote`, only loopback Host names are served (a web page
 that rebinds its own name to 127.0.0.1 still cannot read this one).
 """
@@ -24,7 +26,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from yarl import URL
 
-from ..guard import ADMIN, Authenticator, Credential, Request, Role, Verb, decide
+from ..guard import ADMIN, Authenticator, Credential, Role
 from ..registry import ChangeEvent
 from ..rpc import ServerState
 from ..telemetry import logger
@@ -33,6 +35,7 @@ from . import sign_in, views
 from .live import Live, LiveViews
 from .live_prompt import PromptWatcher
 from .paging import page_of
+from .reach import Reach
 from .render import render
 from .sign_in import SignIn
 
@@ -155,7 +158,7 @@ def make_app(
     closing: asyncio.Event,
 ) -> web.Application:
     """The admin page's routes behind its guard (methods, Host, credential)."""
-    pages = Pages(state, grpc_address, closing)
+    pages = Pages(state, grpc_address, closing, signing)
     app = web.Application(middlewares=[_guard(signing, allow_remote)], client_max_size=1024)
     app.router.add_get("/", pages.home)
     for view in VIEWS:
@@ -230,17 +233,6 @@ def _login(goal: str, problem: str) -> web.Response:
     )
 
 
-def page_denial(credential: Credential, view: str, scope: str | None) -> str | None:
-    """Why `credential` may not see `view` (of `scope`), or None. The Prompt view is a
-    watched prompt; the Cache view shows a diff of prompt text, so it needs values too."""
-    if view in ("prompt", "cache"):
-        request = Request(verb=Verb.WATCH_PROMPT, scope=scope, values=True)
-    else:  # names, sizes and counts of every scope
-        request = Request(verb=Verb.LIST, every_scope=True)
-    denial = decide(credential, request)
-    return None if denial is None else denial.message
-
-
 def _host_name(host: str | None) -> str:
     """The name in a Host header, without port or brackets."""
     if not host:
@@ -261,8 +253,15 @@ async def _add_security_headers(request: web.Request, response: web.StreamRespon
 class Pages:
     """The page of each view, and its live stream of updates (live.py)."""
 
-    def __init__(self, state: ServerState, grpc_address: str, closing: asyncio.Event) -> None:
+    def __init__(
+        self,
+        state: ServerState,
+        grpc_address: str,
+        closing: asyncio.Event,
+        signing: SignIn | None = None,
+    ) -> None:
         self._state = state
+        self._signing = signing
         self._address = grpc_address
         self._started = time.time()
         self._live_views = LiveViews(state.registry.changes.subscribe, closing)
@@ -272,8 +271,8 @@ class Pages:
 
     async def page(self, request: web.Request) -> web.StreamResponse:
         view = request.path.strip("/")
-        _check_view(request, view)
-        _, fragment = await self._live_views.fragment(self._live(view, request.query))
+        reach = _check_view(request, view)
+        _, fragment = await self._live_views.fragment(self._live(view, request.query, reach))
         events = URL.build(path=f"/events/{view}", query=request.query)
         html = render(
             "page.html",
@@ -281,7 +280,7 @@ class Pages:
             views=VIEWS,
             fragment=fragment,
             events=str(events),
-            controls=self._controls(view, request.query),
+            controls=self._controls(view, request.query, reach),
         )
         return web.Response(text=html, content_type="text/html")
 
@@ -290,15 +289,26 @@ class Pages:
         view = request.match_info["view"]
         if view not in VIEWS:
             raise web.HTTPNotFound()
-        _check_view(request, view)
-        live = self._live(view, request.query)
+        live = self._live(view, request.query, _check_view(request, view))
         client = (request.remote, request[CREDENTIAL].name)  # one browser, or one script
         if request.method == "HEAD":
             self._live_views.admit(client)
             return web.Response(content_type="text/event-stream")
-        return await self._live_views.serve(request, live, client)
+        return await self._live_views.serve(request, live, client, lambda: self._still(request))
 
-    def _live(self, view: str, query: Any) -> Live:
+    def _still(self, request: web.Request) -> bool:
+        """Whether the request's credential, as the credentials are now, may still see the
+        view it opened (a reload may have removed or narrowed it)."""
+        if self._signing is None:
+            return True
+        credential = self._signing.credential(request)
+        if credential is None or credential.role is Role.AGENT:
+            return False
+        view = request.match_info["view"]
+        query = request.query
+        return Reach(credential).denial(view, query.get("scope") or None, query.get("key")) is None
+
+    def _live(self, view: str, query: Any, reach: Reach) -> Live:
         state = self._state
         if view == "prompt":
             return self._prompt(_scope(state, query))
@@ -324,9 +334,10 @@ class Pages:
         number = _page_number(query.get("page"))
 
         async def scopes() -> tuple[str, dict[str, Any]]:
-            return "scopes.html", {"page": page_of(views.scopes_view(state), number)}
+            return "scopes.html", {"page": page_of(views.scopes_view(state, reach.scope), number)}
 
-        return Live(lambda: state.registry.revision, scopes, shared=("scopes", number))
+        shared = ("scopes", number, reach.key)
+        return Live(lambda: state.registry.revision, scopes, shared=shared)
 
     def _prompt(self, scope: str | None) -> Live:
         """The Prompt view: its own watcher, and only the changes of the scope's chain."""
@@ -343,14 +354,18 @@ class Pages:
 
         return Live(lambda: 0, prompt, concerns)
 
-    def _controls(self, view: str, query: Any) -> dict[str, Any]:
-        """The pickers above a view: which scope, which report key."""
+    def _controls(self, view: str, query: Any, reach: Reach) -> dict[str, Any]:
+        """The pickers above a view: which scope, which report key (those it reaches)."""
         state = self._state
         if view == "prompt":
-            scopes = ["", *sorted(state.registry.scope_keys())]
+            scopes = ["", *sorted(filter(reach.scope, state.registry.scope_keys()))]
             return {"scopes": scopes, "scope": query.get("scope", "")}
         if view == "cache":
-            keys = [(k.describe(), k.kind, k.name or "") for k in state.reports.history_keys()]
+            keys = [
+                (k.describe(), k.kind, k.name or "")
+                for k in state.reports.history_keys()
+                if reach.history(k)
+            ]
             return {
                 "keys": keys[::-1],
                 "scope": query.get("scope", ""),
@@ -367,12 +382,15 @@ def _page_number(value: str | None) -> int:
     return int(value) if value and value.isdigit() and len(value) < 10 else 1
 
 
-def _check_view(request: web.Request, view: str) -> None:
-    """403 when the request's credential may not see the view (of the scope it asks for)."""
-    credential: Credential = request[CREDENTIAL]
-    denial = page_denial(credential, view, request.query.get("scope") or None)
+def _check_view(request: web.Request, view: str) -> Reach:
+    """The request's credential's reach; 403 when it may not see the view (of the scope or
+    report key it asks for)."""
+    reach = Reach(request[CREDENTIAL])
+    query = request.query
+    denial = reach.denial(view, query.get("scope") or None, query.get("key"))
     if denial is not None:
         raise web.HTTPForbidden(text=denial + "\n")
+    return reach
 
 
 def _scope(state: ServerState, query: Any) -> str | None:

@@ -108,8 +108,15 @@ class LiveViews:
                 text=f"this client has {MAX_PER_CLIENT} live views open already\n"
             )
 
-    async def serve(self, request: web.Request, live: Live, client: Hashable) -> web.StreamResponse:
-        """Server-sent events: the view's fragment again whenever it changed."""
+    async def serve(
+        self,
+        request: web.Request,
+        live: Live,
+        client: Hashable,
+        still: Callable[[], bool] = lambda: True,
+    ) -> web.StreamResponse:
+        """Server-sent events: the view's fragment again whenever it changed, while `still`
+        says its credential may see it (else it ends, `event: revoked`)."""
         self.admit(client)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         self._open += 1
@@ -119,7 +126,7 @@ class LiveViews:
         follower = asyncio.create_task(_follow(subscription, live.concerns, seen))
         try:
             await response.prepare(request)
-            await self._stream(request, live, response, seen)
+            await self._stream(request, live, response, seen, still)
         except (ConnectionError, TimeoutError):
             pass  # the page went away, or stopped reading
         finally:
@@ -132,15 +139,24 @@ class LiveViews:
         return response
 
     async def _stream(
-        self, request: web.Request, live: Live, response: web.StreamResponse, seen: _Seen
+        self,
+        request: web.Request,
+        live: Live,
+        response: web.StreamResponse,
+        seen: _Seen,
+        still: Callable[[], bool],
     ) -> None:
-        """Send the view whenever it changed, until the page or the sidecar goes away."""
+        """Send the view whenever it changed, until the page or the sidecar goes away, or
+        its credential may no longer see it (looked at each `TICK_S`)."""
         sent: Hashable = object()
         last_html = ""
         started = quiet_since = time.monotonic()
         rendered_at = -RENDER_EVERY_S
         while not self._closing.is_set():
             if request.transport is None or request.transport.is_closing():
+                return
+            if not still():
+                await _send(response, b"event: revoked\ndata: \n\n")
                 return
             if time.monotonic() - started > LIVE_VIEW_S:
                 await _send(response, b"event: idle\ndata: \n\n")

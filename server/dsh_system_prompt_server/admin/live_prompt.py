@@ -112,7 +112,7 @@ class PromptWatcher:
             ("system prompt", size_text(report.prompt)),
             ("tools", size_text(report.tools)),
             ("runtime context", size_text(report.context_snapshot)),
-            ("prefix (tools and system prompt)", size_text(report.stability.prefix)),
+            ("prefix (tools and system prompt)", size_text(report.stability.seen.prefix)),
         ]
         return replace(
             view,
@@ -170,10 +170,10 @@ def _prompt_part(
 
 def _verdict(stability: Stability) -> Verdict:
     return Verdict(
-        broke=bool(stability.reason),
-        first_changed=stability.first_changed,
-        reason=stability.reason,
-        stable=size_text(Size(stability.stable_bytes, stability.stable_tokens)),
-        recomputed=size_text(stability.recomputed),
+        broke=bool(stability.seen.reason),
+        first_changed=stability.seen.first_changed,
+        reason=stability.seen.reason,
+        stable=size_text(Size(stability.seen.stable_bytes, stability.seen.stable_tokens)),
+        recomputed=size_text(stability.seen.recomputed),
         diff=stability.diff,
     )

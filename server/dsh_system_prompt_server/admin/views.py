@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..registry import (
@@ -22,6 +23,8 @@ from ..registry import (
     ListenerRegistration,
     Origin,
     OriginKind,
+    Rule,
+    RuleRegistration,
     SectionRegistration,
     Skipped,
     StepRegistration,
@@ -77,11 +80,15 @@ class ScopesView:
     registration_count: int
 
 
-def scopes_view(state: ServerState) -> ScopesView:
-    """The scope tree, each scope with the registrations made in it."""
+def scopes_view(
+    state: ServerState, reaches: Callable[[str | None], bool] = lambda _: True
+) -> ScopesView:
+    """The scope tree, each scope with the registrations made in it: of the scopes (and
+    the global layer) `reaches` says the viewer may read; a scope whose parent it may not
+    read is a root."""
     registry = state.registry
     owners = owner_names(state)
-    entries = registry.registrations()
+    entries = [entry for entry in registry.registrations() if reaches(entry.scope)]
     by_scope: dict[str | None, list[RegistrationRow]] = {}
     handles: dict[str, list[str]] = {}
     for entry in entries:
@@ -89,7 +96,7 @@ def scopes_view(state: ServerState) -> ScopesView:
             handles.setdefault(entry.name, []).append(owners.get(entry.owner, "?"))
             continue
         by_scope.setdefault(entry.scope, []).append(_registration(entry, owners))
-    keys = {*registry.scope_keys(), *(key for key in by_scope if key is not None)}
+    keys = {*filter(reaches, registry.scope_keys()), *(key for key in by_scope if key is not None)}
     nodes = {key: ScopeNode(key, key, handles.get(key, []), by_scope.get(key, [])) for key in keys}
     roots: list[ScopeNode] = [ScopeNode(None, GLOBAL_LABEL, [], by_scope.get(None, []))]
     for key in sorted(keys):
@@ -117,25 +124,32 @@ def _registration(entry: AnyRegistration, owners: dict[str, str]) -> Registratio
         if isinstance(entry, SectionRegistration) and entry.complete:
             order += " (complete)"
     name = entry.name
-    if isinstance(entry, ListenerRegistration) and entry.global_:
-        name = f"{name} (everywhere)" if name else "(everywhere)"
+    if isinstance(entry, ListenerRegistration | RuleRegistration) and entry.global_:
+        where = _step_where(entry)
+        name = f"{name} ({where})" if name else f"({where})"
     return RegistrationRow(
         kind=entry.kind.value,
         name=name,
         order=order,
         mode=_mode(entry),
         owner=owners.get(entry.owner, "?"),
-        size=_value_size(entry.value),
+        size=_value_size(entry.value, entry.kind),
     )
 
 
 def _mode(entry: AnyRegistration) -> str:
     if entry.kind in (Kind.LISTENER, Kind.SUPPRESSOR, Kind.SCOPE):
         return ""
+    if isinstance(entry, RuleRegistration):
+        return "cel"  # run by the sidecar itself: neither a static value nor a callback
     return "dynamic" if isinstance(entry.value, Dynamic) else "static"
 
 
-def _value_size(value: object) -> str:
+def _value_size(value: object, kind: Kind) -> str:
+    if kind is Kind.VARIABLE and not isinstance(value, Dynamic):
+        # withheld: the view is shared by readers not granted values, to whom a short
+        # secret's exact length would narrow the guesses
+        return ""
     if isinstance(value, str):
         return f"{value_bytes(value):,} bytes"
     if isinstance(value, ToolSet):
@@ -143,6 +157,9 @@ def _value_size(value: object) -> str:
         return f"{count} tool{'s' if count != 1 else ''}, {value_bytes(value):,} bytes"
     if isinstance(value, Dynamic):
         return "at each assembly"
+    if isinstance(value, Rule):
+        match, mutations = len(value.match), len(value.mutations)
+        return f"{match} match, {mutations} mutation{'s' if mutations != 1 else ''}"
     return ""
 
 
@@ -230,15 +247,14 @@ def cache_view(state: ServerState, key: HistoryKey) -> CacheView:
 
 
 def _state(entry: HistoryEntry) -> str:
-    if not entry.has_previous:
+    if not entry.seen.has_previous:
         return "first"
     return "break" if entry.broke else "stable"
 
 
 def _stable_share(entry: HistoryEntry) -> float:
-    if not entry.has_previous or not entry.prefix.bytes:
-        return 1.0
-    return entry.stable_bytes / entry.prefix.bytes
+    share = entry.seen.stable_share
+    return 1.0 if share is None else share
 
 
 def _report_row(entry: HistoryEntry) -> ReportRow:
@@ -246,7 +262,7 @@ def _report_row(entry: HistoryEntry) -> ReportRow:
     verdict = {
         "first": "first report: nothing to compare",
         "stable": "prefix unchanged",
-        "break": f"broke at {entry.first_changed}: {entry.reason}",
+        "break": f"broke at {entry.seen.first_changed}: {entry.seen.reason}",
     }[state]
     observed = ""
     if entry.observed_cached_tokens is not None:
@@ -258,7 +274,7 @@ def _report_row(entry: HistoryEntry) -> ReportRow:
         state=state,
         verdict=verdict,
         stable=f"{_stable_share(entry):.0%}",
-        recomputed=size_text(entry.recomputed),
+        recomputed=size_text(entry.seen.recomputed),
         observed=observed,
         skipped=_skipped(entry),
     )
@@ -291,7 +307,7 @@ def _bars(recent: list[HistoryEntry]) -> list[Bar]:
         state = _state(entry)
         title = f"#{entry.sequence} at {_clock(entry.at)}: " + _report_row(entry).verdict
         if state == "break":
-            title += f" ({size_text(entry.recomputed)} recomputed)"
+            title += f" ({size_text(entry.seen.recomputed)} recomputed)"
         if entry.skipped_count:
             title += f"; {entry.skipped_count} skipped"
         bars.append(
@@ -316,9 +332,17 @@ def _clock(at: float) -> str:
 
 def listener_name(entry: StepRegistration) -> str:
     """A waterfall step (a listener, or a rule) as the page names it."""
-    where = "everywhere" if entry.scope is None or entry.global_ else f'scope "{entry.scope}"'
+    where = _step_where(entry)
     noun = entry.kind.value
     return f'{noun} "{entry.name}" ({where})' if entry.name else f"{noun} ({where})"
+
+
+def _step_where(entry: StepRegistration) -> str:
+    """Where a waterfall step runs: everywhere, in a scope (and below), or, an operator's
+    rule from the config file, in the scopes its pattern matches."""
+    if isinstance(entry, RuleRegistration) and entry.pattern is not None:
+        return f'scopes "{entry.pattern}"'
+    return "everywhere" if entry.scope is None or entry.global_ else f'scope "{entry.scope}"'
 
 
 # -- sessions and health --------------------------------------------------------------
@@ -355,8 +379,10 @@ def sessions_view(state: ServerState, address: str, started: float) -> SessionsV
                 peer=session.peer,
                 registrations=", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
                 or "none",
-                listeners=[
-                    listener_name(e) for e in entries if isinstance(e, ListenerRegistration)
+                listeners=[  # the waterfall steps: its listeners and its rules
+                    listener_name(e)
+                    for e in entries
+                    if isinstance(e, ListenerRegistration | RuleRegistration)
                 ],
                 providers=[_provider(e) for e in entries if isinstance(e.value, Dynamic)],
                 provide_requests=session.provide_requests,

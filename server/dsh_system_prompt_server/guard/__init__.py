@@ -13,16 +13,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .clients import client_of
+from .clients import client_of, sees_values
 from .gate import Gate
 from .policy import ADMIN, Credential, Grants, Request, Role, Verb, decide
-from .shares import Shares, ShareSettings, share_key, sharing, wire_s
+from .shares import ANONYMOUS, Shares, ShareSettings, share_key, sharing, wire_s
 
 if TYPE_CHECKING:
     from .auth import Authenticator, AuthInterceptor
 
 __all__ = [
     "ADMIN",
+    "ANONYMOUS",
     "AuthInterceptor",
     "Authenticator",
     "Credential",
@@ -35,6 +36,7 @@ __all__ = [
     "Verb",
     "client_of",
     "decide",
+    "sees_values",
     "share_key",
     "sharing",
     "wire_s",

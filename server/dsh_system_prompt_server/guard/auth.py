@@ -2,11 +2,18 @@
 
 A call presents a credential by `authorization: Bearer <token>`, or, under
 mutual TLS, by its client certificate (its CN or a SAN names the credential);
-without one it is UNAUTHENTICATED. Then the policy (`policy.decide`) says whether
-that credential may make the request; if not, PERMISSION_DENIED with reason
-PERMISSION_DENIED and what it lacks. A stream is decided on its first message.
-A session is bound to the credential that opened it: calls naming it with
-another credential are refused, so a leaked session id is not a way around.
+without one it is UNAUTHENTICATED. Two interceptions: `identifying`, outermost, only
+finds the credential, so that the call waits for and is charged to its client's fair
+share (`shares`) from its start; `around`, inside the share, refuses a call without one
+(charged to the share of calls without a credential, `shares.ANONYMOUS`, before its body
+is parsed: a refusal costs less than the call it imitates). Then the policy
+(`policy.decide`) says whether that credential may make the request; if not,
+PERMISSION_DENIED with reason PERMISSION_DENIED and what it lacks. A stream is decided
+on its first message, and again whenever the credentials change (`revocation.py`): one
+no longer allowed ends. A session is bound to the credential that opened it: calls naming
+it with another credential are refused, so a leaked session id is not a way around; and
+its listeners, rules and dynamic providers run only for assemblies of the scopes
+the credential may read (`policy.reach_of`, registry/reach.py).
 The admitted credential's name is the call's `clients.CALLER`: quotas count per
 credential.
 """
@@ -16,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +34,20 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
 
 from ..registry import Registry, ServiceError, Status
-from ..wire import RAW_REQUESTS, Behaviour, ContextAround, Method, abort, request_of
+from ..wire import (
+    RAW_REQUESTS,
+    Behaviour,
+    Context,
+    ContextAround,
+    Method,
+    abort,
+    request_of,
+    to_grpc_status,
+)
 from .access import describe, session_of
-from .clients import CALLER
-from .policy import Credential, decide
+from .clients import CALLER, VALUES
+from .policy import Credential, decide, may_see_values, reach_of
+from .revocation import OpenStream, OpenStreams
 
 # The platform's probes cannot send a token; health says nothing about the registry.
 EXEMPT_SERVICES = ("/grpc.health.v1.Health/",)
@@ -37,6 +55,13 @@ _FIRST_MESSAGE_WAIT_S = 1.0
 _MESSAGE = "missing or invalid bearer token (send 'authorization: Bearer <token>')"
 # Where grpc puts a verified client certificate's names (grpc's auth context keys).
 _CERTIFICATE_NAMES = ("x509_common_name", "x509_subject_alternative_name")
+# Every refusal for want of a credential is the same status: built once, not per refused call.
+_UNAUTHENTICATED = to_grpc_status(
+    ServiceError(Status.UNAUTHENTICATED, Reason.UNAUTHENTICATED, _MESSAGE)
+)
+# The credential the call being served presented (None: none, or a wrong one), found by
+# `identifying`; each gRPC call runs in a context of its own, so one never sees another's.
+_PRESENTED: ContextVar[Credential | None] = ContextVar("presented", default=None)
 
 
 def read_token(path: str) -> str:
@@ -53,12 +78,15 @@ class Authenticator:
     def __init__(self, credentials: Sequence[Credential]) -> None:
         self._tokens: list[tuple[bytes, Credential]] = []
         self._certificates: dict[str, Credential] = {}
+        self.updated: list[Callable[[], object]] = []  # called after each update
         self.update(credentials)
 
     def update(self, credentials: Sequence[Credential]) -> None:
         """Use `credentials` from now on (their token files read now)."""
         self._tokens = [(read_token(c.token_file).encode(), c) for c in credentials if c.token_file]
         self._certificates = {c.client_certificate: c for c in credentials if c.client_certificate}
+        for then in self.updated:
+            then()
 
     def token_of(self, name: str) -> tuple[bytes, Credential] | None:
         """The token and credential named `name`, when it has a token."""
@@ -100,6 +128,29 @@ class AuthInterceptor:
         self._authenticator = authenticator
         self._registry = registry
         self._session_owners: dict[str, str] = {}  # session id -> its credential's name
+        # a call refused, by its reason (UNAUTHENTICATED, PERMISSION_DENIED): the metrics
+        self.on_refused: Callable[[str], None] = lambda reason: None
+        self.streams = OpenStreams()  # decided again at each change of the credentials
+        authenticator.updated.append(self.revise)
+
+    def revise(self) -> int:
+        """Decide every open stream again with the credentials as they are now."""
+        return self.streams.revise(self._authenticator.identify, self._registry, self.opened)
+
+    def identifying(self, method: Method, behaviour: Behaviour) -> Behaviour:
+        """The `identity` interception, outermost but for tracing: every call's credential
+        found (health's and reflection's too) and made its CALLER, before its client's share
+        is asked for; a call without one goes on to be refused by `around`."""
+
+        async def identified(request: Any, context: Context) -> Any:
+            credential = self.credential(context)
+            if credential is not None:
+                CALLER.set(credential.name)  # the call's own context: nothing to reset
+                VALUES.set(may_see_values(credential))
+                _PRESENTED.set(credential)
+            return await behaviour(request, context)
+
+        return identified
 
     def around(self, method: Method, behaviour: Behaviour) -> Behaviour:
         """The `auth` interception: `behaviour` run once the call's credential is known and
@@ -107,7 +158,9 @@ class AuthInterceptor:
         if method.path.startswith(EXEMPT_SERVICES):
             return behaviour
         call = _Call(self, method.name if method.ours else "")
-        return _streamed(call, behaviour) if method.client_streaming else _unary(call, behaviour)
+        if method.client_streaming:
+            return _streamed(call, behaviour)
+        return _unary(call, behaviour, method.server_streaming)
 
     def credential(self, context: Any) -> Credential | None:
         metadata = context.invocation_metadata() or ()
@@ -120,9 +173,11 @@ class AuthInterceptor:
             return request_of(method, message, self._registry.limits)
         return message
 
-    def denial(self, method: str, message: Any, credential: Credential) -> ServiceError | None:
+    def denial(
+        self, method: str, message: Any, credential: Credential, stream: OpenStream | None = None
+    ) -> ServiceError | None:
         """Why `credential` may not send `message` to `method`, or None; a message the
-        service will refuse is left to it."""
+        service will refuse is left to it. A `stream`'s request is kept, to decide again."""
         message = self.read(method, message)
         if message is None:
             return None
@@ -134,11 +189,16 @@ class AuthInterceptor:
                 f' "{owner}": open its own'
             )
         request = describe(method, message, self._registry) if method else None
+        if stream is not None:
+            stream.request = request
         verdict = None if request is None else decide(credential, request)
         return None if verdict is None else _denied(verdict.message)
 
     def opened(self, session_id: str, credential: Credential) -> None:
+        """`session_id` was opened by `credential`: only it may use the session, and the
+        session's steps and providers run only where the credential may read."""
         self._session_owners[session_id] = credential.name
+        self._registry.bind_reach(session_id, reach_of(credential))
 
     def closed(self, session_id: str) -> None:
         self._session_owners.pop(session_id, None)
@@ -152,22 +212,44 @@ class _Call:
         self.method = method
 
     async def admitted(self, context: Any, streaming: bool) -> Credential:
-        """The call's credential, now the call's CALLER; UNAUTHENTICATED without one."""
-        credential = self.interceptor.credential(context)
+        """The call's credential (`identifying` found it); UNAUTHENTICATED without one,
+        before anything the call sent is parsed."""
+        credential = _PRESENTED.get()
         if credential is not None:
-            CALLER.set(credential.name)  # the call's own context: nothing to reset
             return credential
+        self.interceptor.on_refused(Reason.UNAUTHENTICATED)
         if streaming:
             # Refusing before the client's first message lands can reach the client as
             # INTERNAL instead of this status (grpc/grpc#36066): wait for it, briefly.
             with contextlib.suppress(TimeoutError, grpc.RpcError):
                 await asyncio.wait_for(context.read(), _FIRST_MESSAGE_WAIT_S)
-        await abort(context, ServiceError(Status.UNAUTHENTICATED, Reason.UNAUTHENTICATED, _MESSAGE))
+        await context.abort_with_status(_UNAUTHENTICATED)
+        raise AssertionError("abort_with_status returned")  # pragma: no cover
 
-    async def check(self, context: Any, message: Any, credential: Credential) -> None:
-        denial = self.interceptor.denial(self.method, message, credential)
+    async def check(
+        self, context: Any, message: Any, credential: Credential, stream: OpenStream | None = None
+    ) -> None:
+        denial = self.interceptor.denial(self.method, message, credential, stream)
         if denial is not None:
+            self.interceptor.on_refused(denial.reason)
             await abort(context, denial)
+
+    def opened(self, context: Any, credential: Credential) -> OpenStream:
+        """A stream admitted with `credential`, to decide again while it is open."""
+        metadata = context.invocation_metadata() or ()
+        stream = OpenStream(self.method, metadata, context.auth_context() or {})
+        stream.credential = credential
+        return stream
+
+    async def run(self, context: Any, stream: OpenStream, running: Any) -> Any:
+        """Await `running` while the stream is open; ended by a revision, its status."""
+        try:
+            return await self.interceptor.streams.run(stream, running)
+        except ServiceError as error:
+            if error is not stream.ending:
+                raise
+            self.interceptor.on_refused(error.reason)  # counted as a refusal, by its reason
+            await abort(context, error)
 
 
 def _denied(message: str) -> ServiceError:
@@ -179,25 +261,30 @@ def _streamed(call: _Call, behaviour: Behaviour) -> Behaviour:
 
     async def streamed(requests: Any, context: Any) -> Any:
         credential = await call.admitted(context, streaming=True)
-        checked = _CheckedStream(context, call, credential)
+        stream = call.opened(context, credential)
+        checked = _CheckedStream(context, call, stream)
         try:
-            return await behaviour(checked.requests(requests), checked)
+            return await call.run(context, stream, behaviour(checked.requests(requests), checked))
         finally:
             checked.ended()
 
     return streamed
 
 
-def _unary(call: _Call, behaviour: Behaviour) -> Behaviour:
-    """A unary-request `behaviour`, its request checked before it runs."""
+def _unary(call: _Call, behaviour: Behaviour, streams: bool) -> Behaviour:
+    """A unary-request `behaviour`, its request checked before it runs; a response stream
+    (a watch, a listing) decided again while it is open."""
 
     async def unary(request: Any, context: Any) -> Any:
         credential = await call.admitted(context, streaming=False)
         message = call.interceptor.read(call.method, request)
-        await call.check(context, message, credential)
+        stream = call.opened(context, credential) if streams else None
+        await call.check(context, message, credential, stream)
         # parsed once: the servicer takes the policy's message, but Assemble its bytes
         handed = request if message is None or call.method in RAW_REQUESTS else message
-        return await behaviour(handed, context)
+        if stream is None:
+            return await behaviour(handed, context)
+        return await call.run(context, stream, behaviour(handed, context))
 
     return unary
 
@@ -206,10 +293,10 @@ class _CheckedStream(ContextAround):
     """A stream's context whose first message read is checked before the service sees it,
     and whose SessionOpened binds the session to the credential."""
 
-    def __init__(self, context: Any, call: _Call, credential: Credential) -> None:
+    def __init__(self, context: Any, call: _Call, stream: OpenStream) -> None:
         super().__init__(context)
         self._call = call
-        self._credential = credential
+        self._stream = stream  # its credential: the one a revision found last
         self._first = True
         self._session = ""
 
@@ -226,14 +313,19 @@ class _CheckedStream(ContextAround):
     async def write(self, message: Any) -> None:
         opened = isinstance(message, pb.OpenSessionResponse) and message.HasField("opened")
         if opened and not self._session:
-            self._session = message.opened.session_id
+            self._session = self._stream.session = message.opened.session_id
             self._call.interceptor.opened(self._session, self._credential)
         await self._context.write(message)
 
     async def _checked(self, message: Any) -> None:
         if self._first and message is not grpc.aio.EOF:
             self._first = False
-            await self._call.check(self._context, message, self._credential)
+            await self._call.check(self._context, message, self._credential, self._stream)
+
+    @property
+    def _credential(self) -> Credential:
+        assert self._stream.credential is not None  # admitted
+        return self._stream.credential
 
     def ended(self) -> None:
         if self._session:

@@ -30,6 +30,11 @@ from ..registry import Client
 # The credential name of the call being served, set by the AuthInterceptor for each call it
 # admits; each gRPC call runs in a context of its own, so one call never sees another's.
 CALLER: ContextVar[str | None] = ContextVar("caller", default=None)
+# Whether the call being served may see registered values: False only for a credential not
+# granted them (a reader without `values`), set by the AuthInterceptor with CALLER; without
+# credentials every caller is an admin. What such a reader is shown of a value is its keyed
+# fingerprint (registry.Fingerprints) and, but for a variable's, its size.
+VALUES: ContextVar[bool] = ContextVar("values", default=True)
 _TCP = ("ipv4:", "ipv6:")
 IDENTIFIED = ("credential:", "ip:")  # the keys of clients told apart by more than a connection
 
@@ -60,3 +65,8 @@ def _by_address(peer: str) -> Client | None:
     if ip.is_loopback:
         return Client(peer, f"the connection from {address}")
     return Client(f"ip:{ip}", f"the address {ip}")
+
+
+def sees_values() -> bool:
+    """Whether the call being served may see registered values (and their exact sizes)."""
+    return VALUES.get()

@@ -15,7 +15,7 @@ import enum
 import fnmatch
 from dataclasses import dataclass
 
-from ..registry import BUILTIN_SECTIONS
+from ..registry import BUILTIN_SECTIONS, Reach
 
 
 class Role(enum.StrEnum):
@@ -172,6 +172,12 @@ def _key_lacks(grants: Grants, key: str, what: str) -> str | None:
     return f'{what} "{key}" is not in its scopes ({listed})'
 
 
+def may_see_values(credential: Credential) -> bool:
+    """Whether `credential` is ever shown registered values: all but a reader not granted
+    them (`values`)."""
+    return credential.role is not Role.READER or credential.grants.values
+
+
 def may_read_scope(grants: Grants, key: str) -> bool:
     """Whether `key` matches one of the credential's scope patterns."""
     return any(fnmatch.fnmatchcase(key, pattern) for pattern in grants.scopes)
@@ -179,3 +185,11 @@ def may_read_scope(grants: Grants, key: str) -> bool:
 
 def may_see_every_scope(grants: Grants) -> bool:
     return "*" in grants.scopes
+
+
+def reach_of(credential: Credential) -> Reach | None:
+    """How far the steps and dynamic providers of `credential`'s sessions reach: the scopes it
+    may read (registry/reach.py); None, every scope, for an admin or `global_listeners`."""
+    if credential.role is Role.ADMIN or credential.grants.global_listeners:
+        return None
+    return Reach(owner=f'credential "{credential.name}"', scopes=credential.grants.scopes)

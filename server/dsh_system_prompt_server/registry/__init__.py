@@ -1,11 +1,12 @@
 """The registry's semantics in plain Python: layers, shadowing, ordering, assembly.
 
 Belongs here: the values (`model`, `provenance`, `errors`, `limits`, `settings`), what is
-admitted (`admission`, `accounts`), the layers and scope tree, change notifications, filters,
-each scope's plan kept until a change (`plan_cache`) and the `Registry` itself; how one assembly
-is made in `assembly/`; the registry's side of callbacks in `callbacks/`. Nothing here knows
-about gRPC. It sits on `config/` alone in `LAYERS` in tests/package/test_package.py: it imports
-nothing else of the package, and the shared core.
+admitted (`admission`, `accounts`), how far each owner's callbacks reach (`reach`), the layers
+and scope tree, change notifications, filters, each scope's plan kept until a change
+(`plan_cache`) and the `Registry` itself; how one assembly is made in `assembly/`; the
+registry's side of callbacks in `callbacks/`. Nothing here knows about gRPC. It sits on
+`config/` alone in `LAYERS` in tests/package/test_package.py: it imports nothing else of the
+package, and the shared core.
 """
 
 from .accounts import Client, ClientCounts
@@ -26,6 +27,7 @@ from .model import (
     ChangeEvent,
     ContextRegistration,
     Dynamic,
+    Exchange,
     FailurePolicy,
     Kind,
     ListenerHost,
@@ -46,8 +48,9 @@ from .model import (
     new_id,
 )
 from .provenance import Origin, OriginKind, Origins, PartKey, PartKind, Step, Trace
+from .reach import Reach
 from .registry import Registry
-from .rules import OperatorRule, Rule
+from .rules import Inputs, OperatorRule, Rule, apply, read_rules
 from .settings import RegistrySettings, check_callback_timeouts
 
 __all__ = [
@@ -67,9 +70,11 @@ __all__ = [
     "ClientCounts",
     "ContextRegistration",
     "Dynamic",
+    "Exchange",
     "Failure",
     "FailurePolicy",
     "Filter",
+    "Inputs",
     "Kind",
     "Limits",
     "ListenerHost",
@@ -87,6 +92,7 @@ __all__ = [
     "ProvidedValue",
     "ProviderCall",
     "ProviderHost",
+    "Reach",
     "Registration",
     "Registry",
     "RegistryError",
@@ -104,6 +110,7 @@ __all__ = [
     "ToolSet",
     "Trace",
     "ValueRegistration",
+    "apply",
     "check_callback_timeouts",
     "context_key",
     "new_id",
@@ -111,6 +118,7 @@ __all__ = [
     "public_ref",
     "quota_exceeded",
     "quota_limit",
+    "read_rules",
     "too_large",
     "validate_tool_order",
     "value_bytes",

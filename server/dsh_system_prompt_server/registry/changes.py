@@ -4,10 +4,13 @@ Publishing costs the same however many subscribers there are: the event is
 appended to one log, and waiting subscribers are woken in small batches by a
 task of its own, so the caller that made the change never pays for the fan-out.
 
-A subscriber that falls behind by more than its capacity loses events, and is
-told so (`Missed`) at the point of the gap, before any later event: it reads
-the `capacity` events that followed its cursor, then one gap covering every
-event published until it reads the gap, then events flow again.
+A subscriber is behind once more than its capacity of events published since it
+subscribed wait for it, or (with `max_lag_s`) once the oldest event waiting for it
+has waited that long. Behind, it is told so at once (`Missed`), before any of the
+events it had not read: one gap covering every one of them, then events flow
+again from the latest. Its buffered events would only delay the notice, and a
+subscriber told of a gap re-reads the state anyway (etcd cancels a watcher whose
+revision was compacted, Kubernetes answers "too old resource version").
 
 The log also keeps the last `history` events whoever reads them, so that a
 subscriber that comes back names the last revision it saw and reads on from
@@ -19,11 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .model import Action, ChangeEvent, Kind
+from .filters import public_ref
+from .model import Action, AnyRegistration, ChangeEvent, Kind, runs_everywhere
 
 WAKE_BATCH = 64  # subscribers woken before the loop serves anything else
 PAUSE_S = 0.001  # between batches: pending calls go first, watchers catch up after
@@ -45,26 +50,32 @@ class Subscription:
     """One subscriber's view of the feed; read with `await next()`.
 
     It reads from revision `start`, which may be in the past (a resumed
-    watch); `resync` says the past it asked for is no longer kept.
+    watch); `resync` says the past it asked for is no longer kept. Events
+    replayed from the past count as waiting from the subscription on.
     """
 
     def __init__(
-        self, feed: ChangeFeed, capacity: int, revision: int, start: int, accepts: Accepts
+        self,
+        feed: ChangeFeed,
+        capacity: int,
+        revision: int,
+        start: int,
+        accepts: Accepts,
+        max_lag_s: float | None,
     ) -> None:
         self.revision = revision
         self.resync = False
         self._feed = feed
         self._capacity = capacity
         self._accepts = accepts
+        self._max_lag_s = max_lag_s
+        self._since = feed.clock()  # when it subscribed: replayed events wait from then
         self.cursor = start  # the next revision to read
-        self._seen = revision  # the latest revision already judged queued or missed
-        self._gap_from: int | None = None
-        # Events kept for this subscriber alone once the shared log moved past them.
-        self._detached: deque[ChangeEvent] | None = None
+        self._behind = False  # its next read is the gap: it missed every event unread
         self._waiter: asyncio.Future[None] | None = None
 
     async def next(self) -> ChangeEvent | Missed:
-        """The next wanted event, or the notice of a gap once what came before it is read."""
+        """The next wanted event, or the notice of a gap once it is behind."""
         while True:
             item = self.poll()
             if item is not None:
@@ -78,50 +89,33 @@ class Subscription:
 
     def poll(self) -> ChangeEvent | Missed | None:
         """The next wanted event or gap notice if one is there now, else None (never waits)."""
-        while True:
-            item = self._take()
-            if item is None or isinstance(item, Missed):
-                return item
-            if self._accepts is None or self._accepts(item):
-                return item
-
-    def take(self, limit: int) -> list[ChangeEvent | Missed]:
-        """What `poll()` would return one by one now, up to `limit` events read, ending at a gap."""
-        if self._detached is not None:
-            taken: list[ChangeEvent | Missed] = []
-            while len(taken) < limit and (item := self.poll()) is not None:
-                taken.append(item)
-                if isinstance(item, Missed):
-                    break
-            return taken
-        self._judge()
-        feed, start = self._feed, self.cursor
-        end = min(feed.revision + 1 if self._gap_from is None else self._gap_from, start + limit)
-        events = feed.events(start, end) if end > start else []
-        if events:
-            feed.move(self, end)
-        accepts = self._accepts
-        items: list[ChangeEvent | Missed] = (
-            list(events) if accepts is None else [event for event in events if accepts(event)]
-        )
-        if self._gap_from == self.cursor and len(events) < limit:
-            items.append(self._report_gap())
-        return items
-
-    def _take(self) -> ChangeEvent | Missed | None:
+        if self._judge():
+            return self._report_gap()
         feed = self._feed
-        if self._detached is not None:
-            if self._detached:
-                return self._detached.popleft()
-            return self._report_gap()
-        self._judge()
-        if self._gap_from == self.cursor:
-            return self._report_gap()
-        if self.cursor <= feed.revision:
+        while self.cursor <= feed.revision:
             event = feed.event(self.cursor)
             feed.move(self, self.cursor + 1)
-            return event
+            if self._accepts is None or self._accepts(event):
+                return event
         return None
+
+    def take(self, limit: int) -> list[ChangeEvent | Missed]:
+        """What `poll()` would return one by one now, up to `limit` events read (a gap is
+        returned alone: everything unread is in it)."""
+        if self._judge():
+            return [self._report_gap()]
+        feed, start = self._feed, self.cursor
+        end = min(feed.revision + 1, start + limit)
+        if end <= start:
+            return []
+        events = feed.events(start, end)
+        feed.move(self, end)
+        accepts = self._accepts
+        return list(events) if accepts is None else [event for event in events if accepts(event)]
+
+    def unread(self) -> int:
+        """Events published that it has not read yet, its filter's or not."""
+        return max(0, self._feed.revision - self.cursor + 1)
 
     def close(self) -> None:
         self._feed.unsubscribe(self)
@@ -130,42 +124,41 @@ class Subscription:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    def detach(self) -> None:
-        """Copy what this subscriber still reads out of the shared log (its buffer is full)."""
-        self._judge()
-        end = self._feed.revision + 1 if self._gap_from is None else self._gap_from
-        self._detached = deque(self._feed.events(self.cursor, end))
+    def fall_behind(self) -> None:
+        """The log drops an event this subscriber has not read: it is behind."""
+        self._behind = True
 
-    def _judge(self) -> None:
-        # Events published since the last call all found the same cursor: those
-        # past `capacity` of it start the gap (once started, it takes every event).
-        latest = self._feed.revision
-        if self._gap_from is None and latest > self._seen:
-            limit = self.cursor + self._capacity - 1
-            if latest > limit:
-                self._gap_from = max(self._seen + 1, limit + 1)
-        self._seen = latest
+    def _judge(self) -> bool:
+        """Whether it is behind: more than `capacity` events published since it subscribed
+        unread, or the oldest unread one waiting longer than `max_lag_s`."""
+        if self._behind:
+            return True
+        feed = self._feed
+        if self.cursor > feed.revision:
+            return False
+        if feed.revision - max(self.cursor - 1, self.revision) > self._capacity:
+            self._behind = True
+        elif self._max_lag_s is not None:
+            waiting_since = max(self._since, feed.published(self.cursor))
+            self._behind = feed.clock() - waiting_since > self._max_lag_s
+        return self._behind
 
     def _report_gap(self) -> Missed:
-        assert self._gap_from is not None
-        latest = self._feed.revision
-        gap = Missed(
-            first_revision=self._gap_from,
-            count=latest - self._gap_from + 1,
-            resync_revision=latest,
-        )
-        self._gap_from, self._detached, self._seen = None, None, latest
+        latest, first = self._feed.revision, self.cursor
+        self._behind = False
         self._feed.move(self, latest + 1)
-        return gap
+        return Missed(first_revision=first, count=latest - first + 1, resync_revision=latest)
 
 
 class ChangeFeed:
     """Numbers changes and keeps them in one log for the subscribers still to read them."""
 
-    def __init__(self, history: int = 1024) -> None:
+    def __init__(self, history: int = 1024, clock: Callable[[], float] = time.monotonic) -> None:
         self.revision = 0
         self.history = history  # events kept for subscribers that come back
+        self.clock = clock  # when events are published, and how long they wait
         self._log: deque[ChangeEvent] = deque()  # revisions _first, _first + 1, ...
+        self._times: deque[float] = deque()  # when each event of the log was published
         self._first = 1
         self._keep = 0  # the largest capacity: a longer log means someone's buffer is full
         self._at: dict[int, dict[Subscription, None]] = {}  # cursor -> subscribers there
@@ -182,6 +175,7 @@ class ChangeFeed:
         ref: str = "",
         fingerprint: str = "",
         reason: str = "",
+        everywhere: bool = False,
     ) -> ChangeEvent:
         self.revision += 1
         event = ChangeEvent(
@@ -193,17 +187,40 @@ class ChangeFeed:
             ref=ref,
             fingerprint=fingerprint,
             reason=reason,
+            everywhere=everywhere,
         )
         self._log.append(event)
+        self._times.append(self.clock())
         self._trim()
         if self._waiting and self._waker is None:
             self._waker = asyncio.get_running_loop().create_task(self._wake())
         return event
 
+    def publish_entry(
+        self, entry: AnyRegistration, action: Action, fingerprint: str, reason: str
+    ) -> ChangeEvent:
+        """The change of a registration: named by its public ref, everywhere when it is a
+        step registered with `global`."""
+        return self.publish(
+            entry.kind,
+            action,
+            entry.name,
+            entry.scope,
+            public_ref(entry.id),
+            fingerprint,
+            reason,
+            everywhere=runs_everywhere(entry),
+        )
+
     def subscribe(
-        self, capacity: int, after: int | None = None, accepts: Accepts = None
+        self,
+        capacity: int,
+        after: int | None = None,
+        accepts: Accepts = None,
+        max_lag_s: float | None = None,
     ) -> Subscription:
-        """Subscribe to the events after now, or, with `after`, after that revision.
+        """Subscribe to the events after now, or, with `after`, after that revision; it is
+        behind past `capacity` events unread, or an event unread for `max_lag_s`.
 
         When the log no longer holds every event after `after` (or it is ahead
         of this feed), the subscription is marked `resync` and starts now.
@@ -211,7 +228,7 @@ class ChangeFeed:
         start = self.revision + 1
         if after is not None and self.covers(after):
             start = after + 1
-        subscription = Subscription(self, capacity, self.revision, start, accepts)
+        subscription = Subscription(self, capacity, self.revision, start, accepts, max_lag_s)
         subscription.resync = (
             after is not None and start == self.revision + 1 and (after != self.revision)
         )
@@ -238,12 +255,16 @@ class ChangeFeed:
     def event(self, revision: int) -> ChangeEvent:
         return self._log[revision - self._first]
 
+    def published(self, revision: int) -> float:
+        """When the logged event `revision` was published (`clock`'s time)."""
+        return self._times[revision - self._first]
+
     def events(self, start: int, end: int) -> list[ChangeEvent]:
         """The logged events from revision `start` up to, not including, `end`."""
         return list(itertools.islice(self._log, start - self._first, end - self._first))
 
     def move(self, subscription: Subscription, cursor: int) -> None:
-        """`subscription` reads from `cursor` on (in the shared log again, if detached)."""
+        """`subscription` reads from `cursor` on."""
         self._leave(subscription)
         subscription.cursor = cursor
         if subscription in self._subscribers:
@@ -261,13 +282,15 @@ class ChangeFeed:
 
     def _trim(self) -> None:
         # Drop what no subscriber in the log still reads; a subscriber still at an
-        # event the log must drop (its buffer is full) keeps its events to itself.
+        # event the log must drop has more than its capacity unread: it is behind, and
+        # its next read is the gap.
         while len(self._log) > self.history and (
             self._first not in self._at or len(self._log) > self._keep
         ):
             for subscription in self._at.pop(self._first, {}):
-                subscription.detach()
+                subscription.fall_behind()
             self._log.popleft()
+            self._times.popleft()
             self._first += 1
 
     async def _wake(self) -> None:

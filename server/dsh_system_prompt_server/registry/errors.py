@@ -63,6 +63,23 @@ class ServiceError(Failure):
     stream, credentials, a provider or listener host, or the sidecar going away."""
 
 
+# The registry's refusals by status class: each reason below always goes with one of them.
+def _invalid(reason: Reason, message: str) -> RegistryError:
+    return RegistryError(Status.INVALID_ARGUMENT, reason, message)
+
+
+def _taken(reason: Reason, message: str) -> RegistryError:
+    return RegistryError(Status.ALREADY_EXISTS, reason, message)
+
+
+def _missing(reason: Reason, message: str) -> RegistryError:
+    return RegistryError(Status.NOT_FOUND, reason, message)
+
+
+def _precondition(reason: Reason, message: str) -> RegistryError:
+    return RegistryError(Status.FAILED_PRECONDITION, reason, message)
+
+
 def quoted_list(names: Iterable[str]) -> str:
     return ", ".join(f'"{name}"' for name in names)
 
@@ -74,21 +91,18 @@ def duplicate_entry(noun: str, name: str, scope: str | None) -> RegistryError:
         message += " in this scope"
     elif noun != "prompt variable":
         message += " (for a per-agent override, register through that agent's scope instead)"
-    return RegistryError(Status.ALREADY_EXISTS, Reason.DUPLICATE_NAME, message)
+    return _taken(Reason.DUPLICATE_NAME, message)
 
 
 def duplicate_rule(name: str, scope: str | None) -> RegistryError:
     """A rule's name is unique among the rules of its layer: errors and skipped steps name it."""
     where = " in this scope" if scope is not None else ""
-    return RegistryError(
-        Status.ALREADY_EXISTS, Reason.DUPLICATE_NAME, f'rule "{name}" is already registered{where}'
-    )
+    return _taken(Reason.DUPLICATE_NAME, f'rule "{name}" is already registered{where}')
 
 
 def reserved_builtin(name: str) -> RegistryError:
     """A built-in section's name in the global layer while the config switches it off."""
-    return RegistryError(
-        Status.ALREADY_EXISTS,
+    return _taken(
         Reason.DUPLICATE_NAME,
         f'prompt section "{name}" is reserved for the built-in section (switched off in the'
         " config, it comes back at a reload); for a per-agent override, register through"
@@ -97,39 +111,29 @@ def reserved_builtin(name: str) -> RegistryError:
 
 
 def invalid_order(noun: str, name: str) -> RegistryError:
-    return RegistryError(
-        Status.INVALID_ARGUMENT,
-        Reason.INVALID_ORDER,
-        f'{noun} "{name}" order must be a finite number',
-    )
+    return _invalid(Reason.INVALID_ORDER, f'{noun} "{name}" order must be a finite number')
 
 
 def empty_name(noun: str) -> RegistryError:
-    return RegistryError(
-        Status.INVALID_ARGUMENT, Reason.INVALID_NAME, f"{noun} names must be non-empty"
-    )
+    return _invalid(Reason.INVALID_NAME, f"{noun} names must be non-empty")
 
 
 def invalid_variable_name(name: str) -> RegistryError:
-    return RegistryError(
-        Status.INVALID_ARGUMENT,
+    return _invalid(
         Reason.INVALID_VARIABLE_NAME,
         f'invalid prompt variable name "{name}" (must match /^[a-z][a-z0-9_]*$/)',
     )
 
 
 def not_found() -> RegistryError:
-    return RegistryError(
-        Status.NOT_FOUND,
+    return _missing(
         Reason.REGISTRATION_NOT_FOUND,
         "no such registration in this session (already disposed, or never registered here)",
     )
 
 
 def scope_not_found() -> RegistryError:
-    return RegistryError(
-        Status.NOT_FOUND, Reason.SCOPE_NOT_FOUND, "no such scope handle in this session"
-    )
+    return _missing(Reason.SCOPE_NOT_FOUND, "no such scope handle in this session")
 
 
 def not_updatable(kind: str, name: str) -> RegistryError:
@@ -139,30 +143,25 @@ def not_updatable(kind: str, name: str) -> RegistryError:
         if kind in ("suppressor", "listener", "scope")
         else "its value comes from a dynamic provider, which already gives the latest one"
     )
-    return RegistryError(
-        Status.FAILED_PRECONDITION, Reason.NOT_UPDATABLE, f"{label} cannot be updated: {why}"
-    )
+    return _precondition(Reason.NOT_UPDATABLE, f"{label} cannot be updated: {why}")
 
 
 def wrong_value_kind(label: str, wanted: str) -> RegistryError:
-    return RegistryError(
-        Status.INVALID_ARGUMENT,
+    return _invalid(
         Reason.WRONG_VALUE_KIND,
         f"an update of {label} needs {wanted}",
     )
 
 
 def multiple_complete(names: Iterable[str]) -> RegistryError:
-    return RegistryError(
-        Status.FAILED_PRECONDITION,
+    return _precondition(
         Reason.MULTIPLE_COMPLETE_SECTIONS,
         f"multiple complete prompt sections are active: {quoted_list(names)}",
     )
 
 
 def reserved_tool_name(rest: str) -> RegistryError:
-    return RegistryError(
-        Status.FAILED_PRECONDITION,
+    return _precondition(
         Reason.RESERVED_TOOL_NAME,
         f'tool provider returned reserved tool name "{rest}"'
         " (reserved for toolOrder's rest entry)",
@@ -172,26 +171,24 @@ def reserved_tool_name(rest: str) -> RegistryError:
 def unknown_tool_order_names(unknown: list[str], known: list[str]) -> RegistryError:
     noun = "tool" if len(unknown) == 1 else "tools"
     known_text = ", ".join(known) if known else "(none)"
-    return RegistryError(
-        Status.FAILED_PRECONDITION,
+    return _precondition(
         Reason.UNKNOWN_TOOL_ORDER_NAME,
         f"toolOrder lists unregistered {noun} {quoted_list(unknown)}; known tools: {known_text}",
     )
 
 
 def invariant(message: str) -> RegistryError:
-    return RegistryError(Status.FAILED_PRECONDITION, Reason.INVARIANT_VIOLATION, message)
+    return _precondition(Reason.INVARIANT_VIOLATION, message)
 
 
 def malformed_template(message: str) -> RegistryError:
     """A static text whose {{ }} reference can never render: it would fail every assembly."""
-    return RegistryError(Status.FAILED_PRECONDITION, Reason.RENDER_FAILED, message)
+    return _precondition(Reason.RENDER_FAILED, message)
 
 
 def duplicate_provider_key(key: str) -> RegistryError:
     """A session answers provider requests by key, so a live key cannot be given twice."""
-    return RegistryError(
-        Status.ALREADY_EXISTS,
+    return _taken(
         Reason.DUPLICATE_PROVIDER_KEY,
         f'provider key "{key}" is already in use by another registration of this session',
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,10 +54,25 @@ def owner_label(owner: str) -> str:
     return _digest(b"owner:" + owner.encode())[:8]
 
 
-def value_fingerprint(kind: Kind, value: object) -> str:
-    """16 hex digits of SHA-256 of a static value; "" for a dynamic one or none at all."""
-    encoded = _encoded(value) if kind in VALUED else None
-    return "" if encoded is None else _digest(encoded)
+class Fingerprints:
+    """Static values' fingerprints, keyed for this incarnation of the sidecar: 16 hex digits
+    of HMAC-SHA256 under a random key made when it starts and never shown. Within the
+    incarnation equal values have equal fingerprints, so a watcher or a listing tells
+    "changed or not"; but a reader not granted values cannot test guesses against one (an
+    unkeyed SHA-256 gave a 4-digit PIN away among 10,080 candidates in 7 ms, issue 34), and
+    another sidecar, or this one restarted, prints the same value differently."""
+
+    def __init__(self) -> None:
+        self._keyed = hmac.new(secrets.token_bytes(32), digestmod=hashlib.sha256)
+
+    def of(self, kind: Kind, value: object) -> str:
+        """The fingerprint of a static value; "" for a dynamic one or none at all."""
+        encoded = _encoded(value) if kind in VALUED else None
+        if encoded is None:
+            return ""
+        keyed = self._keyed.copy()  # the key's inner and outer states, hashed once
+        keyed.update(encoded)
+        return keyed.hexdigest()[:16]
 
 
 def _encoded(value: object) -> bytes | None:

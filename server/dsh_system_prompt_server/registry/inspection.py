@@ -1,15 +1,21 @@
 """What the registry shows of itself (its registrations, listings by filter, the scope keys and
-chains, a session's scope handles), and its owners' drops of their callbacks' cached answers:
-the `Registry`'s sides that change no registration."""
+chains, a session's scope handles), its owners' drops of their callbacks' cached answers, and
+how far each owner's callbacks reach (registry/reach.py): the `Registry`'s sides that change no
+registration."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
 
 from .callbacks import CallbackCache
 from .filters import Filter
 from .layers import ScopeTree
 from .model import AnyRegistration, Dynamic, Kind, ScopeHandle
+
+if TYPE_CHECKING:
+    from .plan_cache import PlanCache
+    from .reach import Reach
 
 
 class Inspection:
@@ -70,3 +76,23 @@ class Invalidation:
         """Drop the cached results that `owner`'s listener had a part in."""
         if registration_id in self._by_owner.get(owner, {}):
             self.callbacks.invalidate([registration_id])
+
+
+class Reaching:
+    """Owners bound to how far their steps and providers reach (the `Registry` sets these)."""
+
+    _by_owner: dict[str, dict[str, AnyRegistration]]
+    _plans: PlanCache
+
+    @property
+    def reach_epoch(self) -> int:
+        """Moves whenever an owner's reach is bound anew and the plans remade: a response
+        kept for a request's very bytes before then is not reused (no revision moved)."""
+        return self._plans.cleared
+
+    def bind_reach(self, owner: str, reach: Reach | None) -> None:
+        """`owner`'s steps and dynamic providers run only where `reach` reads (None: every
+        scope). Bound before it registers anything; bound again (a credential narrowed),
+        the plans are remade, since no revision says so."""
+        if self._plans.reaches.bind(owner, reach) and owner in self._by_owner:
+            self._plans.clear()

@@ -73,6 +73,33 @@ class Limits:
     max_rule_expression_bytes: int = setting(
         4096, Count(), "INVALID_ARGUMENT `RULE_INVALID`: one CEL expression of a rule"
     )
+    max_rule_cost: int = setting(
+        10_000_000,
+        Count(),
+        "INVALID_ARGUMENT `RULE_INVALID`: a rule's worst-case cost over its bounded inputs in one"
+        " assembly, estimated when it is registered, in units of about a nanosecond"
+        ' (docs/protocol.md, "Rules")',
+    )
+    max_rule_evaluation_cost: int = setting(
+        5_000_000,
+        Count(),
+        "INVALID_ARGUMENT `RULE_INVALID`: one evaluation's worst-case cost (an expression, a"
+        " predicate over all its items), estimated when the rule is registered: the longest the"
+        " sidecar's other callers wait for a rule, which hands them the loop between evaluations",
+    )
+    max_rule_items: int = setting(
+        256,
+        Count(),
+        "ABORTED `RULE_FAILED` (or skipped under IGNORE): tools, sections, contexts or variables"
+        " of an assembly a rule reading them is applied to; rules' costs are estimated for"
+        " at most this many",
+    )
+    max_rule_fields_bytes: int = setting(
+        1024,
+        Count(),
+        "ABORTED `RULE_FAILED` (or skipped under IGNORE): an assemble context's fields_json a"
+        " rule reading `fields` is applied to; rules' costs are estimated for at most this",
+    )
     max_callback_cache_bytes: int = setting(
         32 * 1024 * 1024,
         Count(),

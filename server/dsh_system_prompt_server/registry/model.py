@@ -150,14 +150,26 @@ class ProviderCall:
 ProvidedValue = str | None | ToolSet
 
 
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """What one message asks a provider host: the calls to evaluate, for which assembly, in
+    what time (the whole exchange's `timeout`, and each call's own in `times`, by call key,
+    for a host whose providers answer one by one)."""
+
+    calls: Sequence[ProviderCall]
+    context: AssembleContext
+    timeout: float
+    times: Mapping[str, float]
+
+
 class ProviderHost(Protocol):
     """Whoever evaluates dynamic providers (a client session)."""
 
-    async def provide(
-        self, calls: Sequence[ProviderCall], context: AssembleContext, timeout: float | None
-    ) -> Mapping[str, ProvidedValue | Failure]:
-        """Evaluate every call in one exchange; return each value by call key, or the
-        Failure of a provider that alone failed (PROVIDER_FAILED, naming it).
+    async def provide(self, exchange: Exchange) -> Mapping[str, ProvidedValue | Failure]:
+        """Evaluate every call of `exchange`; return each value by call key, or the
+        Failure of a provider that alone failed (PROVIDER_FAILED, naming it). A host
+        whose providers answer one by one gives each call its own time (`times`): one
+        that did not answer within it alone fails, PROVIDER_TIMEOUT.
 
         Raises a Failure when the whole exchange fails (PROVIDER_TIMEOUT, a broken
         answer, or UNAVAILABLE when the host is gone).
@@ -237,7 +249,7 @@ class Registration(Generic[V]):
     value: V
     name: str = ""
     disposed: bool = False
-    fingerprint: str = ""  # of the static value (filters.value_fingerprint); "" if none
+    fingerprint: str = ""  # of the static value (filters.Fingerprints, keyed); "" if none
 
     def provider_call(self, key: str) -> ProviderCall:
         return ProviderCall(key=key, kind=self.kind, name=self.name, scope=self.scope)
@@ -346,6 +358,13 @@ class ChangeEvent:
     ref: str = ""  # the registration's public reference (filters.public_ref)
     fingerprint: str = ""  # its value's after the change; "" when gone or not static
     reason: str = ""  # why the sidecar disposed it (an ejected callback); "" otherwise
+    everywhere: bool = False  # a step registered with `global` (runs_everywhere)
+
+
+def runs_everywhere(entry: object) -> bool:
+    """Whether `entry` is a waterfall step registered with `global`: it runs for every
+    scope's assemblies, whichever layer holds it, so its change is every chain's."""
+    return isinstance(entry, ListenerRegistration | RuleRegistration) and entry.global_
 
 
 class RegistrationFields(TypedDict):

@@ -78,6 +78,12 @@ class Step:
 
     listener: str
     values: Values
+    kind: str = "listener"  # what made it: "listener" or "rule" (its name is `listener`)
+
+    def describe(self) -> str:
+        """`listener "name"` or `rule "name"`, as a reason names the step; "" for the first
+        step (what the registrations gave), which no listener or rule made."""
+        return f'{self.kind} "{self.listener}"' if self.listener else ""
 
 
 @dataclass(slots=True)
@@ -87,6 +93,7 @@ class Trace:
     chain: tuple[str, ...]
     steps: list[Step] = field(default_factory=list)
 
-    def record(self, listener: str, values: Values) -> None:
-        """Add the step `listener` made, with the values it left (origins.snapshot)."""
-        self.steps.append(Step(listener=listener, values=values))
+    def record(self, listener: str, values: Values, kind: str = "listener") -> None:
+        """Add the step `listener` (a listener, or a rule of that name) made, with the values
+        it left (origins.snapshot)."""
+        self.steps.append(Step(listener=listener, values=values, kind=kind))

@@ -6,6 +6,7 @@ assembly works on its scope's plan (`plan_cache`), made by `assembly/`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Literal, TypeVar
 
@@ -25,8 +26,8 @@ from .admission import Admission, StaticValue
 from .assembly import Plan, assemble_plan
 from .callbacks import Budget, CallbackCache, Ejector, ListenerIndex
 from .changes import ChangeFeed
-from .filters import public_ref, value_fingerprint
-from .inspection import Inspection, Invalidation
+from .filters import Fingerprints
+from .inspection import Inspection, Invalidation, Reaching
 from .layers import Layer, Layers, ScopeTree
 from .limits import Limits
 from .model import (
@@ -53,6 +54,7 @@ from .model import (
     registration_fields,
 )
 from .plan_cache import PlanCache
+from .revisions import LayerRevisions
 from .rule_book import RuleBook
 from .rules import OperatorRule, Rule, compile_rule
 from .settings import RegistrySettings
@@ -62,20 +64,21 @@ _UPDATABLE = frozenset({Kind.SECTION, Kind.CONTEXT, Kind.VARIABLE, Kind.TOOLS})
 E = TypeVar("E", bound=AnyRegistration)
 
 
-class Registry(Inspection, Invalidation):
+class Registry(Inspection, Invalidation, Reaching):
     """Every registration of the sidecar, by layer and by owner."""
 
     def __init__(self, settings: RegistrySettings | None = None) -> None:
         self.settings = settings or RegistrySettings()
         self.changes = ChangeFeed(self.settings.change_history)
-        self._layers = Layers()
-        self._scopes = ScopeTree()
+        self._fingerprints = Fingerprints()  # keyed for this incarnation (built-ins first)
+        self._layers, self._scopes = Layers(), ScopeTree()
         self._entries: dict[str, AnyRegistration] = {}
         self._by_owner: dict[str, dict[str, AnyRegistration]] = {}
         self._admission = Admission(lambda: self.settings)
         self.clients = self._admission.clients  # the layer above binds each owner to a client
         self._listeners = ListenerIndex()
-        self._plans = PlanCache(self._layers, self._scopes, self._listeners)
+        self.layer_revisions = LayerRevisions()
+        self._plans = PlanCache(self._layers, self._scopes, self._listeners, self.layer_revisions)
         self.callbacks = CallbackCache(max_bytes=self.settings.limits.max_callback_cache_bytes)
         self.ejector = Ejector(self._remove, lambda: self.settings.eject_after_timeouts)
         self._builtins: dict[str, SectionRegistration] = {}
@@ -118,12 +121,18 @@ class Registry(Inspection, Invalidation):
         )
         for key, value in flat(others).items():
             if before[key] != value:
-                self.changes.publish(Kind.CONFIG, Action.REGISTERED, key, None)
+                event = self.changes.publish(Kind.CONFIG, Action.REGISTERED, key, None)
+                self.layer_revisions.changed(None, event.revision)
         return changed
 
     @property
     def revision(self) -> int:
         return self.changes.revision
+
+    def chain_revision(self, keys: Iterable[str]) -> int:
+        """The revision of the last change to what an assembly on the scope keys `keys`
+        (a scope and its ancestors) is made of, the global layer included."""
+        return self.layer_revisions.of(keys)
 
     @property
     def limits(self) -> Limits:
@@ -309,6 +318,7 @@ class Registry(Inspection, Invalidation):
             count += 1
         self._by_owner.pop(owner, None)
         self.clients.unbind(owner)
+        self._plans.reaches.unbind(owner)
         return count
 
     # -- updates ----------------------------------------------------------------------
@@ -346,7 +356,7 @@ class Registry(Inspection, Invalidation):
     def _replace_value(self, entry: AnyRegistration, value: StaticValue | Rule) -> None:
         """Put `value` in the entry's place (its fingerprint with it) and say so."""
         entry.value = value
-        entry.fingerprint = value_fingerprint(entry.kind, value)
+        entry.fingerprint = self._fingerprints.of(entry.kind, value)
         self._publish(entry, Action.UPDATED)
 
     def _remove(self, entry: AnyRegistration, reason: str = "") -> None:
@@ -362,7 +372,7 @@ class Registry(Inspection, Invalidation):
                 parent.children.pop(entry.id, None)
         self._unlink(entry)
         self._admission.released(entry)
-        self.ejector.forget(entry.id)
+        self.ejector.forget(entry)
         self._publish(entry, Action.UNREGISTERED, reason)
 
     # -- assembly ---------------------------------------------------------------------
@@ -402,9 +412,8 @@ class Registry(Inspection, Invalidation):
         """
         if scope is not None:
             self.limits.check_name("scope", scope)
-            if not self._scopes.knows(scope):
-                scope = None
-        return self._plans.plan(scope, self.revision, self.settings.include_runtime_context)
+        known = scope if scope is None or self._scopes.knows(scope) else None
+        return self._plans.plan(known, self.settings.include_runtime_context, scope)
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -464,7 +473,7 @@ class Registry(Inspection, Invalidation):
         self._admission.admitted(entry)
         if handle is not None:
             handle.children[entry.id] = entry
-        entry.fingerprint = value_fingerprint(entry.kind, entry.value)
+        entry.fingerprint = self._fingerprints.of(entry.kind, entry.value)
         self._publish(entry, Action.REGISTERED)
         return entry
 
@@ -480,8 +489,8 @@ class Registry(Inspection, Invalidation):
 
     def _publish(self, entry: AnyRegistration, action: Action, reason: str = "") -> None:
         fingerprint = "" if action is Action.UNREGISTERED else entry.fingerprint
-        ref = public_ref(entry.id)
-        self.changes.publish(entry.kind, action, entry.name, entry.scope, ref, fingerprint, reason)
+        event = self.changes.publish_entry(entry, action, fingerprint, reason)
+        self.layer_revisions.published(entry, event.revision, self._scopes.knows)
 
 
 def _key(handle: ScopeHandle | None) -> str | None:

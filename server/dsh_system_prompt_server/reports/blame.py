@@ -1,7 +1,7 @@
 """Why a prefix broke: the first differing part, and who changed it, in words a person acts on.
 
 A part goes through steps: what its registration (or provider) gave, then
-each listener in the order the data flowed. The blame goes to the first step
+each listener and rule in the order the data flowed. The blame goes to the first step
 whose output differs from the previous assembly's same step while its input
 did not: a listener that appends a fixed suffix to a text changed upstream is
 not blamed; the upstream change is. Upstream changes then say what moved in
@@ -44,7 +44,7 @@ def _relative(part: PartPrint, other: PartPrint) -> str:
 def _changed(now: PartPrint, before: PartPrint, current: Previous, previous: Previous) -> str:
     culprit = _culprit(now.key, current.trace, previous.trace)
     if culprit:
-        return f'listener "{culprit}" changed {now.label}'
+        return f"{culprit} changed {now.label}"
     layer = _layer_change(now.origin, before.origin, current.trace, previous.trace)
     if layer:
         return f"{now.label} {layer}"
@@ -83,7 +83,7 @@ def _who_set(name: str, current: Previous, previous: Previous) -> str:
     """A listener that set the variable, or how its layer changed; "" for neither."""
     culprit = _culprit((PartKind.VARIABLE, name), current.trace, previous.trace)
     if culprit:
-        return f'set by listener "{culprit}"'
+        return f"set by {culprit}"
     now, before = current.variables.get(name), previous.variables.get(name)
     if now is None or before is None:
         return ""
@@ -91,22 +91,23 @@ def _who_set(name: str, current: Previous, previous: Previous) -> str:
 
 
 def _culprit(key: PartKey, current: Trace | None, previous: Trace | None) -> str:
-    """The listener whose own step changed `key`: "" when the change came from upstream."""
+    """The listener or rule whose own step changed `key` (`listener "x"`, `rule "y"`): ""
+    when the change came from upstream."""
     if current is None or previous is None:
         return ""
     for now, before in zip(current.steps, previous.steps, strict=False):
-        if now.listener != before.listener:  # the listeners changed: who touched the key here
-            return _changer(key, current) or _changer(key, previous)
+        if (now.kind, now.listener) != (before.kind, before.listener):  # the steps changed:
+            return _changer(key, current) or _changer(key, previous)  # who touched it here
         if now.values.get(key) != before.values.get(key):
-            return now.listener
+            return now.describe()
     return ""
 
 
 def _changer(key: PartKey, trace: Trace) -> str:
-    """The first listener in `trace` whose step changed `key`."""
+    """The first listener or rule in `trace` whose step changed `key`."""
     for earlier, later in zip(trace.steps, trace.steps[1:], strict=False):
         if earlier.values.get(key) != later.values.get(key):
-            return later.listener
+            return later.describe()
     return ""
 
 
@@ -116,13 +117,13 @@ def _removed_by(key: PartKey, current: Previous) -> str:
         return ""  # its registration is gone
     for step in trace.steps[1:]:
         if key not in step.values:
-            return f' (by listener "{step.listener}")'
+            return f" (by {step.describe()})"
     return ""
 
 
 def _added_by(part: PartPrint) -> str:
-    if part.origin.kind is OriginKind.LISTENER:
-        return f' (by listener "{part.origin.listener}")'
+    if part.origin.kind in (OriginKind.LISTENER, OriginKind.RULE):
+        return f" (by {part.origin.describe()})"
     return ""
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Literal
 
 from ..registry import Kind, Skipped
-from .values import MAX_SKIPPED, Layout, Previous, Report, Size
+from .values import MAX_SKIPPED, Layout, PrefixStability, Previous, Report
 
 MAX_BREAKERS = 16  # parts counted per key; the least counted goes to make room
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # limits.max_report_history_bytes
@@ -61,13 +61,7 @@ class HistoryEntry:
     sequence: int  # 1 for the key's first report
     revision: int
     layout: Layout
-    has_previous: bool
-    first_changed: str
-    reason: str
-    prefix: Size
-    stable_bytes: int
-    stable_tokens: int | None
-    recomputed: Size
+    seen: PrefixStability
     observed_cached_tokens: int | None = None
     observed_prompt_tokens: int | None = None
     at: float = field(default_factory=time.time)  # when it was reported (Unix seconds)
@@ -77,7 +71,7 @@ class HistoryEntry:
 
     @property
     def broke(self) -> bool:
-        return self.has_previous and bool(self.reason)
+        return self.seen.broke
 
     @property
     def skipped_count(self) -> int:
@@ -201,8 +195,8 @@ class ReportHistory:
             kept.last_break = Break(
                 sequence=entry.sequence,
                 at=entry.at,
-                first_changed=entry.first_changed,
-                reason=entry.reason,
+                first_changed=entry.seen.first_changed,
+                reason=entry.seen.reason,
                 diff=report.stability.diff,
             )
             kept.break_bytes = _held_bytes(kept.last_break)  # its texts counted here too
@@ -285,18 +279,11 @@ _FIELDS: dict[type, tuple[str, ...]] = {}  # each dataclass's field names, looke
 
 
 def _history_entry(sequence: int, revision: int, report: Report) -> HistoryEntry:
-    stability = report.stability
     return HistoryEntry(
         sequence=sequence,
         revision=revision,
         layout=report.layout,
-        has_previous=stability.has_previous,
-        first_changed=stability.first_changed,
-        reason=stability.reason,
-        prefix=stability.prefix,
-        stable_bytes=stability.stable_bytes,
-        stable_tokens=stability.stable_tokens,
-        recomputed=stability.recomputed,
+        seen=report.stability.seen,
         skipped=tuple(
             replace(step, message=step.message[:MAX_SKIPPED_MESSAGE])
             for step in report.skipped[:MAX_SKIPPED]
@@ -316,19 +303,19 @@ def _skipped_counts(steps: tuple[Skipped, ...]) -> tuple[SkippedCount, ...]:
 def _count(kept: KeyHistory, entry: HistoryEntry) -> list[str]:
     """Add `entry` to the key's counts; returns the breakers dropped to stay bounded."""
     kept.reports += 1
-    if entry.recomputed.tokens is not None:
-        kept.recomputed_tokens = (kept.recomputed_tokens or 0) + entry.recomputed.tokens
-    kept.recomputed_bytes += entry.recomputed.bytes
+    if entry.seen.recomputed.tokens is not None:
+        kept.recomputed_tokens = (kept.recomputed_tokens or 0) + entry.seen.recomputed.tokens
+    kept.recomputed_bytes += entry.seen.recomputed.bytes
     if not entry.broke:
         return []
     kept.breaks += 1
     dropped = []
-    if entry.first_changed not in kept.breakers and len(kept.breakers) >= MAX_BREAKERS:
+    if entry.seen.first_changed not in kept.breakers and len(kept.breakers) >= MAX_BREAKERS:
         least = min(kept.breakers, key=lambda part: (kept.breakers[part], part))
         del kept.breakers[least]
         kept.breaker_bytes -= sys.getsizeof(least)
         dropped.append(least)
-    if entry.first_changed not in kept.breakers:
-        kept.breaker_bytes += sys.getsizeof(entry.first_changed)
-    kept.breakers[entry.first_changed] = kept.breakers.get(entry.first_changed, 0) + 1
+    if entry.seen.first_changed not in kept.breakers:
+        kept.breaker_bytes += sys.getsizeof(entry.seen.first_changed)
+    kept.breakers[entry.seen.first_changed] = kept.breakers.get(entry.seen.first_changed, 0) + 1
     return dropped

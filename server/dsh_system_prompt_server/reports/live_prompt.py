@@ -3,7 +3,8 @@
 Nothing here knows a transport: WatchPrompt (`rpc/streams/prompt_watch.py`) encodes each
 prompt for its stream, the admin page (`admin/live_prompt.py`) for its view. A live prompt
 never evaluates a dynamic part: each is replaced by a placeholder (`<dynamic section
-"cwd">`), and listeners are not run.
+"cwd">`), and listeners are not run; rules are (the sidecar runs them itself, asking no
+client), with no fields, as an Assemble without fields would.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..registry import (
     PartKind,
     Plan,
     Registry,
+    RuleRegistration,
     Tool,
     ToolSet,
 )
@@ -80,7 +82,8 @@ class LivePrompt:
 
 
 def static_view(plan: Plan, tool_order: Sequence[str] | None) -> Plan:
-    """`plan` with every dynamic value replaced by a placeholder and no listeners."""
+    """`plan` with every dynamic value replaced by a placeholder, and of its waterfall only
+    the rules, in their places (a listener is a client's, and a watcher asks no client)."""
     return Plan(
         revision=plan.revision,
         chain=plan.chain,
@@ -89,7 +92,7 @@ def static_view(plan: Plan, tool_order: Sequence[str] | None) -> Plan:
         sections=[_placeheld(entry, tool_order) for entry in plan.sections],
         contexts=[_placeheld(entry, tool_order) for entry in plan.contexts],
         tools=[_placeheld(entry, tool_order) for entry in plan.tools],
-        listeners=[],
+        listeners=[step for step in plan.listeners if isinstance(step, RuleRegistration)],
     )
 
 

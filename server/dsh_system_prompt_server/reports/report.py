@@ -36,7 +36,15 @@ from ..registry import (
 from .blame import explain
 from .diff import bounded_diff, common_prefix
 from .tokens import Tokenizer
-from .values import MAX_SKIPPED, Layout, PartPrint, Previous, Report, Size, Stability
+from .values import (
+    MAX_SKIPPED,
+    Layout,
+    PartPrint,
+    Previous,
+    Report,
+    Size,
+    Stability,
+)
 
 TOOL_SEPARATOR = "\n"  # between two tools' JSON in the tool block
 BLOCK_SEPARATOR = SECTION_SEPARATOR  # between the tool block and the system prompt
@@ -78,11 +86,11 @@ def build_report(
     if previous is not None and previous.layout is not layout:
         previous = None
     stability, stable_count = _stability(current, previous, whole, evicted)
-    if stability.first_changed and assembly.skipped:  # a step left out may be why it broke
-        stability = replace(
-            stability,
-            reason=f"{stability.reason}; this assembly skipped {_skipped_words(assembly.skipped)}",
-        )
+    seen = stability.seen
+    if seen.first_changed and assembly.skipped:  # a step left out may be why it broke
+        skipped = _skipped_words(assembly.skipped)
+        seen = replace(seen, reason=f"{seen.reason}; this assembly skipped {skipped}")
+        stability = replace(stability, seen=seen)
     report = Report(
         tokenizer=tokenizer.name if tokenizer else "",
         layout=layout,
@@ -226,57 +234,20 @@ def _stability(
     current: Previous, previous: Previous | None, whole: Size, evicted: bool
 ) -> tuple[Stability, int]:
     """The comparison with `previous`, and how many leading parts are unchanged."""
-    counting = current.token_ids is not None
     if previous is None:
-        stability = Stability(
-            has_previous=False,
-            stable_bytes=0,
-            stable_tokens=0 if counting else None,
-            prefix=whole,
-            first_changed="",
-            reason="",
-            recomputed=Size(bytes=0, tokens=0 if counting else None),
-            messages_recomputed=False,
-            previous_evicted=evicted,
-        )
-        return stability, 0
+        return Stability.first(whole, evicted), 0
     same = _same_parts(current.parts, previous.parts)
     if same == len(current.parts) == len(previous.parts):
-        stability = Stability(
-            has_previous=True,
-            stable_bytes=whole.bytes,
-            stable_tokens=whole.tokens,
-            prefix=whole,
-            first_changed="",
-            reason="",
-            recomputed=Size(bytes=0, tokens=0 if counting else None),
-            messages_recomputed=False,
-        )
-        return stability, same
+        return Stability.compared(whole, stable=whole), same
     characters = common_prefix(current.text, previous.text)
     stable_bytes = len(current.text[:characters].encode())
     stable_tokens = None
     if current.token_ids is not None and previous.token_ids is not None:
         stable_tokens = common_prefix(current.token_ids, previous.token_ids)
     first_changed, reason, part = explain(same, current, previous)
-    recomputed = Size(
-        bytes=whole.bytes - stable_bytes,
-        tokens=None
-        if whole.tokens is None or stable_tokens is None
-        else whole.tokens - stable_tokens,
-    )
-    stability = Stability(
-        has_previous=True,
-        stable_bytes=stable_bytes,
-        stable_tokens=stable_tokens,
-        prefix=whole,
-        first_changed=first_changed,
-        reason=reason,
-        recomputed=recomputed,
-        messages_recomputed=True,
-        diff=_diff(part, current, previous),
-    )
-    return stability, same
+    stable = Size(bytes=stable_bytes, tokens=stable_tokens)
+    diff = _diff(part, current, previous)
+    return Stability.compared(whole, stable, (first_changed, reason), diff), same
 
 
 def _same_parts(current: Sequence[PartPrint], previous: Sequence[PartPrint]) -> int:

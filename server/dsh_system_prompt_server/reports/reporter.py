@@ -34,16 +34,13 @@ class Reported:
     @property
     def breaker(self) -> str:
         """The first changed part when the report broke the key's prefix, else ""."""
-        return self.report.stability.first_changed if self.remembered.entry.broke else ""
+        return self.report.stability.seen.first_changed if self.remembered.entry.broke else ""
 
     @property
     def stable_share(self) -> float | None:
         """The share of a scope's prefix unchanged since its last report; None for a
         caller-named key, a first report or an empty prefix."""
-        stability = self.report.stability
-        if self.key.kind != "scope" or not stability.has_previous or not stability.prefix.bytes:
-            return None
-        return stability.stable_bytes / stability.prefix.bytes
+        return None if self.key.kind != "scope" else self.report.stability.seen.stable_share
 
 
 class Reporter:

@@ -86,8 +86,9 @@ class Previous:
 
 
 @dataclass(frozen=True, slots=True)
-class Stability:
-    """How much of the prefix the previous report of the key shares, and why it broke."""
+class PrefixStability:
+    """How much of the prefix the previous report of the key shares, and why it broke: what
+    a report says and its key's history keeps (without the diff)."""
 
     has_previous: bool
     stable_bytes: int
@@ -96,9 +97,52 @@ class Stability:
     first_changed: str
     reason: str
     recomputed: Size  # prefix bytes/tokens after the first change
+
+    @property
+    def broke(self) -> bool:
+        return self.has_previous and bool(self.reason)
+
+    @property
+    def stable_share(self) -> float | None:
+        """The share of the prefix unchanged since the previous report; None for a first
+        report or an empty prefix."""
+        if not self.has_previous or not self.prefix.bytes:
+            return None
+        return self.stable_bytes / self.prefix.bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Stability:
+    """A report's prefix stability, with what only the report itself carries."""
+
+    seen: PrefixStability
     messages_recomputed: bool  # every message after the prefix is recomputed too
     diff: str = ""
     previous_evicted: bool = False
+
+    @classmethod
+    def first(cls, prefix: Size, evicted: bool) -> Stability:
+        """Nothing to compare with: the key's first report (or first since it was evicted)."""
+        nothing = Size(bytes=0, tokens=None if prefix.tokens is None else 0)
+        seen = PrefixStability(False, 0, nothing.tokens, prefix, "", "", recomputed=nothing)
+        return cls(seen, messages_recomputed=False, previous_evicted=evicted)
+
+    @classmethod
+    def compared(
+        cls, prefix: Size, stable: Size, why: tuple[str, str] | None = None, diff: str = ""
+    ) -> Stability:
+        """`stable` of `prefix` is the previous report's; the rest is recomputed. Where it
+        broke (`why`: the first changed part and the reason), every message after the
+        prefix is recomputed too."""
+        first_changed, reason = why or ("", "")
+        tokens = None
+        if prefix.tokens is not None and stable.tokens is not None:
+            tokens = prefix.tokens - stable.tokens
+        recomputed = Size(bytes=prefix.bytes - stable.bytes, tokens=tokens)
+        seen = PrefixStability(
+            True, stable.bytes, stable.tokens, prefix, first_changed, reason, recomputed
+        )
+        return cls(seen, messages_recomputed=why is not None, diff=diff)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,9 +36,11 @@ class ServerLimits:
     max_outbox_bytes: int = setting(
         8 * 1024 * 1024,
         Count(),
-        "messages one session or listener stream may leave unread, past which it is closed"
-        " RESOURCE_EXHAUSTED `STREAM_STALLED` (for streams opened from then on); also the prompt"
-        " messages in flight to one client's `WatchPrompt` streams, and four times it to all",
+        "messages queued for one session or listener stream, past which further invocations"
+        " and provide requests wait for its reads within their assembly's time (for streams"
+        " opened from then on; a peer is closed only for not reading, Memory budget); also"
+        " the prompt messages in flight to one client's `WatchPrompt` streams, and four"
+        " times it to all",
     )
     max_response_cache_bytes: int = setting(
         32 * 1024 * 1024,
@@ -65,12 +67,31 @@ class ServerLimits:
 class StreamSettings:
     """How change and prompt watches buffer and batch."""
 
-    watch_buffer: int = setting(1024, Count(), "change events buffered per watcher")
+    watch_buffer: int = setting(
+        1024,
+        Count(),
+        "change events a watcher may have unsent; past it, it is told it missed every unsent"
+        " one (`ChangesMissed`)",
+    )
+    watch_lag_s: float = setting(
+        2.0,
+        Seconds(zero="no bound"),
+        "a change watcher without `change-batches` whose oldest unsent event has waited this"
+        " long is told it missed every unsent event (`ChangesMissed`) and reads on from the"
+        " latest",
+    )
     prompt_coalesce_s: float = setting(
         0.1,
         Seconds(zero=""),
         "a prompt watcher (`WatchPrompt`) waits this long after a change to gather the burst,"
         " then sends one prompt",
+    )
+    prompt_bytes_per_s: int = setting(
+        16 * 1024 * 1024,
+        Count(least=0, zero="no bound"),
+        "prompt bytes the sidecar writes per second to every prompt watcher (`WatchPrompt`)"
+        " together, clients in turn; a watcher that waits for its turn sends the latest"
+        " prompt then, with every change since its last",
     )
     watch_coalesce_s: float = setting(
         0.005,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..guard import Gate, Shares
 from ..registry import Failure, Kind, Registration, Registry
 from ..reports import Reporter, ReportHistory, load_tokenizer
-from ..telemetry import Metrics, logger
+from ..telemetry import Metrics, logger, step_spans
 from .assemble import Assembler
 from .settings import ServerLimits, StateSettings
 from .streams import Listeners, OutboxLimits, Sessions, Watches, WatchSettings
@@ -33,15 +33,23 @@ class ServerState:
         settings: StateSettings,
         metrics: Metrics,
         tracing: Tracing | None = None,
+        *,
+        dead_peer_s: float,
     ) -> None:
         limits, reports = settings.limits, settings.reports
         self.registry = registry
         self.metrics = metrics
+        registry.ejector.step_spans = step_spans(tracing)  # a span per rule run, when tracing
         outbox = self._outbox(limits)
         self.sessions = Sessions(
             registry, metrics, limits.max_sessions, limits.max_sessions_per_peer, outbox, tracing
         )
-        self.listeners = Listeners(registry, self.sessions, metrics, outbox, tracing)
+        self.sessions.max_message_bytes = limits.max_message_bytes  # what clients are told
+        # a listener whose stream the sidecar closed keeps its place as long as its owner
+        # may take to be found dead
+        self.listeners = Listeners(
+            registry, self.sessions, metrics, outbox, tracing, away_s=dead_peer_s
+        )
         self.tokenizer = load_tokenizer(reports.tokenizer)
         self.reports = ReportHistory(
             depth=reports.report_history,
@@ -69,6 +77,8 @@ class ServerState:
         self.gate = Gate()
         self.prefix_layout = reports.prefix_layout
         registry.ejector.on_eject = self._ejected
+        registry.ejector.on_rule = metrics.rule_ran  # each rule's runs, by outcome
+        registry.ejector.on_gone = metrics.rule_gone
         metrics.track(
             sessions=lambda: len(self.sessions),
             registrations=registry.registration_count,
@@ -110,10 +120,12 @@ def _watch_settings(settings: StateSettings) -> WatchSettings:
     streams, limits = settings.streams, settings.limits
     return WatchSettings(
         watch_buffer=streams.watch_buffer,
+        watch_lag_s=streams.watch_lag_s,
         max_watchers=limits.max_watchers,
         max_watchers_per_peer=limits.max_watchers_per_peer,
         prompt_coalesce_s=streams.prompt_coalesce_s,
         watch_coalesce_s=streams.watch_coalesce_s,
         prefix_layout=settings.reports.prefix_layout,
         prompt_bytes=4 * limits.max_outbox_bytes,  # every client's prompts in flight together
+        prompt_bytes_per_s=streams.prompt_bytes_per_s,
     )

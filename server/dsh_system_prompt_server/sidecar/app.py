@@ -95,10 +95,12 @@ async def start_sidecar(
     raise_open_files()
     registry = Registry(config.registry)
     credentials = all_credentials(config)
-    authenticator, auth = _auth(credentials, registry) if credentials else (None, None)
-    server = grpc.aio.server(options=server_options(config))
     metrics = Metrics(key_labels=config.metrics_key_labels)
-    state = ServerState(registry, config.state, metrics, tracing)
+    authenticator, auth = _auth(credentials, registry, metrics) if credentials else (None, None)
+    server = grpc.aio.server(options=server_options(config))
+    state = ServerState(
+        registry, config.state, metrics, tracing, dead_peer_s=config.dead_peer_timeout_s
+    )
     served = Intercepted(server, interceptions(tracing, auth, state.shares))
     add_service(SystemPromptService(state), served)
     health = health_aio.HealthServicer()
@@ -138,26 +140,32 @@ async def start_sidecar(
 
 
 def _auth(
-    credentials: list[Credential], registry: Registry
+    credentials: list[Credential], registry: Registry, metrics: Metrics
 ) -> tuple[Authenticator, AuthInterceptor]:
     """What checks every call's credential (the config has some: only then is it loaded)."""
     from ..guard import Authenticator, AuthInterceptor
 
     authenticator = Authenticator(credentials)
-    return authenticator, AuthInterceptor(authenticator, registry)
+    auth = AuthInterceptor(authenticator, registry)
+    auth.on_refused = lambda reason: metrics.refused_calls.labels(reason).inc()
+    return authenticator, auth
 
 
 def interceptions(
     tracing: Tracing | None, auth: AuthInterceptor | None, shares: Shares
 ) -> list[Interception]:
     """What every call passes through, the first outermost: its span (so a refused call is
-    traced too), its credential and the policy on its request, its client's share of the
-    loop (the parse's time counted), then its request parsed. Tracing off, or no
-    credentials, those are not there at all: nothing per call."""
+    traced too), the credential it presents, its client's share of the loop (a call without
+    a valid credential, health's and reflection's charged too: to the anonymous share), its
+    refusal without a valid credential and the policy on its request (the parse's time
+    counted), then its request parsed. Tracing off, or no credentials, those are not there
+    at all: nothing per call."""
     listed = [] if tracing is None else [Interception("tracing", tracing.around)]
     if auth is not None:
+        listed.append(Interception("identity", auth.identifying))
+    listed.append(Interception("shares", sharing(shares, anonymous=auth is not None)))
+    if auth is not None:
         listed.append(Interception("auth", auth.around))
-    listed.append(Interception("shares", sharing(shares)))
     listed.append(Interception("parsing", parsing))
     return listed
 

@@ -124,6 +124,7 @@ def _add_client_commands(commands: Any) -> None:
     render.add_argument(
         "--with-context", action="store_true", help="also print the runtime-context snapshot"
     )
+    _add_rule_commands(commands)
     health = commands.add_parser("health", help="check the sidecar's gRPC health (exit 0: SERVING)")
     health.add_argument("--service", default="", help="service name (default: the whole server)")
     for name, parser in (
@@ -136,6 +137,37 @@ def _add_client_commands(commands: Any) -> None:
         add_connection_options(parser)
         parser.set_defaults(run=lambda args, name=name: _client_command(name, args))
     render.set_defaults(run=lambda args: _client_command("render", args))
+
+
+def _add_rule_commands(commands: Any) -> None:
+    """`rules check` and `rules test`: a rules file compiled and tried offline."""
+    rules = commands.add_parser(
+        "rules", help="compile a rules file, or try it on an assembly (offline, no sidecar)"
+    )
+    which = rules.add_subparsers(dest="rules_command", required=True)
+    check = which.add_parser(
+        "check", help="compile the file's [[rules]] as the sidecar does (exit 1: one is bad)"
+    )
+    test = which.add_parser(
+        "test", help="apply the file's [[rules]] to an assembly and say what each changed"
+    )
+    for parser in (check, test):
+        parser.add_argument("file", help="a TOML file of [[rules]] tables (or a config file)")
+    test.add_argument(
+        "--assembly", required=True, help="the assembly, as `assemble --json` prints it"
+    )
+    test.add_argument(
+        "--field", action="append", metavar="KEY=VALUE", help="an assemble field (repeatable)"
+    )
+    test.add_argument(
+        "--scope",
+        action="append",
+        metavar="KEY",
+        help="the assembly's scope, then each ancestor (repeatable; default: global)",
+    )
+    test.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    check.set_defaults(run=lambda args: _client_command("rules check", args))
+    test.set_defaults(run=lambda args: _client_command("rules test", args))
 
 
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
@@ -159,7 +191,10 @@ def _client_command(name: str, args: argparse.Namespace) -> int:
     return run(name, args)
 
 
-_KINDS = ("section", "context", "tools", "variable", "suppressor", "listener", "scope", "config")
+# The client's ChangeKind words (dsh_system_prompt/types.py), named here without loading it.
+_KINDS = tuple(
+    ["section", "context", "tools", "variable", "suppressor", "listener", "rule", "scope", "config"]
+)
 
 
 def _serve(args: argparse.Namespace) -> int:

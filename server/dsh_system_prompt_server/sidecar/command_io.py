@@ -22,11 +22,13 @@ UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 class CommandError(Exception):
-    """A one-line failure and the exit code it means."""
+    """A failure and the exit code it means: one line, unless `lines` (CEL's message under
+    the expression it quotes, with a caret at the position)."""
 
-    def __init__(self, message: str, code: int) -> None:
+    def __init__(self, message: str, code: int, lines: bool = False) -> None:
         super().__init__(message)
         self.code = code
+        self.lines = lines
 
 
 def connect(args: argparse.Namespace) -> Any:

@@ -1,5 +1,6 @@
 """The CLI's commands for people and scripts: assemble, render, cache-history
-(`prompt_commands.py`), watch, ls (`watch_commands.py`) and health (here).
+(`prompt_commands.py`), watch, ls (`watch_commands.py`), rules check and rules test
+(`rule_commands.py`, offline) and health (here).
 
 Output is plain text when piped and styled with rich on a terminal. Errors are
 one line on stderr; exit codes: 0 ok, 1 the sidecar refused (or rendering
@@ -23,6 +24,7 @@ from .command_io import (
     EXIT_UNAVAILABLE,
     UNREACHABLE,
     CommandError,
+    escape_lines,
     tls_of,
 )
 from .prompt_commands import assemble, cache_history, render
@@ -34,10 +36,15 @@ def run(command: str, args: argparse.Namespace) -> int:
     try:
         if command == "render":
             return render(args)
+        if command.startswith("rules "):  # offline: the registry's rules, no connection
+            from .rule_commands import check, test
+
+            return check(args) if command == "rules check" else test(args)
         args.address = args.address or dsp.default_address()
         return asyncio.run(_COMMANDS[command](args))
     except CommandError as error:  # it may quote the sidecar: its controls as escapes
-        print(f"dsh-system-prompt {command}: {escape_controls(str(error))}", file=sys.stderr)
+        shown = escape_lines(str(error)) if error.lines else escape_controls(str(error))
+        print(f"dsh-system-prompt {command}: {shown}", file=sys.stderr)
         return error.code
     except dsp.SystemPromptError as error:  # the sidecar's words, a client's message in them
         code = EXIT_UNAVAILABLE if error.code in UNREACHABLE else EXIT_REFUSED

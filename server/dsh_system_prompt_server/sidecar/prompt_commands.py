@@ -29,7 +29,7 @@ from .command_io import (
 
 
 async def assemble(args: argparse.Namespace) -> int:
-    fields = dict(_field(item) for item in args.field or ())
+    fields = dict(field_item(item) for item in args.field or ())
     report = dict(report=args.report, report_key=args.report_key, prefix_layout=args.prefix_layout)
     async with connect(args) as client:
         if args.json:
@@ -65,16 +65,21 @@ async def cache_history(args: argparse.Namespace) -> int:
 
 
 def render(args: argparse.Namespace) -> int:
-    path = Path(args.file)
+    assembly = read_assembly(args.file)
+    _show_prompt(dsp.render_prompt(assembly), dsp.render_context_snapshot(assembly), assembly, args)
+    return EXIT_OK
+
+
+def read_assembly(file: str) -> dsp.PromptAssembly:
+    """The assembly a file holds, as `assemble --json` prints it; a usage error otherwise."""
+    path = Path(file)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
         raise CommandError(f"cannot read {path}: {error.strerror}", EXIT_USAGE) from None
     except ValueError as error:
         raise CommandError(f"{path} is not valid JSON: {error}", EXIT_USAGE) from None
-    assembly = assembly_from_json(raw)
-    _show_prompt(dsp.render_prompt(assembly), dsp.render_context_snapshot(assembly), assembly, args)
-    return EXIT_OK
+    return assembly_from_json(raw)
 
 
 def assembly_json(assembly: dsp.PromptAssembly) -> dict[str, Any]:
@@ -136,7 +141,8 @@ def _not_an_assembly() -> CommandError:
     )
 
 
-def _field(item: str) -> tuple[str, Any]:
+def field_item(item: str) -> tuple[str, Any]:
+    """One `--field KEY=VALUE`: the value as JSON when it reads as JSON, else the string."""
     key, separator, value = item.partition("=")
     if not separator or not key:
         raise CommandError(f"--field takes key=value, not {item!r}", EXIT_USAGE)

@@ -11,6 +11,7 @@ from typing import Any
 
 import dsh_system_prompt as dsp
 from dsh_system_prompt_core import escape_controls
+from google.protobuf import json_format
 from rich.console import Console
 from rich.table import Table
 
@@ -57,6 +58,9 @@ async def list_registrations(args: argparse.Namespace) -> int:
         )
     if args.json:
         shown = dataclasses.asdict(snapshot)
+        for info, listed in zip(snapshot.registrations, shown["registrations"], strict=True):
+            if isinstance(info.value, dsp.Rule):
+                listed["value"] = rule_table(info.value)
         print(json.dumps(shown, ensure_ascii=False, indent=2, default=_tool_json))
         return EXIT_OK
     table = Table(title=f"registrations at revision {snapshot.revision}", title_justify="left")
@@ -108,7 +112,21 @@ def _event_text(event: dsp.ChangeEvent | dsp.ChangesMissed | dsp.ChangesResynced
     return escape_controls(f"r{event.revision} {event.action} {event.kind}{name} ({where})")
 
 
+def rule_table(rule: dsp.Rule) -> dict[str, Any]:
+    """A rule's definition in the shape of a config file's `[[rules]]` table (its name,
+    scope and prepend aside): what `rules check` reads."""
+    spec = json_format.MessageToDict(rule.to_proto(), preserving_proto_field_name=True)
+    table: dict[str, Any] = {"match": list(rule.match)} if rule.match else {}
+    if rule.variables:
+        table["variables"] = dict(rule.variables)
+    table["mutations"] = spec.get("mutations", [])
+    table["failure_policy"] = rule.failure_policy.value
+    return table
+
+
 def _value_kind(info: dsp.RegistrationInfo) -> str:
+    if info.kind == "rule":
+        return "cel"  # run by the sidecar: neither a static value nor a callback
     if info.dynamic:
         return "dynamic"
     return "static" if info.fingerprint else ""

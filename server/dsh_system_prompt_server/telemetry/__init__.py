@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .logs import LOGGER_NAME, Throttled, configure_logging, logger
 from .metrics import Metrics
-from .tracing import hop, tracing_from_env
+from .tracing import hop, step_spans, tracing_from_env
 
 if TYPE_CHECKING:
     from .spans import Tracing
@@ -29,6 +29,7 @@ __all__ = [
     "configure_logging",
     "hop",
     "logger",
+    "step_spans",
     "tracing_from_env",
 ]
 

@@ -13,12 +13,15 @@ from typing import TYPE_CHECKING
 
 from dsh_system_prompt_core import Reason
 
-from ..registry import CALLBACK_FAILURES
+from ..registry import CALLBACK_FAILURES, AnyRegistration, RuleRegistration
 from ..reports import HistoryEntry, HistoryKey, Reported
 from .counts import Family, Level, Reading, Timings
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+
+RULE_OUTCOMES = ("ok", "skipped", "failed")
 
 
 class Metrics:
@@ -48,10 +51,25 @@ class Metrics:
             " that failed), by kind (provider, listener, rule) and ErrorInfo reason",
             ["kind", "reason"],
         )
+        self.rule_evaluations = Family(
+            "dsp_rule_evaluations",
+            'Rules run by assemblies, by rule, its scope ("global" for none) and outcome:'
+            " ok, skipped (failed under failure_policy IGNORE), failed (failed its assembly)",
+            ["rule", "scope", "outcome"],
+        )
+        # (rule, scope) labels -> the ids of the live rules counted under them: a series goes
+        # when its last rule is disposed, so a churn of rule names leaves none behind.
+        self._rules: dict[tuple[str, str], set[str]] = {}
         self.share_waits = Family(
             "dsp_share_waits",
             "Calls and watch writes made to wait for their client's fair share of the event"
             " loop ([fair_share])",
+        )
+        self.refused_calls = Family(
+            "dsp_refused_calls",
+            "Calls refused for their credential, by ErrorInfo reason (UNAUTHENTICATED: none or"
+            " a wrong one; PERMISSION_DENIED: the policy)",
+            ["reason"],
         )
         self.stalled_peers = Family(
             "dsp_stalled_peers",
@@ -98,15 +116,47 @@ class Metrics:
             self.forget_key(forgotten.labels(), breakers)
         for part in reported.remembered.forgotten_breakers:
             self.forget_breaker(labels, part)
-        recomputed = reported.report.stability.recomputed
+        recomputed = reported.report.stability.seen.recomputed
         self.cache_reported(labels, recomputed.tokens, recomputed.bytes, reported.breaker)
         if (share := reported.stable_share) is not None:
             self.prefix_stable(reported.key.name, share)
 
     def usage_observed(self, key: HistoryKey, entry: HistoryEntry) -> None:
         """Follow the model server's usage of the key's latest report."""
-        if entry.stable_tokens and entry.observed_cached_tokens is not None:
-            self.cache_observed(key.labels(), entry.observed_cached_tokens / entry.stable_tokens)
+        if entry.seen.stable_tokens and entry.observed_cached_tokens is not None:
+            self.cache_observed(
+                key.labels(), entry.observed_cached_tokens / entry.seen.stable_tokens
+            )
+
+    def rule_ran(self, entry: AnyRegistration, outcome: str) -> None:
+        """Count one run of a rule, by `outcome` ("ok", "skipped", "failed")."""
+        if entry.disposed:  # disposed while it ran: its series are gone and stay gone
+            return
+        labels = self._rule_labels(entry)
+        self._rules.setdefault(labels, set()).add(entry.id)
+        self.rule_evaluations.labels(*labels, outcome).inc()
+
+    def rule_gone(self, entry: AnyRegistration) -> None:
+        """Drop a disposed rule's series (unless another live rule shares its labels)."""
+        labels = self._rule_labels(entry)
+        ids = self._rules.get(labels)
+        if ids is None or entry.id not in ids:
+            return
+        ids.discard(entry.id)
+        if ids:
+            return
+        del self._rules[labels]
+        for outcome in RULE_OUTCOMES:
+            with contextlib.suppress(KeyError):
+                self.rule_evaluations.remove(*labels, outcome)
+
+    def _rule_labels(self, entry: AnyRegistration) -> tuple[str, str]:
+        """A rule's (rule, scope) labels: its scope key (or an operator rule's pattern) only
+        when key labels are on, "" otherwise; "global" for a rule of no scope."""
+        scope = entry.scope or (entry.pattern if isinstance(entry, RuleRegistration) else None)
+        if scope is None:
+            return entry.name, "global"
+        return entry.name, scope if self._key_labels else ""
 
     def peer_stalled(self, kind: str) -> None:
         """Count one session or listener closed for not reading its stream."""
@@ -175,7 +225,9 @@ class Metrics:
             self.assembly_failures,
             self.ejected_callbacks,
             self.skipped_callbacks,
+            self.rule_evaluations,
             self.share_waits,
+            self.refused_calls,
             self.stalled_peers,
             self.sessions,
             self.registrations,

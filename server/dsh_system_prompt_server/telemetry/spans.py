@@ -72,6 +72,12 @@ class Tracing:
             propagate.inject(carrier)
             yield
 
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        """An internal span for one step the sidecar runs itself (a rule, `name`)."""
+        with self._tracer.start_as_current_span(name, kind=trace.SpanKind.INTERNAL):
+            yield
+
     async def shutdown(self, timeout_s: float) -> bool:
         """Export what is buffered, then stop; give up after `timeout_s` (a collector that
         never answers would hold the exit for the exporter's own, longer, timeout).

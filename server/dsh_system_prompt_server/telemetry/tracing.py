@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from .logs import logger
@@ -61,6 +61,12 @@ def enabled(env: Mapping[str, str]) -> bool:
 def hop(tracing: Tracing | None, name: str, carrier: MutableMapping[str, str]) -> Any:
     """`tracing.hop(...)`, or nothing at all when the sidecar does not trace."""
     return contextlib.nullcontext() if tracing is None else tracing.hop(name, carrier)
+
+
+def step_spans(tracing: Tracing | None) -> Callable[[str], Any] | None:
+    """What makes a span for each step the sidecar runs itself (a rule): None when it does
+    not trace, so the registry makes none."""
+    return None if tracing is None else tracing.step
 
 
 def __getattr__(name: str) -> Any:

@@ -269,10 +269,14 @@ class ProvideRequests:
 
 
 def provided_from_proto(
-    calls: Sequence[ProviderCall], response: pb.ProvideResponse, limits: Limits
+    calls: Sequence[ProviderCall],
+    response: pb.ProvideResponse,
+    limits: Limits,
+    partial: bool = False,
 ) -> dict[str, ProvidedValue | Failure]:
     """Each call's value from a session's answer; a missing or wrong one is its provider's
-    failure (the assembly decides what it means: its failure policy's)."""
+    failure (the assembly decides what it means: its failure policy's). A `partial` answer
+    (one of several, provider by provider) gives only the values it holds."""
     if len(response.values) > len(calls):  # more than asked: nothing to read past the count
         raise _provider_failed(
             calls[0], f"it sent {len(response.values)} answers to {len(calls)} calls"
@@ -282,8 +286,13 @@ def provided_from_proto(
     for call in calls:
         answer = answers.get(call.key)
         case = None if answer is None else answer.WhichOneof("value")
+        if answer is None and partial:
+            continue  # in another of its answers, or late
         if answer is None:
             values[call.key] = _provider_failed(call, "it gave no answer")
+        elif case == "error" and answer.error.answer_bytes:
+            why = f"its answer of {answer.error.answer_bytes} bytes is over the largest message"
+            values[call.key] = _provider_failed(call, f"{why} the sidecar reads")
         elif case == "error":
             values[call.key] = _provider_failed(call, answer.error.message)
         elif case not in _EXPECTED_CASES[call.kind]:
@@ -395,9 +404,11 @@ def filter_from_proto(message: pb.ChangeFilter, limits: Limits) -> Filter:
 
 
 def registration_to_proto(
-    entry: AnyRegistration, owner: str, with_value: bool
+    entry: AnyRegistration, owner: str, with_value: bool, sizes: bool = True
 ) -> pb.RegistrationInfo:
-    """One registration as a listing shows it; its value only when asked for."""
+    """One registration as a listing shows it; its value only when asked for; a variable's
+    size only with `sizes` (the caller may see values: a short secret's exact length
+    narrows the guesses)."""
     builtin = entry.owner == SIDECAR_OWNER
     info = pb.RegistrationInfo(
         ref=public_ref(entry.id),
@@ -408,7 +419,7 @@ def registration_to_proto(
         dynamic=isinstance(entry.value, Dynamic) or entry.kind is Kind.LISTENER,
         owner=BUILTIN_OWNER if builtin else owner,
         owner_label="built-in" if builtin else owner_label(entry.owner),
-        size_bytes=value_bytes(entry.value),
+        size_bytes=value_bytes(entry.value) if sizes or entry.kind is not Kind.VARIABLE else 0,
         fingerprint=entry.fingerprint,
     )
     if isinstance(entry, SectionRegistration | ContextRegistration):

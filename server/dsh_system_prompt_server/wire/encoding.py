@@ -40,6 +40,9 @@ _RESPONSE_ASSEMBLY, _RESPONSE_RENDERED, _RESPONSE_REPORT, _RESPONSE_SKIPPED = (
 )
 _RESPONSE_REVISION_KEY = _RESPONSE["revision"].number << 3  # a varint field
 _RESPONSE_CACHEABLE_KEY = _RESPONSE["cacheable"].number << 3  # a varint (bool) field
+_RESPONSE_CACHE_REVISION_KEY = _RESPONSE["cache_revision"].number << 3  # a varint field
+_RESPONSE_SCOPE_CHAIN_KEY = _RESPONSE["scope_chain"].number << 3 | 2  # length-delimited
+_RESPONSE_BY_FIELDS_KEY = _RESPONSE["cacheable_with_fields"].number << 3  # a varint (bool)
 
 
 def assemble_response(
@@ -50,10 +53,15 @@ def assemble_response(
     cacheable: bool = False,
     payload: bytes | None = None,
     skipped: Sequence[pb.SkippedStep] = (),
+    cache_revision: int = 0,
+    scope_chain: Sequence[str] = (),
+    cacheable_with_fields: bool = False,
 ) -> bytes:
     """An AssembleResponse's encoding, written directly: no message is built for the
     assembly, and gRPC sends the bytes as they are (handlers.passthrough); `payload` is
-    the assembly's encoding when the caller has it (part_caches)."""
+    the assembly's encoding when the caller has it (part_caches). `cache_revision` and
+    `scope_chain` say what a client keeps the answer under (revisions.py);
+    `cacheable_with_fields` that it may keep it by the fields too (a rules-only plan)."""
     if payload is None:
         payload = assembly_encoding(assembly)
     out = [_varint(_RESPONSE_ASSEMBLY << 3 | 2), _varint(len(payload)), payload]
@@ -66,6 +74,13 @@ def assemble_response(
     if cacheable:
         out += [_varint(_RESPONSE_CACHEABLE_KEY), _varint(1)]
     out += [_field(_RESPONSE_SKIPPED, step) for step in skipped]
+    if cache_revision:
+        out += [_varint(_RESPONSE_CACHE_REVISION_KEY), _varint(cache_revision)]
+    for key in scope_chain:
+        encoded = key.encode()
+        out += [_varint(_RESPONSE_SCOPE_CHAIN_KEY), _varint(len(encoded)), encoded]
+    if cacheable_with_fields:
+        out += [_varint(_RESPONSE_BY_FIELDS_KEY), _varint(1)]
     return b"".join(out)
 
 

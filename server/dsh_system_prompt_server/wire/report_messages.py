@@ -14,9 +14,9 @@ from ..reports import (
     HistoryKey,
     KeyHistory,
     Layout,
+    PrefixStability,
     Report,
     Size,
-    Stability,
     ToolOrdering,
 )
 from .convert import change_kind_to_proto, skipped_to_proto
@@ -55,7 +55,7 @@ def report_to_proto(report: Report, key: HistoryKey) -> pb.AssemblyReport:
         prompt=size_to_proto(report.prompt),
         context_snapshot=size_to_proto(report.context_snapshot),
         stability=pb.PrefixStability(
-            **_prefix_fields(stability),
+            **_prefix_fields(stability.seen),
             messages_recomputed=stability.messages_recomputed,
             diff=stability.diff,
             previous_evicted=stability.previous_evicted,
@@ -83,7 +83,7 @@ def layout_from_proto(value: int, default: Layout) -> Layout:
     return next((layout for layout, wire in _LAYOUTS.items() if wire == value), default)
 
 
-def _prefix_fields(seen: Stability | HistoryEntry) -> dict[str, Any]:
+def _prefix_fields(seen: PrefixStability) -> dict[str, Any]:
     """What a report's stability and a history entry both say of the prefix, named as both
     messages (PrefixStability, CacheHistoryEntry) name it."""
     return {
@@ -109,7 +109,7 @@ def history_entry_to_proto(entry: HistoryEntry) -> pb.CacheHistoryEntry:
         sequence=entry.sequence,
         revision=entry.revision,
         prefix_layout=_LAYOUTS[entry.layout],
-        **_prefix_fields(entry),
+        **_prefix_fields(entry.seen),
         observed_cached_tokens=entry.observed_cached_tokens,
         observed_prompt_tokens=entry.observed_prompt_tokens,
         skipped_counts=[

@@ -480,6 +480,12 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     (AssembleRequest.tool_freeze, FAILED_PRECONDITION). The message names the
     key, the report that froze them and the first difference; nothing is kept.
     """
+    OUT_OF_REACH: _ErrorReason.ValueType  # 46
+    """Never a failure: a step (listener or rule) or a dynamic provider an assembly
+    passed over because its owner's credential may not read the assembly's scope
+    and does not hold global_listeners (SkippedStep.reason). The message names
+    the step and the owner's credential.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """The stable reason of a failure. The google.rpc.ErrorInfo detail of every
@@ -608,6 +614,12 @@ TOOLS_FROZEN: ErrorReason.ValueType  # 45
 """A reported assembly whose tools differ from the ones its history key froze
 (AssembleRequest.tool_freeze, FAILED_PRECONDITION). The message names the
 key, the report that froze them and the first difference; nothing is kept.
+"""
+OUT_OF_REACH: ErrorReason.ValueType  # 46
+"""Never a failure: a step (listener or rule) or a dynamic provider an assembly
+passed over because its owner's credential may not read the assembly's scope
+and does not hold global_listeners (SkippedStep.reason). The message names
+the step and the owner's credential.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
 
@@ -1183,6 +1195,7 @@ class SessionOpened(_message.Message):
     REVISION_FIELD_NUMBER: _builtins.int
     SIDECAR_VERSION_FIELD_NUMBER: _builtins.int
     FEATURES_FIELD_NUMBER: _builtins.int
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The unguessable id that unary calls name to act for this session."""
     revision: _builtins.int
@@ -1190,6 +1203,12 @@ class SessionOpened(_message.Message):
     sidecar_version: _builtins.str
     """The sidecar's version, free text for logs and diagnostics
     (e.g. "dsh-system-prompt/0.2.0"); never used to pick behaviour.
+    """
+    max_message_bytes: _builtins.int
+    """The largest message the sidecar reads on this stream (its
+    max_message_bytes); 0 when not said. A ProvideResponse larger than this
+    ends the session: a client sends, in place of a value that would not fit,
+    its provider's ProviderError with answer_bytes set.
     """
     @_builtins.property
     def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -1204,10 +1223,11 @@ class SessionOpened(_message.Message):
         revision: _builtins.int = ...,
         sidecar_version: _builtins.str = ...,
         features: _abc.Iterable[_builtins.str] | None = ...,
+        max_message_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["features", b"features", "revision", b"revision", "session_id", b"session_id", "sidecar_version", b"sidecar_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["features", b"features", "max_message_bytes", b"max_message_bytes", "revision", b"revision", "session_id", b"session_id", "sidecar_version", b"sidecar_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1416,16 +1436,23 @@ class ProviderError(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MESSAGE_FIELD_NUMBER: _builtins.int
+    ANSWER_BYTES_FIELD_NUMBER: _builtins.int
     message: _builtins.str
     """The error's message, quoted in the assembly's failure."""
+    answer_bytes: _builtins.int
+    """Set when the provider answered, but its answer was not sent because it
+    was this many bytes, over SessionOpened.max_message_bytes: the sidecar
+    fails the assembly naming the provider and logs it; the session lives on.
+    """
     def __init__(
         self,
         *,
         message: _builtins.str = ...,
+        answer_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer_bytes", b"answer_bytes", "message", b"message"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2051,12 +2078,34 @@ class AssembleResponse(_message.Message):
     REPORT_FIELD_NUMBER: _builtins.int
     CACHEABLE_FIELD_NUMBER: _builtins.int
     SKIPPED_FIELD_NUMBER: _builtins.int
+    CACHE_REVISION_FIELD_NUMBER: _builtins.int
+    SCOPE_CHAIN_FIELD_NUMBER: _builtins.int
+    CACHEABLE_WITH_FIELDS_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
     """The registry's revision the assembly was taken at."""
     cacheable: _builtins.bool
-    """True when the plan is all-static (no provider, no listener): the same request
-    answers the same assembly until `revision` changes, so a client may keep it and
-    reuse it until the change stream reports a later revision.
+    """True when the plan is all-static (no provider, no listener): every request for
+    the scope (whatever its fields) answers the same assembly until a layer it reads
+    changes, so a client may keep it under the scope alone and reuse it until the
+    change stream reports a later revision of one of those layers (cache_revision).
+    """
+    cache_revision: _builtins.int
+    """The revision of the last change to what this assembly is made of: the layers of
+    its scope chain (scope_chain) and the global layer. A change anywhere else leaves
+    it as it is, so a client keeps a cacheable answer under it (not `revision`) and
+    drops it once a change event of a layer it read comes with a later revision. 0
+    from a sidecar that does not send it: then key by `revision`, and let every
+    change drop it.
+    """
+    cacheable_with_fields: _builtins.bool
+    """True when the plan's only non-static steps are rules (no dynamic provider, no
+    listener, nothing passed over for reach, nothing skipped): a rule reads only the
+    assembly, the fields and the scope, so a request for the same scope with
+    byte-identical fields_json answers the same assembly. A client may keep it under
+    (scope, fields_json) and reuse it under the same invalidation as `cacheable`
+    (cache_revision, scope_chain; a listener or rule event anywhere drops it). Never
+    set together with `cacheable`. A client that does not know the field simply
+    does not keep such answers.
     """
     @_builtins.property
     def assembly(self) -> Global___PromptAssembly:
@@ -2073,8 +2122,20 @@ class AssembleResponse(_message.Message):
     @_builtins.property
     def skipped(self) -> _containers.RepeatedCompositeFieldContainer[Global___SkippedStep]:
         """The steps this assembly went on without (callbacks with failure_policy
-        FAILURE_POLICY_IGNORE that failed), in the order they were skipped; empty
+        FAILURE_POLICY_IGNORE that failed, and, first, the steps and providers out of
+        their owner's reach: OUT_OF_REACH), in the order they were skipped; empty
         when the assembly is complete. Also sent as the "dsh-skipped-steps" trailer.
+        """
+
+    @_builtins.property
+    def scope_chain(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The scope keys whose layers the assembly read: its scope, then its ancestors,
+        nearest first (the global layer is always read, and not named). Empty for a
+        scope no handle holds (its assembly is the global layer's until one does; the
+        scope key asked for is read all the same, since opening it changes that).
+        An event of one of these layers (ChangeEvent.scope), of the global layer
+        (empty scope), or a listener or rule event (one registered with `global`
+        runs everywhere, whichever layer names it) concerns the answer.
         """
 
     def __init__(
@@ -2086,10 +2147,13 @@ class AssembleResponse(_message.Message):
         report: Global___AssemblyReport | None = ...,
         cacheable: _builtins.bool = ...,
         skipped: _abc.Iterable[Global___SkippedStep] | None = ...,
+        cache_revision: _builtins.int = ...,
+        scope_chain: _abc.Iterable[_builtins.str] | None = ...,
+        cacheable_with_fields: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "rendered", b"rendered", "report", b"report"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "cacheable", b"cacheable", "rendered", b"rendered", "report", b"report", "revision", b"revision", "skipped", b"skipped"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assembly", b"assembly", "cache_revision", b"cache_revision", "cacheable", b"cacheable", "cacheable_with_fields", b"cacheable_with_fields", "rendered", b"rendered", "report", b"report", "revision", b"revision", "scope_chain", b"scope_chain", "skipped", b"skipped"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2098,7 +2162,9 @@ Global___AssembleResponse: _TypeAlias = AssembleResponse  # noqa: Y015
 @_typing.final
 class SkippedStep(_message.Message):
     """A step an assembly went on without: a callback whose failure_policy is
-    FAILURE_POLICY_IGNORE failed, did not answer in time, or was unavailable.
+    FAILURE_POLICY_IGNORE failed, did not answer in time, or was unavailable; or a
+    step or dynamic provider out of its owner's reach (OUT_OF_REACH), whatever its
+    failure_policy.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -2123,11 +2189,14 @@ class SkippedStep(_message.Message):
     """Its public reference, as in ChangeEvent.ref and RegistrationInfo.ref."""
     reason: _builtins.str
     """Why, as a stable ErrorReason name: PROVIDER_FAILED, PROVIDER_TIMEOUT,
-    PROVIDER_UNAVAILABLE, LISTENER_FAILED, LISTENER_TIMEOUT, LISTENER_UNAVAILABLE
-    or RULE_FAILED.
+    PROVIDER_UNAVAILABLE, LISTENER_FAILED, LISTENER_TIMEOUT, LISTENER_UNAVAILABLE,
+    RULE_FAILED, or OUT_OF_REACH (its owner's credential may not read the
+    assembly's scope: it was not run, under either failure policy).
     """
     message: _builtins.str
-    """The failure's message: what the assembly would have failed with under FAIL."""
+    """The failure's message: what the assembly would have failed with under FAIL;
+    for OUT_OF_REACH, which step and whose credential.
+    """
     def __init__(
         self,
         *,
@@ -3250,11 +3319,14 @@ class RegistrationInfo(_message.Message):
     """
     size_bytes: _builtins.int
     """The static value's size in UTF-8 bytes: the text, the variable's value,
-    or the tools' names, descriptions and parameters; 0 when it has none.
+    or the tools' names, descriptions and parameters; 0 when it has none, and
+    a variable's is 0 to a credential not granted values.
     """
     fingerprint: _builtins.str
-    """16 hex digits of SHA-256 of the static value; equal values, equal
-    fingerprints; empty when it has no static value.
+    """16 hex digits of HMAC-SHA256 of the static value, keyed for this
+    incarnation of the sidecar (a random key drawn at its start): equal
+    values, equal fingerprints within an incarnation, never across them;
+    empty when it has no static value.
     """
     @_builtins.property
     def value(self) -> Global___RegisteredValue:

@@ -1,9 +1,10 @@
-"""The plan of an assembly: the registrations it works on for one scope, at one revision."""
+"""The plan of an assembly: the registrations it works on for one scope, at one revision of
+its chain (revisions.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from .. import errors
@@ -14,7 +15,9 @@ from ..model import (
     CachePolicy,
     ContextRegistration,
     Dynamic,
+    RuleRegistration,
     SectionRegistration,
+    Skipped,
     StepRegistration,
     ToolsRegistration,
     ValueRegistration,
@@ -29,8 +32,9 @@ Ordered = TypeVar("Ordered", SectionRegistration, ContextRegistration)
 class Plan:
     """The registrations an assembly for one scope works on, at one revision.
 
-    A plan does not change once made, so the registry reuses it until the
-    next registration or disposal. A static plan (no dynamic provider, no
+    A plan does not change once made, so the registry reuses it until the next
+    registration or disposal in its chain's layers. `revision` is the chain's (the last
+    change to what the plan is made of), not the registry's. A static plan (no dynamic provider, no
     listener) always yields the same assembly: it is kept in `result`.
     """
 
@@ -42,10 +46,19 @@ class Plan:
     contexts: list[ContextRegistration]
     tools: list[ToolsRegistration]
     listeners: list[StepRegistration]  # the waterfall's steps: listeners and rules
+    # The steps and dynamic providers out of their owner's reach (registry/reach.py): not
+    # run, each named in every assembly's `skipped`; a provider's part is left out.
+    out_of_reach: tuple[Skipped, ...] = ()
     dynamic: list[tuple[ValueRegistration, Dynamic]] = field(init=False)
     is_static: bool = field(init=False)
-    # The steps after the last one that cannot be cached: their result is kept for their
-    # input, under `tail_policy` (a rule is cacheable by the context).
+    # Its only non-static steps are rules (no listener, no dynamic provider, none passed
+    # over for reach): its answer is a function of the scope and the fields alone.
+    rules_only: bool = field(init=False)
+    # The steps from the first listener after the last step that cannot be cached: their
+    # result is kept for their input, under `tail_policy` (a rule is cacheable by the context).
+    # Rules before that listener are not in it: a rule runs again for less than its result
+    # costs to keep and find (copying and sizing both assemblies, comparing the input), and a
+    # plan whose steps are all cacheable is answered from the kept responses anyway.
     cacheable_tail: list[StepRegistration] = field(init=False)
     tail_policy: CachePolicy | None = field(init=False)
     # Every callback declared a policy; this is them together (None otherwise).
@@ -69,18 +82,42 @@ class Plan:
             *self.contexts,
             *self.tools,
         ]
+        passed = {skipped.registration_id for skipped in self.out_of_reach}
         self.dynamic = [
-            (entry, entry.value) for entry in entries if isinstance(entry.value, Dynamic)
+            (entry, entry.value)
+            for entry in entries
+            if isinstance(entry.value, Dynamic) and entry.id not in passed
         ]
         self.is_static = not self.listeners and not self.dynamic
+        self.rules_only = (
+            bool(self.listeners)
+            and not self.dynamic
+            and not self.out_of_reach
+            and all(isinstance(entry, RuleRegistration) for entry in self.listeners)
+        )
         uncached = [i for i, entry in enumerate(self.listeners) if entry.cache is None]
-        self.cacheable_tail = self.listeners[uncached[-1] + 1 if uncached else 0 :]
+        start = uncached[-1] + 1 if uncached else 0
+        while start < len(self.listeners) and isinstance(self.listeners[start], RuleRegistration):
+            start += 1
+        self.cacheable_tail = self.listeners[start:]
         tail = [entry.cache for entry in self.cacheable_tail if entry.cache is not None]
         self.tail_policy = combined(tail) if tail else None
         providers = [value.cache for _, value in self.dynamic]
-        policies = [policy for policy in providers if policy is not None] + tail
+        steps = [entry.cache for entry in self.listeners if entry.cache is not None]
+        policies = [policy for policy in providers if policy is not None] + steps
         cacheable = not uncached and None not in providers
         self.policy = combined(policies) if cacheable and policies else None
+
+    def callbacks(self) -> list[StepRegistration | ValueRegistration]:
+        """What runs for an assembly of this plan: its steps and dynamic providers."""
+        return [*self.listeners, *(entry for entry, _ in self.dynamic)]
+
+    def without(self, out_of_reach: Sequence[Skipped]) -> Plan:
+        """This plan with `out_of_reach` passed over: those steps not run, those
+        providers not asked (their parts left out), each named in `skipped`."""
+        passed = {skipped.registration_id for skipped in out_of_reach}
+        listeners = [entry for entry in self.listeners if entry.id not in passed]
+        return replace(self, listeners=listeners, out_of_reach=tuple(out_of_reach))
 
     @property
     def scope(self) -> str | None:

@@ -3,12 +3,14 @@ assembly, and one rule's step with its failure policy and its provenance."""
 
 from __future__ import annotations
 
+import contextlib
+
 from .. import errors
-from ..callbacks import Skips
+from ..callbacks import Budget
 from ..limits import Limits
 from ..model import AssembleContext, Assembly, RuleRegistration
 from ..provenance import OriginKind, Origins, Trace
-from ..rules import Inputs, Rule, apply
+from ..rules import Inputs, Rule, apply_yielding
 from .origins import record_changes, snapshot
 from .plan import Plan
 
@@ -29,26 +31,34 @@ def rule_inputs(plan: Plan, context: AssembleContext, limits: Limits) -> Inputs 
     )
 
 
-def run_rule(
+async def run_rule(
     rule: RuleRegistration,
     current: Assembly,
     inputs: Inputs,
-    skips: Skips,
+    budget: Budget,
     origins: Origins | None,
     trace: Trace | None,
 ) -> Assembly:
-    """One rule's step: what it makes of `current`, or `current` when it fails under IGNORE."""
+    """One rule's step: what it makes of `current`, or `current` when it fails under IGNORE;
+    in a span of its own (`rule "name"`) when the sidecar traces, and counted by outcome
+    (ok, skipped under IGNORE, failed under FAIL)."""
     compiled = rule.value
     assert isinstance(compiled, Rule)  # a rule registration holds one
+    spans = budget.spans
+    span = contextlib.nullcontext() if spans is None else spans(f'rule "{rule.name}"')
     try:
-        result = apply(compiled, current, inputs)
+        with span:
+            result = await apply_yielding(compiled, current, inputs)
     except errors.Failure as error:
-        if not skips.skip(rule, error):
+        if not budget.skips.skip(rule, error):
+            budget.ran(rule, "failed")
             raise
+        budget.ran(rule, "skipped")
         return current
+    budget.ran(rule, "ok")
     if result is not current:
         if origins is not None:
             record_changes(origins, current, result, rule.name, OriginKind.RULE)
         if trace is not None:
-            trace.record(rule.name, snapshot(result))
+            trace.record(rule.name, snapshot(result), "rule")
     return result

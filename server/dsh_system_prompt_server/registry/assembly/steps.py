@@ -17,6 +17,7 @@ from ..model import (
     Assembly,
     CachePolicy,
     Dynamic,
+    Exchange,
     FailurePolicy,
     ListenerRegistration,
     Part,
@@ -64,7 +65,9 @@ async def assemble_plan(
         if not plan.is_static:
             return result
         plan.result = result
-    return plan.result.copy()
+    assembly = plan.result.copy()
+    assembly.skipped = plan.result.skipped  # those out of reach, at each assembly of the plan
+    return assembly
 
 
 async def _run(
@@ -76,6 +79,7 @@ async def _run(
     origins: Origins | None = None,
     callbacks: CallbackCache | None = None,
 ) -> Assembly:
+    timeout.skips.steps.extend(plan.out_of_reach)  # passed over first: never run here
     complete = plan.complete_section()
     cached = None if callbacks is None else _Cached(callbacks=callbacks, plan=plan, context=context)
     values = await _evaluate(plan, context, timeout, cached)
@@ -213,16 +217,16 @@ async def _evaluate(
         return values
     if len(by_host) == 1:  # one host: asked from this task, with no task of its own to wake
         [((host, _), pairs)] = by_host.items()
-        given = timeout(_own_timeout(pairs))
-        exchange = await _settled(host.provide([call for _, call in pairs], context, given))
-        _judge(exchange, pairs, given, timeout)
-        _keep(values, _answers(exchange, pairs, timeout), cached)
+        exchange = _exchange(pairs, context, timeout)
+        outcome = await _settled(host.provide(exchange))
+        _judge(outcome, pairs, exchange, timeout)
+        _keep(values, _answers(outcome, pairs, timeout), cached)
         return values
     tasks = {}
     for (host, _), pairs in by_host.items():
-        given = timeout(_own_timeout(pairs))
-        calls = [call for _, call in pairs]
-        tasks[asyncio.ensure_future(host.provide(calls, context, given))] = (pairs, given)
+        exchange = _exchange(pairs, context, timeout)
+        task = asyncio.ensure_future(host.provide(exchange))
+        tasks[task] = (pairs, exchange)
     try:
         pending = set(tasks)
         while pending:
@@ -283,24 +287,53 @@ def _answers(
 
 def _own_timeout(pairs: Sequence[tuple[ValueRegistration, ProviderCall]]) -> float | None:
     """The time one exchange with a host may take: the longest its providers declared."""
-    owns = [e.value.timeout_s for e, _ in pairs if isinstance(e.value, Dynamic)]
+    owns = [_own(entry) for entry, _ in pairs]
     declared = [own for own in owns if own is not None]
     return max(declared) if declared else None
+
+
+def _own(entry: ValueRegistration) -> float | None:
+    return entry.value.timeout_s if isinstance(entry.value, Dynamic) else None
+
+
+def _exchange(
+    pairs: Sequence[tuple[ValueRegistration, ProviderCall]],
+    context: AssembleContext,
+    timeout: Timeout,
+) -> Exchange:
+    """What a host is asked: its calls in the time the longest of them declared, each
+    call with its own time too (for a host whose providers answer one by one)."""
+    return Exchange(
+        calls=[call for _, call in pairs],
+        context=context,
+        timeout=timeout(_own_timeout(pairs)),
+        times={call.key: timeout(_own(entry)) for entry, call in pairs},
+    )
 
 
 def _judge(
     task: asyncio.Future[Mapping[str, ProvidedValue | errors.Failure]],
     pairs: Sequence[tuple[ValueRegistration, ProviderCall]],
-    given: float,
+    exchange: Exchange,
     timeout: Timeout,
 ) -> None:
-    """Tell the budget how a host's providers did (a timeout may eject them)."""
+    """Tell the budget how a host's providers did (a timeout may eject them): a whole
+    exchange that failed counts for each of its providers, and a provider that alone did
+    not answer in its own time for itself only (those that answered are not blamed)."""
     error = None if task.cancelled() else task.exception()
-    own = _own_timeout(pairs)
-    for entry, _ in pairs:
-        if isinstance(error, errors.Failure):
-            timeout.failed(entry, error, given, own)
-        elif error is None:
+    if isinstance(error, errors.Failure):
+        own = _own_timeout(pairs)
+        for entry, _ in pairs:
+            timeout.failed(entry, error, exchange.timeout, own)
+        return
+    if error is not None:
+        return
+    answers = task.result()
+    for entry, call in pairs:
+        answer = answers.get(call.key)
+        if isinstance(answer, errors.Failure) and answer.reason == Reason.PROVIDER_TIMEOUT:
+            timeout.failed(entry, answer, exchange.times[call.key], _own(entry))
+        else:
             timeout.answered(entry)
 
 
@@ -349,7 +382,7 @@ async def _waterfall(
             entry = listeners[index]
             if not entry.disposed and isinstance(entry, RuleRegistration):
                 assert inputs is not None
-                current = run_rule(entry, current, inputs, timeout.skips, origins, trace)
+                current = await run_rule(entry, current, inputs, timeout, origins, trace)
             elif not entry.disposed:
                 break
             index += 1  # a rule done, or a step disposed while the assembly ran: skipped

@@ -8,7 +8,7 @@ face re-exports what the floors above need (a context's cache key).
 """
 
 from .cache import MISSING, CallbackCache, combined, context_key
-from .ejection import Budget, Ejector
+from .ejection import Budget, Ejector, StepSpans
 from .failure_policy import Skips
 from .listener_index import ListenerIndex
 
@@ -19,6 +19,7 @@ __all__ = [
     "Ejector",
     "ListenerIndex",
     "Skips",
+    "StepSpans",
     "combined",
     "context_key",
 ]

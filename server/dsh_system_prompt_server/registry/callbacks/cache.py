@@ -1,9 +1,11 @@
 """Answers of callbacks that declared they can be cached (docs/protocol.md, "Cacheable
 callbacks"): a provider's value, or the result of a waterfall's cacheable tail.
 
-Everything kept is for one revision: the first use at another revision drops it
-all, so any registration, disposal, update, listener added or removed, or session
-end (which disposes) makes it unreachable. A callback's owner may drop its own
+Everything kept is for the revision of the assembly's scope chain (its plan's,
+registry/revisions.py): any registration, disposal, update, listener added or removed,
+or session end (which disposes) in a layer the assembly reads (its scope's, its
+ancestors', the global one) makes it unreachable, and a change in any other scope
+leaves it be. Unreachable entries go as the least recently used. A callback's owner may drop its own
 answers at any time (`invalidate`); `generation` then moves, so answers being
 computed while it happened are not kept, and callers may key their own caches by it.
 """
@@ -47,7 +49,7 @@ def context_key(policy: CachePolicy, context: AssembleContext) -> Hashable:
 
 
 class CallbackCache:
-    """Cached callback answers of the current revision, bounded in number and in bytes."""
+    """Cached callback answers by their chain's revision, bounded in number and in bytes."""
 
     def __init__(
         self,
@@ -60,7 +62,6 @@ class CallbackCache:
         self._clock = clock
         self._kept: OrderedDict[Hashable, _Kept] = OrderedDict()
         self.bytes = 0  # what the kept entries take
-        self._revision = -1
         self.generation = 0  # moves at every invalidation
 
     def __len__(self) -> int:
@@ -69,8 +70,8 @@ class CallbackCache:
     def answer(
         self, entry_id: str, policy: CachePolicy, context: AssembleContext, revision: int
     ) -> ProvidedValue | _Missing:
-        """A provider's kept answer for `context` at `revision`, or MISSING."""
-        kept = self._get(("answer", entry_id, context_key(policy, context)), revision)
+        """A provider's kept answer for `context` at the chain's `revision`, or MISSING."""
+        kept = self._get(_key("answer", entry_id, policy, context, revision))
         return MISSING if kept is None else kept.value  # type: ignore[return-value]
 
     def keep_answer(
@@ -83,14 +84,8 @@ class CallbackCache:
         value: ProvidedValue,
     ) -> None:
         """Keep a provider's answer, unless an invalidation came since `generation`."""
-        key = ("answer", entry_id, context_key(policy, context))
-        kept = _Kept(
-            owners=(entry_id,),
-            value=value,
-            expires=self._expiry(policy),
-            size=_key_bytes(context) + _value_bytes(value),
-        )
-        self._put(key, revision, generation, kept)
+        key = _key("answer", entry_id, policy, context, revision)
+        self._put(key, generation, policy, context, (entry_id,), value, size=_value_bytes(value))
 
     def result(
         self,
@@ -102,7 +97,7 @@ class CallbackCache:
     ) -> Assembly | None:
         """The kept result of the listeners `listener_ids` (a waterfall's tail) for the
         input `given`, or None; a copy, the caller may change it."""
-        kept = self._get(("waterfall", listener_ids, context_key(policy, context)), revision)
+        kept = self._get(_key("waterfall", listener_ids, policy, context, revision))
         if kept is None or kept.given != given:
             return None
         assert isinstance(kept.value, Assembly)
@@ -118,15 +113,9 @@ class CallbackCache:
         given: Assembly,
         result: Assembly,
     ) -> None:
-        key = ("waterfall", listener_ids, context_key(policy, context))
-        kept = _Kept(
-            owners=listener_ids,
-            value=result.copy(),
-            expires=self._expiry(policy),
-            given=given.copy(),
-            size=_key_bytes(context) + _assembly_bytes(given) + _assembly_bytes(result),
-        )
-        self._put(key, revision, generation, kept)
+        key = _key("waterfall", listener_ids, policy, context, revision)
+        size = _assembly_bytes(given) + _assembly_bytes(result)
+        self._put(key, generation, policy, context, listener_ids, result.copy(), given.copy(), size)
 
     def invalidate(self, registration_ids: Iterable[str]) -> None:
         """Drop every answer of these registrations (and results that include them)."""
@@ -135,11 +124,7 @@ class CallbackCache:
         for key in [k for k, kept in self._kept.items() if ids.intersection(kept.owners)]:
             self._drop(key)
 
-    def _get(self, key: Hashable, revision: int) -> _Kept | None:
-        if revision > self._revision:
-            self._start(revision)
-        if revision != self._revision:
-            return None
+    def _get(self, key: Hashable) -> _Kept | None:
         kept = self._kept.get(key)
         if kept is None:
             return None
@@ -149,11 +134,23 @@ class CallbackCache:
         self._kept.move_to_end(key)
         return kept
 
-    def _put(self, key: Hashable, revision: int, generation: int, kept: _Kept) -> None:
-        if generation != self.generation or revision < self._revision:
-            return  # invalidated while it was computed, or already out of date
-        if revision != self._revision:
-            self._start(revision)
+    def _put(
+        self,
+        key: Hashable,
+        generation: int,
+        policy: CachePolicy,
+        context: AssembleContext,
+        owners: tuple[str, ...],
+        value: object,
+        given: Assembly | None = None,
+        size: int = 0,
+    ) -> None:
+        """Keep `value` (of `size` bytes, its key counted here) as `policy` says."""
+        # A change while it was computed leaves it under its plan's older revision, which
+        # no later plan asks for: it ages out unused.
+        if generation != self.generation:
+            return  # invalidated while it was computed
+        kept = _Kept(owners, value, self._expiry(policy), given, _key_bytes(context) + size)
         if kept.size > self.max_bytes:
             return  # more than the whole budget: asked again next time, never kept
         self._drop(key)
@@ -167,12 +164,6 @@ class CallbackCache:
         if kept is not None:
             self.bytes -= kept.size
 
-    def _start(self, revision: int) -> None:
-        """A new revision: nothing kept for an older one can be used again."""
-        self._kept.clear()
-        self.bytes = 0
-        self._revision = revision
-
     def _expiry(self, policy: CachePolicy) -> float:
         return float("inf") if policy.ttl_s is None else self._clock() + policy.ttl_s
 
@@ -185,6 +176,14 @@ def combined(policies: Sequence[CachePolicy]) -> CachePolicy:
         by_context=any(policy.by_context for policy in policies),
         ttl_s=min(ttls) if ttls else None,
     )
+
+
+def _key(
+    kind: str, whose: Hashable, policy: CachePolicy, context: AssembleContext, revision: int
+) -> Hashable:
+    """Where an answer (`kind` "answer", a provider's id) or a waterfall's result ("waterfall",
+    its listeners' ids) is kept and looked up."""
+    return (kind, whose, context_key(policy, context), revision)
 
 
 def _key_bytes(context: AssembleContext) -> int:

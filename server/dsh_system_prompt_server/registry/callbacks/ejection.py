@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 from dsh_system_prompt_core import Reason
 
@@ -22,6 +24,8 @@ from .failure_policy import Skips
 TIMEOUTS = frozenset({Reason.PROVIDER_TIMEOUT, Reason.LISTENER_TIMEOUT})
 
 Remove = Callable[[AnyRegistration, str], None]
+# What makes a trace span named for one step (`rule "name"`): the server's, when it traces.
+StepSpans = Callable[[str], AbstractContextManager[Any]]
 """Dispose a registration, with the reason its change event gives."""
 
 
@@ -34,6 +38,12 @@ class Ejector:
         self._timeouts: dict[str, int] = {}  # registration id -> consecutive timeouts
         # The service's: log and count an ejection (the registry knows no telemetry).
         self.on_eject: Callable[[AnyRegistration, Failure], None] = lambda *_: None
+        # what makes a span for each rule an assembly runs: the server's, when it traces
+        self.step_spans: StepSpans | None = None
+        # The service's: count one rule's run by its outcome ("ok", "skipped", "failed"),
+        # and forget a disposed one's counts.
+        self.on_rule: Callable[[AnyRegistration, str], None] = lambda *_: None
+        self.on_gone: Callable[[AnyRegistration], None] = lambda _: None
 
     def answered(self, entry: AnyRegistration) -> None:
         """`entry` answered (or failed loudly): its count starts again."""
@@ -65,9 +75,10 @@ class Ejector:
         self._remove(entry, f"ejected: {why.message}")
         self.on_eject(entry, why)
 
-    def forget(self, registration_id: str) -> None:
+    def forget(self, entry: AnyRegistration) -> None:
         """The registration is gone: nothing more to count for it."""
-        self._timeouts.pop(registration_id, None)
+        self._timeouts.pop(entry.id, None)
+        self.on_gone(entry)
 
 
 class Budget:
@@ -86,6 +97,11 @@ class Budget:
         self._deadline = deadline
         self._ejector = ejector
         self.skips = Skips()
+        # a span for each step the sidecar runs itself, when it traces
+        self.spans = None if ejector is None else ejector.step_spans
+        self.ran: Callable[[AnyRegistration, str], None] = (
+            (lambda *_: None) if ejector is None else ejector.on_rule
+        )
 
     def __call__(self, own: float | None = None) -> float:
         """How long a callback with its own timeout `own` (None: the default) may take now."""

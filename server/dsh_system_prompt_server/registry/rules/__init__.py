@@ -8,7 +8,7 @@ Inside `registry/`: it may import the registry's own modules (model, errors, lim
 the floors above need.
 """
 
-from .applied import Inputs, apply
+from .applied import Inputs, apply, apply_yielding
 from .compiled import Rule, compile_rule, invalid
 from .operator import RULE_KEYS, OperatorRule, read_rules
 
@@ -18,6 +18,7 @@ __all__ = [
     "OperatorRule",
     "Rule",
     "apply",
+    "apply_yielding",
     "compile_rule",
     "invalid",
     "read_rules",

@@ -4,11 +4,13 @@ failure policy to it)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections import OrderedDict
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
@@ -17,8 +19,12 @@ from ..errors import RegistryError, Status
 from ..limits import Limits
 from ..model import Assembly, Part, Tool
 from .compiled import Filter, Rule, SetVariables, ToolOrder, Upsert
-from .environment import CelFailure, Program, evaluate
+from .cost import over_items
+from .environment import CelFailure, Program, chunked, evaluate
 
+T = TypeVar("T")
+# Estimated units (about a nanosecond each) a rule may run before it lets others have the loop.
+YIELD_UNITS = 1_000_000
 _TOOLS_KEPT = 4096  # tool messages kept converted: tools are shared, immutable values
 
 
@@ -42,6 +48,14 @@ class Inputs:
     _converted: tuple[Assembly, pb.PromptAssembly] | None = field(default=None)
 
     def fields(self, rule: str) -> dict[str, Any]:
+        limit = self.limits.max_rule_fields_bytes
+        if len(self.fields_json) > limit:  # its cost was bounded for no more (cost.py)
+            raise failed(
+                rule,
+                "fields",
+                f"the assemble context's fields are {len(self.fields_json)} bytes, over the"
+                f" {limit} its rules are checked for (limits.max_rule_fields_bytes)",
+            )
         if self._fields is None:
             try:
                 parsed = json.loads(self.fields_json) if self.fields_json else {}
@@ -62,21 +76,71 @@ class Inputs:
 def apply(rule: Rule, assembly: Assembly, inputs: Inputs) -> Assembly:
     """The assembly after `rule`: `assembly` itself when a match is false, else a new one
     (`assembly` is never changed). Raises RULE_FAILED."""
+    steps = _applying(rule, assembly, inputs)
+    try:
+        while True:
+            next(steps)
+    except StopIteration as done:
+        result: Assembly = done.value
+        return result
+
+
+async def apply_yielding(rule: Rule, assembly: Assembly, inputs: Inputs) -> Assembly:
+    """As `apply`, handing the event loop to the other callers between evaluations once
+    `YIELD_UNITS` of estimated work ran since it last did: the library cannot be interrupted
+    (it holds the GIL), so what others wait for is one evaluation, bounded at registration
+    (limits.max_rule_evaluation_cost), not the whole rule."""
+    steps = _applying(rule, assembly, inputs)
+    spent = 0
+    try:
+        while True:
+            cost = next(steps)  # the next evaluation's, before it runs
+            if spent and spent + cost > YIELD_UNITS:
+                await asyncio.sleep(0)
+                spent = 0
+            spent += cost
+    except StopIteration as done:
+        result: Assembly = done.value
+        return result
+
+
+Steps = Generator[int, None, T]
+
+
+def _applying(rule: Rule, assembly: Assembly, inputs: Inputs) -> Steps[Assembly]:
+    """`apply`'s work, yielding each evaluation's estimated cost before it runs."""
+    _check_sizes(rule, assembly, inputs.limits)
     run = _Run(rule, assembly, inputs)
     for program in rule.match:
-        if not run.value(program):
+        if not (yield from run.value(program)):
             return assembly
     result = assembly.copy()
     for mutation in rule.mutations:
         if isinstance(mutation, Filter):
-            _filter(run, result, mutation)
+            yield from _filter(run, result, mutation)
         elif isinstance(mutation, ToolOrder):
             result.tools = _ordered(result.tools, mutation.names)
         elif isinstance(mutation, Upsert):
-            _upsert(run, result, mutation, inputs)
+            yield from _upsert(run, result, mutation, inputs)
         else:
-            _set(run, result, mutation)
+            yield from _set(run, result, mutation)
     return result
+
+
+def _check_sizes(rule: Rule, assembly: Assembly, limits: Limits) -> None:
+    """A rule's cost was bounded for lists of at most `max_rule_items` (cost.py): an assembly
+    with more fails the rule, which might otherwise run far longer than it was admitted for."""
+    if not rule.reads_items:
+        return
+    for what in ("tools", "sections", "contexts", "variables"):
+        count = len(getattr(assembly, what))
+        if count > limits.max_rule_items:
+            raise failed(
+                rule.name,
+                "assembly",
+                f"the assembly has {count} {what}, over the {limits.max_rule_items} its rules"
+                " are checked for (limits.max_rule_items)",
+            )
 
 
 class _Run:
@@ -96,33 +160,42 @@ class _Run:
         self.data["variables"] = {}
         self._activation: Any = None
 
-    def value(self, program: Program, items: list[Any] | None = None) -> Any:
+    def value(self, program: Program, items: list[Any] | None = None) -> Steps[Any]:
+        """The program's value (a predicate's verdicts over `items`), its evaluation's cost
+        (for the items there are) yielded before it runs."""
         for name in program.variables:
             if name not in self.variables:
-                self.variables[name] = self.value(self.rule.variables[name])
+                self.variables[name] = yield from self.value(self.rule.variables[name])
                 self.data["variables"] = dict(self.variables)
                 self._activation = None
-        if items is not None:
-            self.data["items_"] = items
-            self._activation = None
-        if self._activation is None:
-            self._activation = self.rule.environment.activation(self.data)
+        if items is None:
+            if self._activation is None:
+                self._activation = self.rule.environment.activation(self.data)
+            yield program.cost
+            return self._evaluated(program, self._activation)
+        self.data["items_"] = chunked(items)
+        self._activation = self.rule.environment.activation(self.data)
+        yield over_items(program.cost, len(items))
+        return self._evaluated(program, self._activation)
+
+    def _evaluated(self, program: Program, activation: Any) -> Any:
         try:
-            return evaluate(program, self._activation)
+            return evaluate(program, activation)
         except CelFailure as error:
             raise failed(self.rule.name, program.path, str(error)) from None
 
 
-def _filter(run: _Run, result: Assembly, mutation: Filter) -> None:
+def _filter(run: _Run, result: Assembly, mutation: Filter) -> Steps[None]:
     if mutation.items == "tools":
         tools = result.tools
-        verdicts = run.value(mutation.predicate, [_tool_message(tool) for tool in tools])
+        messages = [_tool_message(tool) for tool in tools]
+        verdicts = yield from run.value(mutation.predicate, messages)
         result.tools = [t for t, v in zip(tools, verdicts, strict=True) if v is mutation.keep]
         return
     parts: list[Part] = getattr(result, mutation.items)
     message = pb.AssembledSection if mutation.items == "sections" else pb.AssembledContext
     items = [message(name=part.name, text=part.text) for part in parts]
-    verdicts = run.value(mutation.predicate, items)
+    verdicts = yield from run.value(mutation.predicate, items)
     kept = [part for part, verdict in zip(parts, verdicts, strict=True) if not verdict]
     setattr(result, mutation.items, kept)
 
@@ -135,11 +208,11 @@ def _ordered(tools: list[Tool], names: tuple[str, ...]) -> list[Tool]:
     return first + [tool for tool in tools if tool.name not in listed]
 
 
-def _upsert(run: _Run, result: Assembly, mutation: Upsert, inputs: Inputs) -> None:
+def _upsert(run: _Run, result: Assembly, mutation: Upsert, inputs: Inputs) -> Steps[None]:
     parts: list[Part] = getattr(result, mutation.parts_of)
     orders = inputs.orders.setdefault(mutation.parts_of, {})
     for name, order, program in mutation.parts:
-        text = run.value(program)
+        text = yield from run.value(program)
         try:
             inputs.limits.check_text(f'the text of "{name}"', text)
         except RegistryError as error:
@@ -164,9 +237,10 @@ def _place(parts: list[Part], orders: dict[str, float], order: float) -> int:
     return position
 
 
-def _set(run: _Run, result: Assembly, mutation: SetVariables) -> None:
+def _set(run: _Run, result: Assembly, mutation: SetVariables) -> Steps[None]:
     for name, program in mutation.values:
-        result.variables[name] = None if program is None else run.value(program)
+        value = None if program is None else (yield from run.value(program))
+        result.variables[name] = value
 
 
 _tool_messages: OrderedDict[Tool, pb.ToolSchema] = OrderedDict()

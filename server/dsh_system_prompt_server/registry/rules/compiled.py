@@ -13,6 +13,7 @@ from dsh_system_prompt_core import Reason, is_variable_name
 from ..errors import RegistryError, Status
 from ..limits import Limits
 from ..model import FailurePolicy
+from .cost import Sizes, over_items
 from .environment import CelRefusal, Environment, Program, Wanted
 
 # The parts an upsert or drop works on, by operation.
@@ -68,6 +69,8 @@ class Rule:
     failure_policy: FailurePolicy
     environment: Environment
     reads_assembly: bool  # any of its expressions does: the assembly is converted for it
+    reads_items: bool  # it reads the assembly or judges its items: their counts are bounded
+    cost: int  # the worst case of one application, estimated (cost.py)
 
 
 def invalid(name: str, message: str) -> RegistryError:
@@ -85,7 +88,15 @@ class _Compiler:
         self.name = name
         self.limits = limits
         self.expressions = 0
-        self.environment = Environment()
+        self.environment = Environment(
+            Sizes(
+                fields_bytes=limits.max_rule_fields_bytes,
+                items=limits.max_rule_items,
+                text_bytes=limits.max_text_bytes,
+                name_bytes=limits.max_name_bytes,
+                schema_bytes=limits.max_tool_schema_bytes,
+            )
+        )
 
     def rule(self, spec: pb.RuleSpec) -> Rule:
         limits = self.limits
@@ -104,27 +115,43 @@ class _Compiler:
                 raise invalid(self.name, f"{path}: the rule declares it twice")
             program = self.expression(path, variable.expression, Wanted.ANY)
             variables[variable.name] = program
-            self.environment.declare(variable.name)
+            self.environment.declare(variable.name, program.bound)
         mutations = tuple(
             self.mutation(f"mutations[{i}]", mutation) for i, mutation in enumerate(spec.mutations)
         )
         programs = [*match, *variables.values(), *_programs(mutations)]
-        policy = (
-            FailurePolicy.IGNORE
-            if spec.failure_policy == pb.FAILURE_POLICY_IGNORE
-            else FailurePolicy.FAIL
-        )
+        for program in programs:  # what the loop waits for: one evaluation (applied.py)
+            once = _cost(program, limits.max_rule_items)
+            if once > limits.max_rule_evaluation_cost:
+                raise invalid(
+                    self.name,
+                    f"{program.path}: one evaluation's worst case is estimated at {once:,} cost"
+                    f" units, over the limit of {limits.max_rule_evaluation_cost:,}"
+                    " (limits.max_rule_evaluation_cost; a unit is about a nanosecond)",
+                )
+        costs = [(p.path, _cost(p, limits.max_rule_items)) for p in programs]
+        cost = sum(each for _, each in costs)
+        if cost > limits.max_rule_cost:
+            path, dearest = max(costs, key=lambda pair: pair[1])
+            raise invalid(
+                self.name,
+                f"{path}: its worst case is estimated at {dearest:,} cost units, the rule's at"
+                f" {cost:,}, over the limit of {limits.max_rule_cost:,}"
+                " (limits.max_rule_cost; a unit is about a nanosecond)",
+            )
         kept = pb.RuleSpec()
         kept.CopyFrom(spec)  # the caller's message may change after this
         return Rule(
             name=self.name,
             spec=kept,
+            failure_policy=_failure_policy(spec.failure_policy),
             match=match,
             variables=variables,
             mutations=mutations,
-            failure_policy=policy,
             environment=self.environment,
             reads_assembly=any(program.reads_assembly for program in programs),
+            reads_items=any(p.reads_assembly or p.over_items for p in programs),
+            cost=cost,
         )
 
     def mutation(self, path: str, mutation: pb.RuleMutation) -> Mutation:
@@ -221,6 +248,11 @@ class _Compiler:
             raise invalid(self.name, str(error)) from None
 
 
+def _failure_policy(value: int) -> FailurePolicy:
+    """The wire's policy; an unset one is FAIL, as for callbacks."""
+    return FailurePolicy.IGNORE if value == pb.FAILURE_POLICY_IGNORE else FailurePolicy.FAIL
+
+
 def _programs(mutations: tuple[Mutation, ...]) -> list[Program]:
     programs: list[Program] = []
     for mutation in mutations:
@@ -231,3 +263,8 @@ def _programs(mutations: tuple[Mutation, ...]) -> list[Program]:
         elif isinstance(mutation, SetVariables):
             programs.extend(value for _, value in mutation.values if value is not None)
     return programs
+
+
+def _cost(program: Program, items: int) -> int:
+    """One program's worst case in one application: a predicate's over every item."""
+    return over_items(program.cost, items) if program.over_items else program.cost

@@ -13,6 +13,7 @@ from ...registry import (
     Assembly,
     Kind,
     Limits,
+    Plan,
     Registry,
     RegistryError,
     ServiceError,
@@ -33,7 +34,7 @@ from ...wire import (
     skipped_to_proto,
 )
 from . import part_caches
-from .response_cache import MAX_BYTES, ResponseCache, reuse_key, stamp_of
+from .response_cache import MAX_BYTES, ResponseCache, Stamp, reuse_key
 
 
 class Answered(NamedTuple):
@@ -78,10 +79,12 @@ class Assembler:
         return await self._assembled(assemble_request(encoded), deadline, layout, encoded)
 
     def kept(self, encoded: bytes) -> bytes | None:
-        """The response kept for a request's very bytes while it holds (the registry's
+        """The response kept for a request's very bytes while it holds (its scope chain's
         revision, the callback cache's generation): nothing parsed, no plan looked up."""
         registry = self._registry
-        return self.responses.by_request(encoded, registry.revision, registry.callbacks.generation)
+        return self.responses.by_request(
+            encoded, registry.chain_revision, registry.callbacks.generation, registry.reach_epoch
+        )
 
     async def _assembled(
         self, request: pb.AssembleRequest, deadline: float | None, layout: Layout, encoded: bytes
@@ -94,28 +97,47 @@ class Assembler:
         generation = self._registry.callbacks.generation
         key = None if request.report else reuse_key(plan, context, request.render, generation)
         cached = None if key is None else self.responses.get(key)
-        if cached is not None:  # the same bytes again are answered before parsing
-            self.responses.index(encoded, key, stamp_of(plan, generation))
+        stamp = None if key is None else self._stamp(plan, context.scope, generation)
+        if cached is not None and stamp is not None:  # the same bytes: answered unparsed
+            self.responses.index(encoded, key, stamp)
             return Answered(cached)  # a static (or all-cached) plan's response, encoded once
         assembly = await self._registry.run(plan, context, deadline, track=request.report)
         self._count_skipped(assembly.skipped)
         # before rendering: a report names a failing part, never fails
         report = None
         if request.report:
-            assembly, report = self._report(request, plan.revision, assembly, layout, freeze)
+            revision = self._registry.revision
+            assembly, report = self._report(request, revision, assembly, layout, freeze)
         caches = self.parts.of(plan)
         rendered = _rendered(assembly, caches) if request.render else None
         payload = caches.encoding(assembly)
         skipped = [skipped_to_proto(step) for step in assembly.skipped]
         self.parts.used(caches)
         response = assemble_response(
-            assembly, plan.revision, rendered, report, plan.is_static, payload, skipped
+            assembly,
+            self._registry.revision,
+            rendered,
+            report,
+            plan.is_static and not plan.out_of_reach,  # a client asks again: each names them
+            payload,
+            skipped,
+            plan.revision,
+            plan.chain,
+            plan.rules_only and not skipped,  # by the fields too; a skip is asked again
         )
         self._check_sendable(len(response), report is not None)
-        if key is not None and not skipped:  # one without a step is not the plan's answer
+        if stamp is not None and not skipped:  # one without a step is not the plan's answer
             self.responses.put(key, response)
-            self.responses.index(encoded, key, stamp_of(plan, generation))
+            self.responses.index(encoded, key, stamp)
         return Answered(response, assembly.skipped)
+
+    def _stamp(self, plan: Plan, scope: str | None, generation: int) -> Stamp:
+        """What a kept response for `plan`, asked for `scope`, holds while: the revision of
+        the keys it read, taken before the assembly runs (a change while it runs moves it)."""
+        keys = _read_keys(plan, scope)
+        static = plan.is_static
+        revision, reach = self._registry.chain_revision(keys), self._registry.reach_epoch
+        return Stamp(keys, revision, None if static else generation, reach)
 
     def _count_skipped(self, skipped: tuple[Skipped, ...]) -> None:
         for step in skipped:
@@ -160,6 +182,14 @@ class Assembler:
                 f"the {what} is {size} bytes, over the largest message the sidecar sends"
                 f" ({limit} bytes, limits.max_message_bytes)",
             )
+
+
+def _read_keys(plan: Plan, scope: str | None) -> tuple[str, ...]:
+    """The scope keys an assembly for `scope` read: its plan's chain, and the key asked for
+    when no handle holds it yet (its plan is the global one until one does)."""
+    if scope and scope != plan.scope:
+        return (scope, *plan.chain)
+    return tuple(plan.chain)
 
 
 def history_key(limits: Limits, scope: str, report_key: str) -> HistoryKey:

@@ -30,12 +30,13 @@ Variables = Mapping[str, str | None]
 class _Fields(Generic[T]):
     """One list of an assembly's parts as last encoded: the parts and their fields."""
 
-    __slots__ = ("_fields", "_parts", "changed")
+    __slots__ = ("_fields", "_parts", "changed", "counted")
 
     def __init__(self) -> None:
         self._parts: list[T] = []
         self._fields: list[bytes] = []
         self.changed = False  # since `held()` was last counted
+        self.counted = 0  # what `held()` took when last counted
 
     def held(self) -> Iterator[object]:
         """What it keeps alive: the parts (with their texts) as well as their fields."""
@@ -61,7 +62,7 @@ class _Fields(Generic[T]):
 class _Texts:
     """One list of parts as last interpolated, under the variables it was done with."""
 
-    __slots__ = ("_noun", "_parts", "_texts", "_variables", "changed")
+    __slots__ = ("_noun", "_parts", "_texts", "_variables", "changed", "counted")
 
     def __init__(self, noun: str) -> None:
         self._noun = noun
@@ -69,6 +70,7 @@ class _Texts:
         self._texts: list[str] = []
         self._variables: dict[str, str | None] | None = None
         self.changed = False  # since `held()` was last counted
+        self.counted = 0  # what `held()` took when last counted
 
     def held(self) -> Iterator[object]:
         """What it keeps alive: the texts, and the parts and variables they were made from."""
@@ -118,19 +120,24 @@ class PartCaches:
     @property
     def size(self) -> int:
         """What the kept fields and texts take in memory, with the parts and variables they
-        keep alive, each object once (ones shared with others counted in each plan). The
-        fields alone were counted: a plan kept twice that, and ten times with one emoji in
-        a provider's text (its str takes 4 bytes a character)."""
+        keep alive, each object once in each kind (one kept by two kinds, a section both
+        encoded and rendered, is counted in both, and ones shared with others in each plan:
+        a little more than is held, never less). The fields alone were counted: a plan kept
+        twice that, and ten times with one emoji in a provider's text (its str takes 4
+        bytes a character). Only the kinds that changed are counted again: a dynamic
+        section or a rule's changes one or two kinds at each assembly, and counting all
+        six (430 objects for the bench's load) took most of what a rule's step costs."""
         kinds: tuple[_Fields[Any] | _Texts, ...] = (
             *(self.sections, self.contexts, self.tools, self.variables),
             *(self.prompt, self.snapshot),
         )
         if any(kind.changed for kind in kinds):
-            held = {id(kept): kept for kind in kinds for kept in kind.held()}
-            held[id(self)] = self
-            self._size = sum(map(sys.getsizeof, held.values()))
             for kind in kinds:
-                kind.changed = False
+                if kind.changed:
+                    held = {id(kept): kept for kept in kind.held()}
+                    kind.counted = sum(map(sys.getsizeof, held.values()))
+                    kind.changed = False
+            self._size = sys.getsizeof(self) + sum(kind.counted for kind in kinds)
         return self._size
 
     def encoding(self, assembly: Assembly) -> bytes:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import sys
 from collections import Counter, OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import NamedTuple
 
 from ...registry import AssembleContext, Plan, context_key
 
-# (scope, revision, render, ...): `reuse_key`'s, which says when a response is reusable.
+# (scope, chain revision, render, ...): `reuse_key`'s, which says when a response is reusable.
 Key = Hashable
 MAX_BYTES = 32 * 1024 * 1024  # limits.max_response_cache_bytes
 _ENTRY_BYTES = 200  # the key tuple, the dict slot and the bytes object's header
@@ -24,11 +24,15 @@ MAX_INDEXED_REQUEST_BYTES = 4096
 
 
 class Stamp(NamedTuple):
-    """What a kept response was built from, beyond the request: the registry's revision,
-    and for a plan with callbacks the callback cache's generation (None: a static plan)."""
+    """What a kept response was built from, beyond the request: the scope keys it read (the
+    request's own, which may not be known yet, and the plan's chain) and their revision
+    (`Registry.chain_revision`), and for a plan with callbacks the callback cache's
+    generation (None: a static plan)."""
 
+    keys: tuple[str, ...]
     revision: int
     generation: int | None
+    reach: int  # the registry's reach_epoch: a credential narrowed remakes plans, no revision
 
 
 class _Indexed(NamedTuple):
@@ -39,11 +43,15 @@ class _Indexed(NamedTuple):
 
 
 def reuse_key(plan: Plan, context: AssembleContext, render: bool, generation: int) -> Key | None:
-    """What a response is kept under: a static plan's by its revision (not by the
+    """What a response is kept under: a static plan's by its chain's revision (not by the
     caller's scope key: that is not kept); a plan whose every callback may be cached
     also by the callback cache's `generation` (and the context, if an answer depends on
     it); None when the response cannot be reused (a callback asked every time, or one
     whose answers expire: those are reused, but the assembly is rebuilt)."""
+    if plan.out_of_reach:
+        # Its answer names what it passed over (never kept), and its key would be the
+        # full plan's: a plan of the same scope and revision with those callbacks in.
+        return None
     if plan.is_static:
         return (plan.scope, plan.revision, render)
     policy = plan.policy
@@ -52,19 +60,15 @@ def reuse_key(plan: Plan, context: AssembleContext, render: bool, generation: in
     return (plan.scope, plan.revision, render, generation, context_key(policy, context))
 
 
-def stamp_of(plan: Plan, generation: int) -> Stamp:
-    """The stamp of a response `reuse_key` kept for `plan`."""
-    return Stamp(plan.revision, None if plan.is_static else generation)
-
-
 class ResponseCache:
     """The last reusable responses, at most `size` entries and `max_bytes` together,
     least recently used dropped first.
 
     Two kinds of entries share the bound: a response under its `reuse_key`, and a
     request's bytes indexing it (`index`: a few short ones per response), which count
-    their own bytes (the response is counted once, under its key). Keys carry the
-    revision, so a change makes older entries unreachable; they age out as new ones come in.
+    their own bytes (the response is counted once, under its key). Keys carry the chain's
+    revision, so a change to what a scope is made of makes its older entries unreachable
+    (and only its: another scope's change leaves them be); they age out as new ones come in.
     """
 
     def __init__(self, size: int = 2048, max_bytes: int = MAX_BYTES) -> None:
@@ -84,15 +88,25 @@ class ResponseCache:
         self._entries.move_to_end(key)
         return kept[0]
 
-    def by_request(self, request: bytes, revision: int, generation: int) -> bytes | None:
-        """The response kept for these exact request bytes, if it still holds at
-        `revision` (and, for a plan with callbacks, at the callback cache's `generation`)."""
+    def by_request(
+        self,
+        request: bytes,
+        revision: Callable[[tuple[str, ...]], int],
+        generation: int,
+        reach: int,
+    ) -> bytes | None:
+        """The response kept for these exact request bytes, if it still holds: the scope
+        keys it read are at the revision it was built at (`revision` gives theirs now), and
+        for a plan with callbacks the callback cache is at the same `generation`, and no
+        owner's reach was bound anew since (`reach`, the registry's reach_epoch)."""
         kept = self._entries.get(request)
         indexed = None if kept is None else kept[0]
         if not isinstance(indexed, _Indexed):
             return None
         stamp = indexed.stamp
-        if stamp.revision != revision or stamp.generation not in (None, generation):
+        if stamp.generation not in (None, generation) or stamp.reach != reach:
+            return None
+        if revision(stamp.keys) != stamp.revision:
             return None
         self._entries.move_to_end(request)
         return self.get(indexed.key)

@@ -48,10 +48,21 @@ LISTENER_FEATURES = frozenset({FEATURE_TOOL_SLOTS, FEATURE_CALLBACK_CACHE, FEATU
 
 
 ListenStream = Stream[pb.ListenResponse]
+_Place = tuple[str, str, bool, bool]  # a listener's name, scope id, global and prepend
 
 
 class Listeners(Broker[pb.ListenRequest, pb.ListenResponse, "ListenerStream"]):
-    """Listen streams: the start installs the listener, and the stream's end disposes it."""
+    """Listen streams: the start installs the listener, and the stream's end disposes it.
+
+    Unless the sidecar itself closed the stream (its peer stopped reading) while the
+    owner's session lives: the listener is then away, not gone. It stays in its place
+    for at most `away_s` (the owner's dead-peer bound: a client that is gone loses its
+    session by then), and every assembly it would see hears that it is unavailable
+    (LISTENER_UNAVAILABLE: one under FAIL fails, one under IGNORE is named in
+    `skipped`), never that it is silently absent (a redaction listener missing from a
+    bystander's assemblies). The same session installing a listener of the same name in
+    the same place (its client re-installing the lost stream) takes its place at once.
+    """
 
     kind = "listener"
     request = pb.ListenRequest
@@ -64,9 +75,13 @@ class Listeners(Broker[pb.ListenRequest, pb.ListenResponse, "ListenerStream"]):
         metrics: Metrics,
         outbox: OutboxLimits | None = None,
         tracing: Tracing | None = None,
+        away_s: float = 0.0,
     ) -> None:
         super().__init__(registry, metrics, outbox, tracing)
         self._sessions = sessions
+        self.away_s = away_s
+        # listeners whose stream the sidecar closed, by registration id: owner, place, timer
+        self._away: dict[str, tuple[str, _Place, asyncio.TimerHandle]] = {}
 
     def peer_name(self, start: pb.ListenRequest) -> str:
         return f'listener "{start.start.name[:64]}"'
@@ -86,6 +101,8 @@ class Listeners(Broker[pb.ListenRequest, pb.ListenResponse, "ListenerStream"]):
             tracing=self._tracing,
         )
         owner = self._sessions.get(begin.session_id).id
+        place = (begin.name, begin.scope_id, getattr(begin, "global"), begin.prepend)
+        self._returned(owner, place)
         entry = self._registry.add_listener(
             owner,
             begin.scope_id or None,
@@ -98,6 +115,7 @@ class Listeners(Broker[pb.ListenRequest, pb.ListenResponse, "ListenerStream"]):
             failure_policy=failure_policy_from_proto(begin.failure_policy),
         )
         listener.registration = (owner, entry.id)
+        listener.place = place
         listener.on_invalidate = lambda request: self._invalidate(listener, request)
         registered = pb.ListenerRegistered(
             registration_id=entry.id, revision=self._registry.revision, features=features
@@ -111,8 +129,30 @@ class Listeners(Broker[pb.ListenRequest, pb.ListenResponse, "ListenerStream"]):
 
     def close(self, listener: ListenerStream) -> None:
         listener.end()
+        owner, registration_id = listener.registration
+        stalled = listener.outbox.stalled.is_set() and not listener.was_disposed
+        if stalled and self.away_s > 0 and self._sessions.is_open(owner):
+            listener.away = listener.outbox.stall_reason
+            timer = asyncio.get_running_loop().call_later(self.away_s, self._gone, registration_id)
+            self._away[registration_id] = (owner, listener.place, timer)
+            return
+        self._dispose(owner, registration_id)
+
+    def _returned(self, owner: str, place: _Place) -> None:
+        """The session installs a listener where one of its own is away: it takes its
+        place (the client re-installs a stream the sidecar closed)."""
+        for registration_id, (away_owner, away_place, _) in list(self._away.items()):
+            if away_owner == owner and away_place == place:
+                self._gone(registration_id)
+
+    def _gone(self, registration_id: str) -> None:
+        owner, _, timer = self._away.pop(registration_id)
+        timer.cancel()
+        self._dispose(owner, registration_id)
+
+    def _dispose(self, owner: str, registration_id: str) -> None:
         with contextlib.suppress(RegistryError):  # already disposed, or with its session
-            self._registry.dispose(*listener.registration)
+            self._registry.dispose(owner, registration_id)
 
 
 class ListenerStream:
@@ -138,6 +178,9 @@ class ListenerStream:
         self.ended = Flag()
         self.messages_sent = 0  # invocations, next results and cancels, for round-trip counts
         self.registration = ("", "")  # (owner, registration id), once installed
+        self.place: _Place = ("", "", False, False)  # name, scope id, global, prepend
+        self.was_disposed = False  # the registry disposed it (not its stream's end)
+        self.away = ""  # why the sidecar closed its stream, while its place is kept
         self._ejected = False  # told so: the stream ends once that is written
         self._ending: asyncio.Future[None] | None = None
         self.on_invalidate: Callable[[pb.CacheInvalidate], None] = lambda _: None
@@ -156,9 +199,7 @@ class ListenerStream:
         )
         # The hop's span holds the rest of the chain too: listeners nest as they run.
         with hop(self._tracing, f'listener "{self.name}"', head.trace_context):
-            sent, fresh = self._against_base(head, assembly)
-            message = encoded.invocation(head, fresh)
-            return await self._run(head.invocation_id, message, sent, next_, timeout)
+            return await self._run(head, assembly, next_, timeout)
 
     def _against_base(
         self, head: pb.ListenerInvocation, assembly: Assembly
@@ -181,27 +222,32 @@ class ListenerStream:
         return sent, fresh
 
     async def _run(
-        self,
-        invocation_id: int,
-        invocation: bytes,
-        sent: Reference,  # what the client holds: its replies refer to it by slot
-        next_: NextFn,
-        timeout: float | None,
+        self, head: pb.ListenerInvocation, assembly: Assembly, next_: NextFn, timeout: float | None
     ) -> Assembly:
+        invocation_id = head.invocation_id
+        held: list[Reference] = []  # what the client holds: its replies refer to it by slot
+
+        def invocation() -> bytes:  # encoded once it may go: in the order they are written
+            sent, fresh = self._against_base(head, assembly)
+            held.append(sent)
+            return encoded.invocation(head, fresh)
+
         self._replies.open(invocation_id)
         try:
-            self._send(invocation)
+            await self._put(invocation, timeout)
+            sent = held[0]
             reply = await self._receive(invocation_id, timeout)
             if reply.WhichOneof("kind") == "next":
                 handed = self._decode(reply.next, sent)
                 returned = await next_(handed)
                 if reply.next.tail:
                     return returned
-                self._send(self._next_result(invocation_id, returned, sent))
+                await self._put(lambda: self._next_result(invocation_id, returned, sent), timeout)
                 reply = await self._receive(invocation_id, timeout)
             return self._final(reply, sent)
         except BaseException:
-            self._abandon(invocation_id)
+            if held:  # written, or on its way: the client is told to drop it
+                self._abandon(invocation_id)
             raise
         finally:
             self._replies.close(invocation_id)
@@ -222,6 +268,7 @@ class ListenerStream:
         self._replies.end()
 
     def disposed(self) -> None:
+        self.was_disposed = True
         if not self._ejected:
             self.end()
             return
@@ -271,6 +318,25 @@ class ListenerStream:
         except Failure as error:  # the listener broke the protocol, like a provider would
             raise self._failed(error.message) from None
 
+    async def _put(self, build: Callable[[], bytes], timeout: float | None) -> None:
+        """Queue the message `build()` makes once the stream has room for it (others'
+        invocations ahead of it are being read): waiting past `timeout` fails only this
+        assembly, LISTENER_UNAVAILABLE (no timeout of the listener's: it is reading)."""
+        if self.ended.is_set():
+            raise self._unavailable()
+        try:
+            queued = await self.outbox.put(build, timeout)
+        except TimeoutError:
+            raise ServiceError(
+                Status.UNAVAILABLE,
+                Reason.LISTENER_UNAVAILABLE,
+                f'listener "{self.name}" is unavailable: its stream had no room for this'
+                f" invocation within {timeout:g}s (others are queued ahead of it)",
+            ) from None
+        if not queued or self.ended.is_set():
+            raise self._unavailable()
+        self.messages_sent += 1
+
     def _send(self, message: pb.ListenResponse | bytes) -> None:
         """Queue `message` on the stream (its outbox writes it; this never waits)."""
         if self.ended.is_set() or not self.outbox.send(message):
@@ -289,8 +355,11 @@ class ListenerStream:
         )
 
     def _unavailable(self) -> ServiceError:
+        why = "its stream has closed"
+        if self.away:
+            why = f"the sidecar closed its stream ({self.away}) and it is not installed again yet"
         return ServiceError(
             Status.UNAVAILABLE,
             Reason.LISTENER_UNAVAILABLE,
-            f'listener "{self.name}" is unavailable: its stream has closed',
+            f'listener "{self.name}" is unavailable: {why}',
         )

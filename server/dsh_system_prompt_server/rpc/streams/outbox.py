@@ -3,9 +3,19 @@
 A peer that stops reading makes gRPC's writes wait forever once the stream's
 flow-control window is full. Nothing the sidecar does for anyone else may wait
 on such a write: callers hand messages over here and never wait on them (the
-outbox writes one at a time, in order, the first at once), and a peer that
-leaves too much unread or takes too long over one message is marked stalled,
-so its stream's owner can close it.
+outbox writes one at a time, in order, the first at once), and a peer that takes
+too long over one message is marked stalled, so its stream's owner can close it.
+
+What is queued is bounded by flow control, not by closing the stream: as HTTP/2
+does with a full window (the sender waits for the reader's WINDOW_UPDATE, the
+stream is not reset), an invocation or provide request that would take the queue
+past `max_bytes` waits (`put`, in arrival order) until the peer's reads make room,
+within its caller's own time, and only a peer that does not take one message
+within `write_timeout_s` is closed. A burst of other clients' assemblies on a
+reading peer therefore slows them, never closes it (150 assemblies' 36 MB of
+invocations on one global listener closed it, and the listener was silently
+missing from the rest). The few control messages (cancels, confirmations, an
+ejection) never wait: they go past the bound, up to as much again.
 """
 
 from __future__ import annotations
@@ -69,19 +79,89 @@ class Outbox(Generic[M]):
         self.stalled = Flag()
         self.stall_reason = ""
         self._broken = False  # a write failed: the stream is gone, nothing more is written
+        # senders waiting for room (`put`), in arrival order; made when one first waits
+        self._waiters: deque[asyncio.Future[bool]] | None = None
+        self._granted = False  # a waiter was let go and has not sent yet
 
     def send(self, message: M | bytes) -> bool:
-        """Write `message` now if nothing is being written, else queue it; False (and
-        nothing queued) once the peer has stalled or its stream has failed."""
+        """Write `message` now if nothing is being written, else queue it (a control
+        message: it never waits, up to twice the bound); False (and nothing queued) once
+        the peer has stalled or its stream has failed."""
+        return self._send(message, 2 * self._limits.max_bytes)
+
+    def _send(self, message: M | bytes, bound: int | None) -> bool:
         if self.stalled.is_set() or self._broken:
             return False
         if not self._writing and not self._queue:  # idle: its write starts now, unqueued
             self._start(message)
             return not (self.stalled.is_set() or self._broken)
-        size = len(message) if isinstance(message, bytes) else message.ByteSize()
-        if self._queue and self._queued_bytes + size > self._limits.max_bytes:
-            self._stall(f"it left more than {self._limits.max_bytes} bytes unread")
+        size = _size(message)
+        if bound is not None and self._queue and self._queued_bytes + size > bound:
+            self._stall(f"it left more than {bound} bytes unread")
             return False
+        self._queued(message, size)
+        return not (self.stalled.is_set() or self._broken)
+
+    async def put(self, build: Callable[[], M | bytes], timeout: float | None) -> bool:
+        """Send the message `build()` makes once the queue is below its bound and every
+        earlier such message went (at once when it is and none waits): the peer's reads
+        make room. It is built only then, so that messages go in the order they were built
+        (part slots encode each invocation against the one before). False (nothing built)
+        once the peer has stalled or its stream has failed; TimeoutError when no room came
+        within `timeout` (nothing built either)."""
+        if self.stalled.is_set() or self._broken:
+            return False
+        if not self._waiters and not self._granted and self._has_room():
+            return self._send(build(), None)
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if self._waiters is None:
+            self._waiters = deque()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout):
+                admitted = await asyncio.shield(waiter)
+        except TimeoutError:
+            if not waiter.done():
+                waiter.cancel()  # left where it is: the next admission passes over it
+                raise
+            admitted = waiter.result()  # admitted (or the peer gone) as the time ran out
+        except asyncio.CancelledError:
+            if waiter.done() and waiter.result():
+                self._next_please()  # admitted, but its caller gave up: the next one's turn
+            waiter.cancel()
+            raise
+        if not admitted:
+            return False
+        try:
+            return self._send(build(), None)
+        finally:
+            self._next_please()
+
+    def waiting(self) -> int:
+        """Messages waiting for room now."""
+        return sum(not waiter.done() for waiter in self._waiters or ())
+
+    def _has_room(self) -> bool:
+        # Below the bound, one more message of any size goes (a watermark, as in Envoy's
+        # buffers): what is queued stays under the bound plus one message.
+        return self._queued_bytes < self._limits.max_bytes
+
+    def _next_please(self) -> None:
+        self._granted = False
+        self._admit()
+
+    def _admit(self) -> None:
+        """Let the earliest waiting message go if the queue has room: one at a time, each
+        queued before the next is looked at (head-of-line, in arrival order)."""
+        waiters = self._waiters
+        while waiters and not self._granted and self._has_room():
+            waiter = waiters.popleft()
+            if waiter.done():  # its caller gave up
+                continue
+            self._granted = True
+            waiter.set_result(True)
+
+    def _queued(self, message: M | bytes, size: int) -> None:
         if self._queue is None:
             self._queue = deque()
         self._queue.append((message, size))
@@ -89,7 +169,6 @@ class Outbox(Generic[M]):
         self._empty.clear()
         if not self._writing:
             self._write_next()
-        return not (self.stalled.is_set() or self._broken)
 
     async def write(self, message: M | bytes) -> bool:
         """Write `message` now and wait for it, for a stream that writes one message at a
@@ -110,13 +189,16 @@ class Outbox(Generic[M]):
             return
         self._starting = True
         try:
-            while not self._writing and self._queue and not self._broken:
+            while not self._broken:
+                self._admit()  # what the last write made room for
+                if self._writing or not self._queue:
+                    break
                 message, size = self._queue.popleft()
                 self._queued_bytes -= size
                 self._start(message)
         finally:
             self._starting = False
-        if not self._writing:
+        if not self._writing and not self._queue:
             self._empty.set()
 
     def _start(self, message: M | bytes) -> None:
@@ -181,3 +263,11 @@ class Outbox(Generic[M]):
         self._queue = None
         self._queued_bytes = 0
         self._empty.set()
+        waiters, self._waiters = self._waiters, None
+        for waiter in waiters or ():
+            if not waiter.done():
+                waiter.set_result(False)
+
+
+def _size(message: M | bytes) -> int:
+    return len(message) if isinstance(message, bytes) else message.ByteSize()

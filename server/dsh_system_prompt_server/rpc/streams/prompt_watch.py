@@ -48,6 +48,7 @@ class ScopePrompt:
         self._prompt: StaticPrompt | None = None  # None: the static parts do not assemble
         self._error = ""  # why they do not
         self._encoded: dict[bool, bytes] = {}  # first message or not -> response encoding
+        self._sizes: dict[bool, int] = {}  # the same, the last encoding's size at any revision
         self.watchers = 0  # streams that show it; the last to leave drops it
 
     async def encoded(self, first: bool) -> bytes:
@@ -59,7 +60,14 @@ class ScopePrompt:
             encoded = self._encoded.get(first)
             if encoded is None:
                 encoded = self._encoded[first] = self._encode(first)
+                self._sizes[first] = len(encoded)
             return encoded
+
+    async def size(self, first: bool) -> int:
+        """About what `encoded(first)` takes: the last encoding's size (a revision's prompt is
+        about the one before it), so that a watcher waiting for its turn builds nothing."""
+        size = self._sizes.get(first)
+        return len(await self.encoded(first)) if size is None else size
 
     async def _build(self) -> None:
         self._revision, self._encoded = self._registry.revision, {}
@@ -101,7 +109,7 @@ class PromptWatch:
 
     async def size(self) -> int:
         """About what the next message takes: its shared part (its changes are bounded)."""
-        return len(await self.shown.encoded(self._first))
+        return await self.shown.size(self._first)
 
     async def prompt(self, changes: Sequence[ChangeEvent | Missed] = ()) -> bytes:
         """The scope's prompt now with `changes` (what led to it since the stream's last

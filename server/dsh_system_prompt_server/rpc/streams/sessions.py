@@ -8,13 +8,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from dsh_system_prompt_core import FEATURE_CALLBACK_CACHE, Reason, package_version
+from dsh_system_prompt_core import (
+    FEATURE_CALLBACK_CACHE,
+    FEATURE_EACH_ANSWER,
+    Reason,
+    package_version,
+)
 
 from ...guard import client_of
 from ...registry import (
-    AssembleContext,
     Client,
     ClientCounts,
+    Exchange,
     Failure,
     Limits,
     ProvidedValue,
@@ -25,7 +30,7 @@ from ...registry import (
     new_id,
     quota_exceeded,
 )
-from ...telemetry import Metrics, hop
+from ...telemetry import Metrics, hop, logger
 from ...wire import ProvideRequests, provided_from_proto, unknown_session
 from .broker import Broker, Ended, Replies, Stream
 from .flag import Flag
@@ -35,7 +40,8 @@ if TYPE_CHECKING:
     from ...telemetry import Tracing
 
 # What this sidecar can do on a session stream, when the client says it can too.
-SESSION_FEATURES = frozenset({FEATURE_CALLBACK_CACHE})
+_log = logger("streams")
+SESSION_FEATURES = frozenset({FEATURE_CALLBACK_CACHE, FEATURE_EACH_ANSWER})
 SessionStream = Stream[pb.OpenSessionResponse]
 _DEFAULT_LIMITS = Limits()
 
@@ -64,6 +70,7 @@ class Session:
         self.outbox = outbox
         self.ended = Flag()
         self.provide_requests = 0  # one per assembly that needed this session
+        self.each_answer = False  # its client answers provider by provider (its feature)
         self._replies: Replies[pb.ProvideResponse] = Replies()  # no __orig_class__ kept
         self._call_ids = itertools.count(1)
         self.on_invalidate: Callable[[pb.CacheInvalidate], None] = lambda _: None
@@ -72,10 +79,12 @@ class Session:
     def label(self) -> str:
         return f"{self.id} ({self.client_name[:64]})"
 
-    async def provide(
-        self, calls: Sequence[ProviderCall], context: AssembleContext, timeout: float | None
-    ) -> Mapping[str, ProvidedValue | Failure]:
-        """Ask the client for every value in `calls` with one message."""
+    async def provide(self, exchange: Exchange) -> Mapping[str, ProvidedValue | Failure]:
+        """Ask the client for every value in the exchange's calls with one message. A client
+        that answers provider by provider (`each-answer`) has each call judged against its
+        own time (`times`): the answers that came are taken, and only a provider that did
+        not answer in its time fails, PROVIDER_TIMEOUT, naming it."""
+        calls = exchange.calls
         if self.ended.is_set():
             raise _unavailable(calls)
         call_id = next(self._call_ids)
@@ -83,16 +92,33 @@ class Session:
         trace_context: dict[str, str] = {}  # the hop's span, when the sidecar traces
         name = "" if self.tracing is None else _describe(calls)
         with hop(self.tracing, name, trace_context):
-            request = self.requests.encode(call_id, calls, context, timeout, trace_context)
-            return await self._ask(call_id, request, calls, timeout)
+            request = self.requests.encode(
+                call_id, calls, exchange.context, exchange.timeout, trace_context
+            )
+            return await self._ask(call_id, request, exchange)
 
     async def _ask(
-        self, call_id: int, request: bytes, calls: Sequence[ProviderCall], timeout: float | None
+        self,
+        call_id: int,
+        request: bytes,
+        exchange: Exchange,
     ) -> Mapping[str, ProvidedValue | Failure]:
-        if not self.outbox.send(request):
+        calls, timeout = exchange.calls, exchange.timeout
+        try:  # past the stream's bound it waits for the client's reads to make room
+            queued = await self.outbox.put(lambda: request, timeout)
+        except TimeoutError:
+            raise ServiceError(
+                Status.UNAVAILABLE,
+                Reason.PROVIDER_UNAVAILABLE,
+                f"{_describe(calls)} unavailable: its session's stream had no room for the"
+                f" request within {timeout:g}s (others are queued ahead of it)",
+            ) from None
+        if not queued:
             raise _unavailable(calls)
         self._replies.open(call_id)
         try:
+            if self.each_answer:
+                return await self._each(call_id, calls, exchange.times)
             response = await self._replies.next(call_id, timeout)
         except TimeoutError:
             self._cancel(call_id)
@@ -108,7 +134,60 @@ class Session:
             raise
         finally:
             self._replies.close(call_id)
-        return provided_from_proto(calls, response, self.limits)
+        return self._provided(calls, response, partial=False)
+
+    def _provided(
+        self, calls: Sequence[ProviderCall], response: pb.ProvideResponse, partial: bool
+    ) -> dict[str, ProvidedValue | Failure]:
+        """The values of one answer; a provider whose answer was too large to send is
+        logged (its assembly fails naming it, and the session lives on)."""
+        for value in response.values:
+            if value.WhichOneof("value") == "error" and value.error.answer_bytes:
+                _log.warning(
+                    "session %s: provider %r answered %d bytes, over the largest message read;"
+                    " its assembly fails",
+                    self.label,
+                    value.provider_key[:64],
+                    value.error.answer_bytes,
+                )
+        return provided_from_proto(calls, response, self.limits, partial)
+
+    async def _each(
+        self, call_id: int, calls: Sequence[ProviderCall], times: Mapping[str, float]
+    ) -> Mapping[str, ProvidedValue | Failure]:
+        """Take the client's answers as they come, provider by provider, until each call
+        is answered or its own time is up (as HTTP/2 streams each end on their own, not
+        with the slowest of the connection)."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        waiting = {call.key: call for call in calls}
+        values: dict[str, ProvidedValue | Failure] = {}
+        while waiting:
+            now = loop.time()
+            for key in [key for key in waiting if start + times[key] <= now]:
+                call = waiting.pop(key)
+                values[key] = ServiceError(
+                    Status.DEADLINE_EXCEEDED,
+                    Reason.PROVIDER_TIMEOUT,
+                    f"{call.describe()} did not answer within {times[key]:g}s",
+                )
+            if not waiting:
+                break
+            first = min(start + times[key] for key in waiting)
+            try:
+                response = await self._replies.next(call_id, first - now)
+            except TimeoutError:
+                continue
+            answered = self._provided(list(waiting.values()), response, partial=True)
+            for key, value in answered.items():
+                values[key] = value
+                del waiting[key]
+        if any(
+            isinstance(value, Failure) and value.reason == Reason.PROVIDER_TIMEOUT
+            for value in values.values()
+        ):
+            self._cancel(call_id)  # those still running: their answers would go nowhere
+        return values
 
     def deliver(self, request: pb.OpenSessionRequest) -> None:
         """Take a message from the stream: an answer for the assembly waiting for it, or an
@@ -157,6 +236,7 @@ class Sessions(Broker[pb.OpenSessionRequest, pb.OpenSessionResponse, Session]):
         self._per_client = ClientCounts(max_per_peer)
         self._open: dict[str, Session] = {}
         self._requests = ProvideRequests()
+        self.max_message_bytes = 0  # the largest message read, told to clients (0: not told)
 
     def set_limits(self, max_sessions: int, max_per_peer: int) -> None:
         """New quotas for sessions opened from now on (open ones stay)."""
@@ -189,6 +269,7 @@ class Sessions(Broker[pb.OpenSessionRequest, pb.OpenSessionResponse, Session]):
             client,
             requests=self._requests,
         )
+        session.each_answer = FEATURE_EACH_ANSWER in start.start.features
         session.on_invalidate = lambda request: self._invalidate(session, request)
         # its bytes and listeners count against its client; a session whose client the
         # sidecar cannot tell apart (a unix socket without credentials) is its own client
@@ -200,6 +281,7 @@ class Sessions(Broker[pb.OpenSessionRequest, pb.OpenSessionResponse, Session]):
             revision=self._registry.revision,
             sidecar_version=f"dsh-system-prompt/{package_version()}",
             features=[name for name in start.start.features if name in SESSION_FEATURES],
+            max_message_bytes=self.max_message_bytes,
         )
         return session, pb.OpenSessionResponse(opened=opened)
 
@@ -214,6 +296,9 @@ class Sessions(Broker[pb.OpenSessionRequest, pb.OpenSessionResponse, Session]):
         """The client name an open session started with; "" for any other id."""
         session = self._open.get(session_id)
         return "" if session is None else session.client_name
+
+    def is_open(self, session_id: str) -> bool:
+        return session_id in self._open
 
     def get(self, session_id: str) -> Session:
         session = self._open.get(session_id)

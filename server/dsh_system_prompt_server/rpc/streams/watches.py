@@ -17,13 +17,14 @@ from typing import Any, TypeVar
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from google.protobuf.message import Message
 
-from ...guard import Gate, Shares, client_of, share_key, wire_s
+from ...guard import Gate, Shares, client_of, sees_values, share_key, wire_s
 from ...registry import (
     AnyRegistration,
     ChangeEvent,
     Client,
     ClientCounts,
     Filter,
+    Kind,
     Missed,
     Registry,
     Subscription,
@@ -42,6 +43,7 @@ from ...wire import (
 from .broker import Stream, stalled, write_all
 from .in_flight import InFlight
 from .outbox import Outbox, OutboxLimits
+from .prompt_pace import PromptPace
 from .prompt_watch import PromptWatch, ScopePrompt
 from .turns import Turns
 
@@ -63,12 +65,14 @@ class WatchSettings:
     """The config of watches: buffers, history is the registry's, bounds per client."""
 
     watch_buffer: int  # events queued per watcher before it is told it missed some
+    watch_lag_s: float  # how long an event may wait for a change watcher (0: no bound)
     max_watchers: int
     max_watchers_per_peer: int
     prompt_coalesce_s: float  # how long a prompt watch waits for a burst of changes to end
     watch_coalesce_s: float  # how long a batching change watch gathers a burst of changes
     prefix_layout: Layout  # the default prefix layout of prompt reports
     prompt_bytes: int  # prompt messages being written, all watchers together
+    prompt_bytes_per_s: int  # prompt bytes written per second, all watchers together (0: any)
 
 
 class Watches:
@@ -92,6 +96,7 @@ class Watches:
         self._shares = shares  # a watcher over its client's share of the loop writes later
         self.turns = Turns()  # a few watch writes at once: callers never queue behind many
         self.prompts_in_flight = InFlight(settings.prompt_bytes)
+        self.prompt_pace = PromptPace(settings.prompt_bytes_per_s)
         self._entries: dict[int, bytes] = {}  # revision -> its event encoded, the latest ones
         self._shown: dict[tuple[str | None, bool, Layout], ScopePrompt] = {}  # shared prompts
         self._per_client = ClientCounts(
@@ -103,6 +108,7 @@ class Watches:
         self._settings = settings
         self._per_client.limit = settings.max_watchers_per_peer
         self.prompts_in_flight.resize(settings.prompt_bytes)  # waiters that now fit go
+        self.prompt_pace.resize(settings.prompt_bytes_per_s)
 
     # -- the streams ------------------------------------------------------------------
 
@@ -176,10 +182,14 @@ class Watches:
         if after is not None and request.incarnation not in ("", self.incarnation):
             after = -1  # another incarnation's revision: nothing of it can be replayed
         every = wanted == Filter()  # no filter: no test per event, on every watcher's every event
+        # A batching watcher's backlog goes in one message at its next turn, cheaper than the
+        # listing it would make after a gap: only one taking a message per event has a lag bound.
+        lags = CHANGE_BATCHES not in request.features and self._settings.watch_lag_s
         return self._registry.changes.subscribe(
             self._settings.watch_buffer,
             after=after,
-            accepts=None if every else lambda event: keeps(event.kind, event.scope),
+            accepts=None if every else lambda event: _kept(keeps, event),
+            max_lag_s=lags or None,
         )
 
     async def changes(
@@ -201,28 +211,31 @@ class Watches:
         )
         yield pb.WatchChangesResponse(subscribed=subscribed, incarnation=self.incarnation)
         batches, sharer = CHANGE_BATCHES in in_effect, share_key(client)
+        # more pending than one turn carries: it waits apart from the watchers that keep up
+        backlog = MAX_BATCH_EVENTS - 1 if batches else 0
         while True:
             first = await subscription.next()
             if batches and not isinstance(first, Missed) and self._settings.watch_coalesce_s:
                 await asyncio.sleep(self._settings.watch_coalesce_s)  # gather the burst
             await self._shares.turn(sharer)  # what comes meanwhile goes in the same batch
-            turn = await self.turns.take()
+            turn = await self.turns.take(behind=subscription.unread() > backlog)
             try:
-                # What is pending at the turn goes now: a long wait, a big batch.
-                items = _burst(subscription, first)
-                if batches:
-                    response = batch_to_proto(items, self._encoded)
+                if batches:  # what is pending at the turn goes now: a long wait, a big batch
+                    response = batch_to_proto(_burst(subscription, first), self._encoded)
                     response.incarnation = self.incarnation
+                    turn.spent(response.ByteSize())
                     yield response  # the consumer writes it before it asks for the next
                     continue
-                # A plain watcher gets them one message each, in as few turns as their
-                # writes take, not one turn per event behind every other watcher's.
-                for item in items:
-                    if turn.over:
-                        turn = await self.turns.take()
+                # A plain watcher gets its events one message each, as many as its turn
+                # takes; the rest wait in its subscription, where they count against its
+                # buffer and its lag, so that one that cannot keep up is told at once.
+                item: Change | None = first
+                while item is not None:
                     response = change_to_proto(item)
                     response.incarnation = self.incarnation
+                    turn.spent(response.ByteSize())
                     yield response
+                    item = None if turn.over else subscription.poll()
             finally:
                 turn.done()
 
@@ -248,14 +261,17 @@ class Watches:
         """
         wanted = filter_from_proto(request.filter, self._registry.limits)
         entries = self._registry.listing(wanted)
-        return self._batches(entries, self._registry.revision, request.include_values)
+        # asked now, in the call's context: the batches are built later, as they are sent
+        sizes = sees_values()
+        return self._batches(entries, self._registry.revision, request.include_values, sizes)
 
     def _batches(
-        self, entries: list[AnyRegistration], revision: int, with_values: bool
+        self, entries: list[AnyRegistration], revision: int, with_values: bool, sizes: bool
     ) -> Iterator[pb.ListRegistrationsResponse]:
         batch, size = self._batch(revision), 0
         for entry in entries:
-            info = registration_to_proto(entry, self._owner_name(entry.owner), with_values)
+            owner = self._owner_name(entry.owner)
+            info = registration_to_proto(entry, owner, with_values, sizes)
             size += info.ByteSize() if with_values else 0
             if len(batch.registrations) >= _BATCH_COUNT or size > _BATCH_BYTES:
                 yield batch
@@ -275,7 +291,7 @@ class Watches:
         self._registry.limits.check_name("scope", request.scope)
         keeps = self._registry.keeps(Filter(scope, ancestors=True))
         subscription = self._registry.changes.subscribe(
-            self._settings.watch_buffer, accepts=lambda event: keeps(event.kind, event.scope)
+            self._settings.watch_buffer, accepts=lambda event: _kept(keeps, event)
         )
         layout = layout_from_proto(request.prefix_layout, self._settings.prefix_layout)
         key = (scope, request.render, layout)
@@ -292,23 +308,32 @@ class Watches:
     ) -> AsyncGenerator[bytes, None]:
         """The prompt now, then again after each burst of changes that affects it; its
         messages being written count against `client`'s share of the prompts in flight,
-        and their sending against its share of the loop."""
-        in_flight = self.prompts_in_flight
+        their bytes against the prompts' pace (`prompt_pace.py`: clients in turn), and
+        their sending against its share of the loop. A watcher that waits for its turn
+        sends the latest prompt with every change since its last."""
+        in_flight, pace = self.prompts_in_flight, self.prompt_pace
         key, sharer = None if client is None else client.key, share_key(client)
         try:
-            async with in_flight.reserved(await watch.size(), key):  # given back once written
-                yield self._charged(sharer, await watch.prompt())
+            # the bytes in flight are given back once written; the pace's turn once built
+            async with in_flight.reserved(await watch.size(), key), pace.turn(key) as paced:
+                prompt = await watch.prompt()
+                paced.spent(len(prompt))  # the next turn waits for these bytes' time
+                yield self._charged(sharer, prompt)
+                del prompt
             while True:
                 burst: list[Any] = [await subscription.next()]
                 await asyncio.sleep(self._settings.prompt_coalesce_s)
                 await self._shares.turn(sharer)  # the changes meanwhile make one prompt
-                async with in_flight.reserved(await watch.size(), key):
+                async with in_flight.reserved(await watch.size(), key), pace.turn(key) as paced:
                     while (item := subscription.poll()) is not None:  # also while it waited
                         burst.append(item)
                     turn = await self.turns.take()
                     try:
-                        # no name for it: the stream keeps no prompt once it is written
-                        yield self._charged(sharer, await watch.prompt(burst))
+                        prompt = await watch.prompt(burst)  # built in the turn: at its pace
+                        paced.spent(len(prompt))
+                        turn.spent(len(prompt))
+                        yield self._charged(sharer, prompt)
+                        del prompt  # the stream keeps no prompt once it is written
                     finally:
                         turn.done()
         finally:
@@ -349,3 +374,11 @@ def _burst(subscription: Subscription, first: Change) -> list[Change]:
     if isinstance(first, Missed):
         return [first]
     return [first, *subscription.take(MAX_BATCH_EVENTS - 1)]
+
+
+def _kept(keeps: Callable[[Kind, str | None], bool], event: ChangeEvent) -> bool:
+    """Whether a filtered watch gets `event`: one of a layer the filter keeps, or of a step
+    registered with `global` wherever it keeps the global layer (such a step runs in every
+    chain, whichever layer holds it: a watcher of its chain, a scoped agent's local cache,
+    must hear of it)."""
+    return keeps(event.kind, event.scope) or (event.everywhere and keeps(event.kind, None))

@@ -1,0 +1,91 @@
+package dsp_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"dsh.dev/dsh-system-prompt/clients/go/dsp"
+	"google.golang.org/grpc/codes"
+)
+
+// The local cache of an agent that may read only its own scopes (issue 34, item 8),
+// the Go twin of tests/client/test_local_cache_reach.py's: its watch of every change
+// is PERMISSION_DENIED, so it watches each scope it assembles, filtered to that
+// scope's chain.
+
+const adminToken, agentToken = "admin-token-0123", "alice-token-4567"
+
+// guarded is a sidecar with an admin and an agent that may read scopes "team" and "alice".
+func guarded(t *testing.T) *sidecar {
+	t.Helper()
+	folder := t.TempDir()
+	admin, agent := filepath.Join(folder, "admin.token"), filepath.Join(folder, "alice.token")
+	check(t, os.WriteFile(admin, []byte(adminToken), 0o600))
+	check(t, os.WriteFile(agent, []byte(agentToken), 0o600))
+	return startSidecar(t, []string{
+		fmt.Sprintf("auth_token_file = %q", admin),
+		"[[credentials]]", `name = "alice"`, `role = "agent"`,
+		fmt.Sprintf("token_file = %q", agent), `scopes = ["team", "alice"]`,
+	})
+}
+
+// keptAnswer tells whether scope's second Assemble in a row is answered without a call.
+func keptAnswer(t *testing.T, client *dsp.Client, calls *assembleCalls, scope string) bool {
+	t.Helper()
+	_, made := assembledTwice(t, client, calls, dsp.ForScope(scope))
+	return made == 0
+}
+
+func TestAnAgentListingItsScopesKeepsAnswersWatchingEach(t *testing.T) {
+	s := guarded(t)
+	admin := connect(t, s, dsp.WithToken(adminToken))
+	team := must[*dsp.Scope](t)(admin.Scope(bg, "team"))
+	alice := must[*dsp.Scope](t)(admin.Scope(bg, "alice", dsp.WithParent("team")))
+	must[*dsp.Handle[string]](t)(alice.Section(bg, "rules", 10, "alice's"))
+	bob := must[*dsp.Scope](t)(admin.Scope(bg, "bob"))
+	must[*dsp.Handle[string]](t)(bob.Section(bg, "rules", 10, "bob's"))
+
+	agent, calls := caching(t, s, dsp.WithToken(agentToken)) // refused the watch of every change before
+	waitFor(t, "a kept answer", func() bool { return keptAnswer(t, agent, calls, "alice") })
+	must[*dsp.Handle[string]](t)(team.Section(bg, "parent", 5, "team's"))
+	sees(t, agent, "parent", "team's", dsp.ForScope("alice")) // the parent's change reaches it
+	waitFor(t, "a kept answer again", func() bool { return keptAnswer(t, agent, calls, "alice") })
+
+	before := calls.n.Load()
+	for number := 0; number < 10; number++ { // churn in a scope outside the agent's chain leaves its answer
+		churn := must[*dsp.Handle[string]](t)(bob.Section(bg, fmt.Sprint("churn-", number), 5, "bob's"))
+		check(t, churn.Dispose(bg))
+		if text(must[*dsp.Assembly](t)(agent.Assemble(bg, dsp.ForScope("alice"))), "rules") != "alice's" {
+			t.Fatal("alice's kept answer changed")
+		}
+	}
+	if made := calls.n.Load() - before; made != 0 {
+		t.Fatalf("bob's churn made %d calls for alice's scope", made)
+	}
+
+	_, err := agent.Assemble(bg, dsp.ForScope("bob"))
+	if failure(t, err).Code != codes.PermissionDenied {
+		t.Fatalf("a scope the agent may not read: %v", err)
+	}
+}
+
+func TestAGlobalStepMadeOutsideAnAgentsScopesReachesItsKeptAnswer(t *testing.T) {
+	s := guarded(t)
+	admin := connect(t, s, dsp.WithToken(adminToken))
+	must[*dsp.Scope](t)(admin.Scope(bg, "team"))
+	alice := must[*dsp.Scope](t)(admin.Scope(bg, "alice", dsp.WithParent("team")))
+	must[*dsp.Handle[string]](t)(alice.Section(bg, "rules", 10, "alice's"))
+	bob := must[*dsp.Scope](t)(admin.Scope(bg, "bob"))
+	agent, calls := caching(t, s, dsp.WithToken(agentToken))
+	waitFor(t, "a kept answer", func() bool { return keptAnswer(t, agent, calls, "alice") })
+	// registered with Global in bob's layer, it runs for alice's assemblies too: the
+	// agent's watch of alice's chain is told of it
+	must[*dsp.Registration](t)(bob.OnAssemble(bg, func(_ context.Context, a *dsp.Assembly, _ dsp.AssembleContext, next *dsp.Next) (*dsp.Assembly, error) {
+		a.Sections = append(a.Sections, dsp.Part{Name: "marked", Text: "by the admin"})
+		return next.Tail(a)
+	}, dsp.Global()))
+	sees(t, agent, "marked", "by the admin", dsp.ForScope("alice"))
+}

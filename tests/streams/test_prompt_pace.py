@@ -1,0 +1,61 @@
+"""Issue 34, "Why" 13: prompt watchers are written at most `prompt_bytes_per_s` together,
+and one that waits for its turn still gets the latest prompt with every change since its
+last (WatchPrompt coalesces)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import dsh_system_prompt as dsp
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh_system_prompt_server import Sidecar
+from helpers import SidecarFactory, eventually, raw_channel, raw_stub
+
+PART = 40_000
+WATCHERS = 8
+RATE = 256 * 1024
+
+
+async def test_prompt_watchers_together_are_written_at_most_prompt_bytes_per_s(
+    make_sidecar: SidecarFactory,
+) -> None:
+    sidecar: Sidecar = await make_sidecar(prompt_bytes_per_s=RATE, prompt_coalesce_s=0)
+    written = [0] * WATCHERS  # bytes of the messages each watcher read
+    revisions = [0] * WATCHERS  # the revision of each one's latest prompt
+    listed = [0] * WATCHERS  # changes listed or counted in its messages after the first
+    largest = 0
+    async with dsp.connect(sidecar.address) as client, raw_channel(sidecar.address) as channel:
+        memory = await client.section("memory", 1, "x" * PART)
+        stub = raw_stub(channel)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+
+        async def read(index: int) -> None:
+            nonlocal largest
+            async for response in stub.WatchPrompt(pb.WatchPromptRequest()):
+                size = response.ByteSize()
+                written[index] += size
+                largest = max(largest, size)
+                revisions[index] = response.revision
+                listed[index] += len(response.changes) + response.changes_omitted
+
+        readers = [asyncio.create_task(read(index)) for index in range(WATCHERS)]
+        await eventually(lambda: all(revisions), "every watcher's first prompt", timeout=30)
+        first = sidecar.registry.revision
+        for index in range(60):
+            await memory.update(f"{index} " + "x" * PART)
+            await asyncio.sleep(0.01)
+        last = sidecar.registry.revision
+        await eventually(
+            lambda: all(revision == last for revision in revisions), "the latest", timeout=60
+        )
+        elapsed = loop.time() - started
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+    # The pace lets a message go once those before it fit the rate since the first: what
+    # was written is at most the rate over the time it took, and one message more.
+    assert sum(written) <= RATE * elapsed + largest, (sum(written), elapsed)
+    # Paced, each watcher still reached the latest revision, told of every change since.
+    assert listed == [last - first] * WATCHERS
+    assert sidecar.state.watches.prompt_pace.written >= sum(written)
