@@ -13,42 +13,27 @@ from dsh_system_prompt_server.config import ConfigError
 from helpers import eventually, tool, tool_names
 from processes import serve_config
 
-NO_WEB = """
-[[rules]]
-name = "no-web"
-mutations = [{ drop_tools = "tool.name.startsWith('web_')" }]
-"""
-TEAM_ORDER = """
-[[rules]]
-name = "team-order"
-scope = "team-*"
-prepend = true
-match = ["'agent' in fields"]
-variables = { first = "fields.agent" }
-[[rules.mutations]]
-tool_order = { names = ["todo"] }
-[[rules.mutations]]
-upsert_sections = { parts = [{ name = "who", order = 5, text = "'Agent ' + variables.first" }] }
-"""
+from rules.stock import GITHUB_FIRST, NO_WEB
 
 
 async def test_config_rules_apply_everywhere_or_where_the_scope_pattern_matches(
     client_of: object,
 ) -> None:
-    config = parse_config(_toml(NO_WEB + TEAM_ORDER))
-    async with client_of(**_toml(NO_WEB + TEAM_ORDER)) as client:  # type: ignore[operator]
-        await client.tools([tool("bash"), tool("todo"), tool("web_fetch")])
+    config = parse_config(_toml(NO_WEB + GITHUB_FIRST))
+    async with client_of(**_toml(NO_WEB + GITHUB_FIRST)) as client:  # type: ignore[operator]
+        await client.tools([tool("bash"), tool("mcp__github__pr"), tool("web_fetch")])
         await client.scope("team-a")
-        assert tool_names(await client.assemble(fields={"agent": "x"})) == ["bash", "todo"]
+        unmatched = await client.assemble(fields={"agent": "x"})
+        assert tool_names(unmatched) == ["bash", "mcp__github__pr"]
         assembly = await client.assemble("team-a", fields={"agent": "x"})
-        assert tool_names(assembly) == ["todo", "bash"]
+        assert tool_names(assembly) == ["mcp__github__pr", "bash"]
         assert dsp.AssembledSection("who", "Agent x") in assembly.sections
         snapshot = await client.snapshot(kinds=["rule"])
         assert [(r.name, r.owner_label) for r in snapshot.registrations] == [
             ("no-web", "built-in"),
-            ("team-order", "built-in"),
+            ("github-first", "built-in"),
         ]
-    assert [rule.name for rule in config.registry.rules] == ["no-web", "team-order"]
+    assert [rule.name for rule in config.registry.rules] == ["no-web", "github-first"]
 
 
 @pytest.mark.parametrize(
@@ -85,16 +70,16 @@ def test_a_bad_config_rule_is_a_config_error_naming_it(toml: str, message: str) 
 async def test_a_reload_adds_updates_and_removes_config_rules_as_change_events() -> None:
     registry = Registry(RegistrySettings(rules=parse_config(_toml(NO_WEB)).registry.rules))
     subscription = registry.changes.subscribe(16)
-    changed = parse_config(_toml(NO_WEB.replace("web_", "net_") + TEAM_ORDER)).registry.rules
+    changed = parse_config(_toml(NO_WEB.replace("web_", "net_") + GITHUB_FIRST)).registry.rules
     registry.reconfigure(RegistrySettings(rules=changed))
     registry.reconfigure(RegistrySettings(rules=changed))  # the same rules: nothing
     registry.reconfigure(RegistrySettings())
     events = [await subscription.next() for _ in range(4)]
     assert [(e.kind.value, e.action.value, e.name) for e in events] == [  # type: ignore[union-attr]
         ("rule", "updated", "no-web"),
-        ("rule", "registered", "team-order"),
+        ("rule", "registered", "github-first"),
         ("rule", "unregistered", "no-web"),
-        ("rule", "unregistered", "team-order"),
+        ("rule", "unregistered", "github-first"),
     ]
 
 

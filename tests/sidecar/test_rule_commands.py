@@ -13,24 +13,12 @@ from dsh_system_prompt_server import Sidecar
 from dsh_system_prompt_server.sidecar.prompt_commands import assembly_from_json
 from helpers import SidecarFactory
 from processes import cli, cli_output
-from rules.stock import stocked
+from rules.stock import GITHUB_FIRST, NO_WEB, stocked
 
-RULES = """
-[[rules]]
-name = "no-web"
-mutations = [{ drop_tools = "tool.name.startsWith('web_')" }]
-
-[[rules]]
-name = "github-first"
-scope = "team-*"
-prepend = true
-match = ["'agent' in fields"]
-variables = { agent = "fields.agent" }
-[[rules.mutations]]
-tool_order = { names = ["mcp__github__pr", "mcp__github__issue"] }
-[[rules.mutations]]
-upsert_sections = { parts = [{ name = "who", order = 50, text = "'Agent ' + variables.agent" }] }
-[[rules.mutations]]
+RULES = (
+    NO_WEB
+    + GITHUB_FIRST
+    + """[[rules.mutations]]
 set_variables = { variables = [{ name = "model", expression = "'v4-' + variables.agent" }] }
 
 [[rules]]
@@ -38,6 +26,7 @@ name = "quiet"
 match = ["fields.quiet == true"]
 mutations = [{ drop_contexts = "context.name == 'clock'" }, { drop_sections = "true" }]
 """
+)
 
 
 async def test_check_compiles_each_rule_and_names_them(tmp_path: Path) -> None:
