@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import dsh_system_prompt as dsp
+import pytest
 from dsh_system_prompt import Mutation, Rule, RulePart
 from helpers import report_of
 
@@ -22,23 +23,46 @@ async def stability_after(
     return (await report_of(client, None, **after)).stability
 
 
-async def test_a_tool_a_rule_drops_is_named_with_the_rule(client: dsp.Client) -> None:
-    drop = Rule([Mutation.drop_tools("has(fields.drop) && tool.name == 'web_fetch'")])
-    after = await stability_after(client, "no-web", drop, {}, drop=True)
-    assert (after.first_changed, after.reason) == (
-        'tool "web_fetch"',
-        'tool "web_fetch" removed (by rule "no-web")',
-    )
+NO_WEB = Rule([Mutation.drop_tools("has(fields.drop) && tool.name == 'web_fetch'")])
+GREETER = Rule(
+    [Mutation.upsert_sections(RulePart("intro", 10, "'Hi ' + fields.who + '.'"))],
+    match=["has(fields.who)"],
+)
 
 
-async def test_a_section_a_rule_rewrites_is_blamed_on_the_rule(client: dsp.Client) -> None:
-    rewrite = Mutation.upsert_sections(RulePart("intro", 10, "'Hi ' + fields.who + '.'"))
-    greeter = Rule([rewrite], match=["has(fields.who)"])
-    after = await stability_after(client, "greeter", greeter, {"who": "ann"}, who="bob")
-    assert (after.first_changed, after.reason) == (
-        'section "intro"',
-        'rule "greeter" changed section "intro"',
-    )
+@pytest.mark.parametrize(
+    ("name", "rule", "before", "after", "first", "blame"),
+    [
+        (
+            "no-web",
+            NO_WEB,
+            {},
+            {"drop": True},
+            'tool "web_fetch"',
+            'tool "web_fetch" removed (by rule "no-web")',
+        ),
+        (
+            "greeter",
+            GREETER,
+            {"who": "ann"},
+            {"who": "bob"},
+            'section "intro"',
+            'rule "greeter" changed section "intro"',
+        ),
+    ],
+    ids=["a-tool-it-drops", "a-section-it-rewrites"],
+)
+async def test_a_part_a_rule_removes_or_rewrites_is_blamed_on_the_rule(
+    client: dsp.Client,
+    name: str,
+    rule: Rule,
+    before: dict[str, object],
+    after: dict[str, object],
+    first: str,
+    blame: str,
+) -> None:
+    stability = await stability_after(client, name, rule, before, **after)
+    assert (stability.first_changed, stability.reason) == (first, blame)
 
 
 async def test_a_section_a_rule_adds_is_named_with_the_rule(client: dsp.Client) -> None:
