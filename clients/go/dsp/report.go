@@ -98,6 +98,23 @@ type AssemblyReport struct {
 	HistoryKey string
 	// Skipped are the steps the assembly went on without (as WithSkipped's).
 	Skipped []SkippedStep
+	// ToolOrder is how the tools kept the history key's order; nil unless the
+	// sidecar keeps a stable order (config tool_order_mode "stable").
+	ToolOrder *ToolOrderReport
+}
+
+// ToolOrderReport is a stably ordered assembly's tools against the order
+// sorting gave them (docs/prompt-cache.md, "A stable tool order").
+type ToolOrderReport struct {
+	// Kept is true when the stable order differs from the sorted one; the
+	// other fields say where only then.
+	Kept bool
+	// Position is the first place (0-based, in the tool list) where they differ.
+	Position uint32
+	// SortedTool is the tool sorting would have put at Position.
+	SortedTool string
+	// KeptTool is the tool the stable order keeps at Position.
+	KeptTool string
 }
 
 // Size is a size in UTF-8 bytes and, with a tokenizer, in tokens.
@@ -264,6 +281,11 @@ func reportFromProto(m *pb.AssemblyReport) *AssemblyReport {
 	}
 	for _, step := range m.GetSkipped() {
 		report.Skipped = append(report.Skipped, skippedFromProto(step))
+	}
+	if order := m.GetToolOrder(); order != nil {
+		report.ToolOrder = &ToolOrderReport{
+			Kept: order.GetKept(), Position: order.GetPosition(), SortedTool: order.GetSortedTool(), KeptTool: order.GetKeptTool(),
+		}
 	}
 	return report
 }

@@ -18,6 +18,7 @@ import {
   type PromptAssembly,
   type Size,
   type Source,
+  type ToolOrderReport,
   type ToolProviderResult,
   type ToolSchemaLike,
 } from "./types.js";
@@ -196,7 +197,12 @@ export function reportFromProto(message: pb.AssemblyReport): AssemblyReport {
     prefixLayout: layoutFromProto(message.prefixLayout),
     historyKey: message.historyKey,
     skipped: skippedFromProto(message.skipped),
+    toolOrder: message.toolOrder === undefined ? undefined : toolOrderFromProto(message.toolOrder),
   };
+}
+
+function toolOrderFromProto(order: pb.ToolOrderReport): ToolOrderReport {
+  return { kept: order.kept, position: order.position, sortedTool: order.sortedTool, keptTool: order.keptTool };
 }
 
 export function skippedFromProto(steps: pb.SkippedStep[]): SkippedStep[] {

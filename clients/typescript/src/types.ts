@@ -205,6 +205,20 @@ export interface AssemblyReport {
   historyKey: string;
   /** The steps the assembly went on without (as `assembly.skipped`). */
   skipped: SkippedStep[];
+  /** How the tools kept the history key's order; set only when the sidecar keeps a stable order. */
+  toolOrder?: ToolOrderReport | undefined;
+}
+
+/**
+ * A stably ordered assembly's tools (config `tool_order_mode = "stable"`) against the order
+ * sorting gave: `kept` when they differ, then the first `position` (0-based) where they do,
+ * the tool sorting would have put there and the one kept there.
+ */
+export interface ToolOrderReport {
+  kept: boolean;
+  position: number;
+  sortedTool: string;
+  keptTool: string;
 }
 
 /**

@@ -128,4 +128,5 @@ test("a report tells where each part came from", () =>
     assert.equal(part?.kind, "section");
     assert.equal(part?.source.kind, "global");
     assert.equal(part?.bytes, "Be precise.".length);
+    assert.equal(assembly.report?.toolOrder, undefined); // the default sorted mode keeps no order
   }));
