@@ -177,12 +177,13 @@ export class Client extends Registrar {
 
   /** The kept answer while it is the registry's; else asked for, and kept if it may be. */
   async #assembleLocally(local: LocalCache, options: AssembleOptions): Promise<PromptAssembly> {
-    const key = options.scope ?? ""; // a cacheable (all-static) plan's answer is the same for any fields
-    const kept = this.connection.connected ? local.get(key) : undefined;
+    const key = options.scope ?? "";
+    const context = contextToProto(options.scope, options.fields); // its fieldsJson keys a rules-only answer
+    const kept = this.connection.connected ? local.get(key, context.fieldsJson) : undefined;
     if (kept !== undefined) return kept;
     const ticket = local.ticket(key);
-    const reply = await this.#assemble(options, false);
-    local.put(ticket, key, reply);
+    const reply = await this.#assemble(options, false, context);
+    local.put(ticket, key, context.fieldsJson, reply);
     return toAssembly(reply);
   }
 
@@ -288,9 +289,13 @@ export class Client extends Registrar {
     return this.connection.close();
   }
 
-  async #assemble(options: AssembleOptions, render: boolean): Promise<pb.AssembleResponse> {
+  async #assemble(
+    options: AssembleOptions,
+    render: boolean,
+    context = contextToProto(options.scope, options.fields),
+  ): Promise<pb.AssembleResponse> {
     const request = create(pb.AssembleRequestSchema, {
-      context: contextToProto(options.scope, options.fields),
+      context,
       render,
       report: options.report ?? false,
       reportKey: options.reportKey ?? "",

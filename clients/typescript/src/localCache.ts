@@ -1,10 +1,12 @@
 /**
  * The opt-in local cache (`connect(address, { localCache: true })`): `assemble()` of a
- * scope whose plan the sidecar marks `cacheable` (all-static) answers from a copy kept
- * here, without a call.
+ * scope whose plan the sidecar marks `cacheable` (all-static) or `cacheableWithFields`
+ * (its only non-static steps are rules) answers from a copy kept here, without a call.
  *
- * An answer is kept under its scope alone (a static plan ignores the fields, as the
- * sidecar's own kept answers do), with what it read: the layers of its scope chain
+ * A static plan's answer is kept under its scope alone (it ignores the fields, as the
+ * sidecar's own kept answers do); a rules-only plan's under its scope and the request's
+ * very `fieldsJson` (a rule reads only the assembly, the fields and the scope). Each is
+ * kept with what it read: the layers of its scope chain
  * (`AssembleResponse.scopeChain`, the asked key and the global layer) and their
  * revision (`cacheRevision`). It is served until a change event of one of those layers
  * comes with a later revision (a listener or rule event anywhere counts: one registered
@@ -31,7 +33,7 @@ import { ToolSchema, type ChangeEvent, type PromptAssembly } from "./types.js";
 
 /** `connect({ localCacheBytes })`'s default: 32 MiB. */
 export const LOCAL_CACHE_BYTES = 32 * 1024 * 1024;
-const MAX_ENTRIES = 256; // scopes kept
+const MAX_ENTRIES = 256; // answers kept (a scope's, or a scope's for some fields)
 const MAX_SCOPE_WATCHES = 16; // change streams of one scope each, for a credential listing scopes
 const RECENT = 1024; // change events remembered for answers in flight while they came
 const REFUSED = 1024; // scopes whose watch was refused, not asked again (then forgotten)
@@ -57,7 +59,13 @@ function concerned(entry: Template, layer: string | undefined, revision: number)
   return layer === undefined || entry.reads === undefined || entry.reads.has(layer);
 }
 
-function templateOf(reply: pb.AssembleResponse, scope: string, watch: Watch): Template {
+/** What an answer is kept under: its scope, and the request's fieldsJson for a rules-only
+ * plan's (null: a static plan's, the same for any fields). */
+function keyOf(scope: string, fieldsJson: string | null): string {
+  return JSON.stringify([scope, fieldsJson]);
+}
+
+function templateOf(reply: pb.AssembleResponse, scope: string, fieldsJson: string | null, watch: Watch): Template {
   const message = reply.assembly;
   const sections = (message?.sections ?? []).map(({ name, text }) => [name, text] as const);
   const contexts = (message?.contexts ?? []).map(({ name, text }) => [name, text] as const);
@@ -65,7 +73,7 @@ function templateOf(reply: pb.AssembleResponse, scope: string, watch: Watch): Te
     ({ name, description, parametersJson }) => [name, description, parametersJson] as const,
   );
   const variables = (message?.variables ?? []).map(({ name, value }) => [name, value] as const);
-  let units = scope.length;
+  let units = scope.length + (fieldsJson?.length ?? 0);
   for (const part of [...sections, ...contexts, ...tools]) for (const text of part) units += text.length;
   for (const [name, value] of variables) units += name.length + (value?.length ?? 0);
   const cacheRevision = Number(reply.cacheRevision);
@@ -166,7 +174,8 @@ class Watch {
   }
 }
 
-/** Cacheable answers by scope, each valid until a layer it read changes. */
+/** Cacheable answers by scope (and fields, for a rules-only plan), each valid until a layer
+ * it read changes. */
 export class LocalCache {
   /** Moves whenever every answer is dropped. */
   epoch = 0;
@@ -176,7 +185,7 @@ export class LocalCache {
   /** Assemblies answered here, without a call, and those asked of the sidecar. */
   answered = 0;
   asked = 0;
-  readonly #entries = new Map<string, Template>(); // in use order, the least recent first
+  readonly #entries = new Map<string, Template>(); // by keyOf, in use order, the least recent first
   #every: Watch | undefined;
   readonly #scoped = new Map<string, Watch>();
   readonly #refused = new Set<string>();
@@ -213,25 +222,34 @@ export class LocalCache {
     return { epoch: this.epoch, watch, watchEpoch: watch.epoch, sequence: this.#sequence };
   }
 
-  /** A copy of the kept answer for `scope`, if it is still the registry's. */
-  get(scope: string): PromptAssembly | undefined {
-    const entry = this.live ? this.#entries.get(scope) : undefined;
-    if (entry === undefined || !entry.watch.live) return undefined;
-    this.#entries.delete(scope);
-    this.#entries.set(scope, entry); // the most recently used
-    this.answered += 1;
-    return copyOf(entry);
+  /** A copy of the kept answer for `scope` (a static plan's) or for `scope` with these very
+   * `fieldsJson` (a rules-only plan's), if it is still the registry's. */
+  get(scope: string, fieldsJson: string): PromptAssembly | undefined {
+    if (!this.live) return undefined;
+    for (const key of [keyOf(scope, null), keyOf(scope, fieldsJson)]) {
+      const entry = this.#entries.get(key);
+      if (entry === undefined || !entry.watch.live) continue;
+      this.#entries.delete(key);
+      this.#entries.set(key, entry); // the most recently used
+      this.answered += 1;
+      return copyOf(entry);
+    }
+    return undefined;
   }
 
-  /** Keep `reply`, asked for with `ticket`, unless something was lost since. */
-  put(ticket: Ticket | undefined, scope: string, reply: pb.AssembleResponse): void {
-    if (ticket === undefined || !reply.cacheable || ticket.epoch !== this.epoch) return;
+  /** Keep `reply`, asked for with `ticket`, unless something was lost since: under `scope`
+   * when it is `cacheable`, under `scope` and `fieldsJson` when it is `cacheableWithFields`;
+   * else not at all. */
+  put(ticket: Ticket | undefined, scope: string, fieldsJson: string, reply: pb.AssembleResponse): void {
+    const fields = reply.cacheable ? null : reply.cacheableWithFields ? fieldsJson : undefined;
+    if (ticket === undefined || fields === undefined || ticket.epoch !== this.epoch) return;
     const watch = ticket.watch;
     if (!watch.live || ticket.watchEpoch !== watch.epoch) return;
-    const entry = templateOf(reply, scope, watch);
+    const entry = templateOf(reply, scope, fields, watch);
     if (entry.size > this.maxBytes || this.#overtaken(entry, ticket.sequence)) return;
-    this.#drop(scope);
-    this.#entries.set(scope, entry);
+    const key = keyOf(scope, fields);
+    this.#drop(key);
+    this.#entries.set(key, entry);
     this.bytes += entry.size;
     while (this.bytes > this.maxBytes || this.#entries.size > MAX_ENTRIES) {
       const oldest = this.#entries.keys().next();
@@ -261,7 +279,7 @@ export class LocalCache {
 
   /** `watch` may have missed changes: what it covers goes. */
   lost(watch: Watch): void {
-    for (const [scope, entry] of [...this.#entries]) if (entry.watch === watch) this.#drop(scope);
+    for (const [key, entry] of [...this.#entries]) if (entry.watch === watch) this.#drop(key);
   }
 
   refused(scope: string): void {
@@ -303,7 +321,7 @@ export class LocalCache {
     this.#sequence += 1;
     this.#recent.push([this.#sequence, revision, layer]);
     if (this.#recent.length > RECENT) this.#recent.shift();
-    for (const [scope, entry] of [...this.#entries]) if (concerned(entry, layer, revision)) this.#drop(scope);
+    for (const [key, entry] of [...this.#entries]) if (concerned(entry, layer, revision)) this.#drop(key);
   }
 
   /** Whether a change seen since `sequence` (while the answer was on its way) makes `entry`
@@ -315,10 +333,10 @@ export class LocalCache {
     return this.#recent.some(([seen, revision, layer]) => seen > sequence && concerned(entry, layer, revision));
   }
 
-  #drop(scope: string): void {
-    const entry = this.#entries.get(scope);
+  #drop(key: string): void {
+    const entry = this.#entries.get(key);
     if (entry === undefined) return;
-    this.#entries.delete(scope);
+    this.#entries.delete(key);
     this.bytes -= entry.size;
   }
 }

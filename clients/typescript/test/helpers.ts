@@ -1,6 +1,7 @@
 /** What the tests share: the built-in sections, and small readers of assemblies. */
 
 import { after, afterEach, before } from "node:test";
+import * as grpc from "@grpc/grpc-js";
 import * as dsp from "../src/index.js";
 import { Sidecar, type SidecarOptions } from "./sidecar.js";
 import type { PromptAssembly } from "../src/index.js";
@@ -63,6 +64,25 @@ export async function waitFor(condition: () => boolean, what: string, timeoutMs 
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await new Promise((resolve) => setTimeout(resolve, 10));
   }
+}
+
+/** Resolve once `check()` resolves true, asking every few milliseconds; fail after `timeoutMs`. */
+export async function eventually(check: () => Promise<boolean>, what: string, timeoutMs = 15_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check().catch(() => false))) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+}
+
+/** An interceptor counting the Assemble calls made (a locally kept answer makes none). */
+export function assembleCounter(): { interceptor: grpc.Interceptor; count: () => number } {
+  let calls = 0;
+  const interceptor: grpc.Interceptor = (options, nextCall) => {
+    if (options.method_definition.path.endsWith("/Assemble")) calls += 1;
+    return new grpc.InterceptingCall(nextCall(options));
+  };
+  return { interceptor, count: () => calls };
 }
 
 /** The rejection of `promise`, which must be a SystemPromptError. */

@@ -3,22 +3,13 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import * as dsp from "../src/index.js";
-import { ownSections, useSidecar } from "./helpers.js";
+import { eventually, ownSections, useSidecar } from "./helpers.js";
 import { Sidecar } from "./sidecar.js";
 
 const harness = useSidecar();
 
 function texts(assembly: dsp.PromptAssembly): Record<string, string> {
   return Object.fromEntries(assembly.sections.map((section) => [section.name, section.text]));
-}
-
-/** Resolve once `check()` resolves true, asking every few milliseconds; fail after `timeoutMs`. */
-async function eventually(check: () => Promise<boolean>, what: string, timeoutMs = 15_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check().catch(() => false))) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
 }
 
 async function sees(client: dsp.Client, name: string, text: string, scope?: string): Promise<boolean> {

@@ -12,28 +12,10 @@ import { join } from "node:path";
 import { test } from "node:test";
 import * as grpc from "@grpc/grpc-js";
 import * as dsp from "../src/index.js";
-import { failure, ownSections, useSidecar } from "./helpers.js";
+import { assembleCounter, eventually, failure, ownSections, useSidecar } from "./helpers.js";
 import { Sidecar, temporaryFolder } from "./sidecar.js";
 
 const harness = useSidecar();
-
-/** An interceptor counting the Assemble calls made (a kept answer makes none). */
-function assembleCounter(): { interceptor: grpc.Interceptor; count: () => number } {
-  let calls = 0;
-  const interceptor: grpc.Interceptor = (options, nextCall) => {
-    if (options.method_definition.path.endsWith("/Assemble")) calls += 1;
-    return new grpc.InterceptingCall(nextCall(options));
-  };
-  return { interceptor, count: () => calls };
-}
-
-async function eventually(check: () => Promise<boolean>, what: string, timeoutMs = 15_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check().catch(() => false))) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
-}
 
 async function sees(client: dsp.Client, scope: string, name: string): Promise<boolean> {
   return ownSections(await client.assemble({ scope })).includes(name);
