@@ -80,19 +80,19 @@ func (c *Client) assemble(ctx context.Context, render bool, opts []AssembleOptio
 	if request.err != nil {
 		return nil, request.err
 	}
-	local, key := c.c.local, localKeyOf(request.message)
+	local, scope, fields := c.c.local, request.message.Context.Scope, request.message.Context.FieldsJson
 	if render || request.message.Report {
 		local = nil // neither is kept
 	}
 	if local != nil {
-		if kept := local.get(key, c.Connected()); kept != nil {
+		if kept := local.get(scope, fields, c.Connected()); kept != nil {
 			if request.skipped != nil {
 				*request.skipped = nil // a kept answer is one of a plan with no callback
 			}
 			return &assembleReply{assembly: kept}, nil
 		}
 	}
-	ticket := local.now(key)
+	ticket := local.now(scope)
 	if _, err := c.c.ready(ctx); err != nil {
 		return nil, err
 	}
@@ -101,7 +101,7 @@ func (c *Client) assemble(ctx context.Context, render bool, opts []AssembleOptio
 		return nil, callError(ctx, err)
 	}
 	if local != nil {
-		local.put(ticket, key, reply)
+		local.put(ticket, scope, fields, reply)
 	}
 	if request.skipped != nil {
 		*request.skipped = reply.skipped

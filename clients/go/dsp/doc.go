@@ -22,9 +22,10 @@
 // UpsertSections, DropSections, UpsertContexts, DropContexts and SetVariables,
 // RulePart; docs/protocol.md, "Rules"); its handle's Update replaces what it does.
 //
-// WithLocalCache answers a repeated Assemble of a cacheable scope from a copy
-// kept in this process until a change of a layer it read is known (a scoped
-// agent's cache watches each scope it assembles).
+// WithLocalCache answers a repeated Assemble of a cacheable scope (or of a
+// rules-only one, with the same fields) from a copy kept in this process until a
+// change of a layer it read is known (a scoped agent's cache watches each scope it
+// assembles).
 //
 // WithLogger hands what the client does on its own (a lost session, each
 // reconnect attempt and replay, an ejected callback made again) to a Logger,

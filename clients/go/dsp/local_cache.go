@@ -1,5 +1,6 @@
-// WithLocalCache: Assemble of a scope whose plan the sidecar marks cacheable answers
-// from a copy kept here, checked against this client's own change stream.
+// WithLocalCache: Assemble of a scope whose plan the sidecar marks cacheable (or
+// cacheable_with_fields, for the same fields) answers from a copy kept here, checked
+// against this client's own change stream.
 
 package dsp
 
@@ -10,15 +11,16 @@ import (
 	"sync"
 
 	"google.golang.org/grpc/codes"
-
-	pb "dsh.dev/dsh-system-prompt/clients/go/gen/dsh/systemprompt/v1"
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // The local cache (Python's connect(local_cache=True); docs/protocol.md, "The
-// local cache"). An answer is kept under its scope alone (a cacheable plan is
-// all-static: the fields change nothing), with what it read (the asked key, the
-// reply's scope_chain, the global layer) and their revision (cache_revision). It is
+// local cache"). A cacheable plan's answer is kept under its scope alone (it is
+// all-static: the fields change nothing), a cacheable_with_fields plan's (its only
+// non-static steps are rules, which read only the assembly, the fields and the
+// scope) under its scope and the request's very fields_json; each with what it read
+// (the asked key, the reply's scope_chain, the global layer) and their revision
+// (cache_revision). It is
 // served until a change event of one of those layers comes with a later revision
 // (a listener or rule event anywhere counts: one registered with global runs
 // everywhere), so another scope's change leaves it in place; a sidecar that sends
@@ -31,7 +33,7 @@ import (
 // broken, and after a resync or a gap, nothing it covers is served or kept. What
 // is kept is bounded by WithLocalCacheBytes, least recently used first.
 
-// localCacheEntries bounds the scopes kept.
+// localCacheEntries bounds the answers kept (a scope's, or a scope's for some fields).
 const localCacheEntries = 256
 
 // LocalCacheBytes is WithLocalCacheBytes' default: 32 MiB of kept texts.
@@ -49,7 +51,10 @@ const localRefused = 1024
 // WithLocalCache keeps the answers of Assemble (without WithReport) for scopes
 // whose plan the sidecar marks cacheable (every part static, no listener) and
 // answers a repeated Assemble of the scope (whatever its fields) from a copy,
-// without a call, until a change of a layer it read is known: this client's own
+// without a call; a plan whose only non-static steps are rules
+// (cacheable_with_fields) is kept the same way under its scope and the very fields
+// asked with (WithFields' JSON, byte for byte), each value its own answer. Both are
+// kept until a change of a layer they read is known: this client's own
 // registrations, updates and disposals are seen by its next Assemble, other
 // clients' changes once its change stream (opened by Connect, closed with the
 // client) brings them; a change in another scope leaves it. A credential that may
@@ -65,9 +70,11 @@ func WithLocalCache() Option { return func(o *options) { o.localCache = true } }
 // answer larger than the whole budget is not kept. Anything below 1 is the default.
 func WithLocalCacheBytes(n int) Option { return func(o *options) { o.localCacheBytes = n } }
 
-// localKeyOf is what an answer is kept under: the scope as sent.
-func localKeyOf(request *pb.AssembleRequest) string {
-	return request.GetContext().GetScope()
+// localKey is what an answer is kept under: its scope as sent, and for a rules-only
+// plan's (withFields) the request's fields_json; a static plan's is the same for any fields.
+type localKey struct {
+	scope, fields string
+	withFields    bool
 }
 
 type localEntry struct {
@@ -120,7 +127,7 @@ type localCache struct {
 	maxBytes int
 
 	mu       sync.Mutex
-	entries  map[string]localEntry
+	entries  map[localKey]localEntry
 	bytes    int
 	uses     uint64
 	recent   []seenChange           // the last localRecent changes seen, oldest first
@@ -137,7 +144,7 @@ func keepLocally(ctx context.Context, client *Client, log Logger, maxBytes int) 
 	if maxBytes < 1 {
 		maxBytes = LocalCacheBytes
 	}
-	l := &localCache{client: client, log: log, maxBytes: maxBytes, entries: map[string]localEntry{},
+	l := &localCache{client: client, log: log, maxBytes: maxBytes, entries: map[localKey]localEntry{},
 		scoped: map[string]*localWatch{}, refused: map[string]struct{}{}}
 	changes, err := client.WatchChanges(ctx)
 	var failed *Error
@@ -154,29 +161,36 @@ func keepLocally(ctx context.Context, client *Client, log Logger, maxBytes int) 
 	return nil
 }
 
-// get is a copy of the answer kept for key while it is the registry's, else nil.
-func (l *localCache) get(key string, connected bool) *Assembly {
+// get is a copy of the answer kept for scope (a static plan's) or for scope with
+// these very fields (a rules-only plan's) while it is the registry's, else nil.
+func (l *localCache) get(scope, fields string, connected bool) *Assembly {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	entry, ok := l.entries[key]
-	if !ok || !entry.watch.live || !connected {
+	if !connected {
 		return nil
 	}
-	l.uses++
-	entry.used = l.uses
-	l.entries[key] = entry
-	return copyAssembly(entry.assembly)
+	for _, key := range [...]localKey{{scope: scope}, {scope: scope, fields: fields, withFields: true}} {
+		entry, ok := l.entries[key]
+		if !ok || !entry.watch.live {
+			continue
+		}
+		l.uses++
+		entry.used = l.uses
+		l.entries[key] = entry
+		return copyAssembly(entry.assembly)
+	}
+	return nil
 }
 
-// now is the ticket an Assemble of key starts with: put keeps its answer only if
-// nothing was lost since. No stream covering key yet: its watch is opened for the next.
-func (l *localCache) now(key string) localTicket {
+// now is the ticket an Assemble of scope starts with: put keeps its answer only if
+// nothing was lost since. No stream covering scope yet: its watch is opened for the next.
+func (l *localCache) now(scope string) localTicket {
 	if l == nil {
 		return localTicket{}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	watch := l.watchOf(key)
+	watch := l.watchOf(scope)
 	if watch == nil || !watch.live {
 		return localTicket{}
 	}
@@ -239,19 +253,29 @@ func (l *localCache) ended(watch *localWatch, err error) {
 	}
 }
 
-// put keeps reply, asked for with ticket, unless something was lost or overtook it since.
-func (l *localCache) put(ticket localTicket, key string, reply *assembleReply) {
+// put keeps reply, asked for with ticket, unless something was lost or overtook it
+// since: under scope when it is cacheable, under scope and fields when it is
+// cacheable_with_fields, else not at all.
+func (l *localCache) put(ticket localTicket, scope, fields string, reply *assembleReply) {
+	key := localKey{scope: scope}
+	switch {
+	case reply.cacheable:
+	case reply.cacheableWithFields:
+		key.fields, key.withFields = fields, true
+	default:
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	watch := ticket.watch
-	if !reply.cacheable || ticket.epoch != l.epoch || watch == nil || !watch.live || ticket.watchEpoch != watch.epoch {
+	if ticket.epoch != l.epoch || watch == nil || !watch.live || ticket.watchEpoch != watch.epoch {
 		return
 	}
 	entry := localEntry{revision: reply.revision, assembly: copyAssembly(reply.assembly), watch: watch,
-		size: assemblyBytes(reply.assembly) + len(key)}
+		size: assemblyBytes(reply.assembly) + len(key.scope) + len(key.fields)}
 	if reply.cacheRevision != 0 {
 		entry.revision = reply.cacheRevision
-		entry.reads = map[string]struct{}{key: {}}
+		entry.reads = map[string]struct{}{scope: {}}
 		for _, scope := range reply.scopeChain {
 			entry.reads[scope] = struct{}{}
 		}
@@ -315,8 +339,8 @@ func (l *localCache) overtaken(entry localEntry, sequence uint64) bool {
 	return false
 }
 
-func (l *localCache) leastUsed() string {
-	oldest, first := "", true
+func (l *localCache) leastUsed() localKey {
+	oldest, first := localKey{}, true
 	for key, entry := range l.entries {
 		if first || entry.used < l.entries[oldest].used {
 			oldest, first = key, false
@@ -325,7 +349,7 @@ func (l *localCache) leastUsed() string {
 	return oldest
 }
 
-func (l *localCache) remove(key string) {
+func (l *localCache) remove(key localKey) {
 	if entry, ok := l.entries[key]; ok {
 		delete(l.entries, key)
 		l.bytes -= entry.size
@@ -334,7 +358,7 @@ func (l *localCache) remove(key string) {
 
 // drop forgets every answer, and any answer asked for before now; l.mu is held.
 func (l *localCache) drop() {
-	l.entries = map[string]localEntry{}
+	l.entries = map[localKey]localEntry{}
 	l.bytes = 0
 	l.epoch++
 }
@@ -429,36 +453,46 @@ func copyAssembly(a *Assembly) *Assembly {
 	return out
 }
 
-// replyScalars reads an AssembleResponse's revision (3), cacheable (5) and
-// cache_revision (7), the varints the reply's decoder passes over.
-func replyScalars(data []byte) (revision uint64, cacheable bool, cacheRevision uint64) {
+// replyScalars are an AssembleResponse's varints, which the reply's decoder passes over.
+type replyScalars struct {
+	revision            uint64 // 3: the registry's revision the assembly was taken at
+	cacheable           bool   // 5: the same answer for any fields until a layer it read changes
+	cacheRevision       uint64 // 7: the revision of what it read (0: an older sidecar)
+	cacheableWithFields bool   // 9: the same answer for these very fields (a rules-only plan)
+}
+
+// readScalars reads data's replyScalars (none from malformed bytes).
+func readScalars(data []byte) replyScalars {
+	var s replyScalars
 	for len(data) > 0 {
 		number, kind, n := protowire.ConsumeTag(data)
 		if n < 0 {
-			return 0, false, 0
+			return replyScalars{}
 		}
 		data = data[n:]
-		if kind == protowire.VarintType && (number == 3 || number == 5 || number == 7) {
+		if kind == protowire.VarintType && (number == 3 || number == 5 || number == 7 || number == 9) {
 			value, m := protowire.ConsumeVarint(data)
 			if m < 0 {
-				return 0, false, 0
+				return replyScalars{}
 			}
 			switch number {
 			case 3:
-				revision = value
+				s.revision = value
 			case 5:
-				cacheable = value != 0
+				s.cacheable = value != 0
+			case 7:
+				s.cacheRevision = value
 			default:
-				cacheRevision = value
+				s.cacheableWithFields = value != 0
 			}
 			data = data[m:]
 			continue
 		}
 		m := protowire.ConsumeFieldValue(number, kind, data)
 		if m < 0 {
-			return 0, false, 0
+			return replyScalars{}
 		}
 		data = data[m:]
 	}
-	return revision, cacheable, cacheRevision
+	return s
 }

@@ -27,10 +27,8 @@ type assembleReply struct {
 	contextSnapshot string
 	skipped         []SkippedStep
 	report          *AssemblyReport // when asked for
-	revision        uint64          // the registry's revision the assembly was taken at
-	cacheable       bool            // the sidecar answers the same until a layer it read changes
-	cacheRevision   uint64          // the revision of what it read (0: an older sidecar)
 	scopeChain      []string        // the scope keys it read, nearest first
+	replyScalars                    // revision, cacheable, cacheRevision, cacheableWithFields
 }
 
 // replyCodec marshals requests as protobuf and decodes an *assembleReply by hand.
@@ -53,7 +51,7 @@ func (replyCodec) Unmarshal(data []byte, v any) error {
 	}
 	w := wire{data: data, text: string(data)}
 	reply.assembly = emptyAssembly()
-	reply.revision, reply.cacheable, reply.cacheRevision = replyScalars(data)
+	reply.replyScalars = readScalars(data)
 	return w.fields(0, len(data), func(f field) error {
 		switch f.number {
 		case 1: // AssembleResponse.assembly
@@ -83,7 +81,7 @@ func (replyCodec) Unmarshal(data []byte, v any) error {
 		case 8: // AssembleResponse.scope_chain
 			reply.scopeChain = append(reply.scopeChain, w.string(f))
 		}
-		return nil // revision, cacheable and cache_revision are read by replyScalars
+		return nil // revision, cacheable, cache_revision and cacheable_with_fields: readScalars
 	})
 }
 

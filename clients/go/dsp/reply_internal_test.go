@@ -32,6 +32,7 @@ func TestTheReplyDecoderAgreesWithTheGeneratedCode(t *testing.T) {
 			Cacheable: true,
 			Report:    &pb.AssemblyReport{Tokenizer: "t", Prompt: &pb.Size{Bytes: 3}},
 		},
+		{Revision: 9, CacheRevision: 8, CacheableWithFields: true, ScopeChain: []string{"team"}},
 	}
 	for _, reply := range replies {
 		data, err := proto.Marshal(reply)
@@ -57,6 +58,10 @@ func TestTheReplyDecoderAgreesWithTheGeneratedCode(t *testing.T) {
 		}
 		if decoded.prompt != reply.GetRendered().GetPrompt() || decoded.contextSnapshot != reply.GetRendered().GetContextSnapshot() {
 			t.Fatalf("rendered: %q %q", decoded.prompt, decoded.contextSnapshot)
+		}
+		scalars := replyScalars{reply.GetRevision(), reply.GetCacheable(), reply.GetCacheRevision(), reply.GetCacheableWithFields()}
+		if decoded.replyScalars != scalars || !reflect.DeepEqual(decoded.scopeChain, reply.GetScopeChain()) {
+			t.Fatalf("the scalars %+v and scope chain %q, want %+v and %q", decoded.replyScalars, decoded.scopeChain, scalars, reply.GetScopeChain())
 		}
 		if (decoded.report == nil) != (reply.Report == nil) ||
 			(decoded.report != nil && (decoded.report.Tokenizer != "t" || decoded.report.Prompt.Bytes != 3 || decoded.report.Tools.Tokens != nil)) {
