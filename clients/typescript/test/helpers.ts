@@ -85,6 +85,29 @@ export function assembleCounter(): { interceptor: grpc.Interceptor; count: () =>
   return { interceptor, count: () => calls };
 }
 
+/** Run `body` on a sidecar of its own with an owner client, a caching one (its local cache on)
+ * and `restart`: the sidecar stopped, another started at its address, both clients reconnected. */
+export async function acrossARestart(
+  body: (owner: dsp.Client, caching: dsp.Client, restart: () => Promise<void>) => Promise<void>,
+): Promise<void> {
+  let sidecar = await Sidecar.start();
+  const address = sidecar.address;
+  const owner = await dsp.connect(address);
+  const caching = await dsp.connect(address, { localCache: true });
+  const restart = async (): Promise<void> => {
+    await sidecar.stop();
+    sidecar = await Sidecar.restartAt(address);
+    await eventually(async () => owner.connected && caching.connected, "both clients reconnect");
+  };
+  try {
+    await body(owner, caching, restart);
+  } finally {
+    await caching.close();
+    await owner.close();
+    await sidecar.stop();
+  }
+}
+
 /** The rejection of `promise`, which must be a SystemPromptError. */
 export async function failure(promise: Promise<unknown>): Promise<dsp.SystemPromptError> {
   try {

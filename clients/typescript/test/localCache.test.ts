@@ -3,8 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import * as dsp from "../src/index.js";
-import { eventually, ownSections, useSidecar } from "./helpers.js";
-import { Sidecar } from "./sidecar.js";
+import { acrossARestart, eventually, ownSections, useSidecar } from "./helpers.js";
 
 const harness = useSidecar();
 
@@ -84,23 +83,12 @@ test("a re-parented scope is assembled under its new parent", async () => {
   await eventually(() => sees(caching, "team", "b", "worker"), "team-b's section");
 });
 
-test("a sidecar restart leaves no answer of the old one", async () => {
-  let sidecar = await Sidecar.start();
-  const address = sidecar.address;
-  const owner = await dsp.connect(address);
-  const caching = await dsp.connect(address, { localCache: true });
-  try {
+test("a sidecar restart leaves no answer of the old one", () =>
+  acrossARestart(async (owner, caching, restart) => {
     const rules = await owner.section("rules", 10, "v0");
     for (let version = 1; version < 20; version += 1) await rules.update(`v${version}`); // far above the new sidecar's revisions
     await eventually(() => sees(caching, "rules", "v19"), "the last value");
-    await sidecar.stop();
-    sidecar = await Sidecar.restartAt(address);
-    await eventually(async () => owner.connected && caching.connected, "both clients reconnect");
+    await restart();
     await rules.update("after the restart");
     await eventually(() => sees(caching, "rules", "after the restart"), "the new sidecar's value");
-  } finally {
-    await caching.close();
-    await owner.close();
-    await sidecar.stop();
-  }
-});
+  }));

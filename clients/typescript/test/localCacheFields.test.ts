@@ -8,8 +8,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import * as dsp from "../src/index.js";
-import { assembleCounter, eventually, useSidecar } from "./helpers.js";
-import { Sidecar } from "./sidecar.js";
+import { acrossARestart, assembleCounter, eventually, useSidecar } from "./helpers.js";
 
 const harness = useSidecar();
 
@@ -95,24 +94,13 @@ test("answers kept by fields count toward localCacheBytes", async () => {
   assert.equal(count(), before + 2);
 });
 
-test("a sidecar restart leaves no answer kept by fields of the old one", async () => {
-  let sidecar = await Sidecar.start();
-  const address = sidecar.address;
-  const owner = await dsp.connect(address);
-  const client = await dsp.connect(address, { localCache: true });
-  try {
+test("a sidecar restart leaves no answer kept by fields of the old one", () =>
+  acrossARestart(async (owner, client, restart) => {
     const rule = await owner.rule("greet", greet("v0"));
     // far above the new sidecar's revisions
     for (let version = 1; version < 20; version += 1) await rule.update(greet(`v${version}`));
     await eventually(async () => (await greeting(client, "ada")) === "v19 ada.", "the last rule");
-    await sidecar.stop();
-    sidecar = await Sidecar.restartAt(address);
-    await eventually(async () => owner.connected && client.connected, "both clients reconnect");
+    await restart();
     await rule.update(greet("after"));
     await eventually(async () => (await greeting(client, "ada")) === "after ada.", "the new sidecar's rule");
-  } finally {
-    await client.close();
-    await owner.close();
-    await sidecar.stop();
-  }
-});
+  }));
