@@ -12,6 +12,7 @@ are not kept (a copy of the whole prompt per scope: 300 scopes of a 3.5 MiB prom
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -21,84 +22,99 @@ from typing import Any, Generic, TypeVar
 from dsh_system_prompt_core import CONTEXT_SNAPSHOT_HEADER, SECTION_SEPARATOR, interpolate
 
 from ...registry import Assembly, Part, Plan, Tool
-from ...wire import context_field, held_objects, section_field, tool_field, variable_field
+from ...wire import context_field, held_bytes, section_field, tool_field, variable_field
 
 T = TypeVar("T")
 Variables = Mapping[str, str | None]
 
 
-class _Fields(Generic[T]):
-    """One list of an assembly's parts as last encoded: the parts and their fields."""
+def _part_bytes(part: object, kept: object) -> int:
+    """What one kept position holds: the part with its strings, and what was made from it
+    (a text that is the part's own text is counted once)."""
+    made = 0 if kept is getattr(part, "text", None) else sys.getsizeof(kept)
+    return held_bytes(part) + made
 
-    __slots__ = ("_fields", "_parts", "changed", "counted")
+
+class _Fields(Generic[T]):
+    """One list of an assembly's parts as last encoded: the parts, their fields, and what
+    each position holds in memory (counted when its part was encoded, kept with it)."""
+
+    __slots__ = ("_fields", "_parts", "_sizes", "size")
 
     def __init__(self) -> None:
         self._parts: list[T] = []
         self._fields: list[bytes] = []
-        self.changed = False  # since `held()` was last counted
-        self.counted = 0  # what `held()` took when last counted
-
-    def held(self) -> Iterator[object]:
-        """What it keeps alive: the parts (with their texts) as well as their fields."""
-        yield from (self, self._parts, self._fields, *self._fields)
-        for part in self._parts:
-            yield from held_objects(part)
+        self._sizes: list[int] = []
+        self.size = sys.getsizeof(self)  # what it keeps alive, in bytes
 
     def fields(self, parts: Sequence[T], encode: Callable[[T], bytes]) -> list[bytes]:
         """The parts' fields: the kept field of each unchanged part (by position) and
         fresh ones."""
         if parts == self._parts:  # compared in C, by identity first
             return self._fields
+        fields: list[bytes] = []
+        sizes: list[int] = []
         if len(parts) == len(self._parts):
-            kept = zip(parts, self._parts, self._fields, strict=True)
-            fields = [field if part == old else encode(part) for part, old, field in kept]
+            kept = zip(parts, self._parts, self._fields, self._sizes, strict=True)
+            for part, old, field_, size in kept:
+                if part is not old and part != old:  # identity first: most are the same
+                    field_ = encode(part)
+                    size = _part_bytes(part, field_)
+                fields.append(field_)
+                sizes.append(size)
         else:  # a listener added or removed parts: positions moved
             fields = [encode(part) for part in parts]
-        self._parts, self._fields = list(parts), fields
-        self.changed = True
+            sizes = list(map(_part_bytes, parts, fields))
+        self._parts, self._fields, self._sizes = list(parts), fields, sizes
+        self.size = _sized(self, self._parts, fields, sizes)
         return fields
+
+
+def _sized(holder: object, parts: list[Any], made: list[Any], sizes: list[int]) -> int:
+    """What a kind keeps alive: itself, its two lists, and each position's count."""
+    return sum(map(sys.getsizeof, (holder, parts, made)), sum(sizes))
 
 
 class _Texts:
     """One list of parts as last interpolated, under the variables it was done with."""
 
-    __slots__ = ("_noun", "_parts", "_texts", "_variables", "changed", "counted")
+    __slots__ = ("_noun", "_parts", "_sizes", "_texts", "_variables", "size")
 
     def __init__(self, noun: str) -> None:
         self._noun = noun
         self._parts: list[Part] = []
         self._texts: list[str] = []
+        self._sizes: list[int] = []
         self._variables: dict[str, str | None] | None = None
-        self.changed = False  # since `held()` was last counted
-        self.counted = 0  # what `held()` took when last counted
-
-    def held(self) -> Iterator[object]:
-        """What it keeps alive: the texts, and the parts and variables they were made from."""
-        yield from (self, self._noun, self._parts, self._texts, *self._texts)
-        for part in self._parts:
-            yield from held_objects(part)
-        if self._variables is not None:
-            yield self._variables
-            for item in self._variables.items():
-                yield from item
+        self.size = sys.getsizeof(self) + sys.getsizeof(noun)  # what it keeps alive, in bytes
 
     def render(self, parts: Sequence[Part], variables: Variables) -> str:
         """render_prompt's join of the interpolated, non-empty texts (RenderFailure as it)."""
         same_variables = variables == self._variables
         if same_variables and parts == self._parts:
-            texts = self._texts
-        elif same_variables and len(parts) == len(self._parts):
-            kept = zip(parts, self._parts, self._texts, strict=True)
-            texts = [
-                text if part == old else self._text(part, variables) for part, old, text in kept
-            ]
+            return SECTION_SEPARATOR.join(text for text in self._texts if text)
+        texts: list[str] = []
+        sizes: list[int] = []
+        if same_variables and len(parts) == len(self._parts):
+            kept = zip(parts, self._parts, self._texts, self._sizes, strict=True)
+            for part, old, text, size in kept:
+                if part is not old and part != old:  # identity first: most are the same
+                    text = self._text(part, variables)
+                    size = _part_bytes(part, text)
+                texts.append(text)
+                sizes.append(size)
         else:
             texts = [self._text(part, variables) for part in parts]
+            sizes = list(map(_part_bytes, parts, texts))
         # kept only once every part rendered: a failure leaves the last good ones
-        if texts is not self._texts:
-            self._parts, self._texts = list(parts), texts
-            self._variables = dict(variables)
-            self.changed = True
+        self._parts, self._texts, self._sizes = list(parts), texts, sizes
+        self._variables = dict(variables)
+        held = _sized(self, self._parts, texts, sizes) + sys.getsizeof(self._noun)
+        self.size = (
+            held
+            + sys.getsizeof(self._variables)
+            + sum(map(sys.getsizeof, itertools.chain.from_iterable(self._variables.items())))
+        )
         return SECTION_SEPARATOR.join(text for text in texts if text)
 
     def _text(self, part: Part, variables: Variables) -> str:
@@ -115,30 +131,18 @@ class PartCaches:
     variables: _Fields[tuple[str, str | None]] = field(default_factory=_Fields)
     prompt: _Texts = field(default_factory=lambda: _Texts("section"))
     snapshot: _Texts = field(default_factory=lambda: _Texts("context"))
-    _size: int = 0  # of what was held when last counted
 
     @property
     def size(self) -> int:
         """What the kept fields and texts take in memory, with the parts and variables they
-        keep alive, each object once in each kind (one kept by two kinds, a section both
-        encoded and rendered, is counted in both, and ones shared with others in each plan:
-        a little more than is held, never less). The fields alone were counted: a plan kept
-        twice that, and ten times with one emoji in a provider's text (its str takes 4
-        bytes a character). Only the kinds that changed are counted again: a dynamic
-        section or a rule's changes one or two kinds at each assembly, and counting all
-        six (430 objects for the bench's load) took most of what a rule's step costs."""
-        kinds: tuple[_Fields[Any] | _Texts, ...] = (
-            *(self.sections, self.contexts, self.tools, self.variables),
-            *(self.prompt, self.snapshot),
-        )
-        if any(kind.changed for kind in kinds):
-            for kind in kinds:
-                if kind.changed:
-                    held = {id(kept): kept for kept in kind.held()}
-                    kind.counted = sum(map(sys.getsizeof, held.values()))
-                    kind.changed = False
-            self._size = sys.getsizeof(self) + sum(kind.counted for kind in kinds)
-        return self._size
+        keep alive: each position counted when its part was encoded or rendered and kept
+        with it (an object kept by two positions or two kinds, or shared with other plans,
+        is counted in each: a little more than is held, never less). The fields alone were
+        counted: a plan kept twice that, and ten times with one emoji in a provider's text
+        (its str takes 4 bytes a character). Counting every object of the kinds that
+        changed at each response took most of what a rule's step cost (0.14 ms of 0.68)."""
+        kinds = (self.sections, self.contexts, self.tools, self.variables)
+        return sys.getsizeof(self) + sum(kind.size for kind in (*kinds, self.prompt, self.snapshot))
 
     def encoding(self, assembly: Assembly) -> bytes:
         """assembly_encoding(assembly), from the kept fields of its unchanged parts."""
@@ -156,7 +160,6 @@ class PartCaches:
         self.sections, self.contexts = _Fields(), _Fields()
         self.tools, self.variables = _Fields(), _Fields()
         self.prompt, self.snapshot = _Texts("section"), _Texts("context")
-        self._size = 0
 
     def render_prompt(self, assembly: Assembly) -> str:
         """render_prompt(assembly), from the kept texts of its unchanged sections."""
