@@ -133,8 +133,13 @@ class Metrics:
         if entry.disposed:  # disposed while it ran: its series are gone and stay gone
             return
         labels = self._rule_labels(entry)
+        series = self.rule_evaluations.values
+        counted = (*labels, outcome)
+        if counted in series and entry.id in self._rules.get(labels, ()):  # counted before
+            series[counted] += 1
+            return
         self._rules.setdefault(labels, set()).add(entry.id)
-        self.rule_evaluations.labels(*labels, outcome).inc()
+        self.rule_evaluations.labels(*counted).inc()
 
     def rule_gone(self, entry: AnyRegistration) -> None:
         """Drop a disposed rule's series (unless another live rule shares its labels)."""

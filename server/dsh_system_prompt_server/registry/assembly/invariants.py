@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from operator import attrgetter
 
 from dsh_system_prompt_core import is_variable_name
 
@@ -11,14 +12,21 @@ from ..model import Assembly, Part
 
 
 def validate(assembly: Assembly) -> None:
-    """Raise INVARIANT_VIOLATION for the first broken rule."""
-    _unique_names("section", assembly.sections)
-    _unique_names("context", assembly.contexts)
-    if any(not tool.name for tool in assembly.tools):
+    """Raise INVARIANT_VIOLATION for the first broken rule (looked for in C; where one is
+    broken, found again part by part for its message)."""
+    for noun, parts in (("section", assembly.sections), ("context", assembly.contexts)):
+        names = list(map(_NAME, parts))
+        if "" in names or len(set(names)) != len(names):
+            _unique_names(noun, parts)
+    if not all(map(_NAME, assembly.tools)):
         raise invariant("assembled tool names must be non-empty")
-    for name in assembly.variables:
-        if not is_variable_name(name):
-            raise invariant(f'assembled variable name "{name}" is invalid')
+    if not all(map(is_variable_name, assembly.variables)):
+        for name in assembly.variables:
+            if not is_variable_name(name):
+                raise invariant(f'assembled variable name "{name}" is invalid')
+
+
+_NAME = attrgetter("name")
 
 
 def _unique_names(noun: str, parts: Iterable[Part]) -> None:

@@ -74,6 +74,11 @@ class Plan:
     # The rpc layer's per-part encodings and renderings of this plan's assemblies
     # (rpc/part_caches.py): a change makes a new plan, so none outlives its parts.
     part_caches: object = None
+    # Its rules' view of the parts' orders ("sections"/"contexts": name -> order), made at
+    # its first assembly (rule_steps.py); None while it has no rule.
+    part_orders: dict[str, dict[str, float]] | None = field(init=False, default=None)
+    has_rules: bool = field(init=False)
+    _complete: list[SectionRegistration] = field(init=False)
 
     def __post_init__(self) -> None:
         entries: list[ValueRegistration] = [
@@ -89,6 +94,8 @@ class Plan:
             if isinstance(entry.value, Dynamic) and entry.id not in passed
         ]
         self.is_static = not self.listeners and not self.dynamic
+        self.has_rules = any(isinstance(entry, RuleRegistration) for entry in self.listeners)
+        self._complete = [entry for entry in self.sections if entry.complete]
         self.rules_only = (
             bool(self.listeners)
             and not self.dynamic
@@ -126,7 +133,7 @@ class Plan:
 
     def complete_section(self) -> SectionRegistration | None:
         """The effective complete section; more than one rejects the assembly."""
-        complete = [entry for entry in self.sections if entry.complete]
+        complete = self._complete
         if len(complete) > 1:
             raise errors.multiple_complete(entry.name for entry in complete)
         return complete[0] if complete else None

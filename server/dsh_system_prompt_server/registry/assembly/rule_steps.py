@@ -17,17 +17,19 @@ from .plan import Plan
 
 def rule_inputs(plan: Plan, context: AssembleContext, limits: Limits) -> Inputs | None:
     """What the plan's rules read besides the assembly (None when it has no rule)."""
-    if not any(isinstance(step, RuleRegistration) for step in plan.listeners):
+    if not plan.has_rules:
         return None
+    if plan.part_orders is None:  # the same at every assembly of the plan
+        plan.part_orders = {
+            "sections": {entry.name: entry.order for entry in plan.sections},
+            "contexts": {entry.name: entry.order for entry in plan.contexts},
+        }
     return Inputs(
         fields_json=context.fields_json,
         scope=context.scope or "",
         chain=list(plan.chain),
         limits=limits,
-        orders={
-            "sections": {entry.name: entry.order for entry in plan.sections},
-            "contexts": {entry.name: entry.order for entry in plan.contexts},
-        },
+        orders=plan.part_orders,
     )
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import itertools
 import re
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -33,7 +34,7 @@ _PACKAGE = "dsh.systemprompt.v1"
 # What a mutation's predicate judges, by operation: the name it is bound to, and its message.
 ITEMS = {"tool": "ToolSchema", "section": "AssembledSection", "context": "AssembledContext"}
 # The list a predicate runs over, bound when a mutation runs (never in the user's environment).
-_LIST = "items_"
+ITEMS_LIST = "items_"
 _CHUNK_NAME = "c_"
 BUDGET = 10_000  # the library's comprehension iterations per evaluation (not configurable)
 
@@ -173,8 +174,8 @@ class Environment:
         )
         runnable = checked
         if item is not None:  # one evaluation over the lists, one budget for the mutation
-            declared[_LIST] = cel.Type.List(cel.Type.List(declared.pop(item)))
-            source_ = f"{_LIST}.map({_CHUNK_NAME}, {_CHUNK_NAME}.map({item}, ({source})))"
+            declared[ITEMS_LIST] = cel.Type.List(cel.Type.List(declared.pop(item)))
+            source_ = f"{ITEMS_LIST}.map({_CHUNK_NAME}, {_CHUNK_NAME}.map({item}, ({source})))"
             runnable = self._compiled(declared, source_, path)
         names = _references(source)
         return Program(
@@ -228,7 +229,10 @@ def evaluate(program: Program, activation: Any) -> Any:
         raise CelFailure(_status_removed(str(value.value())))
     plain = value.plain_value()
     if program.over_items:
-        return [_checked(each, program.wanted) for chunk in plain for each in chunk]
+        verdicts = list(itertools.chain.from_iterable(plain))
+        if program.wanted is Wanted.BOOL and set(map(type, verdicts)) <= {bool}:
+            return verdicts  # all fit (checked in C): the usual case
+        return [_checked(each, program.wanted) for each in verdicts]
     return _checked(plain, program.wanted)
 
 

@@ -17,7 +17,8 @@ import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from operator import is_not
+from typing import Generic, TypeVar
 
 from dsh_system_prompt_core import CONTEXT_SNAPSHOT_HEADER, SECTION_SEPARATOR, interpolate
 
@@ -25,6 +26,7 @@ from ...registry import Assembly, Part, Plan, Tool
 from ...wire import context_field, held_bytes, section_field, tool_field, variable_field
 
 T = TypeVar("T")
+M = TypeVar("M")  # what a part is made into: its field, or its text
 Variables = Mapping[str, str | None]
 
 
@@ -35,87 +37,76 @@ def _part_bytes(part: object, kept: object) -> int:
     return held_bytes(part) + made
 
 
-class _Fields(Generic[T]):
-    """One list of an assembly's parts as last encoded: the parts, their fields, and what
-    each position holds in memory (counted when its part was encoded, kept with it)."""
+class _Kept(Generic[T, M]):
+    """One list of an assembly's parts as last made into fields or texts: the parts, what
+    was made of each, and what each position holds in memory (counted when it was made)."""
 
-    __slots__ = ("_fields", "_parts", "_sizes", "size")
+    __slots__ = ("_made", "_parts", "_sizes", "size")
 
     def __init__(self) -> None:
         self._parts: list[T] = []
-        self._fields: list[bytes] = []
+        self._made: list[M] = []
         self._sizes: list[int] = []
         self.size = sys.getsizeof(self)  # what it keeps alive, in bytes
+
+    def _remade(
+        self, parts: Sequence[T], make: Callable[[T], M], anew: bool = False
+    ) -> tuple[list[M], list[int]]:
+        """What `parts` make: by position, the kept one of each unchanged part (found in
+        C, by identity first: most are the very parts of the last assembly) and fresh ones;
+        all fresh with `anew`."""
+        olds = self._parts
+        if anew or len(parts) != len(olds):  # a step added or removed parts: positions moved
+            made = [make(part) for part in parts]
+            return made, list(map(_part_bytes, parts, made))
+        made, sizes = list(self._made), list(self._sizes)
+        for index in itertools.compress(range(len(parts)), map(is_not, parts, olds)):
+            part = parts[index]
+            if part != olds[index]:
+                made[index] = make(part)
+                sizes[index] = _part_bytes(part, made[index])
+        return made, sizes
+
+    def _keep(self, parts: Sequence[T], made: list[M], sizes: list[int]) -> None:
+        self._parts, self._made, self._sizes = list(parts), made, sizes
+        self.size = sum(map(sys.getsizeof, (self, self._parts, made)), sum(sizes))
+
+
+class _Fields(_Kept[T, bytes]):
+    """One list of an assembly's parts as last encoded: the parts and their fields."""
+
+    __slots__ = ()
 
     def fields(self, parts: Sequence[T], encode: Callable[[T], bytes]) -> list[bytes]:
         """The parts' fields: the kept field of each unchanged part (by position) and
         fresh ones."""
-        if parts == self._parts:  # compared in C, by identity first
-            return self._fields
-        fields: list[bytes] = []
-        sizes: list[int] = []
-        if len(parts) == len(self._parts):
-            kept = zip(parts, self._parts, self._fields, self._sizes, strict=True)
-            for part, old, field_, size in kept:
-                if part is not old and part != old:  # identity first: most are the same
-                    field_ = encode(part)
-                    size = _part_bytes(part, field_)
-                fields.append(field_)
-                sizes.append(size)
-        else:  # a listener added or removed parts: positions moved
-            fields = [encode(part) for part in parts]
-            sizes = list(map(_part_bytes, parts, fields))
-        self._parts, self._fields, self._sizes = list(parts), fields, sizes
-        self.size = _sized(self, self._parts, fields, sizes)
-        return fields
+        if parts != self._parts:  # compared in C, by identity first
+            self._keep(parts, *self._remade(parts, encode))
+        return self._made
 
 
-def _sized(holder: object, parts: list[Any], made: list[Any], sizes: list[int]) -> int:
-    """What a kind keeps alive: itself, its two lists, and each position's count."""
-    return sum(map(sys.getsizeof, (holder, parts, made)), sum(sizes))
-
-
-class _Texts:
+class _Texts(_Kept[Part, str]):
     """One list of parts as last interpolated, under the variables it was done with."""
 
-    __slots__ = ("_noun", "_parts", "_sizes", "_texts", "_variables", "size")
+    __slots__ = ("_noun", "_variables")
 
     def __init__(self, noun: str) -> None:
+        super().__init__()
         self._noun = noun
-        self._parts: list[Part] = []
-        self._texts: list[str] = []
-        self._sizes: list[int] = []
         self._variables: dict[str, str | None] | None = None
-        self.size = sys.getsizeof(self) + sys.getsizeof(noun)  # what it keeps alive, in bytes
 
     def render(self, parts: Sequence[Part], variables: Variables) -> str:
         """render_prompt's join of the interpolated, non-empty texts (RenderFailure as it)."""
-        same_variables = variables == self._variables
-        if same_variables and parts == self._parts:
-            return SECTION_SEPARATOR.join(text for text in self._texts if text)
-        texts: list[str] = []
-        sizes: list[int] = []
-        if same_variables and len(parts) == len(self._parts):
-            kept = zip(parts, self._parts, self._texts, self._sizes, strict=True)
-            for part, old, text, size in kept:
-                if part is not old and part != old:  # identity first: most are the same
-                    text = self._text(part, variables)
-                    size = _part_bytes(part, text)
-                texts.append(text)
-                sizes.append(size)
-        else:
-            texts = [self._text(part, variables) for part in parts]
-            sizes = list(map(_part_bytes, parts, texts))
-        # kept only once every part rendered: a failure leaves the last good ones
-        self._parts, self._texts, self._sizes = list(parts), texts, sizes
-        self._variables = dict(variables)
-        held = _sized(self, self._parts, texts, sizes) + sys.getsizeof(self._noun)
-        self.size = (
-            held
-            + sys.getsizeof(self._variables)
-            + sum(map(sys.getsizeof, itertools.chain.from_iterable(self._variables.items())))
-        )
-        return SECTION_SEPARATOR.join(text for text in texts if text)
+        anew = variables != self._variables
+        if anew or parts != self._parts:
+            made, sizes = self._remade(parts, lambda part: self._text(part, variables), anew)
+            # kept only once every part rendered: a failure leaves the last good ones
+            self._keep(parts, made, sizes)
+            self._variables = dict(variables)
+            strings = itertools.chain.from_iterable(self._variables.items())
+            held = (self._noun, self._variables, *strings)
+            self.size += sum(map(sys.getsizeof, held))
+        return SECTION_SEPARATOR.join(filter(None, self._made))
 
     def _text(self, part: Part, variables: Variables) -> str:
         return interpolate(part.text, variables, f'{self._noun} "{part.name}"')
