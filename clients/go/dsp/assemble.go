@@ -81,8 +81,8 @@ func (c *Client) assemble(ctx context.Context, render bool, opts []AssembleOptio
 		return nil, request.err
 	}
 	local, scope, fields := c.c.local, request.message.Context.Scope, request.message.Context.FieldsJson
-	if render || request.message.Report {
-		local = nil // neither is kept
+	if render || request.message.Report || request.message.ToolFreeze != pb.ToolFreeze_TOOL_FREEZE_UNSPECIFIED {
+		local = nil // none is kept; a freeze without a report is the sidecar's to refuse
 	}
 	if local != nil {
 		if kept := local.get(scope, fields, c.Connected()); kept != nil {

@@ -54,6 +54,11 @@ func exposedEnums() []exposedEnum {
 				n, ok := layoutToProto(PrefixLayout(name))
 				return int32(n), ok
 			}},
+		{goType: "ToolFreeze", prefix: "TOOL_FREEZE_", values: pb.ToolFreeze_value,
+			toWire: func(name string) (int32, bool) {
+				n, ok := toolFreezes[ToolFreeze(name)]
+				return int32(n), ok
+			}},
 		{goType: "FailurePolicy", prefix: "FAILURE_POLICY_", values: pb.FailurePolicy_value,
 			toWire: func(name string) (int32, bool) {
 				n, ok := failurePolicies[FailurePolicy(name)]

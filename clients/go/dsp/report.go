@@ -1,4 +1,4 @@
-// The prompt-cache report: WithReport, WithReportKey, WithPrefixLayout and the report's values.
+// The prompt-cache report: WithReport, WithReportKey, WithPrefixLayout, WithToolFreeze and the report's values.
 
 package dsp
 
@@ -209,6 +209,39 @@ func WithReportKey(key string) AssembleOption {
 func WithPrefixLayout(layout PrefixLayout) AssembleOption {
 	return func(r *assembleRequest) {
 		r.message.PrefixLayout = layoutOption(layout, &r.err)
+	}
+}
+
+// ToolFreeze is what a reported assembly does to its history key's tool freeze
+// (docs/prompt-cache.md, "Freezing the tools"): WithToolFreeze's value.
+type ToolFreeze string
+
+// The tool freezes, one per value of the proto's ToolFreeze.
+const (
+	// ToolFreezeHold freezes the key's tools as this assembly has them (names,
+	// order and bytes), unless frozen already; while frozen, a reported assembly
+	// of the key whose tools differ fails FAILED_PRECONDITION, ReasonToolsFrozen.
+	ToolFreezeHold ToolFreeze = "hold"
+	// ToolFreezeRelease releases the key's freeze before this assembly (e.g. at
+	// compaction), which may then change the tools.
+	ToolFreezeRelease ToolFreeze = "release"
+)
+
+var toolFreezes = map[ToolFreeze]pb.ToolFreeze{
+	ToolFreezeHold: pb.ToolFreeze_TOOL_FREEZE_HOLD, ToolFreezeRelease: pb.ToolFreeze_TOOL_FREEZE_RELEASE,
+}
+
+// WithToolFreeze holds or releases the report key's tool list (with WithReport:
+// the freeze belongs to the key's history, so without a report the sidecar
+// refuses it, INVALID_VALUE). While a key is frozen, every reported assembly of
+// it is checked, whatever its own freeze.
+func WithToolFreeze(freeze ToolFreeze) AssembleOption {
+	return func(r *assembleRequest) {
+		value, ok := toolFreezes[freeze]
+		if !ok {
+			r.err = invalid("tool freeze must be %q or %q, not %q", ToolFreezeHold, ToolFreezeRelease, freeze)
+		}
+		r.message.ToolFreeze = value
 	}
 }
 

@@ -6,7 +6,14 @@ import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import { entryFromProto, historyFromProto, usageFrom } from "./cacheHistory.js";
 import { ChangeStream, WATCH_FEATURES } from "./changes.js";
 import { answerError, CALL_TIMEOUT_MS, Connection, notReady, type Registration } from "./connection.js";
-import { assemblyFromProto, contextToProto, layoutToProto, reportFromProto, skippedFromProto } from "./convert.js";
+import {
+  assemblyFromProto,
+  contextToProto,
+  freezeToProto,
+  layoutToProto,
+  reportFromProto,
+  skippedFromProto,
+} from "./convert.js";
 import { invalid, NoAnswer } from "./errors.js";
 import { LOCAL_CACHE_BYTES, LocalCache } from "./localCache.js";
 import { PromptStream } from "./prompts.js";
@@ -21,6 +28,7 @@ import type {
   PromptAssembly,
   RenderedPrompt,
   Snapshot,
+  ToolFreeze,
 } from "./types.js";
 
 export type {
@@ -48,6 +56,11 @@ export interface AssembleOptions {
   reportKey?: string | undefined;
   /** For a report: the order the model server caches in (default: the sidecar's). */
   prefixLayout?: PrefixLayout | undefined;
+  /**
+   * For a report: hold or release the report key's tool list (a frozen key's reported
+   * assembly whose tools differ rejects FAILED_PRECONDITION / TOOLS_FROZEN).
+   */
+  toolFreeze?: ToolFreeze | undefined;
   /**
    * While the connection is down, wait up to this long for the reconnect instead
    * of failing fast with UNAVAILABLE; also the call's deadline.
@@ -171,7 +184,10 @@ export class Client extends Registrar {
    */
   async assemble(options: AssembleOptions = {}): Promise<PromptAssembly> {
     const local = this.connection.local;
-    if (local !== undefined && !options.report) return this.#assembleLocally(local, options);
+    // a freeze without a report is the sidecar's to refuse, never a kept answer
+    if (local !== undefined && !options.report && options.toolFreeze === undefined) {
+      return this.#assembleLocally(local, options);
+    }
     return toAssembly(await this.#assemble(options, false));
   }
 
@@ -300,6 +316,7 @@ export class Client extends Registrar {
       report: options.report ?? false,
       reportKey: options.reportKey ?? "",
       prefixLayout: layoutToProto(options.prefixLayout),
+      toolFreeze: freezeToProto(options.toolFreeze),
     });
     return this.connection.call(
       pb.SystemPromptService.method.assemble,

@@ -9,6 +9,7 @@ import {
   PartKind,
   PrefixLayout,
   SourceKind,
+  ToolFreeze,
   ToolSchema,
   type AssembleContext,
   type AssemblyReport,
@@ -235,6 +236,20 @@ export function layoutToProto(layout: PrefixLayout | undefined): pb.PrefixLayout
   if (layout === undefined) return pb.PrefixLayout.UNSPECIFIED;
   for (const [wire, name] of Object.entries(LAYOUTS)) if (name === layout) return Number(wire);
   throw invalid(`prefixLayout must be one of ${Object.values(LAYOUTS).join(", ")}, not ${String(layout)}`);
+}
+
+/** The client's names for the wire's tool freezes (test/enums.test.ts checks them). */
+export const TOOL_FREEZES: Record<ToolFreeze, pb.ToolFreeze> = {
+  [ToolFreeze.HOLD]: pb.ToolFreeze.HOLD,
+  [ToolFreeze.RELEASE]: pb.ToolFreeze.RELEASE,
+};
+
+/** The wire's tool freeze; undefined is none. */
+export function freezeToProto(freeze: ToolFreeze | undefined): pb.ToolFreeze {
+  if (freeze === undefined) return pb.ToolFreeze.UNSPECIFIED;
+  // a caller without the types may pass anything: only an own key is a freeze
+  if (Object.hasOwn(TOOL_FREEZES, freeze)) return TOOL_FREEZES[freeze];
+  throw invalid(`toolFreeze must be one of ${Object.keys(TOOL_FREEZES).join(", ")}, not ${String(freeze)}`);
 }
 
 export function sizeFromProto(message: pb.Size | undefined): Size {

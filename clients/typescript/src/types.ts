@@ -168,6 +168,17 @@ export type PrefixLayout = "tools-first" | "system-first";
 /** The prefix layouts by name, one per value of the proto's enum: `{ prefixLayout: PrefixLayout.TOOLS_FIRST }`. */
 export const PrefixLayout = Object.freeze({ TOOLS_FIRST: "tools-first", SYSTEM_FIRST: "system-first" } as const);
 
+/**
+ * What a reported assembly does to its history key's tool freeze (docs/prompt-cache.md,
+ * "Freezing the tools"): "hold" freezes the key's tools as this assembly has them, unless
+ * frozen already (a later reported assembly whose tools differ rejects TOOLS_FROZEN);
+ * "release" releases the freeze before this assembly (e.g. at compaction).
+ */
+export type ToolFreeze = "hold" | "release";
+
+/** The tool freezes by name, one per value of the proto's enum: `{ toolFreeze: ToolFreeze.HOLD }`. */
+export const ToolFreeze = Object.freeze({ HOLD: "hold", RELEASE: "release" } as const);
+
 /** How much of the prefix (in the report's layout) is unchanged since the previous report. */
 export interface PrefixStability {
   hasPrevious: boolean;

@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { DescEnum } from "@bufbuild/protobuf";
-import { CHANGE_ACTIONS, CHANGE_KINDS, LAYOUTS, PART_KINDS, SOURCE_KINDS } from "../src/convert.js";
+import { CHANGE_ACTIONS, CHANGE_KINDS, LAYOUTS, PART_KINDS, SOURCE_KINDS, TOOL_FREEZES } from "../src/convert.js";
 import * as pb from "../src/gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import * as dsp from "../src/index.js";
 import { FAILURE_POLICIES } from "../src/registrar.js";
@@ -31,6 +31,7 @@ const EXPOSED: Exposed[] = [
   { schema: pb.SourceKindSchema, constants: dsp.SourceKind, read: SOURCE_KINDS, unknown: true },
   { schema: pb.PrefixLayoutSchema, constants: dsp.PrefixLayout, read: LAYOUTS, unknown: false },
   { schema: pb.FailurePolicySchema, constants: dsp.FailurePolicy, sent: FAILURE_POLICIES, unknown: false },
+  { schema: pb.ToolFreezeSchema, constants: dsp.ToolFreeze, sent: TOOL_FREEZES, unknown: false },
 ];
 
 for (const enumeration of EXPOSED) {
