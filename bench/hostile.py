@@ -51,6 +51,7 @@ P99_FACTOR = 2.0
 # Listeners the attackers make silent: the assemblies in flight during their one timeout
 # fail, naming them (issue 22), and are counted apart from the errors.
 SILENT_LISTENERS = ('listener "stuck"', 'listener "stall"')
+LATENESS_TICK_S = 0.01  # how often the clients' own loop is timed
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ async def run(
         tally = Tally()
         deadline = loop.time() + seconds
         peak = sidecar.rss_kib()
+        late: list[float] = []  # how late this process's own timers ran: the clients' loop
 
         async def sample_memory() -> None:
             nonlocal peak
@@ -120,12 +122,21 @@ async def run(
                 peak = max(peak, sidecar.rss_kib())
                 await asyncio.sleep(0.5)
 
+        async def sample_lateness() -> None:
+            while loop.time() < deadline:
+                due = loop.time() + LATENESS_TICK_S
+                await asyncio.sleep(LATENESS_TICK_S)
+                late.append(loop.time() - due)
+
+        cpu = _Cpu(sidecar.pid, None if attackers is None else attackers.pid)
         started = time.perf_counter()
         await asyncio.gather(
             sample_memory(),
+            sample_lateness(),
             *(churn(sidecar.address, i, deadline, tally, token=tokens[i]) for i in range(clients)),
         )
         elapsed = time.perf_counter() - started
+        used = cpu.used()
         seen = None
         if attackers is not None:
             out, _ = await asyncio.wait_for(attackers.communicate(), 60)
@@ -142,6 +153,15 @@ async def run(
             "p50_ms": _percentile_ms(latencies, 0.5),  # of the assemblies that succeeded
             "p99_ms": _percentile_ms(latencies, 0.99),
             "rss_peak_mib": round(peak / 1024, 1),
+            # Whose figures these are: each process's CPU over the clients' run (the sidecar's
+            # at 1.0 a second is its one loop saturated) and how late the clients' own loop
+            # ran. A clients' loop late by about what their p99 grew would make it the
+            # harness's, not the sidecar's.
+            "cpu_s": used,
+            "clients_loop_late_ms": {
+                "p99": _percentile_ms(sorted(late), 0.99),
+                "max": _percentile_ms(sorted(late), 1.0),
+            },
             **({"attacks": seen} if seen is not None else {}),
         }
     finally:
@@ -152,7 +172,27 @@ async def run(
 
 
 def _percentile_ms(ordered: list[float], share: float) -> float | None:
-    return round(1000 * ordered[int(len(ordered) * share)], 2) if ordered else None
+    if not ordered:
+        return None
+    return round(1000 * ordered[min(int(len(ordered) * share), len(ordered) - 1)], 2)
+
+
+class _Cpu:
+    """The CPU time the sidecar, the attackers' process and this one (the well-behaved
+    clients) use from now on: they share the machine's cores, whatever the loop does."""
+
+    def __init__(self, sidecar: int, attackers: int | None) -> None:
+        self._pids = {"sidecar": sidecar} | ({} if attackers is None else {"attackers": attackers})
+        self._start = self._now()
+
+    def _now(self) -> dict[str, float]:
+        return {name: procs.cpu_seconds(pid) for name, pid in self._pids.items()} | {
+            "clients": time.process_time()
+        }
+
+    def used(self) -> dict[str, float]:
+        now = self._now()
+        return {name: round(now[name] - self._start[name], 1) for name in now}
 
 
 async def hostile_soak(

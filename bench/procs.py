@@ -63,9 +63,7 @@ class ServerProcess:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the process has used, from /proc/<pid>/stat."""
-        stat = Path(f"/proc/{self.pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.pid)
 
     async def stop(self) -> None:
         if self.process.returncode is None:
@@ -167,6 +165,13 @@ async def start_flood(address: str, kind: str) -> ServerProcess:
     """The flood `kind` of `bench.floods` on `address`, from a process of its own."""
     argv = [sys.executable, "-m", "bench.floods", address, kind]
     return await _start(argv, floods.READY, f"flood-{kind}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time process `pid` has used, from /proc/<pid>/stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # cli.py has no `if __name__ == "__main__"`; call its main() the way the script does.
