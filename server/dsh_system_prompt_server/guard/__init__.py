@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .clients import client_of, sees_values
 from .gate import Gate
+from .paying import Payer, payer, paying_turn
 from .policy import ADMIN, Credential, Grants, Request, Role, Verb, decide
 from .shares import ANONYMOUS, Shares, ShareSettings, share_key, sharing, wire_s
 
@@ -29,6 +30,7 @@ __all__ = [
     "Credential",
     "Gate",
     "Grants",
+    "Payer",
     "Request",
     "Role",
     "ShareSettings",
@@ -36,6 +38,8 @@ __all__ = [
     "Verb",
     "client_of",
     "decide",
+    "payer",
+    "paying_turn",
     "sees_values",
     "share_key",
     "sharing",

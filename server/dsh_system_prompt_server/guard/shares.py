@@ -41,6 +41,7 @@ from ..config import Number, Seconds, setting
 from ..registry import Client
 from ..wire import Behaviour, Context, ContextAround, Method
 from .clients import IDENTIFIED, client_of
+from .paying import LARGE_RESPONSE_BYTES, PAYER, Payer
 
 T = TypeVar("T")
 # What gRPC does around the servicer's steps on the loop's thread, which no step sees: per-host
@@ -388,7 +389,9 @@ def sharing(shares: Shares, anonymous: bool = False) -> Callable[[Method, Behavi
     stream, or is sent on a stream it asked for alone (a watch, a listing, reflection's
     answers; `MESSAGE_S`); and the bytes of a unary call's request and encoded response.
     With `anonymous` (credentials are configured), a call that no credential or address
-    tells apart is charged to `ANONYMOUS` (a refusal too: it is refused inside its share)."""
+    tells apart is charged to `ANONYMOUS` (a refusal too: it is refused inside its share).
+    The call's client pays for what it queues on others' streams too (`paying.PAYER`), and
+    a response over `LARGE_RESPONSE_BYTES` waits for its turn before gRPC sends it."""
 
     def around(method: Method, behaviour: Behaviour) -> Behaviour:
         streams = method.client_streaming or method.server_streaming
@@ -405,11 +408,14 @@ def sharing(shares: Shares, anonymous: bool = False) -> Callable[[Method, Behavi
             finally:  # counted before its steps, for the next one waiting; a deadline
                 # that ended the wait did not spare gRPC its work
                 shares.charge(key, CALL_S + wire_s(_size(request)))
+            PAYER.set(Payer(shares, key))  # what it queues on others' streams: paying.py
             if streams:  # a unary call reads and writes no message through its context
                 context = _MeteredStream(context, lambda: shares.charge(key, MESSAGE_S), writes)
             response = await shares.metered(key, behaviour(request, context))
             if isinstance(response, bytes):
                 shares.charge(key, wire_s(len(response)))
+                if len(response) > LARGE_RESPONSE_BYTES:  # sent in its client's turn
+                    await shares.turn(key)
             return response
 
         return in_turn

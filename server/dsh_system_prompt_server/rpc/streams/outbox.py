@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import Generic, Protocol, TypeVar
 
 from dsh_system_prompt_core import Reason, step_through
 
+from ...guard import Payer, payer, paying_turn
 from ...registry import RegistrySettings, ServiceError, Status
 from ..settings import ServerLimits
 from .flag import Flag
@@ -69,7 +71,8 @@ class Outbox(Generic[M]):
         self._peer = peer
         # made when a message first waits (an idle stream's writes start at once): an empty
         # deque is 600 bytes, and most streams never queue
-        self._queue: deque[tuple[M | bytes, int]] | None = None
+        # each with who pays for its write: the client whose call queued it (guard/paying.py)
+        self._queue: deque[tuple[M | bytes, int, Payer | None]] | None = None
         self._queued_bytes = 0  # of the queue: the message being written is not counted
         self._writing = 0  # the write going on (they are numbered), 0 when none is
         self._writes = 0
@@ -99,7 +102,7 @@ class Outbox(Generic[M]):
         if bound is not None and self._queue and self._queued_bytes + size > bound:
             self._stall(f"it left more than {bound} bytes unread")
             return False
-        self._queued(message, size)
+        self._queued(message, size, payer())
         return not (self.stalled.is_set() or self._broken)
 
     async def put(self, build: Callable[[], M | bytes], timeout: float | None) -> bool:
@@ -108,7 +111,10 @@ class Outbox(Generic[M]):
         make room. It is built only then, so that messages go in the order they were built
         (part slots encode each invocation against the one before). False (nothing built)
         once the peer has stalled or its stream has failed; TimeoutError when no room came
-        within `timeout` (nothing built either)."""
+        within `timeout` (nothing built either). Before any of it, the call sending it waits
+        for its client's turn (guard/paying.py): one over its share of a busy loop does not
+        build and write the messages of the calls it already has in flight ahead of others'."""
+        await paying_turn()
         if self.stalled.is_set() or self._broken:
             return False
         if not self._waiters and not self._granted and self._has_room():
@@ -161,10 +167,10 @@ class Outbox(Generic[M]):
             self._granted = True
             waiter.set_result(True)
 
-    def _queued(self, message: M | bytes, size: int) -> None:
+    def _queued(self, message: M | bytes, size: int, paying: Payer | None) -> None:
         if self._queue is None:
             self._queue = deque()
-        self._queue.append((message, size))
+        self._queue.append((message, size, paying))
         self._queued_bytes += size
         self._empty.clear()
         if not self._writing:
@@ -183,8 +189,10 @@ class Outbox(Generic[M]):
         does not complete in `write_timeout_s` stalls it, so this wait is bounded)."""
         await self._empty.wait()
 
-    def _write_next(self) -> None:
-        """Nothing is being written: start the queued messages in turn, until one waits."""
+    def _write_next(self, unmetered: bool = False) -> None:
+        """Nothing is being written: start the queued messages in turn, until one waits.
+        `unmetered`: run by a write's end, in no call's step, so a write started here costs
+        the client whose call queued it its time (gRPC copies and sends it at its start)."""
         if self._starting:
             return
         self._starting = True
@@ -193,9 +201,14 @@ class Outbox(Generic[M]):
                 self._admit()  # what the last write made room for
                 if self._writing or not self._queue:
                     break
-                message, size = self._queue.popleft()
+                message, size, paying = self._queue.popleft()
                 self._queued_bytes -= size
-                self._start(message)
+                if unmetered and paying is not None:
+                    started = time.perf_counter()
+                    self._start(message)
+                    paying.charge(time.perf_counter() - started)
+                else:
+                    self._start(message)
         finally:
             self._starting = False
         if not self._writing and not self._queue:
@@ -221,7 +234,7 @@ class Outbox(Generic[M]):
         if error is not None:  # the stream ended under the write: nothing more is written
             self._broken = True
             self._drop()
-        self._write_next()
+        self._write_next(unmetered=True)
 
     def _arm(self, write: int) -> None:
         if write == self._writing:
