@@ -90,15 +90,15 @@ _SECTIONS, _CONTEXTS, _TOOLS, _VARIABLES = (
 )
 
 
-def held_objects(value: object) -> Iterator[object]:
+def held_objects(value: object) -> tuple[object, ...]:
     """The objects a kept part, tool or variable (name, value) holds: itself and its strings."""
-    yield value
     if isinstance(value, Part):
-        yield from (value.name, value.text)
-    elif isinstance(value, Tool):
-        yield from (value.name, value.description, value.parameters_json)
-    elif isinstance(value, tuple):
-        yield from value
+        return (value, value.name, value.text)
+    if isinstance(value, Tool):
+        return (value, value.name, value.description, value.parameters_json)
+    if isinstance(value, tuple):
+        return (value, *value)
+    return (value,)
 
 
 def held_bytes(value: object) -> int:
@@ -181,10 +181,15 @@ def _field(number: int, message: Message) -> bytes:
 
 def delimited(number: int, payload: bytes) -> bytes:
     """`payload` (a message's encoding) as length-delimited field `number`."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return b"".join((_varint(number << 3 | 2), _varint(len(payload)), payload))  # one copy
+
+
+_SMALL = [bytes((value,)) for value in range(0x80)]  # a varint of one byte, made once
 
 
 def _varint(value: int) -> bytes:
+    if 0 <= value < 0x80:
+        return _SMALL[value]
     out = bytearray()
     while value > 0x7F:
         out.append(value & 0x7F | 0x80)

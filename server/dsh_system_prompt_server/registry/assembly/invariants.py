@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from operator import attrgetter
 
@@ -20,13 +21,15 @@ def validate(assembly: Assembly) -> None:
             _unique_names(noun, parts)
     if not all(map(_NAME, assembly.tools)):
         raise invariant("assembled tool names must be non-empty")
-    if not all(map(is_variable_name, assembly.variables)):
+    if not all(map(_valid_variable_name, assembly.variables)):
         for name in assembly.variables:
             if not is_variable_name(name):
                 raise invariant(f'assembled variable name "{name}" is invalid')
 
 
 _NAME = attrgetter("name")
+# The names checked lately: an assembly's variables are mostly the same names every time.
+_valid_variable_name = functools.lru_cache(maxsize=1024)(is_variable_name)
 
 
 def _unique_names(noun: str, parts: Iterable[Part]) -> None:

@@ -150,6 +150,12 @@ def _key_bytes(key: Key) -> int:
     """A key's strings (a scope key, a context's fields) count against the budget too."""
     if isinstance(key, str):
         return sys.getsizeof(key)
-    if isinstance(key, tuple):  # a context key nests (scope, fields_json)
-        return _ENTRY_BYTES + sum(_key_bytes(part) for part in key)
-    return 0
+    if not isinstance(key, tuple):
+        return 0
+    size = _ENTRY_BYTES
+    for part in key:  # a context key nests (scope, fields_json): only a tuple is gone into
+        if isinstance(part, str):
+            size += sys.getsizeof(part)
+        elif isinstance(part, tuple):
+            size += _key_bytes(part)
+    return size
