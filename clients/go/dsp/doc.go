@@ -10,7 +10,9 @@
 // when the sidecar stops waiting. After a sidecar restart the client reconnects
 // and makes every registration again, in order; a provider or listener the
 // sidecar ejected for not answering in time is made again after a backoff (the
-// change event of its disposal says why, in ChangeEvent.Reason).
+// change event of its disposal says why, in ChangeEvent.Reason). Each provider's
+// value is sent as soon as it returns, so only the one that was late is blamed,
+// never the session's others asked with it.
 //
 // A provider or listener made WithCache (CacheRevision, CacheFields, CacheTTL)
 // may be answered by the sidecar from what it answered before, until the

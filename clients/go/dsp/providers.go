@@ -61,29 +61,36 @@ func (p *providers) get(key string) any {
 // answer evaluates every call of request, concurrently; a provider's failure is
 // its answer, never this client's.
 func (p *providers) answer(ctx context.Context, request *pb.ProvideRequest) []*pb.ProvidedValue {
+	values := make([]*pb.ProvidedValue, len(request.GetCalls()))
+	p.each(ctx, request, func(i int, value *pb.ProvidedValue) { values[i] = value }) // each i once
+	return values
+}
+
+// each evaluates every call of request, concurrently, and hands the value of call
+// i to ready as soon as it is in (from that provider's goroutine); it returns once
+// every value has been handed.
+func (p *providers) each(ctx context.Context, request *pb.ProvideRequest, ready func(i int, value *pb.ProvidedValue)) {
 	calls := request.GetCalls()
-	values := make([]*pb.ProvidedValue, len(calls))
 	assembly, err := contextFromProto(request.GetContext())
 	if err != nil {
 		for i, call := range calls {
-			values[i] = failed(call.GetProviderKey(), err) // no provider can answer
+			ready(i, failed(call.GetProviderKey(), err)) // no provider can answer
 		}
-		return values
+		return
 	}
 	if len(calls) == 1 {
-		values[0] = p.value(ctx, calls[0], assembly)
-		return values
+		ready(0, p.value(ctx, calls[0], assembly))
+		return
 	}
 	var wg sync.WaitGroup
 	for i, call := range calls {
 		wg.Add(1)
 		go func(i int, call *pb.ProvideCall) {
 			defer wg.Done()
-			values[i] = p.value(ctx, call, assembly)
+			ready(i, p.value(ctx, call, assembly))
 		}(i, call)
 	}
 	wg.Wait()
-	return values
 }
 
 func (p *providers) value(ctx context.Context, call *pb.ProvideCall, assembly AssembleContext) (value *pb.ProvidedValue) {

@@ -59,7 +59,7 @@ func TestTheSessionOffersCallbackCacheAndEachPolicyIsSentAsDeclared(t *testing.T
 	}
 	client := connectScripted(t, serveScript(t, s))
 	session := <-s.sessions
-	if fmt.Sprint(session.start.GetFeatures()) != "[callback-cache]" {
+	if fmt.Sprint(session.start.GetFeatures()) != "[callback-cache each-answer]" {
 		t.Fatalf("the session start offers %v", session.start.GetFeatures())
 	}
 	must[*dsp.Handle[string]](t)(client.SectionFunc(bg, "plain", 1, cachedText))

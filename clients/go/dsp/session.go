@@ -19,6 +19,11 @@ import (
 // framingBytes is the OpenSessionRequest around a ProvideResponse, with room to spare.
 const framingBytes = 64
 
+// featureEachAnswer, offered on the session: this client answers a ProvideRequest
+// provider by provider, so the sidecar judges each against its own time and a
+// slow provider gets no other ejected with it (docs/protocol.md, "Versions and features").
+const featureEachAnswer = "each-answer"
+
 // ClientVersion is sent in SessionStart, for the sidecar's logs only.
 const ClientVersion = "dsh-system-prompt-go/0.1.0"
 
@@ -29,6 +34,7 @@ type session struct {
 	id             string
 	sidecarVersion string
 	callbackCache  bool // the sidecar confirmed "callback-cache"
+	eachAnswer     bool // the sidecar confirmed "each-answer": each value goes as it comes
 	maxAnswer      int  // the sidecar's max_message_bytes less framing; 0: it did not say
 	invalidations  invalidations
 	stream         pb.SystemPromptService_OpenSessionClient
@@ -52,7 +58,7 @@ func openSession(c *conn, timeout time.Duration) (*session, error) {
 		return nil, fromRPC(err)
 	}
 	start := &pb.OpenSessionRequest{Kind: &pb.OpenSessionRequest_Start{Start: &pb.SessionStart{
-		ClientName: c.clientName, ClientVersion: ClientVersion, Features: []string{featureCallbackCache},
+		ClientName: c.clientName, ClientVersion: ClientVersion, Features: []string{featureCallbackCache, featureEachAnswer},
 	}}}
 	_ = stream.Send(start) // a failed send shows as the stream's end, read below
 	waiting, done := bounded(context.Background(), timeout)
@@ -71,6 +77,7 @@ func openSession(c *conn, timeout time.Duration) (*session, error) {
 		stream: stream, cancel: cancel, done: make(chan struct{}),
 		answering:     map[uint64]context.CancelFunc{},
 		callbackCache: contains(opened.GetFeatures(), featureCallbackCache),
+		eachAnswer:    contains(opened.GetFeatures(), featureEachAnswer),
 	}
 	if limit := int(opened.GetMaxMessageBytes()); limit > framingBytes {
 		s.maxAnswer = limit - framingBytes
@@ -185,14 +192,29 @@ func (s *session) provide(request *pb.ProvideRequest) {
 
 func (s *session) answer(ctx context.Context, cancel context.CancelFunc, request *pb.ProvideRequest) {
 	defer cancel()
-	values := s.c.providers.answer(ctx, request)
-	s.mu.Lock()
-	delete(s.answering, request.GetCallId())
-	s.mu.Unlock()
-	if ctx.Err() != nil {
-		return // the sidecar gave up on this request: nobody reads the answer
+	callID := request.GetCallId()
+	var values []*pb.ProvidedValue
+	if s.eachAnswer {
+		// Each value goes as it comes: a slow provider holds up (and blames) no other.
+		s.c.providers.each(ctx, request, func(_ int, value *pb.ProvidedValue) { s.provided(ctx, callID, value) })
+	} else {
+		values = s.c.providers.answer(ctx, request)
 	}
-	response := &pb.ProvideResponse{CallId: request.GetCallId(), Values: values}
+	s.mu.Lock()
+	delete(s.answering, callID)
+	s.mu.Unlock()
+	if !s.eachAnswer {
+		s.provided(ctx, callID, values...)
+	}
+}
+
+// provided sends values as (part of) the answer to callID, unless the sidecar gave
+// up on it (ctx ended: nobody reads the answer).
+func (s *session) provided(ctx context.Context, callID uint64, values ...*pb.ProvidedValue) {
+	if ctx.Err() != nil {
+		return
+	}
+	response := &pb.ProvideResponse{CallId: callID, Values: values}
 	s.fit(response)
 	s.send(&pb.OpenSessionRequest{Kind: &pb.OpenSessionRequest_Provided{Provided: response}})
 }
