@@ -30,16 +30,19 @@ export class Providers {
     if (key !== undefined) this.#providers.delete(key);
   }
 
-  /** Every value `request` asks for; a provider's failure is its answer, not this client's. */
-  async answer(request: pb.ProvideRequest, signal: AbortSignal): Promise<pb.ProvidedValue[]> {
+  /**
+   * The value of every call `request` asks for, each a promise of its own that settles
+   * as soon as its provider returns; a provider's failure is its answer, not this client's.
+   */
+  answers(request: pb.ProvideRequest, signal: AbortSignal): Promise<pb.ProvidedValue>[] {
     let context: AssembleContext;
     try {
       context = contextFromProto(request.context, signal);
     } catch (error) {
       // Fields that are not JSON: no provider can answer.
-      return request.calls.map((call) => failed(call.providerKey, error));
+      return request.calls.map((call) => Promise.resolve(failed(call.providerKey, error)));
     }
-    return Promise.all(request.calls.map((call) => this.#value(call, context)));
+    return request.calls.map((call) => this.#value(call, context));
   }
 
   async #value(call: pb.ProvideCall, context: AssembleContext): Promise<pb.ProvidedValue> {

@@ -17,6 +17,13 @@ import type { Rpc } from "./rpc.js";
 
 type SessionStream = ClientDuplexStream<pb.OpenSessionRequest, pb.OpenSessionResponse>;
 
+/**
+ * Offered in SessionStart: this client answers a ProvideRequest provider by provider, so
+ * the sidecar judges each against its own time and a slow provider gets no other ejected
+ * with it (docs/protocol.md, "Versions and features").
+ */
+const FEATURE_EACH_ANSWER = "each-answer";
+
 /** Sent in SessionStart, for the sidecar's logs only. */
 export const CLIENT_VERSION = "dsh-system-prompt-typescript/0.1.0";
 const END_WAIT_MS = 5_000; // how long ending waits for the sidecar to close its side
@@ -32,6 +39,8 @@ export class Session {
   readonly #answering = new Map<bigint, AbortController>();
   /** The largest message the sidecar reads (0: not said): a message over it would end the session. */
   readonly #maxMessageBytes: number;
+  /** The sidecar confirmed `each-answer`: each value goes as soon as its provider returns. */
+  readonly #eachAnswer: boolean;
   #ending = false;
   #ended = false;
   /** Hears that the sidecar ejected one of this session's providers (it did not answer in time). */
@@ -44,6 +53,7 @@ export class Session {
     this.#providers = providers;
     this.#finished = finished;
     this.#maxMessageBytes = Number(opened.maxMessageBytes);
+    this.#eachAnswer = opened.features.includes(FEATURE_EACH_ANSWER);
   }
 
   /** Open a session, confirmed within `timeoutMs`; `onLost` hears when it ends without `end()`. */
@@ -58,7 +68,7 @@ export class Session {
     const finished = new Deferred<void>();
     let session: Session | undefined;
     const start = create(pb.OpenSessionRequestSchema, {
-      kind: { case: "start", value: { clientName, clientVersion: CLIENT_VERSION } },
+      kind: { case: "start", value: { clientName, clientVersion: CLIENT_VERSION, features: [FEATURE_EACH_ANSWER] } },
     });
     return openCallbackStream(stream, start, timeoutMs, {
       doing: "opening the session",
@@ -120,17 +130,27 @@ export class Session {
   async #answer(request: pb.ProvideRequest): Promise<void> {
     const controller = new AbortController();
     this.#answering.set(request.callId, controller);
-    let values: pb.ProvidedValue[];
+    const provided = (values: pb.ProvidedValue[]) => this.#provided(request.callId, values, controller.signal);
     try {
-      values = await this.#providers.answer(request, controller.signal);
+      const answers = this.#providers.answers(request, controller.signal);
+      if (this.#eachAnswer) {
+        // Each value goes as it comes: a slow provider holds up (and blames) no other.
+        await Promise.all(answers.map(async (answer) => provided([await answer])));
+      } else {
+        provided(await Promise.all(answers));
+      }
     } finally {
       this.#answering.delete(request.callId);
     }
-    if (controller.signal.aborted) return; // the sidecar gave up on this request
+  }
+
+  /** Send `values` as (part of) the answer to `callId`, unless the sidecar gave up on it. */
+  #provided(callId: bigint, values: pb.ProvidedValue[], signal: AbortSignal): void {
+    if (signal.aborted) return; // the sidecar gave up on this request: nobody reads the answer
     try {
       this.#stream.write(
         create(pb.OpenSessionRequestSchema, {
-          kind: { case: "provided", value: { callId: request.callId, values: fitted(values, this.#maxMessageBytes) } },
+          kind: { case: "provided", value: { callId, values: fitted(values, this.#maxMessageBytes) } },
         }),
       );
     } catch {
