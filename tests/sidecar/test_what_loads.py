@@ -38,14 +38,16 @@ OPTIONAL = {
     "cel_expr_python": "rules",
 }
 MODULES = "modules: "
+FROZEN = "frozen: "
 _WRAPPER = f"""
-import json, sys
+import gc, json, sys
 from dsh_system_prompt_server.sidecar.launcher import main
 sys.argv[0] = "dsh-system-prompt"
 try:
     code = main()
 finally:
     print({MODULES!r} + json.dumps(sorted(sys.modules)), flush=True)
+    print({FROZEN!r} + str(gc.get_freeze_count()), flush=True)
 sys.exit(code)
 """
 
@@ -63,6 +65,7 @@ class Run:
     address: str
     stderr: Path
     modules: list[str] | None = None
+    frozen = 0  # objects out of every garbage collection (gc.freeze), at its end
 
     async def stop(self) -> list[str]:
         """SIGTERM (the drain), then the modules it held."""
@@ -73,6 +76,8 @@ class Run:
         lines = [line for line in rest.splitlines() if line.startswith(MODULES)]
         assert lines, f"no module list; stderr: {self.stderr.read_text()[-2000:]}"
         self.modules = json.loads(lines[-1][len(MODULES) :])
+        frozen = [line for line in rest.splitlines() if line.startswith(FROZEN)]
+        self.frozen = int(frozen[-1][len(FROZEN) :])
         return self.modules
 
 
@@ -238,5 +243,15 @@ async def test_client_commands_load_the_client_library_and_rich() -> None:
     assert command.returncode == 0, err.decode()
     assert HARNESS_IDENTITY_TEXT in prompt
     # The client library imports OpenTelemetry's API where installed, for its own spans.
-    assert loaded(json.loads(modules)) - {"opentelemetry"} == {"dsh_system_prompt", "rich"}
+    listed = json.loads(modules.partition(FROZEN)[0])
+    assert loaded(listed) - {"opentelemetry"} == {"dsh_system_prompt", "rich"}
     assert loaded(served) == set()
+
+
+async def test_serve_leaves_what_starting_made_out_of_every_collection() -> None:
+    """Modules, classes and descriptors live as long as the process: a full collection,
+    which stops the loop, does not walk them (gc.freeze once serving)."""
+    async with wrapped("serve", "--listen", "127.0.0.1:0") as run:
+        await use(run.address)
+        await run.stop()
+    assert run.frozen > 10_000
