@@ -35,6 +35,7 @@ export type {
   CallbackOptions,
   Disposer,
   Handle,
+  ListenerHandle,
   ListenerOptions,
   PromptContext,
   PromptSection,

@@ -351,6 +351,20 @@ export class Connection {
     return Number(reply.revision);
   }
 
+  /**
+   * Drop the sidecar's cached answers of `registration`'s provider, or results of its
+   * listener; done once the sidecar confirms, within the call timeout. Nothing to do for
+   * a static value, a disposed registration or while disconnected (the reconnect makes
+   * every registration again, which drops every cached answer).
+   */
+  async invalidate(registration: Registration): Promise<void> {
+    if (this.closed || !this.connected || !this.registrations.has(registration)) return;
+    if (registration.stream !== undefined) return registration.stream.invalidate(this.callTimeoutMs);
+    if (registration.providerKey !== undefined && this.#session !== undefined) {
+      return this.#session.invalidate([registration.providerKey], this.callTimeoutMs);
+    }
+  }
+
   async #disposeOn(sessionId: string, registration: Registration): Promise<void> {
     const request = create(pb.DisposeRequestSchema, { sessionId, registrationId: registration.registrationId });
     try {

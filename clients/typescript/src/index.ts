@@ -23,6 +23,7 @@ export {
   type ProviderRequest,
 } from "./adapters.js";
 export { usageFrom, type Usage } from "./cacheHistory.js";
+export { Cache } from "./callbackCache.js";
 export { ChangeStream, type ChangeItem } from "./changes.js";
 export {
   Client,
@@ -34,6 +35,7 @@ export {
   type ConnectOptions,
   type Disposer,
   type Handle,
+  type ListenerHandle,
   type WatchOptions,
   type CallbackOptions,
   type ListenerOptions,

@@ -4,6 +4,7 @@ import { create } from "@bufbuild/protobuf";
 import type { ClientDuplexStream } from "@grpc/grpc-js";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import { Deferred } from "./async.js";
+import { FEATURE_CALLBACK_CACHE, Invalidations } from "./callbackCache.js";
 import { openCallbackStream } from "./callbackStream.js";
 import { contextFromProto } from "./convert.js";
 import { Code, Reason, SystemPromptError } from "./errors.js";
@@ -68,6 +69,9 @@ export class ListenerStream {
   #slotted: Slotted = undefined;
   /** With `part-slots`, the last invocation's parts: the next one's slots refer to them. */
   #base: Parts | undefined;
+  /** The sidecar confirmed `callback-cache`: invalidations are sent and wait for its answer. */
+  #callbackCache = false;
+  readonly #invalidations = new Invalidations();
   readonly #running = new Map<bigint, AbortController>();
   readonly #nextResults = new Map<bigint, Waiting>();
 
@@ -102,10 +106,12 @@ export class ListenerStream {
         // Only what both sides support: a sidecar that confirms no feature gets none.
         const both = (feature: string) => start.features.includes(feature) && kind.value.features.includes(feature);
         this.#slotted = both(FEATURE_PART_SLOTS) ? "parts" : both(FEATURE_TOOL_SLOTS) ? "tools" : undefined;
+        this.#callbackCache = both(FEATURE_CALLBACK_CACHE);
         return kind.value.registrationId;
       },
       receive: (message) => this.#receive(message),
       ended: (opened) => {
+        this.#invalidations.release(); // the listener's cached results went with its stream
         for (const id of [...this.#running.keys()]) this.#abandon(id); // their replies have nowhere to go
         if (!opened || this.#closing) return;
         if (this.#ejected) this.#onEjected(this.#ejected); // it did not answer in time: installed again
@@ -125,6 +131,8 @@ export class ListenerStream {
       this.#abandon(kind.value.invocationId);
     } else if (kind.case === "ejected") {
       this.#ejected = kind.value.message || kind.value.reason || "ejected";
+    } else if (kind.case === "invalidated") {
+      this.#invalidations.confirmed(kind.value.invalidateId);
     }
     // A next_result nobody waits for, a second `registered` and a kind this client
     // does not know (a newer sidecar's) are ignored.
@@ -150,9 +158,21 @@ export class ListenerStream {
     }
   }
 
+  /**
+   * Drop the sidecar's cached results of this listener; done once it confirms, within
+   * `timeoutMs`. A sidecar without the feature caches nothing to drop.
+   */
+  async invalidate(timeoutMs: number): Promise<void> {
+    if (!this.#callbackCache || this.#closing) return;
+    const send = (invalidate: pb.CacheInvalidate): void =>
+      this.write(create(pb.ListenRequestSchema, { kind: { case: "invalidate", value: invalidate } }));
+    await this.#invalidations.await(send, timeoutMs);
+  }
+
   /** End the stream: the sidecar removes the listener. */
   close(): void {
     this.#closing = true;
+    this.#invalidations.release(); // the listener goes, and its cached results with it
     for (const id of [...this.#running.keys()]) this.#abandon(id);
     this.#call?.cancel();
   }

@@ -2,6 +2,7 @@
 
 import { create, type DescMessage, type MessageShape } from "@bufbuild/protobuf";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
+import { Cache, cachePolicyOf, FEATURE_CALLBACK_CACHE } from "./callbackCache.js";
 import { answerError, Connection, type Registration } from "./connection.js";
 import { toolsToProto } from "./convert.js";
 import { invalid } from "./errors.js";
@@ -45,6 +46,13 @@ export interface CallbackOptions {
    * (docs/protocol.md, "Failure policy").
    */
   failurePolicy?: FailurePolicy | undefined;
+  /**
+   * What its answer (a listener's: its result, for its input) depends on, so that the
+   * sidecar may reuse it instead of asking: `Cache.REVISION`, `Cache.FIELDS` or
+   * `Cache.ttl(s)` (docs/protocol.md, "Cacheable callbacks"); `invalidate()` on the
+   * handle drops what it keeps. Default: asked at every assembly.
+   */
+  cache?: Cache | undefined;
 }
 
 /** A prompt section in the original API's object form. */
@@ -79,6 +87,20 @@ export interface Disposer {
 }
 
 /**
+ * A listener's handle: `await off()` removes it, like any disposer, and
+ * `await off.invalidate()` drops the sidecar's cached results of a listener installed
+ * with `cache`: assemblies that start once it resolves invoke the listener again.
+ */
+export interface ListenerHandle extends Disposer {
+  /**
+   * Resolves once the sidecar confirms, within the call timeout (else UNAVAILABLE /
+   * SIDECAR_UNAVAILABLE); at once when nothing can be cached (no `cache`, a disposed
+   * listener, a sidecar without the feature, the connection being re-established).
+   */
+  invalidate(): Promise<void>;
+}
+
+/**
  * A static registration's handle: `await off()` disposes it, like any disposer, and
  * `await off.update(value)` replaces its value in place.
  *
@@ -96,6 +118,12 @@ export interface Handle extends Disposer {
    * with UNAVAILABLE or waits up to `timeoutMs` for the reconnect.
    */
   update(value: unknown, options?: { timeoutMs?: number | undefined }): Promise<number>;
+  /**
+   * Drop the sidecar's cached answers of this registration's provider (one made with
+   * `cache`): assemblies that start once it resolves ask it again. Resolves once the
+   * sidecar confirms, within the call timeout; at once for a static value.
+   */
+  invalidate(): Promise<void>;
 }
 
 export function disposer(dispose: () => Promise<void>): Disposer {
@@ -115,6 +143,7 @@ export function handle(connection: Connection, registration: Registration, reque
     const update = updateFor(request, value);
     return connection.update(registration, update.request, update.apply, options?.timeoutMs);
   };
+  off.invalidate = () => connection.invalidate(registration);
   return off as Handle;
 }
 
@@ -252,14 +281,16 @@ export class Registrar {
    * Install a waterfall listener: `(assembly, context, next) => assembly`.
    * See {@link Listener} for next() and tail calls.
    */
-  async onAssemble(listener: Listener, options: ListenerOptions = {}): Promise<Disposer> {
+  async onAssemble(listener: Listener, options: ListenerOptions = {}): Promise<ListenerHandle> {
     const start = create(pb.ListenStartSchema, {
       prepend: options.prepend ?? false,
       global: options.global ?? false,
       name: label(listener.name || "anonymous"),
-      features: [FEATURE_TOOL_SLOTS, FEATURE_PART_SLOTS], // this client reads and sends slots
+      // this client reads and sends slots, and sends cache invalidations
+      features: [FEATURE_TOOL_SLOTS, FEATURE_PART_SLOTS, FEATURE_CALLBACK_CACHE],
       timeoutS: timeoutSeconds(options),
       failurePolicy: failurePolicyOf(options),
+      cache: cachePolicyOf(options.cache),
     });
     const registration: Registration = {
       registrationId: "",
@@ -277,7 +308,9 @@ export class Registrar {
       },
     };
     await this.connection.register(registration);
-    return disposer(() => this.connection.dispose(registration));
+    const off = disposer(() => this.connection.dispose(registration)) as Disposer & Partial<ListenerHandle>;
+    off.invalidate = () => this.connection.invalidate(registration);
+    return off as ListenerHandle;
   }
 
   async #guard(register: () => Promise<Handle>): Promise<Handle> {
@@ -304,7 +337,9 @@ export class Registrar {
   #dynamic(provider: Provider, options: CallbackOptions): pb.Dynamic {
     const timeoutS = timeoutSeconds(options);
     const failurePolicy = failurePolicyOf(options);
-    return create(pb.DynamicSchema, { providerKey: this.connection.providers.add(provider), timeoutS, failurePolicy });
+    const cache = cachePolicyOf(options.cache);
+    const providerKey = this.connection.providers.add(provider);
+    return create(pb.DynamicSchema, { providerKey, timeoutS, failurePolicy, cache });
   }
 
   async #registerValue<I extends DescMessage, O extends DescMessage>(
@@ -371,9 +406,9 @@ function failurePolicyOf(options: CallbackOptions): pb.FailurePolicy {
   return FAILURE_POLICIES[policy];
 }
 
-/** timeoutS and failurePolicy are for providers: a static value is never asked for. */
+/** timeoutS, failurePolicy and cache are for providers: a static value is never asked for. */
 function refuseStatic(options: CallbackOptions): void {
-  for (const option of ["timeoutS", "failurePolicy"] as const) {
+  for (const option of ["timeoutS", "failurePolicy", "cache"] as const) {
     if (options[option] !== undefined) {
       throw invalid(`${option} applies to a provider (a function), not to a static value`);
     }

@@ -11,6 +11,7 @@ import { create, toBinary } from "@bufbuild/protobuf";
 import type { ClientDuplexStream } from "@grpc/grpc-js";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
 import { Deferred, within } from "./async.js";
+import { FEATURE_CALLBACK_CACHE, Invalidations } from "./callbackCache.js";
 import { openCallbackStream } from "./callbackStream.js";
 import type { Providers } from "./providers.js";
 import type { Rpc } from "./rpc.js";
@@ -41,6 +42,9 @@ export class Session {
   readonly #maxMessageBytes: number;
   /** The sidecar confirmed `each-answer`: each value goes as soon as its provider returns. */
   readonly #eachAnswer: boolean;
+  /** The sidecar confirmed `callback-cache`: invalidations are sent and wait for its answer. */
+  readonly #callbackCache: boolean;
+  readonly #invalidations = new Invalidations();
   #ending = false;
   #ended = false;
   /** Hears that the sidecar ejected one of this session's providers (it did not answer in time). */
@@ -54,6 +58,7 @@ export class Session {
     this.#finished = finished;
     this.#maxMessageBytes = Number(opened.maxMessageBytes);
     this.#eachAnswer = opened.features.includes(FEATURE_EACH_ANSWER);
+    this.#callbackCache = opened.features.includes(FEATURE_CALLBACK_CACHE);
   }
 
   /** Open a session, confirmed within `timeoutMs`; `onLost` hears when it ends without `end()`. */
@@ -68,7 +73,10 @@ export class Session {
     const finished = new Deferred<void>();
     let session: Session | undefined;
     const start = create(pb.OpenSessionRequestSchema, {
-      kind: { case: "start", value: { clientName, clientVersion: CLIENT_VERSION, features: [FEATURE_EACH_ANSWER] } },
+      kind: {
+        case: "start",
+        value: { clientName, clientVersion: CLIENT_VERSION, features: [FEATURE_EACH_ANSWER, FEATURE_CALLBACK_CACHE] },
+      },
     });
     return openCallbackStream(stream, start, timeoutMs, {
       doing: "opening the session",
@@ -108,6 +116,22 @@ export class Session {
     this.#stream.cancel(); // a sidecar that never closed its side keeps no stream of ours
   }
 
+  /**
+   * Drop the sidecar's cached answers of the providers `providerKeys`; done once it
+   * confirms, within `timeoutMs`. A sidecar without the feature caches nothing to drop.
+   */
+  async invalidate(providerKeys: string[], timeoutMs: number): Promise<void> {
+    if (!this.#callbackCache || this.#ending || this.#ended) return;
+    const send = (invalidate: pb.CacheInvalidate): void => {
+      try {
+        this.#stream.write(create(pb.OpenSessionRequestSchema, { kind: { case: "invalidate", value: invalidate } }));
+      } catch {
+        this.#invalidations.release(); // the session is over: its providers went with it
+      }
+    };
+    await this.#invalidations.await(send, timeoutMs, providerKeys);
+  }
+
   #receive(message: pb.OpenSessionResponse): void {
     const kind = message.kind;
     if (kind.case === "provide") {
@@ -116,6 +140,8 @@ export class Session {
       this.#answering.get(kind.value.callId)?.abort();
     } else if (kind.case === "ejected") {
       this.onEjected(kind.value);
+    } else if (kind.case === "invalidated") {
+      this.#invalidations.confirmed(kind.value.invalidateId);
     }
     // A second `opened`, and a kind this client does not know (a newer sidecar's),
     // are ignored: the first `opened` named the session.
@@ -123,6 +149,7 @@ export class Session {
 
   #lost(onLost: (session: Session) => void): void {
     this.#ended = true;
+    this.#invalidations.release(); // what it registered is gone, cached answers with it
     this.#cancelAnswers(); // nobody reads their answers any more
     if (!this.#ending) onLost(this);
   }
