@@ -163,6 +163,7 @@ def change_from_proto(message: pb.ChangeEvent) -> ChangeEvent:
         ref=message.ref,
         fingerprint=message.fingerprint,
         reason=message.reason,
+        rebound_scopes=tuple(message.rebound_scopes),
     )
 
 

@@ -9,8 +9,10 @@ what it read: the layers of its scope chain
 (`AssembleResponse.scope_chain`, the asked key and the global layer) and their revision
 (`cache_revision`). It is served until a change event of one of those layers comes with
 a later revision (a listener or rule event anywhere counts: one registered with
-`global` runs everywhere), so a change in another scope leaves it in place. A sidecar
-that sends no `cache_revision` is one where every change counts.
+`global` runs everywhere), or one that re-bound a scope key of its chain (the event's
+`rebound_scopes`: a key that got a parent, or lost it when nothing held it any more), so a
+change in another scope leaves it in place. A sidecar that sends no `cache_revision` is one
+where every change counts.
 
 Changes come from a change stream: one of every change when the credential may watch
 every layer, else (PERMISSION_DENIED: an agent that lists its own scopes) one per scope
@@ -56,6 +58,7 @@ MAX_SCOPE_WATCHES = 16  # change streams of one scope each, for a credential lis
 _RECENT = 1024  # change events remembered for answers in flight while they came
 _REFUSED = 1024  # scopes whose watch was refused, not asked again (then forgotten)
 _EVERY_LAYER = None  # an event every kept answer reads: the global layer's, a step's
+Layers = frozenset[str] | None  # the scope keys a change concerns; None: every one
 _STEP_KINDS = frozenset({"listener", "rule"})  # one registered with `global` runs everywhere
 # What an answer is kept under: its scope, and the request's fields_json for a rules-only
 # plan's (None: a static plan's, the same for any fields).
@@ -84,11 +87,11 @@ class _Template:
             variables=dict(self.variables),
         )
 
-    def concerned(self, layer: str | None, revision: int) -> bool:
-        """Whether a change of `layer` (None: every layer) at `revision` makes it stale."""
+    def concerned(self, layers: Layers, revision: int) -> bool:
+        """Whether a change of `layers` (None: every layer) at `revision` makes it stale."""
         if revision <= self.revision:
             return False  # it is in the answer already
-        return layer is _EVERY_LAYER or self.reads is None or layer in self.reads
+        return layers is _EVERY_LAYER or self.reads is None or not self.reads.isdisjoint(layers)
 
 
 def template_of(reply: pb.AssembleResponse, key: Key, watch: _Watch) -> _Template:
@@ -202,7 +205,7 @@ class LocalCache:
         self._scoped: dict[str, _Watch] = {}  # else one per scope
         self._refused: set[str] = set()
         self._opening: set[asyncio.Task[None]] = set()
-        self._recent: deque[tuple[int, int, str | None]] = deque(maxlen=_RECENT)
+        self._recent: deque[tuple[int, int, Layers]] = deque(maxlen=_RECENT)
         self._sequence = 0  # change events seen (and own writes)
         self.epoch = 0  # moves whenever every answer is dropped
         self.live = False
@@ -271,9 +274,10 @@ class LocalCache:
             self._drop(next(iter(self._entries)))  # the least recently used
 
     def changed(self, event: ChangeEvent) -> None:
-        """A change event: the answers that read its layer go."""
+        """A change event: the answers that read its layer, or a key it re-bound, go."""
         everywhere = event.scope is None or event.kind in _STEP_KINDS
-        self._seen(None if everywhere else event.scope, event.revision)
+        layers = frozenset((event.scope, *event.rebound_scopes)) if event.scope else None
+        self._seen(None if everywhere else layers, event.revision)
 
     def wrote(self, revision: int) -> None:
         """This client changed the registry; the reply said `revision` (0: not said)."""
@@ -338,10 +342,10 @@ class LocalCache:
                 self.refused(watch.scope)
             self.ended(watch)
 
-    def _seen(self, layer: str | None, revision: int) -> None:
+    def _seen(self, layers: Layers, revision: int) -> None:
         self._sequence += 1
-        self._recent.append((self._sequence, revision, layer))
-        stale = [k for k, entry in self._entries.items() if entry.concerned(layer, revision)]
+        self._recent.append((self._sequence, revision, layers))
+        stale = [k for k, entry in self._entries.items() if entry.concerned(layers, revision)]
         for key in stale:
             self._drop(key)
 
@@ -353,8 +357,8 @@ class LocalCache:
         if not self._recent or self._recent[0][0] > sequence + 1:
             return True  # some have been forgotten
         return any(
-            entry.concerned(layer, revision)
-            for seen, revision, layer in self._recent
+            entry.concerned(layers, revision)
+            for seen, revision, layers in self._recent
             if seen > sequence
         )
 

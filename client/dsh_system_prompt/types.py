@@ -334,6 +334,7 @@ class ChangeEvent:
     ref: str = ""  # the registration's public reference, as in RegistrationInfo.ref
     fingerprint: str = ""  # its value's after the change; "" when gone or not static
     reason: str = ""  # why the sidecar disposed it on its own (an ejected callback), or ""
+    rebound_scopes: tuple[str, ...] = ()  # scope keys whose parent binding it made or undid
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,28 @@ async def test_a_global_listener_made_in_another_scope_reaches_the_kept_answer(
     await eventually(lambda: sees(caching, "alice", "marked"), "bob's global listener")
 
 
+async def test_a_scope_forgotten_with_its_parent_is_not_served_its_old_chain(
+    sidecar: Sidecar, connect: ClientFactory, caching: dsp.Client
+) -> None:
+    await forgets_its_parent(sidecar, await connect(), caching)
+
+
+async def forgets_its_parent(sidecar: Sidecar, owner: dsp.Client, cache: dsp.Client) -> None:
+    """ "alice" is bound under "team" and known to the end only as the parent of "kid":
+    once "kid" goes, nothing holds "alice", its binding goes with it and its chain is
+    itself alone, though no event of its own layer says so; the sidecar names it in the
+    event's `rebound_scopes`, so neither its own kept answers (a fresh client's assembly)
+    nor the local cache serve "team"'s section on (before, both did)."""
+    await (await owner.scope("team")).section("parent", 5, "team's")
+    kid = await owner.scope("kid", parent="alice")
+    await (await owner.scope("alice", parent="team")).dispose()
+    await eventually(lambda: kept(sidecar, cache, "alice"), "a kept answer")
+    assert "parent" in section_names(await cache.assemble("alice"))
+    await kid.dispose()
+    assert "parent" not in section_names(await owner.assemble("alice"))
+    await eventually(lambda: lacks(cache, "alice", "parent"), "the chain without its parent")
+
+
 async def mark(
     assembly: dsp.PromptAssembly, context: dsp.AssembleContext, next: dsp.Next
 ) -> dsp.PromptAssembly:
@@ -176,6 +198,18 @@ async def test_a_global_step_made_outside_an_agents_scopes_reaches_its_kept_answ
             await eventually(lambda: sees(agent, "alice", "marked"), "the global listener")
 
 
+async def test_a_scope_forgotten_with_its_parent_is_not_served_to_an_agent_watching_it(
+    guarded: Sidecar,
+) -> None:
+    """The same through an agent's watch of alice's chain: the event is of kid's layer,
+    which the filter does not keep, but it re-bound alice, which it does."""
+    async with (
+        dsp.connect(guarded.address, token=ADMIN) as admin,
+        dsp.connect(guarded.address, token=AGENT, local_cache=True) as agent,
+    ):
+        await forgets_its_parent(guarded, admin, agent)
+
+
 async def kept(sidecar: Sidecar, client: dsp.Client, scope: str) -> bool:
     """Whether `scope`'s next assemble() is answered without a call."""
     await client.assemble(scope)
@@ -186,3 +220,7 @@ async def kept(sidecar: Sidecar, client: dsp.Client, scope: str) -> bool:
 
 async def sees(client: dsp.Client, scope: str, name: str) -> bool:
     return name in section_names(await client.assemble(scope))
+
+
+async def lacks(client: dsp.Client, scope: str, name: str) -> bool:
+    return not await sees(client, scope, name)

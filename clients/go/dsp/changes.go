@@ -97,6 +97,9 @@ type ChangeEvent struct {
 	// Reason is why the sidecar disposed it on its own, e.g. `ejected: listener
 	// "sign" did not answer within 5s`; "" for every other change.
 	Reason string
+	// ReboundScopes are the scope keys whose parent binding it made or undid:
+	// their chains, and their descendants', changed; nil for most changes.
+	ReboundScopes []string
 }
 
 // ChangesMissed says this watcher fell behind and events were dropped.
@@ -489,7 +492,7 @@ func eventFromProto(m *pb.ChangeEvent) ChangeEvent {
 	return ChangeEvent{
 		Revision: m.GetRevision(), Kind: kindFromProto(m.GetKind()), Action: actionFromProto(m.GetAction()),
 		Name: m.GetName(), Scope: m.GetScope(), Ref: m.GetRef(), Fingerprint: m.GetFingerprint(),
-		Reason: m.GetReason(),
+		Reason: m.GetReason(), ReboundScopes: m.GetReboundScopes(),
 	}
 }
 

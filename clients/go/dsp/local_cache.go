@@ -86,21 +86,25 @@ type localEntry struct {
 	used     uint64 // when last used, for the least recently used to go first
 }
 
-// concerned tells whether a change of layer (every: any layer) at revision makes e stale.
-func (e localEntry) concerned(layer string, every bool, revision uint64) bool {
+// concerned tells whether a change of layers (every: any layer) at revision makes e stale.
+func (e localEntry) concerned(layers []string, every bool, revision uint64) bool {
 	if revision <= e.revision {
 		return false // it is in the answer already
 	}
 	if every || e.reads == nil {
 		return true
 	}
-	_, read := e.reads[layer]
-	return read
+	for _, layer := range layers {
+		if _, read := e.reads[layer]; read {
+			return true
+		}
+	}
+	return false
 }
 
 type seenChange struct {
 	sequence, revision uint64
-	layer              string
+	layers             []string
 	every              bool
 }
 
@@ -304,19 +308,19 @@ func (c *conn) wrote(revision uint64) {
 	if revision == 0 {
 		l.drop()
 	} else {
-		l.seen("", true, revision) // its layer unknown here: any
+		l.seen(nil, true, revision) // its layer unknown here: any
 	}
 }
 
 // seen hears of a change of layer (every: of any) at revision; l.mu is held.
-func (l *localCache) seen(layer string, every bool, revision uint64) {
+func (l *localCache) seen(layers []string, every bool, revision uint64) {
 	l.sequence++
-	l.recent = append(l.recent, seenChange{l.sequence, revision, layer, every})
+	l.recent = append(l.recent, seenChange{l.sequence, revision, layers, every})
 	if len(l.recent) > localRecent {
 		l.recent = append(l.recent[:0], l.recent[len(l.recent)-localRecent:]...)
 	}
 	for key, entry := range l.entries {
-		if entry.concerned(layer, every, revision) {
+		if entry.concerned(layers, every, revision) {
 			l.remove(key)
 		}
 	}
@@ -332,7 +336,7 @@ func (l *localCache) overtaken(entry localEntry, sequence uint64) bool {
 		return true // some have been forgotten
 	}
 	for _, change := range l.recent {
-		if change.sequence > sequence && entry.concerned(change.layer, change.every, change.revision) {
+		if change.sequence > sequence && entry.concerned(change.layers, change.every, change.revision) {
 			return true
 		}
 	}
@@ -406,7 +410,7 @@ func (l *localCache) follow(watch *localWatch, changes *ChangeStream) {
 			switch change := change.(type) {
 			case ChangeEvent:
 				every := change.Scope == "" || change.Kind == ChangeKindListener || change.Kind == ChangeKindRule
-				l.seen(change.Scope, every, change.Revision)
+				l.seen(append([]string{change.Scope}, change.ReboundScopes...), every, change.Revision)
 			default:
 				l.lost(watch) // a resync (another incarnation's revisions) or a gap
 			}

@@ -18,7 +18,7 @@ import (
 
 const adminToken, agentToken = "admin-token-0123", "alice-token-4567"
 
-// guarded is a sidecar with an admin and an agent that may read scopes "team" and "alice".
+// guarded is a sidecar with an admin and an agent that may read scopes "team", "alice" and "solo".
 func guarded(t *testing.T) *sidecar {
 	t.Helper()
 	folder := t.TempDir()
@@ -28,7 +28,7 @@ func guarded(t *testing.T) *sidecar {
 	return startSidecar(t, []string{
 		fmt.Sprintf("auth_token_file = %q", admin),
 		"[[credentials]]", `name = "alice"`, `role = "agent"`,
-		fmt.Sprintf("token_file = %q", agent), `scopes = ["team", "alice"]`,
+		fmt.Sprintf("token_file = %q", agent), `scopes = ["team", "alice", "solo"]`,
 	})
 }
 
@@ -88,4 +88,38 @@ func TestAGlobalStepMadeOutsideAnAgentsScopesReachesItsKeptAnswer(t *testing.T) 
 		return next.Tail(a)
 	}, dsp.Global()))
 	sees(t, agent, "marked", "by the admin", dsp.ForScope("alice"))
+}
+
+// forgetsItsParent: "solo" is bound under "upper" and held to the end only as the
+// parent of "kid"; once "kid" goes, nothing holds "solo" and its binding goes with
+// it, so its chain is itself alone though no event of its own layer says so. The
+// sidecar names it in the event's ReboundScopes, so neither its kept answers (the
+// owner's Assemble) nor cache serve "upper"'s section on.
+func forgetsItsParent(t *testing.T, owner, cache *dsp.Client, calls *assembleCalls) {
+	t.Helper()
+	upper := must[*dsp.Scope](t)(owner.Scope(bg, "upper"))
+	must[*dsp.Handle[string]](t)(upper.Section(bg, "upper", 5, "upper's"))
+	kid := must[*dsp.Scope](t)(owner.Scope(bg, "kid", dsp.WithParent("solo")))
+	check(t, must[*dsp.Scope](t)(owner.Scope(bg, "solo", dsp.WithParent("upper"))).Dispose(bg))
+	waitFor(t, "a kept answer", func() bool { return keptAnswer(t, cache, calls, "solo") })
+	if got := text(must[*dsp.Assembly](t)(cache.Assemble(bg, dsp.ForScope("solo"))), "upper"); got != "upper's" {
+		t.Fatalf("solo under upper assembled upper's section as %q", got)
+	}
+	check(t, kid.Dispose(bg))
+	if got := text(must[*dsp.Assembly](t)(owner.Assemble(bg, dsp.ForScope("solo"))), "upper"); got != "<absent>" {
+		t.Fatalf("the sidecar assembled solo under its forgotten parent: %q", got)
+	}
+	sees(t, cache, "upper", "<absent>", dsp.ForScope("solo"))
+}
+
+func TestAScopeForgottenWithItsParentIsNotServedItsOldChain(t *testing.T) {
+	s := startSidecar(t, nil)
+	cache, calls := caching(t, s)
+	forgetsItsParent(t, connect(t, s), cache, calls)
+}
+
+func TestAScopeForgottenWithItsParentIsNotServedToAnAgentWatchingIt(t *testing.T) {
+	s := guarded(t)
+	cache, calls := caching(t, s, dsp.WithToken(agentToken)) // its watch of solo's chain: kid's event re-bound solo
+	forgetsItsParent(t, connect(t, s, dsp.WithToken(adminToken)), cache, calls)
 }

@@ -160,6 +160,7 @@ export function changeFromProto(message: pb.ChangeEvent): ChangeEvent {
     ref: message.ref,
     fingerprint: message.fingerprint,
     ...(message.reason ? { reason: message.reason } : {}),
+    ...(message.reboundScopes.length ? { reboundScopes: [...message.reboundScopes] } : {}),
   };
 }
 

@@ -10,8 +10,10 @@
  * (`AssembleResponse.scopeChain`, the asked key and the global layer) and their
  * revision (`cacheRevision`). It is served until a change event of one of those layers
  * comes with a later revision (a listener or rule event anywhere counts: one registered
- * with `global` runs everywhere), so a change in another scope leaves it in place. A
- * sidecar that sends no `cacheRevision` is one where every change counts.
+ * with `global` runs everywhere), or one that re-bound a scope key of its chain (the
+ * event's `reboundScopes`: a key that got a parent, or lost it when nothing held it any
+ * more), so a change in another scope leaves it in place. A sidecar that sends no
+ * `cacheRevision` is one where every change counts.
  *
  * Changes come from a change stream: one of every change when the credential may
  * watch every layer, else (PERMISSION_DENIED: an agent that lists its own scopes) one
@@ -53,10 +55,14 @@ interface Template {
   readonly variables: readonly (readonly [string, string | undefined])[];
 }
 
-/** Whether a change of `layer` (undefined: every layer) at `revision` makes `entry` stale. */
-function concerned(entry: Template, layer: string | undefined, revision: number): boolean {
+/** The scope keys a change concerns; undefined: every one. */
+type Layers = readonly string[] | undefined;
+
+/** Whether a change of `layers` (undefined: every layer) at `revision` makes `entry` stale. */
+function concerned(entry: Template, layers: Layers, revision: number): boolean {
   if (revision <= entry.revision) return false; // it is in the answer already
-  return layer === undefined || entry.reads === undefined || entry.reads.has(layer);
+  const reads = entry.reads;
+  return layers === undefined || reads === undefined || layers.some((layer) => reads.has(layer));
 }
 
 /** What an answer is kept under: its scope, and the request's fieldsJson for a rules-only
@@ -189,7 +195,7 @@ export class LocalCache {
   #every: Watch | undefined;
   readonly #scoped = new Map<string, Watch>();
   readonly #refused = new Set<string>();
-  readonly #recent: (readonly [number, number, string | undefined])[] = []; // sequence, revision, layer
+  readonly #recent: (readonly [number, number, Layers])[] = []; // sequence, revision, layers
   #sequence = 0;
 
   private constructor(
@@ -258,10 +264,11 @@ export class LocalCache {
     }
   }
 
-  /** A change event: the answers that read its layer go. */
+  /** A change event: the answers that read its layer, or a key it re-bound, go. */
   changed(event: ChangeEvent): void {
     const everywhere = event.scope === undefined || event.scope === "" || STEP_KINDS.has(event.kind);
-    this.#seen(everywhere ? undefined : event.scope, event.revision);
+    const layers = [event.scope ?? "", ...(event.reboundScopes ?? [])];
+    this.#seen(everywhere ? undefined : layers, event.revision);
   }
 
   /** This client changed the registry; its reply said `revision` (undefined or 0: not said). */
@@ -317,11 +324,11 @@ export class LocalCache {
     return opened;
   }
 
-  #seen(layer: string | undefined, revision: number): void {
+  #seen(layers: Layers, revision: number): void {
     this.#sequence += 1;
-    this.#recent.push([this.#sequence, revision, layer]);
+    this.#recent.push([this.#sequence, revision, layers]);
     if (this.#recent.length > RECENT) this.#recent.shift();
-    for (const [key, entry] of [...this.#entries]) if (concerned(entry, layer, revision)) this.#drop(key);
+    for (const [key, entry] of [...this.#entries]) if (concerned(entry, layers, revision)) this.#drop(key);
   }
 
   /** Whether a change seen since `sequence` (while the answer was on its way) makes `entry`
@@ -330,7 +337,7 @@ export class LocalCache {
     if (this.#sequence === sequence) return false;
     const first = this.#recent[0];
     if (first === undefined || first[0] > sequence + 1) return true; // some have been forgotten
-    return this.#recent.some(([seen, revision, layer]) => seen > sequence && concerned(entry, layer, revision));
+    return this.#recent.some(([seen, revision, layers]) => seen > sequence && concerned(entry, layers, revision));
   }
 
   #drop(key: string): void {

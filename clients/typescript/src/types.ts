@@ -345,6 +345,8 @@ export interface ChangeEvent {
   fingerprint: string;
   /** Why the sidecar disposed it on its own (an ejected callback); absent otherwise. */
   reason?: string;
+  /** Scope keys whose parent binding it made or undid (their chains changed); absent: none. */
+  reboundScopes?: string[];
 }
 
 /**

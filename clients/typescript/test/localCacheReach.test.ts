@@ -21,6 +21,44 @@ async function sees(client: dsp.Client, scope: string, name: string): Promise<bo
   return ownSections(await client.assemble({ scope })).includes(name);
 }
 
+/** Whether `scope`'s next assemble() is answered without a call (`count` counts the calls). */
+function keeper(client: dsp.Client, count: () => number): (scope: string) => Promise<boolean> {
+  return async (scope) => {
+    await client.assemble({ scope });
+    const before = count();
+    await client.assemble({ scope });
+    return count() === before;
+  };
+}
+
+/**
+ * "solo" bound under "upper" and held to the end only as the parent of "kid": once "kid"
+ * goes, nothing holds "solo" and its binding goes with it, so its chain is itself alone,
+ * though no event of its own layer says so; the sidecar names it in `reboundScopes`, and
+ * neither its kept answers (the owner's assembly) nor the local cache serve "upper"'s
+ * section on.
+ */
+async function forgetsItsParent(
+  owner: dsp.Client,
+  cache: dsp.Client,
+  kept: (scope: string) => Promise<boolean>,
+): Promise<void> {
+  await (await owner.scope("upper")).section("upper", 5, "upper's");
+  const kid = await owner.scope("kid", "solo");
+  await (await owner.scope("solo", "upper")).dispose();
+  await eventually(() => kept("solo"), "a kept answer");
+  assert.ok(await sees(cache, "solo", "upper"));
+  await kid.dispose();
+  assert.ok(!(await sees(owner, "solo", "upper")));
+  await eventually(async () => !(await sees(cache, "solo", "upper")), "the chain without its parent");
+}
+
+test("a scope forgotten with its parent is not served its old chain", async () => {
+  const { interceptor, count } = assembleCounter();
+  const caching = await harness.connect({ localCache: true, interceptors: [interceptor] });
+  await forgetsItsParent(await harness.connect(), caching, keeper(caching, count));
+});
+
 test("another scope's churn leaves the kept answer", async () => {
   const { interceptor, count } = assembleCounter();
   const caching = await harness.connect({ localCache: true, interceptors: [interceptor] });
@@ -120,7 +158,7 @@ test("an agent listing its scopes keeps answers, watching each", async () => {
       'name = "alice"',
       'role = "agent"',
       `token_file = "${join(folder, "alice.token")}"`,
-      'scopes = ["team", "alice"]',
+      'scopes = ["team", "alice", "solo"]',
     ],
   });
   const admin = await dsp.connect(sidecar.address, { token: "admin-token-0123" });
@@ -135,18 +173,15 @@ test("an agent listing its scopes keeps answers, watching each", async () => {
     await (await admin.scope("alice", "team")).section("rules", 10, "alice's");
     const bob = await admin.scope("bob");
     await bob.section("rules", 10, "bob's");
-    const kept = async (): Promise<boolean> => {
-      await agent.assemble({ scope: "alice" });
-      const before = count();
-      await agent.assemble({ scope: "alice" });
-      return count() === before;
-    };
-    await eventually(kept, "a kept answer");
+    const kept = keeper(agent, count);
+    await eventually(() => kept("alice"), "a kept answer");
     await team.section("parent", 5, "team's");
     await eventually(() => sees(agent, "alice", "parent"), "the parent's change");
-    await eventually(kept, "kept again");
+    await eventually(() => kept("alice"), "kept again");
     const refused = await failure(agent.assemble({ scope: "bob" }));
     assert.equal(refused.code, grpc.status.PERMISSION_DENIED);
+    // the agent's watch of solo's chain is told that kid's end forgot solo's parent
+    await forgetsItsParent(admin, agent, kept);
     // a step registered with global in bob's layer runs for alice's assemblies too: the
     // agent's watch of alice's chain is told of it, and the kept answer goes
     await bob.onAssemble(

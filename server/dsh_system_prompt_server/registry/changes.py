@@ -176,6 +176,7 @@ class ChangeFeed:
         fingerprint: str = "",
         reason: str = "",
         everywhere: bool = False,
+        rebound: tuple[str, ...] = (),
     ) -> ChangeEvent:
         self.revision += 1
         event = ChangeEvent(
@@ -188,6 +189,7 @@ class ChangeFeed:
             fingerprint=fingerprint,
             reason=reason,
             everywhere=everywhere,
+            rebound=rebound,
         )
         self._log.append(event)
         self._times.append(self.clock())
@@ -197,10 +199,15 @@ class ChangeFeed:
         return event
 
     def publish_entry(
-        self, entry: AnyRegistration, action: Action, fingerprint: str, reason: str
+        self,
+        entry: AnyRegistration,
+        action: Action,
+        fingerprint: str,
+        reason: str,
+        rebound: tuple[str, ...] = (),
     ) -> ChangeEvent:
         """The change of a registration: named by its public ref, everywhere when it is a
-        step registered with `global`."""
+        step registered with `global`, naming the scope keys it re-bound."""
         return self.publish(
             entry.kind,
             action,
@@ -210,6 +217,7 @@ class ChangeFeed:
             fingerprint,
             reason,
             everywhere=runs_everywhere(entry),
+            rebound=rebound,
         )
 
     def subscribe(

@@ -112,13 +112,16 @@ class ScopeTree:
     """Scope keys, their parent bindings and open handles.
 
     A key's parent is bound once. A key is forgotten when it has no open
-    handle and no bound child, so closed agents leave nothing behind.
+    handle and no bound child, so closed agents leave nothing behind. The keys
+    whose binding was made or undone since last asked (`rebound`) are what the
+    next change event names: their chains, and their descendants', changed.
     """
 
     def __init__(self) -> None:
         self._parent: dict[str, str | None] = {}
         self._handles: dict[str, int] = {}
         self._children: dict[str, int] = {}
+        self._rebound: list[str] = []
 
     def check_open(self, key: str, parent: str | None) -> None:
         """Raise unless a handle on `key` with `parent` may be opened."""
@@ -150,6 +153,7 @@ class ScopeTree:
         if parent is not None and self._parent.get(key) is None:
             self._parent[key] = parent
             self._children[parent] = self._children.get(parent, 0) + 1
+            self._rebound.append(key)
         else:
             self._parent.setdefault(key, None)
 
@@ -170,6 +174,11 @@ class ScopeTree:
     def keys(self) -> list[str]:
         return list(self._parent)
 
+    def rebound(self) -> tuple[str, ...]:
+        """The keys whose parent binding was made or undone since the last call."""
+        keys, self._rebound = tuple(self._rebound), []
+        return keys
+
     def knows(self, key: str) -> bool:
         """Whether `key` is held by an open handle or is the parent of one."""
         return key in self._parent
@@ -181,5 +190,6 @@ class ScopeTree:
             self._children.pop(key, None)
             if parent is None:
                 return
+            self._rebound.append(key)  # its chain loses the parent: no event of its own says so
             self._children[parent] -= 1
             key = parent

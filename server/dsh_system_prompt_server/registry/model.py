@@ -359,6 +359,7 @@ class ChangeEvent:
     fingerprint: str = ""  # its value's after the change; "" when gone or not static
     reason: str = ""  # why the sidecar disposed it (an ejected callback); "" otherwise
     everywhere: bool = False  # a step registered with `global` (runs_everywhere)
+    rebound: tuple[str, ...] = ()  # scope keys whose parent binding it made or undid
 
 
 def runs_everywhere(entry: object) -> bool:

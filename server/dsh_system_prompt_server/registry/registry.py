@@ -489,8 +489,9 @@ class Registry(Inspection, Invalidation, Reaching):
 
     def _publish(self, entry: AnyRegistration, action: Action, reason: str = "") -> None:
         fingerprint = "" if action is Action.UNREGISTERED else entry.fingerprint
-        event = self.changes.publish_entry(entry, action, fingerprint, reason)
-        self.layer_revisions.published(entry, event.revision, self._scopes.knows)
+        rebound = self._scopes.rebound()  # a scope handle's: keys whose chain it changed
+        event = self.changes.publish_entry(entry, action, fingerprint, reason, rebound)
+        self.layer_revisions.published(entry, event.revision, self._scopes.knows, rebound)
 
 
 def _key(handle: ScopeHandle | None) -> str | None:

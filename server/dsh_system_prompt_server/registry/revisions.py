@@ -40,12 +40,21 @@ class LayerRevisions:
             self._scoped[layer] = revision
 
     def published(
-        self, entry: AnyRegistration, revision: int, known: Callable[[str], bool]
+        self,
+        entry: AnyRegistration,
+        revision: int,
+        known: Callable[[str], bool],
+        rebound: Iterable[str] = (),
     ) -> None:
         """`entry`'s change, numbered `revision`, is out: a step that runs everywhere
-        changes every chain, whichever layer it was made in; a scope handle's end may
-        have left keys no one holds (`known` says which are held)."""
+        changes every chain, whichever layer it was made in; a key whose parent binding
+        it made or undid (`rebound`) changes as its layer would, since a chain kept from
+        before still names it (a key forgotten with its parent otherwise reads as it
+        did); a scope handle's end may have left keys no one holds (`known` says which
+        are held)."""
         self.changed(None if runs_everywhere(entry) else entry.scope, revision)
+        for key in rebound:
+            self.changed(key, revision)
         if isinstance(entry, ScopeHandle) and entry.disposed:
             self.sweep(known)
 

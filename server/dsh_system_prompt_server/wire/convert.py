@@ -388,6 +388,8 @@ def _event_to_proto(item: ChangeEvent) -> pb.ChangeEvent:
         ref=item.ref,
         fingerprint=item.fingerprint,
         reason=item.reason,
+        rebound_scopes=item.rebound,
+        **{"global": item.scope is None or item.everywhere},  # a Python keyword
     )
 
 

@@ -3170,6 +3170,8 @@ class ChangeEvent(_message.Message):
     REF_FIELD_NUMBER: _builtins.int
     FINGERPRINT_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    REBOUND_SCOPES_FIELD_NUMBER: _builtins.int
+    GLOBAL_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
     """Grows by one with every change."""
     kind: Global___ChangeKind.ValueType
@@ -3197,6 +3199,17 @@ class ChangeEvent(_message.Message):
     """Why the sidecar disposed it on its own, e.g. `ejected: listener "sign" did
     not answer within 5s`; empty for every other change.
     """
+    @_builtins.property
+    def rebound_scopes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The scope keys whose parent binding this change made or undid: a handle
+        opened with a parent binds its key's; a key nothing holds any more (its
+        last handle closed, its last child gone) is forgotten with its binding.
+        Each one's scope chain, and so its descendants' (whose chains pass
+        through it), is no longer what it was: an answer assembled for a scope
+        whose chain held one of them is stale, as for one whose chain holds
+        `scope`. Empty for every other change.
+        """
+
     def __init__(
         self,
         *,
@@ -3208,12 +3221,15 @@ class ChangeEvent(_message.Message):
         ref: _builtins.str = ...,
         fingerprint: _builtins.str = ...,
         reason: _builtins.str = ...,
+        rebound_scopes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_global", b"_global", "global", b"global"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "fingerprint", b"fingerprint", "kind", b"kind", "name", b"name", "reason", b"reason", "ref", b"ref", "revision", b"revision", "scope", b"scope"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_global", b"_global", "action", b"action", "fingerprint", b"fingerprint", "global", b"global", "kind", b"kind", "name", b"name", "reason", b"reason", "rebound_scopes", b"rebound_scopes", "ref", b"ref", "revision", b"revision", "scope", b"scope"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__global: _TypeAlias = _typing.Literal["global"]  # noqa: Y015
+    _WhichOneofArgType__global: _TypeAlias = _typing.Literal["_global", b"_global"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__global) -> _WhichOneofReturnType__global | None: ...
 
 Global___ChangeEvent: _TypeAlias = ChangeEvent  # noqa: Y015
 
@@ -3295,6 +3311,7 @@ class RegistrationInfo(_message.Message):
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
     FINGERPRINT_FIELD_NUMBER: _builtins.int
     VALUE_FIELD_NUMBER: _builtins.int
+    GLOBAL_FIELD_NUMBER: _builtins.int
     ref: _builtins.str
     """Its public reference, as in ChangeEvent.ref."""
     kind: Global___ChangeKind.ValueType
@@ -3350,7 +3367,7 @@ class RegistrationInfo(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_order", b"_order", "order", b"order", "value", b"value"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_order", b"_order", "complete", b"complete", "dynamic", b"dynamic", "fingerprint", b"fingerprint", "kind", b"kind", "name", b"name", "order", b"order", "owner", b"owner", "owner_label", b"owner_label", "ref", b"ref", "scope", b"scope", "size_bytes", b"size_bytes", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_order", b"_order", "complete", b"complete", "dynamic", b"dynamic", "fingerprint", b"fingerprint", "global", b"global", "kind", b"kind", "name", b"name", "order", b"order", "owner", b"owner", "owner_label", b"owner_label", "ref", b"ref", "scope", b"scope", "size_bytes", b"size_bytes", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__order: _TypeAlias = _typing.Literal["order"]  # noqa: Y015
     _WhichOneofArgType__order: _TypeAlias = _typing.Literal["_order", b"_order"]  # noqa: Y015

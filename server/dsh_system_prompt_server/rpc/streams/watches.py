@@ -380,5 +380,7 @@ def _kept(keeps: Callable[[Kind, str | None], bool], event: ChangeEvent) -> bool
     """Whether a filtered watch gets `event`: one of a layer the filter keeps, or of a step
     registered with `global` wherever it keeps the global layer (such a step runs in every
     chain, whichever layer holds it: a watcher of its chain, a scoped agent's local cache,
-    must hear of it)."""
-    return keeps(event.kind, event.scope) or (event.everywhere and keeps(event.kind, None))
+    must hear of it), or one that re-bound a key the filter keeps (its chain changed)."""
+    if keeps(event.kind, event.scope) or (event.everywhere and keeps(event.kind, None)):
+        return True
+    return any(keeps(event.kind, key) for key in event.rebound)
