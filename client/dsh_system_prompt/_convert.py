@@ -164,6 +164,7 @@ def change_from_proto(message: pb.ChangeEvent) -> ChangeEvent:
         fingerprint=message.fingerprint,
         reason=message.reason,
         rebound_scopes=tuple(message.rebound_scopes),
+        global_=getattr(message, "global") if message.HasField("global") else None,
     )
 
 

@@ -8,11 +8,13 @@ sidecar's own kept answers do); a rules-only plan's under its scope and the requ
 what it read: the layers of its scope chain
 (`AssembleResponse.scope_chain`, the asked key and the global layer) and their revision
 (`cache_revision`). It is served until a change event of one of those layers comes with
-a later revision (a listener or rule event anywhere counts: one registered with
-`global` runs everywhere), or one that re-bound a scope key of its chain (the event's
-`rebound_scopes`: a key that got a parent, or lost it when nothing held it any more), so a
-change in another scope leaves it in place. A sidecar that sends no `cache_revision` is one
-where every change counts.
+a later revision, or one that re-bound a scope key of its chain (the event's
+`rebound_scopes`: a key that got a parent, or lost it when nothing held it any more), or
+one the sidecar marks `global` (the global layer's, or a listener or rule that runs
+everywhere), so a change in another scope, a step registered on another scope among
+them, leaves it in place. From a sidecar that does not say `global`, any listener or rule
+event counts (one registered with `global` runs everywhere, and it cannot tell). A sidecar
+that sends no `cache_revision` is one where every change counts.
 
 Changes come from a change stream: one of every change when the credential may watch
 every layer, else (PERMISSION_DENIED: an agent that lists its own scopes) one per scope
@@ -59,7 +61,8 @@ _RECENT = 1024  # change events remembered for answers in flight while they came
 _REFUSED = 1024  # scopes whose watch was refused, not asked again (then forgotten)
 _EVERY_LAYER = None  # an event every kept answer reads: the global layer's, a step's
 Layers = frozenset[str] | None  # the scope keys a change concerns; None: every one
-_STEP_KINDS = frozenset({"listener", "rule"})  # one registered with `global` runs everywhere
+# an older sidecar's events do not say `global`: a step of these kinds may run everywhere
+_STEP_KINDS = frozenset({"listener", "rule"})
 # What an answer is kept under: its scope, and the request's fields_json for a rules-only
 # plan's (None: a static plan's, the same for any fields).
 Key = tuple[str, str | None]
@@ -275,7 +278,8 @@ class LocalCache:
 
     def changed(self, event: ChangeEvent) -> None:
         """A change event: the answers that read its layer, or a key it re-bound, go."""
-        everywhere = event.scope is None or event.kind in _STEP_KINDS
+        said = event.global_
+        everywhere = event.scope is None or (event.kind in _STEP_KINDS if said is None else said)
         layers = frozenset((event.scope, *event.rebound_scopes)) if event.scope else None
         self._seen(None if everywhere else layers, event.revision)
 

@@ -335,6 +335,9 @@ class ChangeEvent:
     fingerprint: str = ""  # its value's after the change; "" when gone or not static
     reason: str = ""  # why the sidecar disposed it on its own (an ejected callback), or ""
     rebound_scopes: tuple[str, ...] = ()  # scope keys whose parent binding it made or undid
+    # It concerns every scope's assemblies (the global layer's, or a step that runs
+    # everywhere); None: not said, by a sidecar before ChangeEvent.global.
+    global_: bool | None = None
 
 
 @dataclass(frozen=True)

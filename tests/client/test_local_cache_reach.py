@@ -81,6 +81,29 @@ async def test_a_global_listener_made_in_another_scope_reaches_the_kept_answer(
     await eventually(lambda: sees(caching, "alice", "marked"), "bob's global listener")
 
 
+@pytest.mark.parametrize("step", ["listener", "rule"])
+async def test_a_step_registered_on_another_scope_leaves_the_kept_answer(
+    sidecar: Sidecar, connect: ClientFactory, caching: dsp.Client, step: str
+) -> None:
+    """A listener or rule registered on bob's scope (not `global`) runs for bob's
+    assemblies only: its event says `global` false, so alice's kept answer stays (before,
+    any step's event dropped every kept answer). The marker registered after it in carol's
+    scope, once seen, tells that the step's event came first (one stream, in order)."""
+    alice, bob = await connect(), await connect()
+    await (await alice.scope("alice")).section("rules", 10, "alice's")
+    await eventually(lambda: kept(sidecar, caching, "alice"), "a kept answer")
+    his = await bob.scope("bob")
+    if step == "listener":
+        await his.on_assemble(mark)
+    else:
+        await his.rule("mark", dsp.Rule([dsp.Mutation.drop_sections("section.name == 'rules'")]))
+    await (await bob.scope("carol")).section("marker", 1, "after the step")
+    await eventually(lambda: sees(caching, "carol", "marker"), "the marker after the step")
+    before = served(sidecar)
+    assert texts(await caching.assemble("alice"))["rules"] == "alice's"
+    assert served(sidecar) == before
+
+
 async def test_a_scope_forgotten_with_its_parent_is_not_served_its_old_chain(
     sidecar: Sidecar, connect: ClientFactory, caching: dsp.Client
 ) -> None:

@@ -100,6 +100,10 @@ type ChangeEvent struct {
 	// ReboundScopes are the scope keys whose parent binding it made or undid:
 	// their chains, and their descendants', changed; nil for most changes.
 	ReboundScopes []string
+	// Global says it concerns every scope's assemblies (the global layer's, or a
+	// listener or rule that runs everywhere); nil: not said, by a sidecar before
+	// ChangeEvent.global.
+	Global *bool
 }
 
 // ChangesMissed says this watcher fell behind and events were dropped.
@@ -492,7 +496,7 @@ func eventFromProto(m *pb.ChangeEvent) ChangeEvent {
 	return ChangeEvent{
 		Revision: m.GetRevision(), Kind: kindFromProto(m.GetKind()), Action: actionFromProto(m.GetAction()),
 		Name: m.GetName(), Scope: m.GetScope(), Ref: m.GetRef(), Fingerprint: m.GetFingerprint(),
-		Reason: m.GetReason(), ReboundScopes: m.GetReboundScopes(),
+		Reason: m.GetReason(), ReboundScopes: m.GetReboundScopes(), Global: m.Global,
 	}
 }
 

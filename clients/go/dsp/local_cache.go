@@ -21,10 +21,13 @@ import (
 // scope) under its scope and the request's very fields_json; each with what it read
 // (the asked key, the reply's scope_chain, the global layer) and their revision
 // (cache_revision). It is
-// served until a change event of one of those layers comes with a later revision
-// (a listener or rule event anywhere counts: one registered with global runs
-// everywhere), so another scope's change leaves it in place; a sidecar that sends
-// no cache_revision is one where every change counts. Changes come from a change
+// served until a change event of one of those layers comes with a later revision,
+// or one that re-bound a key of its chain (ReboundScopes), or one the sidecar marks
+// Global (the global layer's, or a listener or rule that runs everywhere), so
+// another scope's change, a step registered on another scope among them, leaves it
+// in place; from a sidecar that does not say Global any listener or rule event
+// counts, and a sidecar that sends no cache_revision is one where every change
+// counts. Changes come from a change
 // stream: one of every change when the credential may watch every layer, else
 // (PERMISSION_DENIED: an agent that lists its own scopes) one per scope assembled,
 // filtered to that scope's chain (its layer, its ancestors', the global one), at
@@ -409,7 +412,7 @@ func (l *localCache) follow(watch *localWatch, changes *ChangeStream) {
 			l.mu.Lock()
 			switch change := change.(type) {
 			case ChangeEvent:
-				every := change.Scope == "" || change.Kind == ChangeKindListener || change.Kind == ChangeKindRule
+				every := change.Scope == "" || concernsEveryScope(change)
 				l.seen(append([]string{change.Scope}, change.ReboundScopes...), every, change.Revision)
 			default:
 				l.lost(watch) // a resync (another incarnation's revisions) or a gap
@@ -417,6 +420,15 @@ func (l *localCache) follow(watch *localWatch, changes *ChangeStream) {
 			l.mu.Unlock()
 		}
 	}()
+}
+
+// concernsEveryScope tells whether change is marked global by the sidecar; from
+// one that does not say, whether it is a listener's or rule's (it may run everywhere).
+func concernsEveryScope(change ChangeEvent) bool {
+	if change.Global != nil {
+		return *change.Global
+	}
+	return change.Kind == ChangeKindListener || change.Kind == ChangeKindRule
 }
 
 // assemblyBytes is what an assembly's texts take.

@@ -123,3 +123,33 @@ func TestAScopeForgottenWithItsParentIsNotServedToAnAgentWatchingIt(t *testing.T
 	cache, calls := caching(t, s, dsp.WithToken(agentToken)) // its watch of solo's chain: kid's event re-bound solo
 	forgetsItsParent(t, connect(t, s, dsp.WithToken(adminToken)), cache, calls)
 }
+
+// A listener or rule registered on bob's scope (not Global) runs for bob's
+// assemblies only: its event says global false, so alice's kept answer stays
+// (before, any step's event dropped every kept answer). The marker registered after
+// it in carol's scope, once seen, tells that the step's event came first.
+func TestAStepRegisteredOnAnotherScopeLeavesTheKeptAnswer(t *testing.T) {
+	s := startSidecar(t, nil)
+	cache, calls := caching(t, s)
+	other := connect(t, s)
+	alice := must[*dsp.Scope](t)(other.Scope(bg, "alice"))
+	must[*dsp.Handle[string]](t)(alice.Section(bg, "rules", 10, "alice's"))
+	bob := must[*dsp.Scope](t)(other.Scope(bg, "bob"))
+	carol := must[*dsp.Scope](t)(other.Scope(bg, "carol"))
+	waitFor(t, "a kept answer", func() bool { return keptAnswer(t, cache, calls, "alice") })
+	must[*dsp.Registration](t)(bob.OnAssemble(bg, func(_ context.Context, a *dsp.Assembly, _ dsp.AssembleContext, next *dsp.Next) (*dsp.Assembly, error) {
+		return next.Tail(a)
+	}))
+	must[*dsp.Handle[dsp.Rule]](t)(bob.Rule(bg, "mark", dsp.Rule{
+		Mutations: []dsp.Mutation{dsp.DropSections("section.name == 'rules'")},
+	}))
+	must[*dsp.Handle[string]](t)(carol.Section(bg, "marker", 1, "after the steps"))
+	sees(t, cache, "marker", "after the steps", dsp.ForScope("carol"))
+	before := calls.n.Load()
+	if got := text(must[*dsp.Assembly](t)(cache.Assemble(bg, dsp.ForScope("alice"))), "rules"); got != "alice's" {
+		t.Fatalf("alice's rules read %q", got)
+	}
+	if made := calls.n.Load() - before; made != 0 {
+		t.Fatalf("steps on bob's scope made %d calls for alice's kept answer", made)
+	}
+}

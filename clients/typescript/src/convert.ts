@@ -161,6 +161,7 @@ export function changeFromProto(message: pb.ChangeEvent): ChangeEvent {
     fingerprint: message.fingerprint,
     ...(message.reason ? { reason: message.reason } : {}),
     ...(message.reboundScopes.length ? { reboundScopes: [...message.reboundScopes] } : {}),
+    ...(message.global === undefined ? {} : { global: message.global }),
   };
 }
 

@@ -9,11 +9,13 @@
  * kept with what it read: the layers of its scope chain
  * (`AssembleResponse.scopeChain`, the asked key and the global layer) and their
  * revision (`cacheRevision`). It is served until a change event of one of those layers
- * comes with a later revision (a listener or rule event anywhere counts: one registered
- * with `global` runs everywhere), or one that re-bound a scope key of its chain (the
+ * comes with a later revision, or one that re-bound a scope key of its chain (the
  * event's `reboundScopes`: a key that got a parent, or lost it when nothing held it any
- * more), so a change in another scope leaves it in place. A sidecar that sends no
- * `cacheRevision` is one where every change counts.
+ * more), or one the sidecar marks `global` (the global layer's, or a listener or rule
+ * that runs everywhere), so a change in another scope, a step registered on another
+ * scope among them, leaves it in place. From a sidecar that does not say `global`, any
+ * listener or rule event counts (one registered with `global` runs everywhere, and it
+ * cannot tell). A sidecar that sends no `cacheRevision` is one where every change counts.
  *
  * Changes come from a change stream: one of every change when the credential may
  * watch every layer, else (PERMISSION_DENIED: an agent that lists its own scopes) one
@@ -39,7 +41,7 @@ const MAX_ENTRIES = 256; // answers kept (a scope's, or a scope's for some field
 const MAX_SCOPE_WATCHES = 16; // change streams of one scope each, for a credential listing scopes
 const RECENT = 1024; // change events remembered for answers in flight while they came
 const REFUSED = 1024; // scopes whose watch was refused, not asked again (then forgotten)
-const STEP_KINDS = new Set(["listener", "rule"]); // one registered with `global` runs everywhere
+const STEP_KINDS = new Set(["listener", "rule"]); // an older sidecar does not say `global`: these may run everywhere
 
 /** A converted assembly, as plain values: each answer is built afresh from it. */
 interface Template {
@@ -266,7 +268,7 @@ export class LocalCache {
 
   /** A change event: the answers that read its layer, or a key it re-bound, go. */
   changed(event: ChangeEvent): void {
-    const everywhere = event.scope === undefined || event.scope === "" || STEP_KINDS.has(event.kind);
+    const everywhere = !event.scope || (event.global ?? STEP_KINDS.has(event.kind));
     const layers = [event.scope ?? "", ...(event.reboundScopes ?? [])];
     this.#seen(everywhere ? undefined : layers, event.revision);
   }

@@ -347,6 +347,11 @@ export interface ChangeEvent {
   reason?: string;
   /** Scope keys whose parent binding it made or undid (their chains changed); absent: none. */
   reboundScopes?: string[];
+  /**
+   * It concerns every scope's assemblies (the global layer's, or a listener or rule that
+   * runs everywhere); absent: not said, by a sidecar before `ChangeEvent.global`.
+   */
+  global?: boolean;
 }
 
 /**

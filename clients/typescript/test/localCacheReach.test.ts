@@ -106,6 +106,27 @@ test("a global listener made in another scope reaches the kept answer", async ()
   await eventually(() => sees(caching, "alice-3", "marked"), "bob's global listener");
 });
 
+for (const step of ["listener", "rule"] as const) {
+  test(`a ${step} registered on another scope leaves the kept answer`, async () => {
+    // its event says global false: alice's answer stays (before, any step's event dropped
+    // every kept answer); the marker after it in carol's scope, once seen, tells that the
+    // step's event came first (one stream, in order)
+    const { interceptor, count } = assembleCounter();
+    const caching = await harness.connect({ localCache: true, interceptors: [interceptor] });
+    const [alice, bob] = [await harness.connect(), await harness.connect()];
+    await (await alice.scope(`alice-${step}`)).section("rules", 10, "alice's");
+    await eventually(() => keeper(caching, count)(`alice-${step}`), "a kept answer");
+    const his = await bob.scope(`bob-${step}`);
+    if (step === "listener") await his.onAssemble((_assembly, _context, next) => next());
+    else await his.rule("mark", { mutations: [dsp.Mutation.dropSections("section.name == 'rules'")] });
+    await (await bob.scope(`carol-${step}`)).section("marker", 1, "after the step");
+    await eventually(() => sees(caching, `carol-${step}`, "marker"), "the marker after the step");
+    const before = count();
+    assert.ok(await sees(caching, `alice-${step}`, "rules"));
+    assert.equal(count(), before);
+  });
+}
+
 test("a static scope is kept once whatever the fields", async () => {
   const { interceptor, count } = assembleCounter();
   const caching = await harness.connect({ localCache: true, interceptors: [interceptor] });

@@ -3952,16 +3952,18 @@ type AssembleResponse struct {
 	// nearest first (the global layer is always read, and not named). Empty for a
 	// scope no handle holds (its assembly is the global layer's until one does; the
 	// scope key asked for is read all the same, since opening it changes that).
-	// An event of one of these layers (ChangeEvent.scope), of the global layer
-	// (empty scope), or a listener or rule event (one registered with `global`
-	// runs everywhere, whichever layer names it) concerns the answer.
+	// An event of one of these layers (ChangeEvent.scope), one that re-bound one
+	// of them (ChangeEvent.rebound_scopes), or one marked ChangeEvent.global (the
+	// global layer's, or a listener or rule that runs everywhere, whichever layer
+	// names it) concerns the answer; from a sidecar that leaves `global` unset, any
+	// listener or rule event does.
 	ScopeChain []string `protobuf:"bytes,8,rep,name=scope_chain,json=scopeChain,proto3" json:"scope_chain,omitempty"`
 	// True when the plan's only non-static steps are rules (no dynamic provider, no
 	// listener, nothing passed over for reach, nothing skipped): a rule reads only the
 	// assembly, the fields and the scope, so a request for the same scope with
 	// byte-identical fields_json answers the same assembly. A client may keep it under
 	// (scope, fields_json) and reuse it under the same invalidation as `cacheable`
-	// (cache_revision, scope_chain; a listener or rule event anywhere drops it). Never
+	// (cache_revision, scope_chain, ChangeEvent.global and rebound_scopes). Never
 	// set together with `cacheable`. A client that does not know the field simply
 	// does not keep such answers.
 	CacheableWithFields bool `protobuf:"varint,9,opt,name=cacheable_with_fields,json=cacheableWithFields,proto3" json:"cacheable_with_fields,omitempty"`

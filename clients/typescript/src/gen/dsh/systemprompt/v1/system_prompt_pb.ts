@@ -1663,9 +1663,11 @@ export type AssembleResponse = Message<"dsh.systemprompt.v1.AssembleResponse"> &
    * nearest first (the global layer is always read, and not named). Empty for a
    * scope no handle holds (its assembly is the global layer's until one does; the
    * scope key asked for is read all the same, since opening it changes that).
-   * An event of one of these layers (ChangeEvent.scope), of the global layer
-   * (empty scope), or a listener or rule event (one registered with `global`
-   * runs everywhere, whichever layer names it) concerns the answer.
+   * An event of one of these layers (ChangeEvent.scope), one that re-bound one
+   * of them (ChangeEvent.rebound_scopes), or one marked ChangeEvent.global (the
+   * global layer's, or a listener or rule that runs everywhere, whichever layer
+   * names it) concerns the answer; from a sidecar that leaves `global` unset, any
+   * listener or rule event does.
    *
    * @generated from field: repeated string scope_chain = 8;
    */
@@ -1677,7 +1679,7 @@ export type AssembleResponse = Message<"dsh.systemprompt.v1.AssembleResponse"> &
    * assembly, the fields and the scope, so a request for the same scope with
    * byte-identical fields_json answers the same assembly. A client may keep it under
    * (scope, fields_json) and reuse it under the same invalidation as `cacheable`
-   * (cache_revision, scope_chain; a listener or rule event anywhere drops it). Never
+   * (cache_revision, scope_chain, ChangeEvent.global and rebound_scopes). Never
    * set together with `cacheable`. A client that does not know the field simply
    * does not keep such answers.
    *
