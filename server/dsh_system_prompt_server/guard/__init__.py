@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .clients import client_of, sees_values
+from .clients import client_of, sees_values, shown_steps
 from .gate import Gate
 from .paying import Payer, payer, paying_turn
 from .policy import ADMIN, Credential, Grants, Request, Role, Verb, decide
@@ -43,6 +43,7 @@ __all__ = [
     "sees_values",
     "share_key",
     "sharing",
+    "shown_steps",
     "wire_s",
 ]
 

@@ -45,8 +45,8 @@ from ..wire import (
     to_grpc_status,
 )
 from .access import describe, session_of
-from .clients import CALLER, VALUES
-from .policy import Credential, decide, may_see_values, reach_of
+from .clients import CALLER, STEP_NAMES, VALUES
+from .policy import Credential, decide, may_see_values, reach_of, step_names
 from .revocation import OpenStream, OpenStreams
 
 # The platform's probes cannot send a token; health says nothing about the registry.
@@ -147,6 +147,7 @@ class AuthInterceptor:
             if credential is not None:
                 CALLER.set(credential.name)  # the call's own context: nothing to reset
                 VALUES.set(may_see_values(credential))
+                STEP_NAMES.set(step_names(credential))
                 _PRESENTED.set(credential)
             return await behaviour(request, context)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+from collections.abc import Callable
 from contextvars import ContextVar
 from urllib.parse import unquote
 
@@ -35,6 +36,11 @@ CALLER: ContextVar[str | None] = ContextVar("caller", default=None)
 # credentials every caller is an admin. What such a reader is shown of a value is its keyed
 # fingerprint (registry.Fingerprints) and, but for a variable's, its size.
 VALUES: ContextVar[bool] = ContextVar("values", default=True)
+# Which layers' waterfall steps the call being served is shown by name (None: every one's),
+# set with CALLER: a credential that may not read every scope is shown a step held in the
+# global layer or in a scope it does not list without its name (docs/operations.md, "Trust
+# model"): in its watches and its listings alike.
+STEP_NAMES: ContextVar[Callable[[str | None], bool] | None] = ContextVar("steps", default=None)
 _TCP = ("ipv4:", "ipv6:")
 IDENTIFIED = ("credential:", "ip:")  # the keys of clients told apart by more than a connection
 
@@ -65,6 +71,11 @@ def _by_address(peer: str) -> Client | None:
     if ip.is_loopback:
         return Client(peer, f"the connection from {address}")
     return Client(f"ip:{ip}", f"the address {ip}")
+
+
+def shown_steps() -> Callable[[str | None], bool] | None:
+    """Which layers' steps the call being served is shown by name; None: every layer's."""
+    return STEP_NAMES.get()
 
 
 def sees_values() -> bool:

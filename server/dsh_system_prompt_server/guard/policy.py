@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import fnmatch
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..registry import BUILTIN_SECTIONS, Reach
@@ -185,6 +186,17 @@ def may_read_scope(grants: Grants, key: str) -> bool:
 
 def may_see_every_scope(grants: Grants) -> bool:
     return "*" in grants.scopes
+
+
+def step_names(credential: Credential) -> Callable[[str | None], bool] | None:
+    """Which layers' waterfall steps `credential` is shown by name (None: every layer's, for
+    an admin or a credential with the pattern '*'): the scopes it lists, never the global
+    layer. A watch shows what a listing shows the same credential (Kubernetes RBAC), and a
+    listing of a scope's chain shows every step that runs there, wherever it is held."""
+    grants = credential.grants
+    if credential.role is Role.ADMIN or may_see_every_scope(grants):
+        return None
+    return lambda scope: scope is not None and may_read_scope(grants, scope)
 
 
 def reach_of(credential: Credential) -> Reach | None:

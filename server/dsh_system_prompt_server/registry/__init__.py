@@ -15,7 +15,7 @@ from .assembly import Plan, validate_tool_order
 from .callbacks import CallbackCache, context_key
 from .changes import ChangeFeed, Missed, Subscription
 from .errors import CALLBACK_FAILURES, Failure, RegistryError, ServiceError, Status
-from .filters import Filter, owner_label, public_ref
+from .filters import STEPS, Filter, anonymous, everywhere_step, owner_label, public_ref
 from .limits import LIMIT_KEYS, Limits, quota_exceeded, quota_limit, too_large, value_bytes
 from .model import (
     SIDECAR_OWNER,
@@ -58,6 +58,7 @@ __all__ = [
     "CALLBACK_FAILURES",
     "LIMIT_KEYS",
     "SIDECAR_OWNER",
+    "STEPS",
     "Action",
     "AnyRegistration",
     "AssembleContext",
@@ -110,9 +111,11 @@ __all__ = [
     "ToolSet",
     "Trace",
     "ValueRegistration",
+    "anonymous",
     "apply",
     "check_callback_timeouts",
     "context_key",
+    "everywhere_step",
     "new_id",
     "owner_label",
     "public_ref",

@@ -6,13 +6,36 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from .model import Kind, ToolSet
+from .model import AnyRegistration, ChangeEvent, Kind, ToolSet, runs_everywhere
 from .rules import Rule
 
 # Kinds whose value a listing can show (the others hold no value of their own).
 VALUED = frozenset({Kind.SECTION, Kind.CONTEXT, Kind.VARIABLE, Kind.TOOLS, Kind.RULE})
+STEPS = frozenset({Kind.LISTENER, Kind.RULE})  # the waterfall's steps
+
+
+def everywhere_step(entry: AnyRegistration) -> bool:
+    """Whether `entry` is a waterfall step that runs for every assembly: registered with
+    `global`, or held in the global layer."""
+    return entry.kind in STEPS and (entry.scope is None or runs_everywhere(entry))
+
+
+def listed(keeps: Callable[[Kind, str | None], bool], entry: AnyRegistration) -> bool:
+    """Whether a listing keeps `entry`: one of a layer the filter keeps, or a step that runs
+    everywhere wherever it keeps the global layer, as a watch keeps its events."""
+    return keeps(entry.kind, entry.scope) or (everywhere_step(entry) and keeps(entry.kind, None))
+
+
+def anonymous(event: ChangeEvent) -> ChangeEvent:
+    """A step's `event` as a caller not shown its name sees it: no name, ref, fingerprint or
+    reason, and, when it runs everywhere, the global layer's rather than its own layer's."""
+    everywhere = event.everywhere or event.scope is None
+    scope = None if everywhere else event.scope
+    return replace(
+        event, name="", ref="", fingerprint="", reason="", scope=scope, everywhere=everywhere
+    )
 
 
 @dataclass(frozen=True, slots=True)

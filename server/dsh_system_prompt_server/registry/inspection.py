@@ -9,7 +9,7 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from .callbacks import CallbackCache
-from .filters import Filter
+from .filters import Filter, listed
 from .layers import ScopeTree
 from .model import AnyRegistration, Dynamic, Kind, ScopeHandle
 
@@ -45,7 +45,7 @@ class Inspection:
     def listing(self, wanted: Filter) -> list[AnyRegistration]:
         """The live registrations `wanted` keeps, oldest first (the built-ins first)."""
         keeps = self.keeps(wanted)
-        return [entry for entry in self._entries.values() if keeps(entry.kind, entry.scope)]
+        return [entry for entry in self._entries.values() if listed(keeps, entry)]
 
     def scope_chain(self, scope: str | None) -> list[str]:
         """The scope, its parent, ... farthest ancestor last; empty for the global scope."""

@@ -20,6 +20,7 @@ from .addresses import (
 from .convert import (
     SKIPPED_TRAILER,
     ProvideRequests,
+    anonymous_registration,
     batch_entry,
     batch_to_proto,
     cache_from_proto,
@@ -88,6 +89,7 @@ __all__ = [
     "ProvideRequests",
     "abort",
     "add_service",
+    "anonymous_registration",
     "assemble_request",
     "assemble_response",
     "assembly_encoding",

@@ -40,6 +40,7 @@ from ..registry import (
     Status,
     Tool,
     ToolSet,
+    everywhere_step,
     owner_label,
     public_ref,
     value_bytes,
@@ -411,6 +412,7 @@ def registration_to_proto(
     """One registration as a listing shows it; its value only when asked for; a variable's
     size only with `sizes` (the caller may see values: a short secret's exact length
     narrows the guesses)."""
+    everywhere = everywhere_step(entry)
     builtin = entry.owner == SIDECAR_OWNER
     info = pb.RegistrationInfo(
         ref=public_ref(entry.id),
@@ -424,10 +426,24 @@ def registration_to_proto(
         size_bytes=value_bytes(entry.value) if sizes or entry.kind is not Kind.VARIABLE else 0,
         fingerprint=entry.fingerprint,
     )
+    setattr(info, "global", everywhere)  # a Python keyword
     if isinstance(entry, SectionRegistration | ContextRegistration):
         info.order = entry.order
     if with_value and entry.fingerprint:
         info.value.CopyFrom(_registered_value(entry.value))
+    return info
+
+
+def anonymous_registration(entry: AnyRegistration) -> pb.RegistrationInfo:
+    """A step as a listing shows it to a caller not shown its name (filters.anonymous): its
+    kind, and its layer unless it runs everywhere."""
+    everywhere = everywhere_step(entry)
+    info = pb.RegistrationInfo(
+        kind=_CHANGE_KINDS[entry.kind],
+        scope="" if everywhere else entry.scope or "",
+        dynamic=entry.kind is Kind.LISTENER,
+    )
+    setattr(info, "global", everywhere)  # a Python keyword
     return info
 
 

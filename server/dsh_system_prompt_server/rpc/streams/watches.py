@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from google.protobuf.message import Message
 
-from ...guard import Gate, Shares, client_of, sees_values, share_key, wire_s
+from ...guard import Gate, Shares, client_of, sees_values, share_key, shown_steps, wire_s
 from ...registry import (
+    STEPS,
     AnyRegistration,
     ChangeEvent,
     Client,
@@ -28,11 +29,13 @@ from ...registry import (
     Missed,
     Registry,
     Subscription,
+    anonymous,
     quota_exceeded,
 )
 from ...reports import Layout, Tokenizer
 from ...telemetry import Metrics
 from ...wire import (
+    anonymous_registration,
     batch_entry,
     batch_to_proto,
     change_to_proto,
@@ -56,6 +59,7 @@ MAX_BATCH_EVENTS = 512  # events per ChangeBatch (each event is bounded by the n
 
 
 Change = ChangeEvent | Missed  # what a change subscription reads
+Shows = Callable[[str | None], bool]  # which layers' steps a caller is shown by name
 Written = Message | bytes  # what a watch writes: a message, or a prompt encoded once for all
 Opened = TypeVar("Opened")
 
@@ -118,7 +122,7 @@ class Watches:
         """Serve one WatchChanges stream until its peer stops reading it."""
         client = client_of(stream.peer())
         subscription = self._open(client, gate, lambda: self.subscribe(request))
-        responses = self.changes(subscription, request.features, client)
+        responses = self.changes(subscription, request.features, client, shown_steps())
         await self._serve(stream, client, subscription, responses)
 
     async def serve_prompts(
@@ -193,14 +197,20 @@ class Watches:
         )
 
     async def changes(
-        self, subscription: Subscription, features: Iterable[str], client: Client | None
+        self,
+        subscription: Subscription,
+        features: Iterable[str],
+        client: Client | None,
+        shows: Shows | None = None,
     ) -> AsyncGenerator[pb.WatchChangesResponse, None]:
         """The stream of one subscription: confirmation, replayed events, then live ones.
 
         With `change-batches` in effect, every event pending for the watcher
         goes in one message, gathered for `watch_coalesce_s` after the first:
         a burst of changes costs each watcher one write, not one per change. A
-        watcher over `client`'s share of the loop writes later.
+        watcher over `client`'s share of the loop writes later. A step held in a layer
+        `shows` does not name (the caller's credential does not list it) is sent
+        anonymous, as the caller's listing shows it.
         """
         in_effect = sorted(FEATURES.intersection(features))
         subscribed = pb.WatchSubscribed(
@@ -211,6 +221,7 @@ class Watches:
         )
         yield pb.WatchChangesResponse(subscribed=subscribed, incarnation=self.incarnation)
         batches, sharer = CHANGE_BATCHES in in_effect, share_key(client)
+        encoded = self._encoded if shows is None else self._shown_by(shows)
         # more pending than one turn carries: it waits apart from the watchers that keep up
         backlog = MAX_BATCH_EVENTS - 1 if batches else 0
         while True:
@@ -221,7 +232,7 @@ class Watches:
             turn = await self.turns.take(behind=subscription.unread() > backlog)
             try:
                 if batches:  # what is pending at the turn goes now: a long wait, a big batch
-                    response = batch_to_proto(_burst(subscription, first), self._encoded)
+                    response = batch_to_proto(_burst(subscription, first), encoded)
                     response.incarnation = self.incarnation
                     turn.spent(response.ByteSize())
                     yield response  # the consumer writes it before it asks for the next
@@ -231,13 +242,23 @@ class Watches:
                 # buffer and its lag, so that one that cannot keep up is told at once.
                 item: Change | None = first
                 while item is not None:
-                    response = change_to_proto(item)
+                    response = change_to_proto(_shown(item, shows))
                     response.incarnation = self.incarnation
                     turn.spent(response.ByteSize())
                     yield response
                     item = None if turn.over else subscription.poll()
             finally:
                 turn.done()
+
+    def _shown_by(self, shows: Shows) -> Callable[[ChangeEvent], bytes]:
+        """The batch entries of a caller shown only the steps of the layers `shows` names."""
+
+        def encoded(event: ChangeEvent) -> bytes:
+            if event.kind not in STEPS or shows(event.scope):
+                return self._encoded(event)
+            return batch_entry(anonymous(event))
+
+        return encoded
 
     def _encoded(self, event: ChangeEvent) -> bytes:
         """`event` as a ChangeBatch entry, encoded once for every watcher that sends it."""
@@ -262,16 +283,25 @@ class Watches:
         wanted = filter_from_proto(request.filter, self._registry.limits)
         entries = self._registry.listing(wanted)
         # asked now, in the call's context: the batches are built later, as they are sent
-        sizes = sees_values()
-        return self._batches(entries, self._registry.revision, request.include_values, sizes)
+        sizes, shows = sees_values(), shown_steps()
+        revision = self._registry.revision
+        return self._batches(entries, revision, request.include_values, sizes, shows)
 
     def _batches(
-        self, entries: list[AnyRegistration], revision: int, with_values: bool, sizes: bool
+        self,
+        entries: list[AnyRegistration],
+        revision: int,
+        with_values: bool,
+        sizes: bool,
+        shows: Shows | None,
     ) -> Iterator[pb.ListRegistrationsResponse]:
         batch, size = self._batch(revision), 0
         for entry in entries:
-            owner = self._owner_name(entry.owner)
-            info = registration_to_proto(entry, owner, with_values, sizes)
+            if shows is not None and entry.kind in STEPS and not shows(entry.scope):
+                info = anonymous_registration(entry)  # as the caller's watch shows its events
+            else:
+                owner = self._owner_name(entry.owner)
+                info = registration_to_proto(entry, owner, with_values, sizes)
             size += info.ByteSize() if with_values else 0
             if len(batch.registrations) >= _BATCH_COUNT or size > _BATCH_BYTES:
                 yield batch
@@ -374,6 +404,13 @@ def _burst(subscription: Subscription, first: Change) -> list[Change]:
     if isinstance(first, Missed):
         return [first]
     return [first, *subscription.take(MAX_BATCH_EVENTS - 1)]
+
+
+def _shown(item: Change, shows: Shows | None) -> Change:
+    """`item` as a caller shown only the steps of the layers `shows` names sees it."""
+    if shows is None or not isinstance(item, ChangeEvent) or item.kind not in STEPS:
+        return item
+    return item if shows(item.scope) else anonymous(item)
 
 
 def _kept(keeps: Callable[[Kind, str | None], bool], event: ChangeEvent) -> bool:
