@@ -66,4 +66,5 @@ def registration_from_proto(message: pb.RegistrationInfo) -> RegistrationInfo:
         fingerprint=message.fingerprint,
         has_value=case is not None,
         value=value,
+        global_=getattr(message, "global"),  # a Python keyword
     )

@@ -376,6 +376,7 @@ class RegistrationInfo:
     fingerprint: str
     has_value: bool = False
     value: object = None  # a str, a ToolProviderResult, a dsp.Rule or None (see above)
+    global_: bool = False  # a listener or rule that runs for every scope's assemblies
 
 
 @dataclass(frozen=True)

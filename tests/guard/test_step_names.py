@@ -27,7 +27,7 @@ async def passes(
 async def watched_and_listed(sidecar: Sidecar, token: str) -> tuple[list[Seen], list[Seen], bool]:
     """What `token`'s watch and listing of alice's chain show of the steps the admin
     registers: one on team, a global one in bob's scope, a rule in the global layer; and
-    whether the events of the two global ones said `global`."""
+    whether the events and rows of the two global ones, and only theirs, said `global`."""
     async with (
         dsp.connect(sidecar.address, token=ADMIN) as admin,
         dsp.connect(sidecar.address, token=token) as watcher,
@@ -53,7 +53,8 @@ async def watched_and_listed(sidecar: Sidecar, token: str) -> tuple[list[Seen], 
             task.cancel()
             await stream.close()
         listing = await watcher.snapshot("alice", ancestors=True, kinds=STEPS)
-    said = [event.global_ for event in events if event.name != "team-step"] == [True, True]
+    steps = [*events, *listing.registrations]
+    said = all(step.global_ == (step.name != "team-step") for step in steps)
     watched = sorted((e.kind, e.name, e.scope) for e in events)
     listed = sorted((r.kind, r.name, r.scope) for r in listing.registrations)
     return watched, listed, said

@@ -88,6 +88,11 @@ func TestAGlobalStepMadeOutsideAnAgentsScopesReachesItsKeptAnswer(t *testing.T) 
 		return next.Tail(a)
 	}, dsp.Global()))
 	sees(t, agent, "marked", "by the admin", dsp.ForScope("alice"))
+	// its listing of alice's chain shows the step as its watch did: global, without its name
+	listed := must[*dsp.Snapshot](t)(agent.Snapshot(bg, dsp.InScope("alice", true), dsp.OfKinds(dsp.ChangeKindListener)))
+	if len(listed.Registrations) != 1 || !listed.Registrations[0].Global || listed.Registrations[0].Name != "" || listed.Registrations[0].Scope != "" {
+		t.Fatalf("the agent's listing of alice's chain: %+v", listed.Registrations)
+	}
 }
 
 // forgetsItsParent: "solo" is bound under "upper" and held to the end only as the

@@ -42,6 +42,9 @@ type RegistrationInfo struct {
 	Tools *ToolProviderResult
 	// Rule is a rule's definition, with WithValues.
 	Rule *Rule
+	// Global says it is a listener or rule that runs for every scope's
+	// assemblies (registered with Global, or in the global layer).
+	Global bool
 }
 
 // Snapshot lists the registrations now, filtered like WatchChanges.
@@ -79,6 +82,7 @@ func registrationFromProto(m *pb.RegistrationInfo) RegistrationInfo {
 		Ref: m.GetRef(), Kind: kindFromProto(m.GetKind()), Name: m.GetName(), Scope: m.GetScope(),
 		Order: m.Order, Complete: m.GetComplete(), Dynamic: m.GetDynamic(), Owner: m.GetOwner(),
 		OwnerLabel: m.GetOwnerLabel(), SizeBytes: m.GetSizeBytes(), Fingerprint: m.GetFingerprint(),
+		Global: m.GetGlobal(),
 	}
 	switch value := m.GetValue().GetValue().(type) {
 	case *pb.RegisteredValue_Text:

@@ -67,6 +67,7 @@ export function registrationFromProto(message: pb.RegistrationInfo): Registratio
     fingerprint: message.fingerprint,
     hasValue: value?.case !== undefined,
     value: listedValue(message.value),
+    global: message.global,
   };
 }
 

@@ -398,6 +398,8 @@ export interface RegistrationInfo {
   hasValue: boolean;
   /** The static value, when listed: a text, undefined ("no value"), a ToolProviderResult or a Rule. */
   value?: string | ToolProviderResult | Rule | undefined;
+  /** A listener or rule that runs for every scope's assemblies (registered with `global`, or in the global layer). */
+  global: boolean;
 }
 
 /** The registrations at `revision` of the sidecar incarnation `incarnation`. */

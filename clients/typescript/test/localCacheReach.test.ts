@@ -213,6 +213,12 @@ test("an agent listing its scopes keeps answers, watching each", async () => {
       { global: true },
     );
     await eventually(() => sees(agent, "alice", "marked"), "a global step made in bob's scope");
+    // its listing of alice's chain shows the step as its watch did: global, without its name
+    const listed = await agent.snapshot({ scope: "alice", ancestors: true, kinds: ["listener"] });
+    assert.deepEqual(
+      listed.registrations.map(({ name, scope, global }) => ({ name, scope, global })),
+      [{ name: "", scope: undefined, global: true }],
+    );
   } finally {
     await agent.close();
     await admin.close();
