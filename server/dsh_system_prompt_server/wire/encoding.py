@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import NamedTuple
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from google.protobuf.message import Message
@@ -43,45 +44,77 @@ _RESPONSE_CACHEABLE_KEY = _RESPONSE["cacheable"].number << 3  # a varint (bool) 
 _RESPONSE_CACHE_REVISION_KEY = _RESPONSE["cache_revision"].number << 3  # a varint field
 _RESPONSE_SCOPE_CHAIN_KEY = _RESPONSE["scope_chain"].number << 3 | 2  # length-delimited
 _RESPONSE_BY_FIELDS_KEY = _RESPONSE["cacheable_with_fields"].number << 3  # a varint (bool)
+_ASSEMBLY_KEY, _RENDERED_KEY = (
+    bytes((number << 3 | 2,)) for number in (_RESPONSE_ASSEMBLY, _RESPONSE_RENDERED)
+)
+
+
+class Pieces(NamedTuple):
+    """An encoding in pieces, to be joined into a larger one, and its length."""
+
+    pieces: list[bytes]
+    length: int
 
 
 def assemble_response(
     assembly: Assembly,
     revision: int,
-    rendered: pb.RenderedPrompt | None = None,
+    rendered: pb.RenderedPrompt | Pieces | None = None,
     report: pb.AssemblyReport | None = None,
     cacheable: bool = False,
-    payload: bytes | None = None,
+    payload: Pieces | None = None,
     skipped: Sequence[pb.SkippedStep] = (),
     cache_revision: int = 0,
     scope_chain: Sequence[str] = (),
     cacheable_with_fields: bool = False,
 ) -> bytes:
-    """An AssembleResponse's encoding, written directly: no message is built for the
-    assembly, and gRPC sends the bytes as they are (handlers.passthrough); `payload` is
-    the assembly's encoding when the caller has it (part_caches). `cache_revision` and
+    """An AssembleResponse's encoding, written directly and joined once: no message is
+    built for the assembly, and gRPC sends the bytes as they are (handlers.passthrough).
+    `payload` is the assembly's encoding in pieces when the caller has them (part_caches),
+    `rendered` the RenderedPrompt or its encoding in pieces. `cache_revision` and
     `scope_chain` say what a client keeps the answer under (revisions.py);
     `cacheable_with_fields` that it may keep it by the fields too (a rules-only plan)."""
     if payload is None:
-        payload = assembly_encoding(assembly)
-    out = [_varint(_RESPONSE_ASSEMBLY << 3 | 2), _varint(len(payload)), payload]
-    if rendered is not None:
+        encoded = assembly_encoding(assembly)
+        payload = Pieces([encoded], len(encoded))
+    out = [_ASSEMBLY_KEY, _varint(payload.length)]
+    out += payload.pieces
+    if isinstance(rendered, Pieces):
+        out += (_RENDERED_KEY, _varint(rendered.length))
+        out += rendered.pieces
+    elif rendered is not None:
         out.append(_field(_RESPONSE_RENDERED, rendered))
     if revision:
-        out += [_varint(_RESPONSE_REVISION_KEY), _varint(revision)]
+        out += (_varint(_RESPONSE_REVISION_KEY), _varint(revision))
     if report is not None:
         out.append(_field(_RESPONSE_REPORT, report))
     if cacheable:
-        out += [_varint(_RESPONSE_CACHEABLE_KEY), _varint(1)]
+        out += (_varint(_RESPONSE_CACHEABLE_KEY), _varint(1))
     out += [_field(_RESPONSE_SKIPPED, step) for step in skipped]
     if cache_revision:
-        out += [_varint(_RESPONSE_CACHE_REVISION_KEY), _varint(cache_revision)]
+        out += (_varint(_RESPONSE_CACHE_REVISION_KEY), _varint(cache_revision))
     for key in scope_chain:
         encoded = key.encode()
-        out += [_varint(_RESPONSE_SCOPE_CHAIN_KEY), _varint(len(encoded)), encoded]
+        out += (_varint(_RESPONSE_SCOPE_CHAIN_KEY), _varint(len(encoded)), encoded)
     if cacheable_with_fields:
-        out += [_varint(_RESPONSE_BY_FIELDS_KEY), _varint(1)]
-    return b"".join(out)
+        out += (_varint(_RESPONSE_BY_FIELDS_KEY), _varint(1))
+    return b"".join(out)  # the response's one copy of the pieces
+
+
+_RENDERED = pb.RenderedPrompt.DESCRIPTOR.fields_by_name
+_PROMPT_KEY, _SNAPSHOT_KEY = (
+    bytes((_RENDERED[name].number << 3 | 2,)) for name in ("prompt", "context_snapshot")
+)
+
+
+def rendered_pieces(prompt: bytes, snapshot: bytes) -> Pieces:
+    """A RenderedPrompt's encoding in pieces, from its two strings' UTF-8 encodings (an
+    empty string is left out, as the message's encoding leaves it)."""
+    out: list[bytes] = []
+    for key, string in ((_PROMPT_KEY, prompt), (_SNAPSHOT_KEY, snapshot)):
+        if string:
+            out += (key, _varint(len(string)), string)
+    return Pieces(out, sum(map(len, out)))
 
 
 _SECTIONS, _CONTEXTS, _TOOLS, _VARIABLES = (

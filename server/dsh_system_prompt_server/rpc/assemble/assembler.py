@@ -23,6 +23,7 @@ from ...registry import (
 from ...reports import Freeze, HistoryKey, Layout, Reporter
 from ...telemetry import Metrics, Throttled, logger
 from ...wire import (
+    Pieces,
     assemble_request,
     assemble_response,
     check_assemble_size,
@@ -110,7 +111,7 @@ class Assembler:
             assembly, report = self._report(request, revision, assembly, layout, freeze)
         caches = self.parts.of(plan)
         rendered = _rendered(assembly, caches) if request.render else None
-        payload = caches.encoding(assembly)
+        payload = caches.payload(assembly)
         skipped = [skipped_to_proto(step) for step in assembly.skipped]
         self.parts.used(caches)
         response = assemble_response(
@@ -199,14 +200,11 @@ def history_key(limits: Limits, scope: str, report_key: str) -> HistoryKey:
     return history_key_from_proto(scope, report_key)
 
 
-def _rendered(assembly: Assembly, caches: part_caches.PartCaches) -> pb.RenderedPrompt:
-    """The rendered prompt and snapshot (from the plan's kept texts of unchanged parts);
-    RENDER_FAILED when a section cannot be."""
+def _rendered(assembly: Assembly, caches: part_caches.PartCaches) -> Pieces:
+    """The rendered prompt and snapshot's encoding in pieces (from the plan's kept texts of
+    unchanged parts); RENDER_FAILED when a section cannot be."""
     try:
-        return pb.RenderedPrompt(
-            prompt=caches.render_prompt(assembly),
-            context_snapshot=caches.render_context_snapshot(assembly),
-        )
+        return caches.rendered(assembly)
     except RenderFailure as error:
         failure = RegistryError(Status.FAILED_PRECONDITION, Reason.RENDER_FAILED, str(error))
         raise failure from None

@@ -23,7 +23,15 @@ from typing import Generic, TypeVar
 from dsh_system_prompt_core import CONTEXT_SNAPSHOT_HEADER, SECTION_SEPARATOR, interpolate
 
 from ...registry import Assembly, Part, Plan, Tool
-from ...wire import context_field, held_bytes, section_field, tool_field, variable_field
+from ...wire import (
+    Pieces,
+    context_field,
+    held_bytes,
+    rendered_pieces,
+    section_field,
+    tool_field,
+    variable_field,
+)
 
 T = TypeVar("T")
 M = TypeVar("M")  # what a part is made into: its field, or its text
@@ -73,30 +81,40 @@ class _Kept(Generic[T, M]):
 
 
 class _Fields(_Kept[T, bytes]):
-    """One list of an assembly's parts as last encoded: the parts and their fields."""
+    """One list of an assembly's parts as last encoded: the parts and their fields, and the
+    fields' length together."""
 
-    __slots__ = ()
+    __slots__ = ("length",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.length = 0
 
     def fields(self, parts: Sequence[T], encode: Callable[[T], bytes]) -> list[bytes]:
         """The parts' fields: the kept field of each unchanged part (by position) and
         fresh ones."""
         if parts != self._parts:  # compared in C, by identity first
             self._keep(parts, *self._remade(parts, encode))
+            self.length = sum(map(len, self._made))
         return self._made
 
 
 class _Texts(_Kept[Part, str]):
     """One list of parts as last interpolated, under the variables it was done with."""
 
-    __slots__ = ("_noun", "_variables")
+    __slots__ = ("_head", "_noun", "_variables")
 
-    def __init__(self, noun: str) -> None:
+    def __init__(self, noun: str, head: str = "") -> None:
         super().__init__()
         self._noun = noun
+        self._head = head
         self._variables: dict[str, str | None] | None = None
 
-    def render(self, parts: Sequence[Part], variables: Variables) -> str:
-        """render_prompt's join of the interpolated, non-empty texts (RenderFailure as it)."""
+    def encoded(self, parts: Sequence[Part], variables: Variables) -> bytes:
+        """The UTF-8 encoding of render_prompt's join of the interpolated, non-empty texts,
+        after the head and a separator when there is a head and a text (RenderFailure as
+        render_prompt). Encoded from the join, not kept: the texts kept are mostly the parts'
+        own strings, which take no memory of their own."""
         anew = variables != self._variables
         if anew or parts != self._parts:
             made, sizes = self._remade(parts, lambda part: self._text(part, variables), anew)
@@ -106,7 +124,10 @@ class _Texts(_Kept[Part, str]):
             strings = itertools.chain.from_iterable(self._variables.items())
             held = (self._noun, self._variables, *strings)
             self.size += sum(map(sys.getsizeof, held))
-        return SECTION_SEPARATOR.join(filter(None, self._made))
+        body = SECTION_SEPARATOR.join(filter(None, self._made))
+        if self._head and body:
+            return f"{self._head}{SECTION_SEPARATOR}{body}".encode()
+        return body.encode()
 
     def _text(self, part: Part, variables: Variables) -> str:
         return interpolate(part.text, variables, f'{self._noun} "{part.name}"')
@@ -121,7 +142,7 @@ class PartCaches:
     tools: _Fields[Tool] = field(default_factory=_Fields)
     variables: _Fields[tuple[str, str | None]] = field(default_factory=_Fields)
     prompt: _Texts = field(default_factory=lambda: _Texts("section"))
-    snapshot: _Texts = field(default_factory=lambda: _Texts("context"))
+    snapshot: _Texts = field(default_factory=lambda: _Texts("context", CONTEXT_SNAPSHOT_HEADER))
 
     @property
     def size(self) -> int:
@@ -135,31 +156,29 @@ class PartCaches:
         kinds = (self.sections, self.contexts, self.tools, self.variables)
         return sys.getsizeof(self) + sum(kind.size for kind in (*kinds, self.prompt, self.snapshot))
 
-    def encoding(self, assembly: Assembly) -> bytes:
-        """assembly_encoding(assembly), from the kept fields of its unchanged parts."""
-        return b"".join(
-            (
-                *self.sections.fields(assembly.sections, section_field),
-                *self.contexts.fields(assembly.contexts, context_field),
-                *self.tools.fields(assembly.tools, tool_field),
-                *self.variables.fields(list(assembly.variables.items()), variable_field),
-            )
-        )
+    def payload(self, assembly: Assembly) -> Pieces:
+        """assembly_encoding(assembly) in pieces, the kept fields of its unchanged parts."""
+        kinds = (self.sections, self.contexts, self.tools, self.variables)
+        pieces = self.sections.fields(assembly.sections, section_field)
+        pieces = [*pieces, *self.contexts.fields(assembly.contexts, context_field)]
+        pieces += self.tools.fields(assembly.tools, tool_field)
+        pieces += self.variables.fields(list(assembly.variables.items()), variable_field)
+        return Pieces(pieces, sum(kind.length for kind in kinds))
+
+    def rendered(self, assembly: Assembly) -> Pieces:
+        """The encoding of the RenderedPrompt of render_prompt(assembly) and
+        render_context_snapshot(assembly), in pieces: from the kept texts of the unchanged
+        parts (RenderFailure as those)."""
+        variables = assembly.variables
+        prompt = self.prompt.encoded(assembly.sections, variables)
+        snapshot = self.snapshot.encoded(assembly.contexts, variables)
+        return rendered_pieces(prompt, snapshot)
 
     def clear(self) -> None:
         """Forget every kept field and text (a plan still holding these starts again)."""
         self.sections, self.contexts = _Fields(), _Fields()
         self.tools, self.variables = _Fields(), _Fields()
-        self.prompt, self.snapshot = _Texts("section"), _Texts("context")
-
-    def render_prompt(self, assembly: Assembly) -> str:
-        """render_prompt(assembly), from the kept texts of its unchanged sections."""
-        return self.prompt.render(assembly.sections, assembly.variables)
-
-    def render_context_snapshot(self, assembly: Assembly) -> str:
-        """render_context_snapshot(assembly), likewise for its contexts."""
-        body = self.snapshot.render(assembly.contexts, assembly.variables)
-        return f"{CONTEXT_SNAPSHOT_HEADER}{SECTION_SEPARATOR}{body}" if body else ""
+        self.prompt, self.snapshot = _Texts("section"), _Texts("context", CONTEXT_SNAPSHOT_HEADER)
 
 
 class PartBudget:
