@@ -11,7 +11,7 @@ import enum
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, Protocol, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar
 
 from .provenance import Origins, Trace
 
@@ -83,10 +83,12 @@ class Assembly:
 
 @dataclass(frozen=True, slots=True)
 class AssembleContext:
-    """What one assembly is for; `fields_json` is passed through unread."""
+    """What one assembly is for; `fields_json` is passed through unread, but by the rules,
+    which read `fields`: the text parsed when the request was (None: parsed when read)."""
 
     scope: str | None = None
     fields_json: str = ""
+    fields: dict[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
 
 
 class Kind(enum.Enum):

@@ -11,6 +11,7 @@ import functools
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
@@ -72,21 +73,25 @@ def context_to_proto(context: AssembleContext) -> pb.AssembleContext:
 
 
 def context_from_proto(message: pb.AssembleContext, limits: Limits) -> AssembleContext:
-    """The context of an assembly; its fields bounded in size before they are parsed."""
+    """The context of an assembly; its fields bounded in size before they are parsed (once:
+    the context keeps them parsed for the rules that read them)."""
     fields_json = message.fields_json
+    fields = None
     if fields_json:
         limits.check_fields(fields_json)
-        check_fields(fields_json)
-    return AssembleContext(scope=message.scope or None, fields_json=fields_json)
+        fields = parsed_fields(fields_json)
+    return AssembleContext(scope=message.scope or None, fields_json=fields_json, fields=fields)
 
 
 @functools.lru_cache(maxsize=64)
-def check_fields(fields_json: str) -> None:
-    """Assemble fields must be a JSON object; the texts found valid lately are not parsed
-    again (64 at most: 4 MiB under the default max_fields_bytes)."""
+def parsed_fields(fields_json: str) -> dict[str, Any]:
+    """Assemble fields, which must be a JSON object; the texts found valid lately are not
+    parsed again (64 at most: 4 MiB under the default max_fields_bytes). Read only: the
+    same object answers every context with the same text."""
     fields = load_json(fields_json, "assemble fields")
     if not isinstance(fields, dict):
         raise bad_request(Reason.INVALID_JSON, "assemble fields must be a JSON object")
+    return fields
 
 
 def check_parameters(name: str, parameters_json: str) -> None:

@@ -26,6 +26,7 @@ def rule_inputs(plan: Plan, context: AssembleContext, limits: Limits) -> Inputs 
         }
     return Inputs(
         fields_json=context.fields_json,
+        _fields=context.fields,
         scope=context.scope or "",
         chain=list(plan.chain),
         limits=limits,

@@ -101,9 +101,12 @@ async def _run(
         trace = Trace(chain=tuple(plan.chain))
         trace.record("", snapshot(assembly))
     inputs = rule_inputs(plan, context, limits)
-    result = await _waterfall(
-        plan.listeners, assembly, context, timeout, origins, trace, cached, inputs
-    )
+    if plan.rules_only and inputs is not None:  # no listener: none of its machinery
+        result = await _rules(plan.listeners, assembly, inputs, timeout, origins, trace)
+    else:
+        result = await _waterfall(
+            plan.listeners, assembly, context, timeout, origins, trace, cached, inputs
+        )
     if result is plan.prelude:  # no step changed it: the kept one is not the caller's
         result = result.copy()
     if complete is not None:
@@ -356,6 +359,24 @@ def _check_provided(
             if not timeout.skips.skip(entry, failure):
                 raise failure from None
             del values[entry]
+
+
+async def _rules(
+    steps: list[StepRegistration],
+    assembly: Assembly,
+    inputs: Inputs,
+    timeout: Timeout,
+    origins: Origins | None,
+    trace: Trace | None,
+) -> Assembly:
+    """The waterfall of a plan whose steps are all rules (none cached: a rule runs again for
+    less than its result costs to keep), each in turn; one disposed while the assembly ran
+    is passed over, as `_waterfall` does."""
+    for entry in steps:
+        assert isinstance(entry, RuleRegistration)  # a rules-only plan's steps
+        if not entry.disposed:
+            assembly = await run_rule(entry, assembly, inputs, timeout, origins, trace)
+    return assembly
 
 
 _FLAT_EVERY = 16  # listeners whose next() nest their frames before a task flattens them
