@@ -44,6 +44,14 @@ _RESPONSE_CACHEABLE_KEY = _RESPONSE["cacheable"].number << 3  # a varint (bool) 
 _RESPONSE_CACHE_REVISION_KEY = _RESPONSE["cache_revision"].number << 3  # a varint field
 _RESPONSE_SCOPE_CHAIN_KEY = _RESPONSE["scope_chain"].number << 3 | 2  # length-delimited
 _RESPONSE_BY_FIELDS_KEY = _RESPONSE["cacheable_with_fields"].number << 3  # a varint (bool)
+# the keys (and a true bool's whole field), encoded once: they are the same in every response
+_REVISION_KEY, _CACHE_REVISION_KEY, _SCOPE_CHAIN_KEY = (
+    bytes((key,))
+    for key in (_RESPONSE_REVISION_KEY, _RESPONSE_CACHE_REVISION_KEY, _RESPONSE_SCOPE_CHAIN_KEY)
+)
+_CACHEABLE_TRUE, _BY_FIELDS_TRUE = (
+    bytes((key, 1)) for key in (_RESPONSE_CACHEABLE_KEY, _RESPONSE_BY_FIELDS_KEY)
+)
 _ASSEMBLY_KEY, _RENDERED_KEY = (
     bytes((number << 3 | 2,)) for number in (_RESPONSE_ASSEMBLY, _RESPONSE_RENDERED)
 )
@@ -85,19 +93,19 @@ def assemble_response(
     elif rendered is not None:
         out.append(_field(_RESPONSE_RENDERED, rendered))
     if revision:
-        out += (_varint(_RESPONSE_REVISION_KEY), _varint(revision))
+        out += (_REVISION_KEY, _varint(revision))
     if report is not None:
         out.append(_field(_RESPONSE_REPORT, report))
     if cacheable:
-        out += (_varint(_RESPONSE_CACHEABLE_KEY), _varint(1))
+        out.append(_CACHEABLE_TRUE)
     out += [_field(_RESPONSE_SKIPPED, step) for step in skipped]
     if cache_revision:
-        out += (_varint(_RESPONSE_CACHE_REVISION_KEY), _varint(cache_revision))
+        out += (_CACHE_REVISION_KEY, _varint(cache_revision))
     for key in scope_chain:
         encoded = key.encode()
-        out += (_varint(_RESPONSE_SCOPE_CHAIN_KEY), _varint(len(encoded)), encoded)
+        out += (_SCOPE_CHAIN_KEY, _varint(len(encoded)), encoded)
     if cacheable_with_fields:
-        out += (_varint(_RESPONSE_BY_FIELDS_KEY), _varint(1))
+        out.append(_BY_FIELDS_TRUE)
     return b"".join(out)  # the response's one copy of the pieces
 
 
