@@ -1743,7 +1743,10 @@ type SessionStart struct {
 	ClientVersion string `protobuf:"bytes,2,opt,name=client_version,json=clientVersion,proto3" json:"client_version,omitempty"`
 	// Session features the client implements; unknown names are ignored.
 	// "callback-cache": the client sends CacheInvalidate and reads
-	// CacheInvalidated. See docs/protocol.md, "Versions and features".
+	// CacheInvalidated. "each-answer": the client may answer one ProvideRequest
+	// with several ProvideResponses, each call's values once, and each call is
+	// given its own time (only a provider that did not answer is blamed). See
+	// docs/protocol.md, "Versions and features".
 	Features []string `protobuf:"bytes,3,rep,name=features,proto3" json:"features,omitempty"`
 }
 

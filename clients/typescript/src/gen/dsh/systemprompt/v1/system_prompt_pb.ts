@@ -491,7 +491,10 @@ export type SessionStart = Message<"dsh.systemprompt.v1.SessionStart"> & {
   /**
    * Session features the client implements; unknown names are ignored.
    * "callback-cache": the client sends CacheInvalidate and reads
-   * CacheInvalidated. See docs/protocol.md, "Versions and features".
+   * CacheInvalidated. "each-answer": the client may answer one ProvideRequest
+   * with several ProvideResponses, each call's values once, and each call is
+   * given its own time (only a provider that did not answer is blamed). See
+   * docs/protocol.md, "Versions and features".
    *
    * @generated from field: repeated string features = 3;
    */
