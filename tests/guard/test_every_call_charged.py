@@ -127,33 +127,49 @@ async def test_a_denied_call_is_counted_and_charged_to_its_credential(
     assert sidecar.state.shares.use(ANONYMOUS) == 0
 
 
+async def flood(address: str, seconds: float) -> int:
+    """Assembles with a wrong token, 16 at a time for `seconds`: how many were refused."""
+    refused = 0
+    until = time.monotonic() + seconds
+    async with raw_channel(address) as channel:
+        stub = raw_stub(channel)
+        request = pb.AssembleRequest(context=pb.AssembleContext(scope="light"))
+
+        async def lane() -> None:
+            nonlocal refused
+            while time.monotonic() < until:
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await stub.Assemble(request, metadata=WRONG)
+                refused += 1
+
+        await asyncio.gather(*(lane() for _ in range(16)))
+    return refused
+
+
 async def test_a_flood_without_a_token_waits_for_its_share_and_a_credentialed_client_does_not(
     make_sidecar: SidecarFactory, tmp_path: Path
 ) -> None:
     sidecar = await sharing_sidecar(make_sidecar, tmp_path)
     shares = sidecar.state.shares
-    refused = 0
-
-    async def flood(seconds: float) -> None:
-        nonlocal refused
-        until = time.monotonic() + seconds
-        async with raw_channel(sidecar.address) as channel:
-            stub = raw_stub(channel)
-            request = pb.AssembleRequest(context=pb.AssembleContext(scope="light"))
-
-            async def lane() -> None:
-                nonlocal refused
-                while time.monotonic() < until:
-                    with pytest.raises(grpc.aio.AioRpcError):
-                        await stub.Assemble(request, metadata=WRONG)
-                    refused += 1
-
-            await asyncio.gather(*(lane() for _ in range(16)))
-
-    _, lit = await asyncio.gather(flood(2.0), light(sidecar.address, 2.0))
+    refused, lit = await asyncio.gather(flood(sidecar.address, 2.0), light(sidecar.address, 2.0))
     assert lit > 0 and refused > 0
     assert shares.waits_of(ANONYMOUS) > 0
     assert shares.waits_of(LIGHT) == 0
     registry = sidecar.metrics.registry
     assert registry.get_sample_value("dsp_share_waits_total") >= shares.waits_of(ANONYMOUS)
     assert _refused(sidecar, "UNAUTHENTICATED") == refused
+
+
+@pytest.mark.parametrize("busy, waits", [(0.05, True), (0.0, False)], ids=["busy", "busy 0"])
+async def test_a_flood_waits_once_the_calls_take_busy_of_the_loop_however_on_time_it_runs(
+    make_sidecar: SidecarFactory, tmp_path: Path, busy: float, waits: bool
+) -> None:
+    # lateness never applies shares here (lag_s 0): a loop a flood keeps full on a host with
+    # CPU to spare never sleeps, so its timers run on time; only the calls' use tells
+    fair_share = {"lag_s": 0, "busy": busy, "floor": 0.0}
+    sidecar = await make_sidecar(fair_share=fair_share, **credentials(tmp_path))
+    shares = sidecar.state.shares
+    refused, lit = await asyncio.gather(flood(sidecar.address, 1.5), light(sidecar.address, 1.5))
+    assert lit > 0 and refused > 0
+    assert (shares.waits_of(ANONYMOUS) > 0) is waits
+    assert shares.waits_of(LIGHT) == 0

@@ -99,7 +99,7 @@ async def test_a_client_held_to_its_share_gets_fewer_calls_through(
     make_sidecar: SidecarFactory, tmp_path: Path
 ) -> None:
     held = await sharing_sidecar(make_sidecar, tmp_path / "held")
-    free = await make_sidecar(fair_share={"lag_s": 0}, **credentials(tmp_path / "free"))
+    free = await make_sidecar(fair_share={"lag_s": 0, "busy": 0}, **credentials(tmp_path / "free"))
     served = {}
     for name, sidecar in (("held", held), ("free", free)):
         lights = (light(sidecar.address, 2.0, key) for key in ("light", "light-2", "light-3"))
@@ -109,10 +109,10 @@ async def test_a_client_held_to_its_share_gets_fewer_calls_through(
     assert served["held"] < served["free"] / 3, served
 
 
-async def test_nobody_waits_when_the_fair_share_lag_is_0(
+async def test_nobody_waits_when_the_fair_share_lag_and_busy_are_0(
     make_sidecar: SidecarFactory, tmp_path: Path
 ) -> None:
-    sidecar = await make_sidecar(fair_share={"lag_s": 0}, **credentials(tmp_path))
+    sidecar = await make_sidecar(fair_share={"lag_s": 0, "busy": 0}, **credentials(tmp_path))
     await asyncio.gather(hog(sidecar.address, 1.0), light(sidecar.address, 1.0))
     assert sidecar.state.shares.waits_of(HOG) == 0
     assert _metric(sidecar, "dsp_share_waits_total") == 0

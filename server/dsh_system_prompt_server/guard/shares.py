@@ -9,8 +9,10 @@ make everyone else's assemblies six times slower (issue 22). As Kubernetes' API
 priority and fairness queues each user's requests apart and serves them in turn
 (fair queuing: every client with work waiting gets an equal share), and as Envoy's
 overload manager acts only past a threshold, nothing waits while the loop has time
-to spare (it runs late by less than `fair_share.lag_s`: a timer's lateness says
-both that work is queued and that the process is short of CPU); when it has not,
+to spare: it runs late by less than `fair_share.lag_s` (a timer's lateness says both
+that work is queued and that the process is short of CPU) and the clients' calls take
+less than `fair_share.busy` of it (a loop kept full on a host with CPU to spare never
+sleeps, so its timers run on time); when it has not,
 the time the clients' calls take is split equally among the clients that use it,
 and one more than 1.25 times over its split waits, its waiting calls let go one at a
 time, first come first. What a call costs is its steps' time plus what gRPC does
@@ -67,8 +69,8 @@ class ShareSettings:
     """When shares apply and how use is measured: config table [fair_share], and the
     scheduler's own tuning (`beat_s`, `refresh_s`, `idle`), which is no config key."""
 
-    # Lateness, not the clients' calls' time or the thread's: what the calls cost is an
-    # estimate (CALL_S, MESSAGE_S), and a process short of CPU runs late with its thread three
+    # Lateness as well as the calls' time (`busy`): what the calls cost is an estimate
+    # (CALL_S, MESSAGE_S), and a process short of CPU runs late with its thread three
     # quarters busy. In the hostile soak the loop ran 1-6 ms late, calm or not, and shares held
     # at 0.5 ms kept the calm agents' p99 within 1.5x of a calm run, against 3.2x at 2 ms.
     lag_s: float = setting(
@@ -78,6 +80,15 @@ class ShareSettings:
         " `window_s`), the time the clients' calls take is split equally among them and a"
         " client more than `over` times over its split waits (Fair shares of the event loop)",
         was="fair_share_lag_s",
+    )
+    # Use, too: on a host with CPU to spare the loop never sleeps while a flood keeps it
+    # full, so its timers run on time (0.13-0.29 ms late under a flood of refused calls that
+    # made a credentialed client's Assembles 13 times slower; 0.5-0.6 ms calm).
+    busy: float = setting(
+        0.5,
+        Number(0.0, 1.0),
+        "when the clients' calls take at least this share of the event loop (their measured"
+        " use, over `window_s`), shares apply as when it runs late; 0: use never does",
     )
     over: float = setting(
         1.25,
@@ -151,7 +162,7 @@ class Shares:
         self._fair = math.inf  # the share above which a client waits; inf: nobody waits
         self._refreshed = 0.0
         self._lag = 0.0  # how late the loop ran lately, seconds
-        self._late_at = -math.inf  # when it last ran later than the setting
+        self._busy_at = -math.inf  # when it last ran late, or its calls took `busy` of it
         self._beat: asyncio.TimerHandle | None = None
         self._charged = False  # a call or message was charged since the last beat
         self._quiet_at = 0.0  # when the last beat found nothing charged (the loop's time)
@@ -274,7 +285,7 @@ class Shares:
         """Measure the loop's lateness from now on, until `stop()`, while calls are in
         flight: the heartbeat starts with the first call or message charged and stops at a
         beat that finds none charged since the one before and no call waiting, so an idle
-        sidecar wakes for nothing. Shares off (`lag_s` 0) measure nothing."""
+        sidecar wakes for nothing. With `lag_s` 0 lateness is not measured."""
         self.running = True
         self._quiet_at = asyncio.get_running_loop().time()
 
@@ -308,7 +319,7 @@ class Shares:
         drains: what is in flight is to finish within the grace, not wait its turn)."""
         self.running = False
         self._stop_beat()
-        self._lag, self._late_at, self._fair = 0.0, -math.inf, math.inf
+        self._lag, self._busy_at, self._fair = 0.0, -math.inf, math.inf
         for line in self._lines.values():
             if line.handle is not None:
                 line.handle.cancel()
@@ -339,8 +350,8 @@ class Shares:
         self._beat = loop.call_later(beat, self._beaten, now + beat)
 
     def _refresh(self, now: float) -> None:
-        """Forget idle clients; then, when the loop runs late, split the time the clients'
-        calls take equally among them."""
+        """Forget idle clients; then, when the loop runs late or is busy, split the time
+        the clients' calls take equally among them."""
         self._refreshed = now
         self._caught_up()
         window, idle = self.settings.window_s, self.settings.idle
@@ -348,21 +359,22 @@ class Shares:
             if use.now(now, window) < idle:
                 del self._uses[key]
                 self._waited.pop(key, None)
-        lag_s = self.settings.lag_s
-        if lag_s and self._lag >= lag_s:
-            self._late_at = now
-        # Shares hold for a window after the loop last ran late: held back, the heaviest
+        lag_s, busy = self.settings.lag_s, self.settings.busy
+        total = self._total.now(now, window)
+        if (lag_s and self._lag >= lag_s) or (busy and total >= busy):
+            self._busy_at = now
+        # Shares hold for a window after the loop last ran late or busy: held back, the heaviest
         # client lets the loop catch up at once, and would otherwise be let go at once.
         # Split among the clients charged within the window: a client gone (a closed
         # connection is one) still decays for seconds, and counted, would shrink everyone's
         # split (the soak's reconnecting clients, held in a calm run).
         count = sum(1 for use in self._uses.values() if now - use.at <= window)
-        if not lag_s or now - self._late_at > window or count < 2:
+        if now - self._busy_at > window or count < 2:
             self._fair = math.inf
         else:
             # at least `floor` of a whole loop split equally: held to the quiet clients' use
             # alone, a busy client would leave the loop idle while the host is short of CPU
-            self._fair = max(self._total.now(now, window), self.settings.floor) / count
+            self._fair = max(total, self.settings.floor) / count
 
 
 def share_key(client: Client | None, anonymous: bool = False) -> str | None:
