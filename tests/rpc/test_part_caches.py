@@ -234,3 +234,16 @@ async def test_the_encoded_parts_kept_by_value_stay_within_their_bound_with_thei
     # counting each as twice its encoding, they kept 59 MB against 32 MiB
     kept = itertools.chain.from_iterable(encoding.ENCODINGS.kept())
     assert reachable_bytes(*kept) <= encoding.ENCODINGS.max_bytes
+
+
+async def test_a_plans_part_caches_go_with_it_when_a_change_replaces_it(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    scope = await client.scope("agent")
+    await scope.section("dynamic", 10, lambda context: "answer")
+    for index in range(20):  # each a change: a new plan, whose first response keeps caches
+        await scope.section(f"static-{index}", 20 + index, "static")
+        await client.render("agent")
+    # no collection needed: the dead plans' caches were kept until the budget's bytes ran
+    # out, and each assembly's waterfall held its plan in a cycle until a collection
+    assert len(sidecar.state.assembler.parts) == 1

@@ -28,7 +28,7 @@ R = TypeVar("R", bound=ValueRegistration)
 Ordered = TypeVar("Ordered", SectionRegistration, ContextRegistration)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)  # its part caches go with it (rpc/assemble)
 class Plan:
     """The registrations an assembly for one scope works on, at one revision.
 

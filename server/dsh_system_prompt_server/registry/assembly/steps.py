@@ -465,4 +465,9 @@ async def _waterfall(
             cached.keep_result(given, result)
         return result
 
-    return await step(0, assembly)
+    try:
+        return await step(0, assembly)
+    finally:
+        # step and cached_tail hold each other (and step itself) in their closures' cells:
+        # a cycle that kept each assembly's plan, context and parts until a full collection
+        del step, cached_tail
