@@ -392,18 +392,48 @@ async def _waterfall(
     cached: _Cached | None = None,
     inputs: Inputs | None = None,
 ) -> Assembly:
-    tail = len(listeners) - len(cached.plan.cacheable_tail) if cached is not None else -1
+    run = _Waterfall(listeners, context, timeout, origins, trace, cached, inputs)
+    return await run.step(0, assembly)
 
-    async def step(index: int, current: Assembly) -> Assembly:
+
+class _Waterfall:
+    """One assembly's run through its plan's steps. An object, not nested functions: those
+    held each other in their closures' cells, a cycle that kept every assembly's plan,
+    context and parts alive until a full garbage collection."""
+
+    __slots__ = ("cached", "context", "inputs", "listeners", "origins", "tail", "timeout", "trace")
+
+    def __init__(
+        self,
+        listeners: list[StepRegistration],
+        context: AssembleContext,
+        timeout: Timeout,
+        origins: Origins | None,
+        trace: Trace | None,
+        cached: _Cached | None,
+        inputs: Inputs | None,
+    ) -> None:
+        self.listeners = listeners
+        self.context = context
+        self.timeout = timeout
+        self.origins = origins
+        self.trace = trace
+        self.cached = cached
+        self.inputs = inputs
+        self.tail = len(listeners) - len(cached.plan.cacheable_tail) if cached is not None else -1
+
+    async def step(self, index: int, current: Assembly) -> Assembly:
+        """The steps from `index` on, handed `current`."""
+        listeners, timeout, origins, trace = self.listeners, self.timeout, self.origins, self.trace
         while True:  # the rules up to the next listener run here, one after the other
-            if index == tail and tail < len(listeners) and cached is not None:
-                return await cached_tail(index, current, cached)
+            if index == self.tail < len(listeners) and self.cached is not None:
+                return await self.cached_tail(index, current, self.cached)
             if index == len(listeners):
                 return current
             entry = listeners[index]
             if not entry.disposed and isinstance(entry, RuleRegistration):
-                assert inputs is not None
-                current = await run_rule(entry, current, inputs, timeout, origins, trace)
+                assert self.inputs is not None
+                current = await run_rule(entry, current, self.inputs, timeout, origins, trace)
             elif not entry.disposed:
                 break
             index += 1  # a rule done, or a step disposed while the assembly ran: skipped
@@ -417,7 +447,7 @@ async def _waterfall(
                 record_changes(origins, current, handed, listener.name)
             if trace is not None:
                 trace.record(listener.name, snapshot(handed))
-            rest = step(index + 1, handed)
+            rest = self.step(index + 1, handed)
             # Awaited in place (no task to hand over to), but every _FLAT_EVERY listeners
             # in a task of its own, whose frames do not nest: 1,000 listeners stay in bounds.
             flat = (index + 1) % _FLAT_EVERY == 0
@@ -432,7 +462,7 @@ async def _waterfall(
         own = listener.timeout_s
         given = timeout(own)
         try:
-            result = await listener.value.invoke(current, context, next_, given)
+            result = await listener.value.invoke(current, self.context, next_, given)
         except errors.Failure as error:
             if any(passed is error for passed in passed_on):
                 raise  # the rest of the chain's failure, passed through
@@ -442,7 +472,7 @@ async def _waterfall(
             if not timeout.skips.skip(listener, error):
                 raise
             if not from_next:  # passed over, as if it had called next() unchanged
-                return await step(index + 1, current)
+                return await self.step(index + 1, current)
             return from_next[0]  # the rest ran once: what it returned stands
         timeout.answered(listener)
         if origins is not None:  # what it changed after next(), or instead of it
@@ -451,23 +481,15 @@ async def _waterfall(
             trace.record(listener.name, snapshot(result))
         return result
 
-    async def cached_tail(index: int, given: Assembly, cached: _Cached) -> Assembly:
+    async def cached_tail(self, index: int, given: Assembly, cached: _Cached) -> Assembly:
         """The cacheable tail of the waterfall: its kept result for this input, or
         run it (as from the tail's first listener on) and keep what it returns."""
         kept = cached.result(given)
         if kept is not None:
             return kept
-        nonlocal tail
-        tail = -1  # run the tail itself, once
-        skipped = len(timeout.skips.steps)
-        result = await step(index, given)
-        if len(timeout.skips.steps) == skipped:  # a result with a step skipped is not kept
+        self.tail = -1  # run the tail itself, once
+        skipped = len(self.timeout.skips.steps)
+        result = await self.step(index, given)
+        if len(self.timeout.skips.steps) == skipped:  # a result with a step skipped is not kept
             cached.keep_result(given, result)
         return result
-
-    try:
-        return await step(0, assembly)
-    finally:
-        # step and cached_tail hold each other (and step itself) in their closures' cells:
-        # a cycle that kept each assembly's plan, context and parts until a full collection
-        del step, cached_tail
