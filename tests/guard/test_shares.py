@@ -12,7 +12,8 @@ import math
 import time
 
 import pytest
-from dsh_system_prompt_server.guard.shares import Shares, ShareSettings
+from dsh_system_prompt_server.guard.clients import CALLER, client_of
+from dsh_system_prompt_server.guard.shares import ANONYMOUS, Shares, ShareSettings, share_key
 
 
 class Clock:
@@ -99,6 +100,44 @@ def test_when_the_loop_runs_late_the_calls_time_is_split_equally() -> None:
     assert shares.wait_s("light-1") == 0
     assert shares.wait_s("hog-1") == pytest.approx(math.log(0.6 / 0.2))
     assert shares.wait_s("hog-2") == 0  # under its split
+
+
+def test_calls_without_a_valid_credential_get_a_quarter_of_a_clients_split() -> None:
+    clock = Clock()
+    shares = late_shares(clock)
+    shares.charge("credential:agent", 0.2)
+    shares.charge(ANONYMOUS, 0.2)
+    assert shares.fair_share() == pytest.approx(0.4 / 1.25)  # a client's split
+    assert shares.wait_s("credential:agent") == 0
+    assert shares.wait_s(ANONYMOUS) == pytest.approx(math.log(0.2 / (0.32 * 0.25)))
+
+
+@pytest.mark.parametrize(
+    "peer, caller, key",
+    [
+        ("ipv4:10.0.0.7:5000", "agent", "credential:agent"),
+        ("ipv4:10.0.0.7:5000", None, "anonymous:ip:10.0.0.7"),
+        ("ipv4:127.0.0.1:5000", None, ANONYMOUS),
+        ("unix:/run/dsp.sock", None, ANONYMOUS),
+    ],
+)
+def test_with_credentials_a_call_without_one_is_keyed_apart_by_address_as_anonymous(
+    peer: str, caller: str | None, key: str
+) -> None:
+    token = CALLER.set(caller)
+    try:
+        assert share_key(client_of(peer), anonymous=True) == key
+    finally:
+        CALLER.reset(token)
+
+
+@pytest.mark.parametrize(
+    "peer, key", [("ipv4:10.0.0.7:5000", "ip:10.0.0.7"), ("ipv4:127.0.0.1:5000", None)]
+)
+def test_without_credentials_a_client_is_its_address_over_tcp_and_nobody_over_loopback(
+    peer: str, key: str | None
+) -> None:
+    assert share_key(client_of(peer)) == key
 
 
 def test_a_client_a_little_over_its_share_does_not_wait() -> None:

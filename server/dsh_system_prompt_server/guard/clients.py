@@ -42,7 +42,8 @@ VALUES: ContextVar[bool] = ContextVar("values", default=True)
 # model"): in its watches and its listings alike.
 STEP_NAMES: ContextVar[Callable[[str | None], bool] | None] = ContextVar("steps", default=None)
 _TCP = ("ipv4:", "ipv6:")
-IDENTIFIED = ("credential:", "ip:")  # the keys of clients told apart by more than a connection
+CREDENTIALED = "credential:"  # the keys of clients told apart by their credential
+IDENTIFIED = (CREDENTIALED, "ip:")  # the keys of clients told apart by more than a connection
 
 
 def client_of(peer: str) -> Client | None:
@@ -50,7 +51,7 @@ def client_of(peer: str) -> Client | None:
     sidecar cannot tell it from any other (a unix socket, no credential)."""
     credential = CALLER.get()
     if credential is not None:
-        return Client(f"credential:{credential}", f'credential "{credential}"')
+        return Client(f"{CREDENTIALED}{credential}", f'credential "{credential}"')
     return _by_address(peer)
 
 

@@ -20,10 +20,11 @@ around them, which no step sees (`CALL_S` a call, `MESSAGE_S` a message the clie
 sends on a stream or is sent on a watch, `WIRE_S_PER_BYTE`). A client is one told
 apart by its credential or its address (`share_key`): over loopback or a unix socket
 without credentials nobody waits for anyone. Once credentials are configured, every call
-is charged: one that presents none (or a wrong one), health's and reflection's too, to its
-address's share over TCP, else to the one share of every such call (`ANONYMOUS`), so a
-flood of them waits its turn like any client's calls (issue 34: it had made a credentialed
-client's Assembles up to 24 times slower, with no wait).
+is charged: one that presents none (or a wrong one), health's and reflection's too, to
+`ANONYMOUS` and its address over TCP, else to `ANONYMOUS` alone, each with a quarter of a
+credentialed client's split, so a flood of them waits its turn like any client's calls
+(issue 34: it had made a credentialed client's Assembles up to 24 times slower, with no
+wait).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from google.protobuf.message import Message
 from ..config import Number, Seconds, setting
 from ..registry import Client
 from ..wire import Behaviour, Context, ContextAround, Method
-from .clients import IDENTIFIED, client_of
+from .clients import CREDENTIALED, IDENTIFIED, client_of
 from .paying import LARGE_RESPONSE_BYTES, PAYER, Payer
 
 T = TypeVar("T")
@@ -58,9 +59,9 @@ CALL_S = 230e-6
 # A message a stream reads or writes: 8,000 small session messages took 0.91 s of the loop
 # beyond their steps; 8,000 changes written to a watcher, 0.8 s.
 MESSAGE_S = 100e-6
-# The share of every call that no credential or address tells apart, once credentials are
-# configured: over loopback or a unix socket, calls without a valid credential (a flood
-# opening connection after connection is still one client) and health's and reflection's.
+# Once credentials are configured, the key of the calls that present no valid credential
+# (health's and reflection's among them), by itself over loopback or a unix socket (a flood
+# opening connection after connection is still one client), before the address's over TCP.
 ANONYMOUS = "anonymous:"
 
 
@@ -100,6 +101,15 @@ class ShareSettings:
         Number(0.0, 1.0),
         "a split is at least this much of a whole loop split equally, so a busy client is not"
         " held to the quiet ones' use while the host is short of CPU",
+    )
+    # As Kubernetes' API priority and fairness gives its catch-all level (every request that
+    # no other flow schema matches, unauthenticated ones among them) a small share of seats.
+    anonymous: float = setting(
+        0.25,
+        Number(0.01, 1.0),
+        "the split of the calls that present no valid credential while credentials are"
+        " configured (one share over loopback, one per address over TCP), as a fraction of a"
+        " credentialed client's",
     )
     max_wait_s: float = setting(
         2.0, Seconds(most=60.0), "how long a call or write waits at most before it goes in turn"
@@ -209,10 +219,15 @@ class Shares:
         if self._fair == math.inf:
             return 0.0
         rate = self.use(key)
-        limit = self._fair * self.settings.over
-        if rate <= limit:
+        split = self._fair * self._weight(key)
+        if rate <= split * self.settings.over:
             return 0.0
-        return self.settings.window_s * math.log(rate / self._fair)
+        return self.settings.window_s * math.log(rate / split)
+
+    def _weight(self, key: str) -> float:
+        """A client's split in credentialed clients' splits: less for calls with no valid
+        credential."""
+        return self.settings.anonymous if key.startswith(ANONYMOUS) else 1.0
 
     async def turn(self, key: str | None) -> None:
         """Return once `key` may go on: at once unless the loop is busy and `key` is over
@@ -368,25 +383,29 @@ class Shares:
         # Split among the clients charged within the window: a client gone (a closed
         # connection is one) still decays for seconds, and counted, would shrink everyone's
         # split (the soak's reconnecting clients, held in a calm run).
-        count = sum(1 for use in self._uses.values() if now - use.at <= window)
-        if now - self._busy_at > window or count < 2:
+        sharing = [key for key, use in self._uses.items() if now - use.at <= window]
+        if now - self._busy_at > window or len(sharing) < 2:
             self._fair = math.inf
         else:
             # at least `floor` of a whole loop split equally: held to the quiet clients' use
             # alone, a busy client would leave the loop idle while the host is short of CPU
-            self._fair = max(total, self.settings.floor) / count
+            self._fair = max(total, self.settings.floor) / sum(map(self._weight, sharing))
 
 
 def share_key(client: Client | None, anonymous: bool = False) -> str | None:
-    """The key `client`'s use is counted against: one told apart by its credential or its
-    address; else, with `anonymous` (credentials are configured: this call presented none
-    that is valid), the share of every such call, `ANONYMOUS`; else None, over loopback or
-    a unix socket without credentials, where nobody is held (a connection is no client
-    there: an agent reconnecting is a new one each time, and splitting the loop among
-    connections held calm agents back; and an idle sidecar's probes wake nothing)."""
-    if client is None or not client.key.startswith(IDENTIFIED):
-        return ANONYMOUS if anonymous else None
-    return client.key
+    """The key `client`'s use is counted against. With `anonymous` (credentials are
+    configured), a call that presented no valid credential is counted against `ANONYMOUS`
+    followed by its address's key over TCP (a kubelet's probes are not held behind a flood
+    from elsewhere), by itself over loopback or a unix socket, whose split is the smaller
+    (`ShareSettings.anonymous`). Else a client told apart by its credential or its
+    address; else None, over loopback or a unix socket without credentials, where nobody
+    is held (a connection is no client there: an agent reconnecting is a new one each
+    time, and splitting the loop among connections held calm agents back; and an idle
+    sidecar's probes wake nothing)."""
+    key = client.key if client is not None and client.key.startswith(IDENTIFIED) else None
+    if anonymous and not (key or "").startswith(CREDENTIALED):
+        return ANONYMOUS + (key or "")
+    return key
 
 
 def wire_s(size: int) -> float:
