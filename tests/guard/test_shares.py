@@ -64,31 +64,21 @@ def test_nobody_waits_while_the_loop_runs_on_time() -> None:
     assert shares.wait_s("a") == 0
 
 
-def test_when_the_calls_take_busy_of_the_loop_on_time_it_is_split_all_the_same() -> None:
-    clock = Clock()
-    shares = shares_at(clock, busy=0.5)
+@pytest.mark.parametrize(
+    "busy, flood, split",
+    [(0.5, 0.55, True), (0.5, 0.45, False), (0.0, 0.99, False)],
+    ids=["over busy", "under busy", "busy 0"],
+)
+def test_an_on_time_loop_is_split_once_the_calls_take_busy_of_it(
+    busy: float, flood: float, split: bool
+) -> None:
+    shares = shares_at(Clock(), busy=busy)
     shares.late(0.0001, 1.0)  # a loop kept full runs its timers on time
-    shares.charge("flood", 0.55)
+    shares.charge("flood", flood)
     shares.charge("honest", 0.01)
-    assert shares.fair_share() == pytest.approx(0.56 / 2)
-    assert shares.wait_s("flood") > 0
+    assert shares.fair_share() == (pytest.approx((flood + 0.01) / 2) if split else math.inf)
+    assert (shares.wait_s("flood") > 0) is split
     assert shares.wait_s("honest") == 0
-
-
-def test_calls_taking_less_than_busy_of_an_on_time_loop_are_not_split() -> None:
-    clock = Clock()
-    shares = shares_at(clock, busy=0.5)
-    shares.charge("a", 0.45)
-    shares.charge("b", 0.01)
-    assert shares.fair_share() == math.inf
-
-
-def test_a_busy_of_0_never_splits_an_on_time_loop() -> None:
-    clock = Clock()
-    shares = shares_at(clock, busy=0.0)
-    shares.charge("flood", 0.99)
-    shares.charge("honest", 0.01)
-    assert shares.fair_share() == math.inf
 
 
 def test_when_the_loop_runs_late_the_calls_time_is_split_equally() -> None:

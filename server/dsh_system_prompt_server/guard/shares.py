@@ -88,8 +88,7 @@ class ShareSettings:
     busy: float = setting(
         0.5,
         Number(0.0, 1.0),
-        "when the clients' calls take at least this share of the event loop (their measured"
-        " use, over `window_s`), shares apply as when it runs late; 0: use never does",
+        "shares apply, as when it runs late, while the calls take this much of the loop; 0: never",
     )
     over: float = setting(
         1.25,

@@ -396,31 +396,24 @@ async def _waterfall(
     return await run.step(0, assembly)
 
 
+@dataclass(slots=True)
 class _Waterfall:
     """One assembly's run through its plan's steps. An object, not nested functions: those
     held each other in their closures' cells, a cycle that kept every assembly's plan,
     context and parts alive until a full garbage collection."""
 
-    __slots__ = ("cached", "context", "inputs", "listeners", "origins", "tail", "timeout", "trace")
+    listeners: list[StepRegistration]
+    context: AssembleContext
+    timeout: Timeout
+    origins: Origins | None
+    trace: Trace | None
+    cached: _Cached | None
+    inputs: Inputs | None
+    tail: int = field(init=False)  # where the cacheable tail starts (-1: none, or running)
 
-    def __init__(
-        self,
-        listeners: list[StepRegistration],
-        context: AssembleContext,
-        timeout: Timeout,
-        origins: Origins | None,
-        trace: Trace | None,
-        cached: _Cached | None,
-        inputs: Inputs | None,
-    ) -> None:
-        self.listeners = listeners
-        self.context = context
-        self.timeout = timeout
-        self.origins = origins
-        self.trace = trace
-        self.cached = cached
-        self.inputs = inputs
-        self.tail = len(listeners) - len(cached.plan.cacheable_tail) if cached is not None else -1
+    def __post_init__(self) -> None:
+        cached = self.cached
+        self.tail = len(self.listeners) - len(cached.plan.cacheable_tail) if cached else -1
 
     async def step(self, index: int, current: Assembly) -> Assembly:
         """The steps from `index` on, handed `current`."""
