@@ -15,7 +15,15 @@ from .assembly import Plan, validate_tool_order
 from .callbacks import CallbackCache, context_key
 from .changes import ChangeFeed, Missed, Subscription
 from .errors import CALLBACK_FAILURES, Failure, RegistryError, ServiceError, Status
-from .filters import STEPS, Filter, anonymous, everywhere_step, owner_label, public_ref
+from .filters import (
+    STEPS,
+    Filter,
+    anonymous,
+    everywhere_step,
+    owner_label,
+    public_ref,
+    shown_skipped,
+)
 from .limits import LIMIT_KEYS, Limits, quota_exceeded, quota_limit, too_large, value_bytes
 from .model import (
     SIDECAR_OWNER,
@@ -122,6 +130,7 @@ __all__ = [
     "quota_exceeded",
     "quota_limit",
     "read_rules",
+    "shown_skipped",
     "too_large",
     "validate_tool_order",
     "value_bytes",

@@ -8,7 +8,9 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .model import AnyRegistration, ChangeEvent, Kind, ToolSet, runs_everywhere
+from dsh_system_prompt_core import Reason
+
+from .model import AnyRegistration, ChangeEvent, Kind, Skipped, ToolSet, runs_everywhere
 from .rules import Rule
 
 # Kinds whose value a listing can show (the others hold no value of their own).
@@ -36,6 +38,30 @@ def anonymous(event: ChangeEvent) -> ChangeEvent:
     return replace(
         event, name="", ref="", fingerprint="", reason="", scope=scope, everywhere=everywhere
     )
+
+
+def shown_skipped(
+    steps: tuple[Skipped, ...], shows: Callable[[str | None], bool] | None
+) -> tuple[Skipped, ...]:
+    """An assembly's skipped `steps` as a caller shown only the steps of the layers `shows`
+    names (None: every layer's) sees them: the others without name, ref or message naming
+    them, as its watches and listings show them (docs/operations.md, "Trust model")."""
+    if shows is None or not any(s.kind in STEPS and not shows(s.scope) for s in steps):
+        return steps
+    return tuple(s if s.kind not in STEPS or shows(s.scope) else _anonymous_skip(s) for s in steps)
+
+
+def _anonymous_skip(step: Skipped) -> Skipped:
+    everywhere = step.everywhere or step.scope is None
+    scope = None if everywhere else step.scope
+    where = " (global)" if scope is None else f' in scope "{scope}"'
+    noun = "listener" if step.kind is Kind.LISTENER else "rule"
+    if step.reason == Reason.OUT_OF_REACH:
+        why = "its owner may not read this assembly's scope"
+    else:
+        why = f"{step.reason} under failure_policy IGNORE"
+    message = f"a {noun}{where} held outside this credential's scopes was skipped: {why}"
+    return Skipped(step.kind, "", scope, "", step.reason, message, everywhere)
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,6 +123,7 @@ class Skipped:
     registration_id: str
     reason: str  # the failure's stable reason (PROVIDER_TIMEOUT, LISTENER_FAILED, ...)
     message: str
+    everywhere: bool = False  # a step registered with `global`, wherever it is held
 
 
 class Action(enum.Enum):

@@ -20,7 +20,7 @@ from fnmatch import fnmatchcase
 
 from dsh_system_prompt_core import Reason
 
-from .model import AnyRegistration, Dynamic, Kind, ListenerRegistration, Skipped
+from .model import AnyRegistration, Dynamic, Kind, ListenerRegistration, Skipped, runs_everywhere
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +80,7 @@ def _passed_over(entry: AnyRegistration, reach: Reach) -> Skipped:
             f"{_describe(entry)} was not run: its owner, {reach.owner}, may not read"
             " this assembly's scope"
         ),
+        everywhere=runs_everywhere(entry),
     )
 
 

@@ -18,6 +18,7 @@ from ..model import (
     ListenerRegistration,
     RuleRegistration,
     Skipped,
+    runs_everywhere,
 )
 
 
@@ -55,6 +56,7 @@ class Skips:
                 registration_id=entry.id,
                 reason=str(error.reason),
                 message=error.message,
+                everywhere=runs_everywhere(entry),
             )
         )
         return True

@@ -4,11 +4,13 @@ bigger than the sidecar sends."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import TOOL_ORDER_REST, Reason, RenderFailure
 
+from ...guard import shown_steps
 from ...registry import (
     Assembly,
     Kind,
@@ -19,6 +21,7 @@ from ...registry import (
     ServiceError,
     Skipped,
     Status,
+    shown_skipped,
 )
 from ...reports import Freeze, HistoryKey, Layout, Reporter
 from ...telemetry import Metrics, Throttled, logger
@@ -104,6 +107,10 @@ class Assembler:
             return Answered(cached)  # a static (or all-cached) plan's response, encoded once
         assembly = await self._registry.run(plan, context, deadline, track=request.report)
         self._count_skipped(assembly.skipped)
+        # the caller's answer (and its report) names only the steps its credential is shown
+        shown = shown_skipped(assembly.skipped, shown_steps())
+        if shown is not assembly.skipped:
+            assembly = dataclasses.replace(assembly, skipped=shown)
         # before rendering: a report names a failing part, never fails
         report = None
         if request.report:
