@@ -82,3 +82,37 @@ async def test_an_admin_sees_every_step_of_the_chain_by_name(
     assert watched == shown
     assert listed == shown
     assert said
+
+
+async def prompt_watch_steps(sidecar: Sidecar, token: str) -> list[Seen]:
+    """The steps `token`'s prompt watch of alice's scope is told of, among the changes that led
+    to its prompt: the admin's global listener held in bob's scope and its rule in the
+    global layer, then a section in alice's scope (the last change it waits for)."""
+    async with (
+        dsp.connect(sidecar.address, token=ADMIN) as admin,
+        dsp.connect(sidecar.address, token=token) as watcher,
+    ):
+        await admin.scope("team")
+        alice = await admin.scope("alice", parent="team")
+        bob = await admin.scope("bob")
+        prompts = await watcher.watch_prompt("alice")
+        try:
+            await anext(prompts)  # the prompt as it was: the watch is open
+            await bob.on_assemble(passes, global_=True, name="bobs-secret-listener")
+            await admin.rule("admins-secret-rule", dsp.Rule([dsp.Mutation.drop_tools("false")]))
+            await alice.section("last", 10, "alice's")
+            changes: list[dsp.ChangeEvent] = []
+            while not any(change.kind == "section" for change in changes):
+                changes += (await asyncio.wait_for(anext(prompts), 10)).changes
+        finally:
+            await prompts.close()
+    return sorted((c.kind, c.name + c.ref, c.scope) for c in changes if c.kind in STEPS)
+
+
+async def test_a_prompt_watch_tells_an_agent_of_steps_outside_its_scopes_without_names(
+    guarded: Sidecar,  # noqa: F811 (the fixture imported above)
+) -> None:
+    assert await prompt_watch_steps(guarded, AGENT) == [("listener", "", None), ("rule", "", None)]
+    named = await prompt_watch_steps(guarded, ADMIN)
+    assert [(kind, scope) for kind, _, scope in named] == [("listener", "bob"), ("rule", None)]
+    assert named[0][1].startswith("bobs-secret-listener")

@@ -131,7 +131,8 @@ class Watches:
         """Serve one WatchPrompt stream until its peer stops reading it."""
         client = client_of(stream.peer())
         watch, subscription = self._open(client, gate, lambda: self.prompt_watch(request))
-        await self._serve(stream, client, subscription, self.prompts(watch, subscription, client))
+        prompts = self.prompts(watch, subscription, client, shown_steps())
+        await self._serve(stream, client, subscription, prompts)
 
     def _open(self, client: Client | None, gate: Gate, start: Callable[[], Opened]) -> Opened:
         """Admit one more watch of `client` and start it; nothing is held if it fails."""
@@ -334,13 +335,18 @@ class Watches:
         return PromptWatch(shown), subscription
 
     async def prompts(
-        self, watch: PromptWatch, subscription: Subscription, client: Client | None
+        self,
+        watch: PromptWatch,
+        subscription: Subscription,
+        client: Client | None,
+        shows: Shows | None = None,
     ) -> AsyncGenerator[bytes, None]:
         """The prompt now, then again after each burst of changes that affects it; its
         messages being written count against `client`'s share of the prompts in flight,
         their bytes against the prompts' pace (`prompt_pace.py`: clients in turn), and
         their sending against its share of the loop. A watcher that waits for its turn
-        sends the latest prompt with every change since its last."""
+        sends the latest prompt with every change since its last; a step's change held in
+        a layer `shows` does not name, anonymous (as the caller's change watch shows it)."""
         in_flight, pace = self.prompts_in_flight, self.prompt_pace
         key, sharer = None if client is None else client.key, share_key(client)
         try:
@@ -357,6 +363,7 @@ class Watches:
                 async with in_flight.reserved(await watch.size(), key), pace.turn(key) as paced:
                     while (item := subscription.poll()) is not None:  # also while it waited
                         burst.append(item)
+                    burst = [_shown(item, shows) for item in burst]
                     turn = await self.turns.take()
                     try:
                         prompt = await watch.prompt(burst)  # built in the turn: at its pace
