@@ -281,6 +281,8 @@ def _unary(call: _Call, behaviour: Behaviour, streams: bool) -> Behaviour:
         message = call.interceptor.read(call.method, request)
         stream = call.opened(context, credential) if streams else None
         await call.check(context, message, credential, stream)
+        if stream is not None:  # a watch's or listing's step names follow a reload's grants
+            STEP_NAMES.set(stream.names_steps)
         # parsed once: the servicer takes the policy's message, but Assemble its bytes
         handed = request if message is None or call.method in RAW_REQUESTS else message
         if stream is None:

@@ -17,7 +17,8 @@ longer. A stream so ended is cancelled where it runs, so what it opened is close
 dead peer's would be (a session's registrations disposed, with their change events),
 then it ends with that status. A session that may go on keeps only the registrations its
 credential may still make: each is decided again as its registration, and disposed when
-refused. Listeners are their own streams and are decided as such.
+refused. Listeners are their own streams and are decided as such. A watch or listing that
+goes on is shown step names by its credential as it is now (`OpenStream.names_steps`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dsh_system_prompt_core import Reason
 
 from ..registry import Kind, Registry, ServiceError, Status
 from ..telemetry import logger
-from .policy import Credential, Request, Verb, decide
+from .policy import Credential, Request, Verb, decide, step_names
 
 Identify = Callable[[Iterable[tuple[str, Any]], dict[Any, Any]], Credential | None]
 REVOKED = (
@@ -63,6 +64,14 @@ class OpenStream:
         self.session = ""  # the session it opened (OpenSession)
         self.ending: ServiceError | None = None  # why it is being ended, once it is
         self._task = asyncio.current_task()
+
+    def names_steps(self, scope: str | None) -> bool:
+        """Whether the stream is shown the steps held in `scope` by name, by its credential as
+        the last reload left it: a narrowed credential's open watch is shown less at once."""
+        if self.credential is None:
+            return False
+        names = step_names(self.credential)
+        return names is None or names(scope)
 
     def end(self, error: ServiceError) -> None:
         """End the stream with `error`: its task is cancelled where it waits."""
