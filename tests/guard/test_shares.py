@@ -65,20 +65,36 @@ def test_nobody_waits_while_the_loop_runs_on_time() -> None:
 
 
 @pytest.mark.parametrize(
-    "busy, flood, split",
-    [(0.5, 0.55, True), (0.5, 0.45, False), (0.0, 0.99, False)],
+    "busy, thread, split",
+    [(0.9, 0.95, True), (0.9, 0.8, False), (0.0, 1.0, False)],
     ids=["over busy", "under busy", "busy 0"],
 )
-def test_an_on_time_loop_is_split_once_the_calls_take_busy_of_it(
-    busy: float, flood: float, split: bool
+def test_an_on_time_loop_is_split_while_its_thread_is_busy_that_much_of_the_time(
+    busy: float, thread: float, split: bool
 ) -> None:
     shares = shares_at(Clock(), busy=busy)
-    shares.late(0.0001, 1.0)  # a loop kept full runs its timers on time
-    shares.charge("flood", flood)
+    shares.late(0.0001, 1.0, busy=thread / (1 - 1 / math.e))  # averaged to `thread`
+    assert shares.busy() == pytest.approx(thread)
+    shares.charge("flood", 0.55)
     shares.charge("honest", 0.01)
-    assert shares.fair_share() == (pytest.approx((flood + 0.01) / 2) if split else math.inf)
+    assert shares.fair_share() == (pytest.approx(0.56 / 2) if split else math.inf)
     assert (shares.wait_s("flood") > 0) is split
     assert shares.wait_s("honest") == 0
+
+
+@pytest.mark.parametrize("thread", [0.95, 0.3])
+async def test_the_heartbeat_measures_how_busy_the_loops_thread_is(thread: float) -> None:
+    loop = asyncio.get_running_loop()
+    # the thread's CPU time, as a thread busy `thread` of the time since the beat began
+    settings = ShareSettings(window_s=0.05, beat_s=0.005, refresh_s=0.0)
+    shares = Shares(settings, cpu=lambda: loop.time() * thread)
+    shares.start()
+    for _ in range(40):  # a call in flight at every beat: the heartbeat ticks on
+        shares.charge("a", 0.0)
+        await asyncio.sleep(0.005)
+    assert shares.beats > 10
+    assert shares.busy() == pytest.approx(thread, abs=0.1)
+    shares.stop()
 
 
 def test_when_the_loop_runs_late_the_calls_time_is_split_equally() -> None:

@@ -10,9 +10,9 @@ priority and fairness queues each user's requests apart and serves them in turn
 (fair queuing: every client with work waiting gets an equal share), and as Envoy's
 overload manager acts only past a threshold, nothing waits while the loop has time
 to spare: it runs late by less than `fair_share.lag_s` (a timer's lateness says both
-that work is queued and that the process is short of CPU) and the clients' calls take
-less than `fair_share.busy` of it (a loop kept full on a host with CPU to spare never
-sleeps, so its timers run on time); when it has not,
+that work is queued and that the process is short of CPU) and its thread is busy less
+than `fair_share.busy` of the time (gRPC queues a flood's calls in its core, so a loop it
+keeps full on a host with CPU to spare runs its timers on time); when it has not,
 the time the clients' calls take is split equally among the clients that use it,
 and one more than 1.25 times over its split waits, its waiting calls let go one at a
 time, first come first. What a call costs is its steps' time plus what gRPC does
@@ -82,13 +82,16 @@ class ShareSettings:
         " client more than `over` times over its split waits (Fair shares of the event loop)",
         was="fair_share_lag_s",
     )
-    # Use, too: on a host with CPU to spare the loop never sleeps while a flood keeps it
-    # full, so its timers run on time (0.13-0.29 ms late under a flood of refused calls that
-    # made a credentialed client's Assembles 13 times slower; 0.5-0.6 ms calm).
+    # Its thread's use, too: on a host with CPU to spare a flood keeps the loop's thread
+    # full while its timers run on time (0.13-0.29 ms late under a flood of refused calls that
+    # made a credentialed client's Assembles 13 times slower; 0.5-0.6 ms calm), as gRPC
+    # queues the calls in its core, not in the loop. Near full, not at half: a loop with time
+    # to spare holds nobody (at half, a lone busy agent beside an idle one would wait).
     busy: float = setting(
-        0.5,
+        0.9,
         Number(0.0, 1.0),
-        "shares apply, as when it runs late, while the calls take this much of the loop; 0: never",
+        "shares apply also while the event loop's thread is busy this much of the time (its"
+        " CPU time over the time passed, averaged over `window_s`); 0: never",
     )
     over: float = setting(
         1.25,
@@ -155,15 +158,17 @@ class _Line:
 class Shares:
     """The clients' use of the loop, and the fair share past which one waits. `clock` is
     the running loop's (waits are timed with its `call_later`), or a test's that never
-    waits."""
+    waits; `cpu`, the loop's thread's CPU time."""
 
     def __init__(
         self,
         settings: ShareSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        cpu: Callable[[], float] = time.thread_time,
     ) -> None:
         self.settings = settings or ShareSettings()
         self._clock = clock
+        self._cpu = cpu
         self._uses: dict[str, Use] = {}
         self._waited: dict[str, int] = {}  # how often each client waited, while it is seen
         self._lines: dict[str, _Line] = {}  # the calls of each client waiting for its turn
@@ -171,6 +176,8 @@ class Shares:
         self._fair = math.inf  # the share above which a client waits; inf: nobody waits
         self._refreshed = 0.0
         self._lag = 0.0  # how late the loop ran lately, seconds
+        self._busy = 0.0  # how much of the time the loop's thread was busy lately
+        self._cpu_at = 0.0  # the loop's thread's CPU time at the last beat
         self._busy_at = -math.inf  # when it last ran late, or its calls took `busy` of it
         self._beat: asyncio.TimerHandle | None = None
         self._charged = False  # a call or message was charged since the last beat
@@ -299,22 +306,23 @@ class Shares:
         """Measure the loop's lateness from now on, until `stop()`, while calls are in
         flight: the heartbeat starts with the first call or message charged and stops at a
         beat that finds none charged since the one before and no call waiting, so an idle
-        sidecar wakes for nothing. With `lag_s` 0 lateness is not measured."""
+        sidecar wakes for nothing. With `lag_s` and `busy` 0 nothing is measured."""
         self.running = True
         self._quiet_at = asyncio.get_running_loop().time()
 
     def _beat_again(self) -> None:
         """Start the heartbeat, with load."""
-        if not self.settings.lag_s:
+        if not (self.settings.lag_s or self.settings.busy):
             return
         self._caught_up()
+        self._cpu_at = self._cpu()
         loop = asyncio.get_running_loop()
         beat = self.settings.beat_s
         self._beat = loop.call_later(beat, self._beaten, loop.time() + beat)
 
     def _caught_up(self) -> None:
-        """While the heartbeat is stopped, the time since it stopped counts as beats on time,
-        as it measured them when it ticked through idle times: the lateness is what it was."""
+        """While the heartbeat is stopped, the time since it stopped counts as beats on time
+        with the thread idle, as it measured them when it ticked through idle times."""
         if self._beat is None and self.running:
             now = asyncio.get_running_loop().time()
             self.late(0.0, max(0.0, now - self._quiet_at))
@@ -322,7 +330,7 @@ class Shares:
 
     def reconfigure(self, settings: ShareSettings) -> None:
         """Take reloaded `settings`: when serving, the loop's lateness is measured again
-        as they say (not at all with `lag_s` 0); waiting calls wait on."""
+        as they say (not at all with `lag_s` and `busy` 0); waiting calls wait on."""
         self.settings = settings
         if self.running:
             self._stop_beat()
@@ -333,7 +341,7 @@ class Shares:
         drains: what is in flight is to finish within the grace, not wait its turn)."""
         self.running = False
         self._stop_beat()
-        self._lag, self._busy_at, self._fair = 0.0, -math.inf, math.inf
+        self._lag, self._busy, self._busy_at, self._fair = 0.0, 0.0, -math.inf, math.inf
         for line in self._lines.values():
             if line.handle is not None:
                 line.handle.cancel()
@@ -347,16 +355,24 @@ class Shares:
             self._beat.cancel()
             self._beat = None
 
-    def late(self, lag: float, elapsed: float) -> None:
-        """Count a timer `lag` seconds late, `elapsed` after the one before."""
+    def late(self, lag: float, elapsed: float, busy: float = 0.0) -> None:
+        """Count a timer `lag` seconds late, `elapsed` after the one before, the loop's
+        thread busy `busy` of that time."""
         kept = math.exp(-elapsed / self.settings.window_s)
         self._lag = self._lag * kept + lag * (1 - kept)
+        self._busy = self._busy * kept + busy * (1 - kept)
+
+    def busy(self) -> float:
+        """How much of the time the loop's thread was busy lately (its CPU time), averaged."""
+        return self._busy
 
     def _beaten(self, due: float) -> None:
         loop = asyncio.get_running_loop()
         now, beat = loop.time(), self.settings.beat_s
         self.beats += 1
-        self.late(max(0.0, now - due), beat + max(0.0, now - due))
+        elapsed, cpu = beat + max(0.0, now - due), self._cpu()
+        self.late(max(0.0, now - due), elapsed, min(1.0, (cpu - self._cpu_at) / elapsed))
+        self._cpu_at = cpu
         if not self._charged and not self._lines:  # nothing in flight: stop until there is
             self._beat, self._quiet_at = None, now
             return
@@ -374,8 +390,7 @@ class Shares:
                 del self._uses[key]
                 self._waited.pop(key, None)
         lag_s, busy = self.settings.lag_s, self.settings.busy
-        total = self._total.now(now, window)
-        if (lag_s and self._lag >= lag_s) or (busy and total >= busy):
+        if (lag_s and self._lag >= lag_s) or (busy and self._busy >= busy):
             self._busy_at = now
         # Shares hold for a window after the loop last ran late or busy: held back, the heaviest
         # client lets the loop catch up at once, and would otherwise be let go at once.
@@ -388,6 +403,7 @@ class Shares:
         else:
             # at least `floor` of a whole loop split equally: held to the quiet clients' use
             # alone, a busy client would leave the loop idle while the host is short of CPU
+            total = self._total.now(now, window)
             self._fair = max(total, self.settings.floor) / sum(map(self._weight, sharing))
 
 
