@@ -159,7 +159,7 @@ async def test_a_flood_without_a_token_waits_for_its_share_and_a_credentialed_cl
 
 
 @pytest.mark.parametrize("busy, waits", [(0.05, True), (0.0, False)], ids=["busy", "busy 0"])
-async def test_a_flood_waits_once_the_calls_take_busy_of_the_loop_however_on_time_it_runs(
+async def test_a_flood_waits_once_the_loops_thread_is_busy_however_on_time_it_runs(
     make_sidecar: SidecarFactory, tmp_path: Path, busy: float, waits: bool
 ) -> None:
     # lateness never applies shares here (lag_s 0): a loop a flood keeps full on a host with
