@@ -137,6 +137,38 @@ async def test_the_scopes_view_shows_only_the_scopes_it_reaches(page: Page, who:
         assert ("bob" in shown) is (who != "alice")  # bob's scope, its section, its owner
 
 
+async def fails(assembly: object, context: object, next_: dsp.Next) -> object:
+    raise RuntimeError("the listener's own words")
+
+
+@pytest.mark.parametrize("who", sorted(TOKENS))
+async def test_steps_outside_its_scopes_are_shown_without_their_names(page: Page, who: str) -> None:
+    """A rule in the global layer (Scopes) and a global listener held in bob's scope that an
+    assembly of alice's skipped (Cache): by name only to a reader of every scope."""
+    async with dsp.connect(page.sidecar.address, token=TOKENS["admin"]) as admin:
+        await admin.rule("admins-secret-rule", dsp.Rule([dsp.Mutation.drop_tools("false")]))
+        held = await admin.scope("bob")
+        ignore = dsp.FailurePolicy.IGNORE
+        await held.on_assemble(fails, global_=True, name="secret-listener", failure_policy=ignore)
+        await admin.assemble(scope="alice", report=True)
+        scopes = [*await both(page, "/scopes", who)]
+        cache = [*await both(page, "/cache?scope=alice", who)]
+    named = who != "alice"
+    for shown in scopes:
+        assert ("admins-secret-rule" in shown) is named
+    for shown in cache:
+        assert "LISTENER_FAILED" in shown
+        assert ("secret-listener" in shown) is named
+        assert ("the listener&#39;s own words" in shown) is named
+
+
+async def both(page: Page, path: str, who: str) -> tuple[str, str]:
+    """A view as its page and as its live view's first fragment."""
+    status, html = await get(page, path, who)
+    assert status == 200
+    return html, await first_event(page, "/events" + path, who)
+
+
 @pytest.mark.parametrize("who", sorted(TOKENS))
 async def test_the_prompt_picker_lists_only_the_scopes_it_reaches(page: Page, who: str) -> None:
     _, html = await get(page, "/prompt?scope=alice", who)

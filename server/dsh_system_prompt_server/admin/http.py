@@ -316,9 +316,10 @@ class Pages:
             key = views.cache_key(_scope(state, query), _bounded(state, query.get("key")))
 
             async def cache() -> tuple[str, dict[str, Any]]:
-                return "cache.html", {"data": views.cache_view(state, key)}
+                return "cache.html", {"data": views.cache_view(state, key, reach.names)}
 
-            return Live(lambda: state.reports.version, cache, _never, ("cache", key))
+            by_reach = ("cache", key, reach.key)  # its skipped steps are named by reach
+            return Live(lambda: state.reports.version, cache, _never, by_reach)
         if view == "sessions":
 
             async def sessions() -> tuple[str, dict[str, Any]]:
@@ -334,7 +335,8 @@ class Pages:
         number = _page_number(query.get("page"))
 
         async def scopes() -> tuple[str, dict[str, Any]]:
-            return "scopes.html", {"page": page_of(views.scopes_view(state, reach.scope), number)}
+            shown = views.scopes_view(state, reach.scope, reach.names)
+            return "scopes.html", {"page": page_of(shown, number)}
 
         shared = ("scopes", number, reach.key)
         return Live(lambda: state.registry.revision, scopes, shared=shared)

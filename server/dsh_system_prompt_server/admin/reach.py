@@ -11,10 +11,10 @@ never shown, not even in a list to pick from.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from ..guard import Credential, Request, Role, Verb, decide
+from ..guard import Credential, Request, Role, Verb, decide, step_names
 from ..reports import HistoryKey
 
 
@@ -31,6 +31,12 @@ class Reach:
         if self.credential.role is Role.ADMIN:
             return Role.ADMIN
         return (self.credential.role, self.credential.grants.scopes)
+
+    @property
+    def names(self) -> Callable[[str | None], bool] | None:
+        """Which layers' waterfall steps the credential is shown by name (None: every
+        layer's), as in its watches and listings: the scopes it lists."""
+        return step_names(self.credential)
 
     def denial(self, view: str, scope: str | None, key: str | None) -> str | None:
         """Why the credential may not open `view` of `scope` (or report `key`), or None."""

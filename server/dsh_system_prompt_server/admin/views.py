@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from ..registry import (
     SIDECAR_OWNER,
+    STEPS,
     AnyRegistration,
     ContextRegistration,
     Dynamic,
@@ -30,12 +31,14 @@ from ..registry import (
     StepRegistration,
     ToolSet,
     owner_label,
+    shown_skipped,
     value_bytes,
 )
 from ..reports import Break, HistoryEntry, HistoryKey, KeyHistory, Size
 from ..rpc import ServerState
 
 GLOBAL_LABEL = "(global)"
+Names = Callable[[str | None], bool]  # which layers' steps the viewer is shown by name
 
 
 def origin_class(origin: Origin) -> str:
@@ -81,11 +84,14 @@ class ScopesView:
 
 
 def scopes_view(
-    state: ServerState, reaches: Callable[[str | None], bool] = lambda _: True
+    state: ServerState,
+    reaches: Callable[[str | None], bool] = lambda _: True,
+    names: Names | None = None,
 ) -> ScopesView:
     """The scope tree, each scope with the registrations made in it: of the scopes (and
     the global layer) `reaches` says the viewer may read; a scope whose parent it may not
-    read is a root."""
+    read is a root. A listener or rule held in a layer `names` does not name (None: every
+    layer's) is a row of its kind alone, as the viewer's listings show it."""
     registry = state.registry
     owners = owner_names(state)
     entries = [entry for entry in registry.registrations() if reaches(entry.scope)]
@@ -95,7 +101,11 @@ def scopes_view(
         if entry.kind is Kind.SCOPE:
             handles.setdefault(entry.name, []).append(owners.get(entry.owner, "?"))
             continue
-        by_scope.setdefault(entry.scope, []).append(_registration(entry, owners))
+        if names is not None and entry.kind in STEPS and not names(entry.scope):
+            row = RegistrationRow(entry.kind.value, "", "", "", "", "")
+        else:
+            row = _registration(entry, owners)
+        by_scope.setdefault(entry.scope, []).append(row)
     keys = {*filter(reaches, registry.scope_keys()), *(key for key in by_scope if key is not None)}
     nodes = {key: ScopeNode(key, key, handles.get(key, []), by_scope.get(key, [])) for key in keys}
     roots: list[ScopeNode] = [ScopeNode(None, GLOBAL_LABEL, [], by_scope.get(None, []))]
@@ -219,8 +229,9 @@ def cache_key(scope: str | None, key: str | None) -> HistoryKey:
     return HistoryKey("scope", scope or None)
 
 
-def cache_view(state: ServerState, key: HistoryKey) -> CacheView:
-    """The key's prefix-stability history: counts, recent reports, the last break."""
+def cache_view(state: ServerState, key: HistoryKey, names: Names | None = None) -> CacheView:
+    """The key's prefix-stability history: counts, recent reports, the last break; the
+    skipped steps held in a layer `names` does not name (None: every layer's) unnamed."""
     reports = state.reports
     kept, evicted = reports.get(key)
     history = kept or KeyHistory(None, deque())
@@ -235,7 +246,7 @@ def cache_view(state: ServerState, key: HistoryKey) -> CacheView:
         breaks=history.breaks,
         breakers=history.top_breakers(),
         recomputed=size_text(recomputed),
-        recent=[_report_row(entry) for entry in reversed(recent)],
+        recent=[_report_row(entry, names) for entry in reversed(recent)],
         bars=_bars(recent),
         chart=(CHART_WIDTH, CHART_HEIGHT),
         first_at=_clock(recent[0].at) if recent else "",
@@ -257,7 +268,7 @@ def _stable_share(entry: HistoryEntry) -> float:
     return 1.0 if share is None else share
 
 
-def _report_row(entry: HistoryEntry) -> ReportRow:
+def _report_row(entry: HistoryEntry, names: Names | None) -> ReportRow:
     state = _state(entry)
     verdict = {
         "first": "first report: nothing to compare",
@@ -276,7 +287,7 @@ def _report_row(entry: HistoryEntry) -> ReportRow:
         stable=f"{_stable_share(entry):.0%}",
         recomputed=size_text(entry.seen.recomputed),
         observed=observed,
-        skipped=_skipped(entry),
+        skipped=_skipped(entry, names),
     )
 
 
@@ -287,8 +298,8 @@ def skipped_text(step: Skipped) -> str:
     return f"{step.kind.value}{name} ({where}): {step.reason}: {step.message}"
 
 
-def _skipped(entry: HistoryEntry) -> list[str]:
-    shown = [skipped_text(step) for step in entry.skipped]
+def _skipped(entry: HistoryEntry, names: Names | None) -> list[str]:
+    shown = [skipped_text(step) for step in shown_skipped(entry.skipped, names)]
     if entry.skipped_count > len(shown):
         shown.append(f"and {entry.skipped_count - len(shown)} more")
     return shown
@@ -305,7 +316,7 @@ def _bars(recent: list[HistoryEntry]) -> list[Bar]:
         share = _stable_share(entry)
         height = max(2.0, inner_h * share)
         state = _state(entry)
-        title = f"#{entry.sequence} at {_clock(entry.at)}: " + _report_row(entry).verdict
+        title = f"#{entry.sequence} at {_clock(entry.at)}: " + _report_row(entry, None).verdict
         if state == "break":
             title += f" ({size_text(entry.seen.recomputed)} recomputed)"
         if entry.skipped_count:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .clients import client_of, sees_values, shown_steps
 from .gate import Gate
 from .paying import Payer, payer, paying_turn
-from .policy import ADMIN, Credential, Grants, Request, Role, Verb, decide
+from .policy import ADMIN, Credential, Grants, Request, Role, Verb, decide, step_names
 from .shares import ANONYMOUS, Shares, ShareSettings, share_key, sharing, wire_s
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ __all__ = [
     "share_key",
     "sharing",
     "shown_steps",
+    "step_names",
     "wire_s",
 ]
 
