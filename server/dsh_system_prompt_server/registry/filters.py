@@ -94,8 +94,8 @@ class Filter:
 
 def public_ref(registration_id: str) -> str:
     """A registration's name in events and listings: derived from its id, never the id,
-    which with the session id is what disposes it."""
-    return _digest(b"ref:" + registration_id.encode())
+    which with the session id is what disposes it; "" for none (a step shown unnamed)."""
+    return _digest(b"ref:" + registration_id.encode()) if registration_id else ""
 
 
 def owner_label(owner: str) -> str:

@@ -480,15 +480,10 @@ def skipped_to_proto(step: Skipped) -> pb.SkippedStep:
         kind=_CHANGE_KINDS[step.kind],
         name=step.name,
         scope=step.scope or "",
-        ref=_skipped_ref(step),
+        ref=public_ref(step.registration_id),
         reason=step.reason,
         message=step.message,
     )
-
-
-def _skipped_ref(step: Skipped) -> str:
-    # a step shown without its name (filters.shown_skipped) has no id, and shows no ref
-    return public_ref(step.registration_id) if step.registration_id else ""
 
 
 def change_kind_to_proto(kind: Kind) -> pb.ChangeKind.ValueType:
@@ -498,7 +493,7 @@ def change_kind_to_proto(kind: Kind) -> pb.ChangeKind.ValueType:
 def skipped_trailer(steps: Sequence[Skipped]) -> str:
     """`kind:ref:REASON` per skipped step, comma-separated (ASCII, whatever the names):
     `listener:3f9ac1d2e4b5a697:LISTENER_TIMEOUT,section:0b1c...:PROVIDER_FAILED`."""
-    listed = [f"{s.kind.value}:{_skipped_ref(s)}:{s.reason}" for s in steps]
+    listed = [f"{s.kind.value}:{public_ref(s.registration_id)}:{s.reason}" for s in steps]
     if len(listed) > _TRAILER_STEPS:
         listed[_TRAILER_STEPS:] = [f"+{len(listed) - _TRAILER_STEPS}"]
     return ",".join(listed)
