@@ -157,3 +157,23 @@ async def test_a_predicate_judges_many_items_in_their_order(client: dsp.Client) 
     drop = "int(tool.name.substring(1)) % 3 == 0"
     await client.rule("thirds", Rule([Mutation.drop_tools(drop)]))
     assert tool_names(await client.assemble()) == [n for i, n in enumerate(names) if i % 3]
+
+
+async def test_nested_comprehensions_are_refused_without_walking_each_nesting(
+    client: dsp.Client,
+) -> None:
+    """The estimate walks a comprehension's body up to four times, so nine nested
+    `fields.all` (148 bytes) took it over 12 s, the event loop held throughout: past 20,000
+    nodes visited the expression is refused as too complex to estimate."""
+    await stocked(client)
+    nested = "true"
+    for number in range(9):
+        nested = f"fields.all(v{number}, {nested})"
+    error = await rejection(client.rule("nested", Rule(match=[nested])))
+    code, reason, message = failure(error)
+    assert (code, reason) == INVALID
+    assert message == (
+        'rule "nested": match[0]: its cost estimate would take over 20,000 steps: nest fewer'
+        " comprehensions"
+    )
+    assert tool_names(await client.assemble(fields={"a": 1})) == TOOLS  # nothing registered

@@ -35,6 +35,14 @@ IN_ENTRY = 150  # one entry of a list `in` looks through (12 ns a string, 120 an
 ITEM = 4000  # one item of a predicate: converted, bound, judged, its verdict read back
 BUDGET = 10_000  # the library's comprehension iterations of one evaluation
 _CAP = 1 << 50  # estimates saturate here: past any limit, never overflowing into nonsense
+# Nodes one estimate may visit: a comprehension's body is walked up to four times (once,
+# even shares, lopsided), so nested ones cost 4**depth walks and 9 nested `fields.all` in 148
+# bytes held the event loop over 12 s at registration.
+WALK = 20_000
+
+
+class TooComplex(Exception):
+    """An expression whose estimate would visit more than `WALK` nodes."""
 
 
 @dataclass(eq=False)
@@ -193,6 +201,7 @@ class Estimator:
         self.names = dict(names)
         self.variables: dict[str, Bound] = {}
         self._checked: _Checked = _Checked(b"")
+        self._walked = 0  # nodes visited by the estimate under way
 
     def string_field(self, name: str) -> Bound:
         sizes = self.sizes
@@ -208,6 +217,7 @@ class Estimator:
     def estimate(self, serialized: bytes, item: tuple[str, Descriptor] | None = None) -> Estimate:
         """The worst case of one evaluation (of one item's, for a predicate)."""
         self._checked = _checked(serialized)
+        self._walked = 0
         scope: dict[str, Bound] = dict(self.names)
         if item is not None:
             scope[item[0]] = self.message(item[1])
@@ -216,6 +226,9 @@ class Estimator:
     # one node -----------------------------------------------------------------------------
 
     def _expr(self, data: bytes, scope: Scope) -> Estimate:
+        self._walked += 1
+        if self._walked > WALK:
+            raise TooComplex(f"its cost estimate would take over {WALK:,} steps")
         node = _fields(data)
         ident = node.get(2, [0])[-1]
         if 3 in node:

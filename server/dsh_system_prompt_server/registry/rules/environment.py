@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .cost import CHUNK, Bound, Estimator, Sizes, fields_bound
+from .cost import CHUNK, Bound, Estimator, Sizes, TooComplex, fields_bound
 
 # The proto package whose messages the environment declares.
 _PACKAGE = "dsh.systemprompt.v1"
@@ -169,9 +169,12 @@ class Environment:
                 f"{path}: wants a {wanted.value}, the expression is a {type_.name().lower()}"
             )
         descriptor = getattr(self._pb, ITEMS[item]).DESCRIPTOR if item is not None else None
-        estimate = self.estimator.estimate(
-            checked.serialize(), (item, descriptor) if item and descriptor else None
-        )
+        try:
+            estimate = self.estimator.estimate(
+                checked.serialize(), (item, descriptor) if item and descriptor else None
+            )
+        except TooComplex as error:
+            raise CelRefusal(f"{path}: {error}: nest fewer comprehensions") from None
         runnable = checked
         if item is not None:  # one evaluation over the lists, one budget for the mutation
             declared[ITEMS_LIST] = cel.Type.List(cel.Type.List(declared.pop(item)))
