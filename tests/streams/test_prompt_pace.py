@@ -7,13 +7,16 @@ from __future__ import annotations
 import asyncio
 
 import dsh_system_prompt as dsp
+import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import Sidecar
+from dsh_system_prompt_server.rpc.streams.prompt_pace import PromptPace
 from helpers import SidecarFactory, eventually, raw_channel, raw_stub
 
 PART = 40_000
 WATCHERS = 8
 RATE = 256 * 1024
+END_WAIT_S = 10  # a waiter held to the old rate's timer fails the test here, not in 11 days
 
 
 async def test_prompt_watchers_together_are_written_at_most_prompt_bytes_per_s(
@@ -59,3 +62,22 @@ async def test_prompt_watchers_together_are_written_at_most_prompt_bytes_per_s(
     # Paced, each watcher still reached the latest revision, told of every change since.
     assert listed == [last - first] * WATCHERS
     assert sidecar.state.watches.prompt_pace.written >= sum(written)
+
+
+async def granted(pace: PromptPace) -> None:
+    async with pace.turn("waiter") as paced:
+        paced.spent(1)
+
+
+@pytest.mark.parametrize("rate", [0, 10**12])  # no bound; a rate that pays it in a microsecond
+async def test_a_reloaded_rate_holds_a_waiter_only_to_the_bytes_owed_at_it(rate: int) -> None:
+    """A prompt charged at one byte a second is owed for eleven days; a reload to no bound,
+    or to a rate that pays it at once, lets the next watcher go, not the old rate's timer."""
+    pace = PromptPace(1)
+    async with pace.turn("first") as paced:
+        paced.spent(1_000_000)
+    waiter = asyncio.create_task(granted(pace))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()  # held by the pace
+    pace.resize(rate)
+    await asyncio.wait_for(waiter, END_WAIT_S)

@@ -55,10 +55,16 @@ class PromptPace:
         self._queues: dict[str | None, deque[asyncio.Future[None]]] = {}
 
     def resize(self, bytes_per_s: int) -> None:
-        """Take a reloaded rate: it applies from the next message on."""
-        self.bytes_per_s = bytes_per_s
-        if not bytes_per_s:
-            self._free_at = 0.0
+        """Take a reloaded rate: the bytes charged and not yet paid for are paid at it from
+        now on (none to pay with no bound), so waiters are not held to the old rate's timer."""
+        before, self.bytes_per_s = self.bytes_per_s, bytes_per_s
+        if self._free_at:  # something was charged (so on the loop), maybe not yet paid for
+            now = asyncio.get_running_loop().time()
+            owed = max(self._free_at - now, 0.0) * before  # bytes, at the rate they were charged
+            self._free_at = now + owed / bytes_per_s if bytes_per_s else 0.0
+        if self._timer is not None:  # set for the old rate's time
+            self._timer.cancel()
+            self._timer = None
         self._schedule()
 
     def waiting(self) -> int:
