@@ -216,8 +216,9 @@ async def _session_memory(h: Harness) -> Figure:
         "rss_after_kib": after,
         "session": f"dsp.connect() from the bench process, its agent's scope, {STATIC_SECTIONS}"
         " static sections of ~25 bytes and a dynamic one (a provider) there, kept open",
-        "note": "the sessions share the bench process's connection(s): gRPC pools a"
-        " process's channels to one address",
+        "note": "each dsp.connect() is a connection of its own (the client sets"
+        " grpc.use_local_subchannel_pool), so each session brings what gRPC keeps per"
+        " connection as well as per stream",
     }
     judged = at_most(value, TARGETS["session_memory_kib"], "≤ {:g} KiB")
     name = "memory per connected session (10 static sections, 1 dynamic)"
