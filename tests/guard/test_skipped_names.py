@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import dsh_system_prompt as dsp
+import grpc
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import Sidecar
@@ -106,3 +107,29 @@ async def test_the_admin_is_told_of_every_step_by_name(sidecar: Sidecar) -> None
     assert any("secret failure text" in text for text in messages)
     assert any('credential "alice"' in text for text in messages)
     assert "::" not in trailer
+
+
+@pytest.mark.parametrize("who", ["carol", "dash", "admin"])
+async def test_a_step_that_fails_the_assembly_is_named_only_to_who_may_know_it(
+    sidecar: Sidecar, who: str
+) -> None:
+    """The admin's global listener held in bob's scope, under FAIL, fails carol's assembly:
+    its error names it (and says its words) only to a credential shown it by name."""
+    async with (
+        dsp.connect(sidecar.address, token=TOKENS["admin"]) as admin,
+        dsp.connect(sidecar.address, token=TOKENS[who]) as caller,
+    ):
+        await admin.scope("carol")
+        await (await admin.scope("bob")).on_assemble(fails, global_=True, name=SECRETS[0])
+        with pytest.raises(dsp.SystemPromptError) as raised:
+            await caller.assemble("carol")
+    assert (raised.value.code, raised.value.reason) == (
+        grpc.StatusCode.ABORTED,
+        "LISTENER_FAILED",
+    )
+    if who == "admin":
+        assert SECRETS[0] in str(raised.value) and SECRETS[1] in str(raised.value)
+    else:
+        assert str(raised.value).endswith(
+            "a listener (global) held outside this credential's scopes failed (LISTENER_FAILED)"
+        )

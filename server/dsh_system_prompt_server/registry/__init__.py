@@ -22,6 +22,7 @@ from .filters import (
     everywhere_step,
     owner_label,
     public_ref,
+    shown_failure,
     shown_skipped,
 )
 from .limits import LIMIT_KEYS, Limits, quota_exceeded, quota_limit, too_large, value_bytes
@@ -130,6 +131,7 @@ __all__ = [
     "quota_exceeded",
     "quota_limit",
     "read_rules",
+    "shown_failure",
     "shown_skipped",
     "too_large",
     "validate_tool_order",

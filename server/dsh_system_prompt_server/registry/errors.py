@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
+from typing import Any
 
 from dsh_system_prompt_core import Reason
 
@@ -52,6 +53,8 @@ class Failure(Exception):
         self.status = status
         self.reason = reason
         self.message = message
+        # the callback whose own failure this is (a model.Skipped), when it fails an assembly
+        self.step: Any = None
 
 
 class RegistryError(Failure):

@@ -51,17 +51,29 @@ def shown_skipped(
     return tuple(s if s.kind not in STEPS or shows(s.scope) else _anonymous_skip(s) for s in steps)
 
 
-def _anonymous_skip(step: Skipped) -> Skipped:
-    everywhere = step.everywhere or step.scope is None
-    scope = None if everywhere else step.scope
+def shown_failure(step: Skipped, shows: Callable[[str | None], bool] | None) -> str | None:
+    """The message of an assembly that `step` failed, for a caller shown only the steps of
+    the layers `shows` names: None when it may be told the step's own words."""
+    if shows is None or step.kind not in STEPS or shows(step.scope):
+        return None
+    return f"{_unnamed(step)[1]} held outside this credential's scopes failed ({step.reason})"
+
+
+def _unnamed(step: Skipped) -> tuple[str | None, str]:
+    """The layer a step not shown by name is shown in, and the words that describe it."""
+    scope = None if step.everywhere or step.scope is None else step.scope
     where = " (global)" if scope is None else f' in scope "{scope}"'
-    noun = "listener" if step.kind is Kind.LISTENER else "rule"
+    return scope, f"a {'listener' if step.kind is Kind.LISTENER else 'rule'}{where}"
+
+
+def _anonymous_skip(step: Skipped) -> Skipped:
+    scope, described = _unnamed(step)
     if step.reason == Reason.OUT_OF_REACH:
         why = "its owner may not read this assembly's scope"
     else:
         why = f"{step.reason} under failure_policy IGNORE"
-    message = f"a {noun}{where} held outside this credential's scopes was skipped: {why}"
-    return Skipped(step.kind, "", scope, "", step.reason, message, everywhere)
+    message = f"{described} held outside this credential's scopes was skipped: {why}"
+    return Skipped(step.kind, "", scope, "", step.reason, message, scope is None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,17 +46,18 @@ class Skips:
     def skip(self, entry: AnyRegistration, error: Failure) -> bool:
         """Record `entry` as skipped for `error` if its policy ignores it; False (nothing
         recorded) when the failure fails the assembly."""
-        if not self.ignores(entry, error):
-            return False
-        self.steps.append(
-            Skipped(
-                kind=entry.kind,
-                name=entry.name,
-                scope=entry.scope,
-                registration_id=entry.id,
-                reason=str(error.reason),
-                message=error.message,
-                everywhere=runs_everywhere(entry),
-            )
+        step = Skipped(
+            kind=entry.kind,
+            name=entry.name,
+            scope=entry.scope,
+            registration_id=entry.id,
+            reason=str(error.reason),
+            message=error.message,
+            everywhere=runs_everywhere(entry),
         )
+        if not self.ignores(entry, error):
+            if error.reason in CALLBACK_FAILURES:
+                error.step = step  # it fails the assembly naming `entry`: which caller may know
+            return False
+        self.steps.append(step)
         return True

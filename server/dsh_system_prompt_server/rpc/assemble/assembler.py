@@ -13,6 +13,7 @@ from dsh_system_prompt_core import TOOL_ORDER_REST, Reason, RenderFailure
 from ...guard import shown_steps
 from ...registry import (
     Assembly,
+    Failure,
     Kind,
     Limits,
     Plan,
@@ -21,6 +22,7 @@ from ...registry import (
     ServiceError,
     Skipped,
     Status,
+    shown_failure,
     shown_skipped,
 )
 from ...reports import Freeze, HistoryKey, Layout, Reporter
@@ -105,7 +107,10 @@ class Assembler:
         if cached is not None and stamp is not None:  # the same bytes: answered unparsed
             self.responses.index(encoded, key, stamp)
             return Answered(cached)  # a static (or all-cached) plan's response, encoded once
-        assembly = await self._registry.run(plan, context, deadline, track=request.report)
+        try:
+            assembly = await self._registry.run(plan, context, deadline, track=request.report)
+        except Failure as error:
+            raise _shown(error) from None
         self._count_skipped(assembly.skipped)
         # the caller's answer (and its report) names only the steps its credential is shown
         shown = shown_skipped(assembly.skipped, shown_steps())
@@ -198,6 +203,13 @@ def _read_keys(plan: Plan, scope: str | None) -> tuple[str, ...]:
     if scope and scope != plan.scope:
         return (scope, *plan.chain)
     return tuple(plan.chain)
+
+
+def _shown(error: Failure) -> Failure:
+    """`error` as the caller is told it: when a step not shown to its credential by name
+    failed the assembly, in words that name neither the step nor its owner."""
+    message = None if error.step is None else shown_failure(error.step, shown_steps())
+    return error if message is None else RegistryError(error.status, error.reason, message)
 
 
 def history_key(limits: Limits, scope: str, report_key: str) -> HistoryKey:
