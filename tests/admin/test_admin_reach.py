@@ -26,9 +26,9 @@ ALICE = ["alice", "alice/*"]
 SECRET = "bob's private notes"
 
 
-def config_text(alice: list[str] | None) -> str:
+def config_text(alice: list[str] | None, everyone: tuple[str, ...] = ("*",)) -> str:
     lines = ['auth_token_file = "admin.token"', 'admin_listen = "127.0.0.1:0"']
-    readers = [("everyone", ["*"]), ("alice", alice)]
+    readers = [("everyone", list(everyone)), ("alice", alice)]
     for name, scopes in readers:
         if scopes is None:
             continue
@@ -202,3 +202,26 @@ async def test_a_live_view_ends_once_a_reload_takes_its_reach_away(page: Page) -
             assert (await kept.content.read()).decode().rstrip().endswith("event: revoked\ndata:")
         kept.close()
         narrowed.close()
+
+
+async def test_a_live_scopes_view_ends_once_a_reload_narrows_its_reach(page: Page) -> None:
+    """The Scopes view is never refused, only filtered: narrowed from '*' to alice's scopes,
+    the reader's open live view ends (its browser opens it again, filtered anew) rather than
+    go on showing bob's scope as it was rendered for '*'."""
+    reloader = Reloader(page.sidecar, str(page.config), lambda: load_config(page.config))
+    headers = {"Authorization": f"Bearer {TOKENS['everyone']}"}
+    async with aiohttp.ClientSession() as session:
+        live = await session.get(page.url + "/events/scopes", headers=headers)
+        async with asyncio.timeout(10):
+            first = ""
+            while "\n\n" not in first:
+                first += (await live.content.readany()).decode()
+        assert "bob-notes" in first
+        page.config.write_text(config_text(ALICE, everyone=("alice",)))
+        assert reloader.reload("test") is not None
+        async with asyncio.timeout(10):
+            ended = (await live.content.read()).decode()
+        live.close()
+        _, again = await get(page, "/scopes", "everyone")
+    assert ended.rstrip().endswith("event: revoked\ndata:")
+    assert "bob-notes" not in again and "alice-notes" in again

@@ -294,15 +294,22 @@ class Pages:
         if request.method == "HEAD":
             self._live_views.admit(client)
             return web.Response(content_type="text/event-stream")
-        return await self._live_views.serve(request, live, client, lambda: self._still(request))
+        opened = request[CREDENTIAL]
+        return await self._live_views.serve(
+            request, live, client, lambda: self._still(request, opened)
+        )
 
-    def _still(self, request: web.Request) -> bool:
+    def _still(self, request: web.Request, opened: Credential) -> bool:
         """Whether the request's credential, as the credentials are now, may still see the
-        view it opened (a reload may have removed or narrowed it)."""
+        view it opened (a reload may have removed or narrowed it), as it was rendered for
+        `opened`: a Scopes view is never refused, but one narrowed credential's is filtered
+        otherwise (the browser's EventSource then opens it again, filtered anew)."""
         if self._signing is None:
             return True
         credential = self._signing.credential(request)
         if credential is None or credential.role is Role.AGENT:
+            return False
+        if Reach(credential).key != Reach(opened).key:
             return False
         view = request.match_info["view"]
         query = request.query
