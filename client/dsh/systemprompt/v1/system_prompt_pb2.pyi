@@ -2191,7 +2191,12 @@ class SkippedStep(_message.Message):
     scope: _builtins.str
     """The scope whose layer holds it; empty for the global layer."""
     ref: _builtins.str
-    """Its public reference, as in ChangeEvent.ref and RegistrationInfo.ref."""
+    """Its public reference, as in ChangeEvent.ref and RegistrationInfo.ref. A
+    listener or rule held in the global layer or in a scope the caller's
+    credential does not list is named without name, ref or a message naming
+    it, its scope empty when it runs everywhere (docs/operations.md, "Trust
+    model").
+    """
     reason: _builtins.str
     """Why, as a stable ErrorReason name: PROVIDER_FAILED, PROVIDER_TIMEOUT,
     PROVIDER_UNAVAILABLE, LISTENER_FAILED, LISTENER_TIMEOUT, LISTENER_UNAVAILABLE,

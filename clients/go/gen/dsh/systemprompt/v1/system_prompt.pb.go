@@ -4084,7 +4084,11 @@ type SkippedStep struct {
 	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	// The scope whose layer holds it; empty for the global layer.
 	Scope string `protobuf:"bytes,3,opt,name=scope,proto3" json:"scope,omitempty"`
-	// Its public reference, as in ChangeEvent.ref and RegistrationInfo.ref.
+	// Its public reference, as in ChangeEvent.ref and RegistrationInfo.ref. A
+	// listener or rule held in the global layer or in a scope the caller's
+	// credential does not list is named without name, ref or a message naming
+	// it, its scope empty when it runs everywhere (docs/operations.md, "Trust
+	// model").
 	Ref string `protobuf:"bytes,4,opt,name=ref,proto3" json:"ref,omitempty"`
 	// Why, as a stable ErrorReason name: PROVIDER_FAILED, PROVIDER_TIMEOUT,
 	// PROVIDER_UNAVAILABLE, LISTENER_FAILED, LISTENER_TIMEOUT, LISTENER_UNAVAILABLE,

@@ -1731,7 +1731,11 @@ export type SkippedStep = Message<"dsh.systemprompt.v1.SkippedStep"> & {
   scope: string;
 
   /**
-   * Its public reference, as in ChangeEvent.ref and RegistrationInfo.ref.
+   * Its public reference, as in ChangeEvent.ref and RegistrationInfo.ref. A
+   * listener or rule held in the global layer or in a scope the caller's
+   * credential does not list is named without name, ref or a message naming
+   * it, its scope empty when it runs everywhere (docs/operations.md, "Trust
+   * model").
    *
    * @generated from field: string ref = 4;
    */
