@@ -14,7 +14,7 @@ import grpc.aio
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
-from dsh_system_prompt_server.guard.shares import CALL_S, MESSAGE_S, wire_s
+from dsh_system_prompt_server.guard.charging import CALL_S, MESSAGE_S, wire_s
 from helpers import SidecarFactory
 
 from guard.test_fair_shares import HOG, TOKENS, credentials

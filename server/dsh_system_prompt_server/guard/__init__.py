@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .charging import sharing, wire_s
 from .clients import client_of, sees_values, shown_steps
 from .gate import Gate
 from .paying import Payer, payer, paying_turn
 from .policy import ADMIN, Credential, Grants, Request, Role, Verb, decide, step_names
-from .shares import ANONYMOUS, Shares, ShareSettings, share_key, sharing, wire_s
+from .shares import ANONYMOUS, Shares, ShareSettings, share_key
 
 if TYPE_CHECKING:
     from .auth import Authenticator, AuthInterceptor
