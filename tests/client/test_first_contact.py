@@ -4,6 +4,7 @@ errors that say what happened, context managers, exported types, names, a quiet 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import time
@@ -50,6 +51,40 @@ async def test_connect_without_waiting_fails_at_once_when_nothing_listens() -> N
     error = await rejection(dsp.connect(f"127.0.0.1:{free_port()}", timeout=10))
     assert time.monotonic() - started < 5
     assert error.reason == dsp.Reason.SIDECAR_UNAVAILABLE
+
+
+async def test_connect_without_waiting_outlasts_a_sidecar_slow_to_take_the_connection(
+    sidecar: Sidecar,
+) -> None:
+    """A loaded host can take longer than a moment to connect: here a relay holds each
+    connection 0.5 s before it reaches the sidecar. gRPC takes min_reconnect_backoff_ms as
+    each attempt's connect timeout, which at 100 ms failed such a connect UNAVAILABLE."""
+    host, port = sidecar.address.rsplit(":", 1)
+    relays: list[asyncio.Task[None]] = []
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        relays.append(asyncio.current_task())  # type: ignore[arg-type]
+        await asyncio.sleep(0.5)  # the slow host: what is awaited is the connect itself
+        upstream_reader, upstream_writer = await asyncio.open_connection(host, int(port))
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+
+    server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with dsp.connect(address) as client:
+            assert client.session_id
+    finally:
+        server.close()
+        for task in relays:
+            task.cancel()
+        await asyncio.gather(*relays, return_exceptions=True)
 
 
 async def test_connect_defaults_to_dsp_address(
