@@ -37,9 +37,11 @@ TOKENS = {
 END_WAIT_S = 10  # a stream left open fails the test in this time, not at the suite's timeout
 
 
-def credentials(agent: list[str] | None, reader: list[str] | None) -> str:
+def credentials(
+    agent: list[str] | None, reader: list[str] | None, reader_values: bool = True
+) -> str:
     """The config's credentials: the agent and the reader with these scopes (None: removed),
-    and a bystander agent that is never touched."""
+    the reader granted values unless told, and a bystander agent that is never touched."""
     lines = ['auth_token_file = "admin.token"']
     entries = [("agent", "agent", agent), ("reader", "reader", reader)]
     entries.append(("bystander", "agent", ["bystander"]))
@@ -49,7 +51,7 @@ def credentials(agent: list[str] | None, reader: list[str] | None) -> str:
         listed = ", ".join(f'"{scope}"' for scope in scopes)
         lines += ["[[credentials]]", f'name = "{name}"', f'role = "{role}"']
         lines += [f'token_file = "{name}.token"', f"scopes = [{listed}]"]
-        lines += ["values = true"] if role == "reader" else []
+        lines += ["values = true"] if role == "reader" and reader_values else []
     return "\n".join(lines) + "\n"
 
 
@@ -59,8 +61,10 @@ class Revocable:
     config: Path
     reloader: Reloader
 
-    def reload(self, agent: list[str] | None, reader: list[str] | None) -> None:
-        self.config.write_text(credentials(agent, reader))
+    def reload(
+        self, agent: list[str] | None, reader: list[str] | None, reader_values: bool = True
+    ) -> None:
+        self.config.write_text(credentials(agent, reader, reader_values))
         reloaded = self.reloader.reload("test")
         assert reloaded is not None and reloaded.applied == ["credentials"]
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextvars import ContextVar
@@ -146,7 +147,7 @@ class AuthInterceptor:
             credential = self.credential(context)
             if credential is not None:
                 CALLER.set(credential.name)  # the call's own context: nothing to reset
-                VALUES.set(may_see_values(credential))
+                VALUES.set(functools.partial(may_see_values, credential))
                 STEP_NAMES.set(step_names(credential))
                 _PRESENTED.set(credential)
             return await behaviour(request, context)
@@ -281,8 +282,9 @@ def _unary(call: _Call, behaviour: Behaviour, streams: bool) -> Behaviour:
         message = call.interceptor.read(call.method, request)
         stream = call.opened(context, credential) if streams else None
         await call.check(context, message, credential, stream)
-        if stream is not None:  # a watch's or listing's step names follow a reload's grants
+        if stream is not None:  # a watch's or listing's step names and sizes follow a reload
             STEP_NAMES.set(stream.names_steps)
+            VALUES.set(stream.sees_values)
         # parsed once: the servicer takes the policy's message, but Assemble its bytes
         handed = request if message is None or call.method in RAW_REQUESTS else message
         if stream is None:

@@ -34,8 +34,9 @@ CALLER: ContextVar[str | None] = ContextVar("caller", default=None)
 # Whether the call being served may see registered values: False only for a credential not
 # granted them (a reader without `values`), set by the AuthInterceptor with CALLER; without
 # credentials every caller is an admin. What such a reader is shown of a value is its keyed
-# fingerprint (registry.Fingerprints) and, but for a variable's, its size.
-VALUES: ContextVar[bool] = ContextVar("values", default=True)
+# fingerprint (registry.Fingerprints) and, but for a variable's, its size. Asked when a value
+# is shown: an open listing's answer follows its credential through a reload.
+VALUES: ContextVar[Callable[[], bool]] = ContextVar("values", default=lambda: True)
 # Which layers' waterfall steps the call being served is shown by name (None: every one's),
 # set with CALLER: a credential that may not read every scope is shown a step held in the
 # global layer or in a scope it does not list without its name (docs/operations.md, "Trust
@@ -79,6 +80,7 @@ def shown_steps() -> Callable[[str | None], bool] | None:
     return STEP_NAMES.get()
 
 
-def sees_values() -> bool:
-    """Whether the call being served may see registered values (and their exact sizes)."""
+def sees_values() -> Callable[[], bool]:
+    """Whether the call being served may see registered values (and their exact sizes), to
+    ask when it is shown one: a stream's answer is its credential's as the last reload left it."""
     return VALUES.get()

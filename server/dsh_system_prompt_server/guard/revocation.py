@@ -18,7 +18,8 @@ dead peer's would be (a session's registrations disposed, with their change even
 then it ends with that status. A session that may go on keeps only the registrations its
 credential may still make: each is decided again as its registration, and disposed when
 refused. Listeners are their own streams and are decided as such. A watch or listing that
-goes on is shown step names by its credential as it is now (`OpenStream.names_steps`).
+goes on is shown step names, and a listing variables' sizes, by its credential as it is now
+(`OpenStream.names_steps`, `OpenStream.sees_values`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dsh_system_prompt_core import Reason
 
 from ..registry import Kind, Registry, ServiceError, Status
 from ..telemetry import logger
-from .policy import Credential, Request, Verb, decide, step_names
+from .policy import Credential, Request, Verb, decide, may_see_values, step_names
 
 Identify = Callable[[Iterable[tuple[str, Any]], dict[Any, Any]], Credential | None]
 REVOKED = (
@@ -72,6 +73,11 @@ class OpenStream:
             return False
         names = step_names(self.credential)
         return names is None or names(scope)
+
+    def sees_values(self) -> bool:
+        """Whether the stream is shown registered values and their exact sizes, by its
+        credential as the last reload left it: a reader that lost `values` is shown less at once."""
+        return self.credential is not None and may_see_values(self.credential)
 
     def end(self, error: ServiceError) -> None:
         """End the stream with `error`: its task is cancelled where it waits."""
@@ -144,7 +150,8 @@ def _refusal(stream: OpenStream, credential: Credential | None) -> ServiceError 
 
 def _narrow(registry: Registry, session: str, credential: Credential) -> None:
     """Dispose of `session`'s registrations that `credential` may no longer make, each
-    decided as it was when made (its scope handles as OpenScope, its rules as RegisterRule);
+    decided as it was when made (its scope handles as OpenScope, with the parent key they
+    named; its rules as RegisterRule);
     a handle's disposal takes what was registered through it."""
     for entry in registry.registrations(session):
         if entry.disposed:
@@ -158,7 +165,7 @@ def _as_made(entry: Any) -> Request | None:
     """The request that made `entry`, as the policy saw it; None for a listener (its stream
     is decided as itself)."""
     if entry.kind is Kind.SCOPE:
-        return Request(verb=Verb.OPEN_SCOPE, scope=entry.name)
+        return Request(verb=Verb.OPEN_SCOPE, scope=entry.name, parent=entry.parent)
     if entry.kind is Kind.RULE:
         everywhere = entry.scope is None or entry.global_
         return Request(verb=Verb.RULE, scope=entry.scope, everywhere=everywhere, name=entry.name)

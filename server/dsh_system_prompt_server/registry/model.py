@@ -333,6 +333,22 @@ class ScopeHandle(Registration[None]):
     """A session's handle on a scope key; registrations made through it die with it."""
 
     children: dict[str, AnyRegistration] = field(default_factory=dict)
+    # the parent key its OpenScope named (None: none), decided with it again at a reload
+    parent: str | None = None
+
+    @classmethod
+    def opened(cls, id: str, owner: str, key: str, parent: str | None) -> ScopeHandle:
+        """A new handle `id` of `owner` on scope `key`, opened naming `parent`."""
+        return cls(
+            id=id,
+            owner=owner,
+            kind=Kind.SCOPE,
+            scope=key,
+            handle=None,
+            name=key,
+            value=None,
+            parent=parent,
+        )
 
 
 # A registration whose value is static or given by a dynamic provider.

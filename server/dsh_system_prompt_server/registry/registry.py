@@ -295,10 +295,7 @@ class Registry(Inspection, Invalidation, Reaching):
         self._admission.check_quota(self._owned(owner))
         self._scopes.check_open(key, parent)
         self._scopes.open(key, parent)
-        handle = ScopeHandle(
-            id=new_id(), owner=owner, kind=Kind.SCOPE, scope=key, handle=None, name=key, value=None
-        )
-        return self._added(handle, None)
+        return self._added(ScopeHandle.opened(new_id(), owner, key, parent), None)
 
     # -- disposal ---------------------------------------------------------------------
 

@@ -283,7 +283,7 @@ class Watches:
         """
         wanted = filter_from_proto(request.filter, self._registry.limits)
         entries = self._registry.listing(wanted)
-        # asked now, in the call's context: the batches are built later, as they are sent
+        # taken in the call's context, asked as batches are built: a reload's grants reach them
         sizes, shows = sees_values(), shown_steps()
         revision = self._registry.revision
         return self._batches(entries, revision, request.include_values, sizes, shows)
@@ -293,7 +293,7 @@ class Watches:
         entries: list[AnyRegistration],
         revision: int,
         with_values: bool,
-        sizes: bool,
+        sizes: Callable[[], bool],
         shows: Shows | None,
     ) -> Iterator[pb.ListRegistrationsResponse]:
         batch, size = self._batch(revision), 0
@@ -302,7 +302,7 @@ class Watches:
                 info = anonymous_registration(entry)  # as the caller's watch shows its events
             else:
                 owner = self._owner_name(entry.owner)
-                info = registration_to_proto(entry, owner, with_values, sizes)
+                info = registration_to_proto(entry, owner, with_values, sizes())
             size += info.ByteSize() if with_values else 0
             if len(batch.registrations) >= _BATCH_COUNT or size > _BATCH_BYTES:
                 yield batch
