@@ -11,6 +11,7 @@ import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import dsh_system_prompt as dsp
@@ -22,6 +23,25 @@ from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server import Sidecar
 
 SidecarFactory = Callable[..., Awaitable[Sidecar]]
+
+
+async def credentialed(
+    make: SidecarFactory,
+    folder: Path,
+    tokens: dict[str, str],
+    credentials: list[dict[str, Any]],
+    **config: Any,
+) -> Sidecar:
+    """A sidecar whose admin token is `tokens["admin"]` and whose `credentials` read theirs,
+    `tokens[name]`, from files written in `folder`."""
+    files = {}
+    for name, token in tokens.items():
+        files[name] = folder / f"{name}.token"
+        files[name].write_text(token + "\n")
+    listed = [{**entry, "token_file": str(files[entry["name"]])} for entry in credentials]
+    return await make(auth_token_file=str(files["admin"]), credentials=listed, **config)
+
+
 ClientFactory = Callable[..., Awaitable[dsp.Client]]
 ClientOf = Callable[..., contextlib.AbstractAsyncContextManager[dsp.Client]]
 Check = Callable[[], bool | Awaitable[bool]]

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import Sidecar
-from helpers import SidecarFactory, raw_channel, raw_stub
+from helpers import SidecarFactory, credentialed, raw_channel, raw_stub
 
 TOKENS = {
     "admin": "skipped-admin-token-0",
@@ -36,12 +36,7 @@ Step = tuple[str, str, str, str, bool]  # kind, name, scope ("": global), reason
 
 @pytest.fixture
 async def sidecar(make_sidecar: SidecarFactory, tmp_path: Path) -> Sidecar:
-    files = {}
-    for name, token in TOKENS.items():
-        files[name] = tmp_path / f"{name}.token"
-        files[name].write_text(token + "\n")
-    credentials = [{**entry, "token_file": str(files[entry["name"]])} for entry in CREDENTIALS]
-    return await make_sidecar(auth_token_file=str(files["admin"]), credentials=credentials)
+    return await credentialed(make_sidecar, tmp_path, TOKENS, CREDENTIALS)
 
 
 async def fails(assembly: Any, context: Any, next_: dsp.Next) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..registry import (
     SIDECAR_OWNER,
@@ -34,7 +34,7 @@ from ..registry import (
     shown_skipped,
     value_bytes,
 )
-from ..reports import Break, HistoryEntry, HistoryKey, KeyHistory, Size
+from ..reports import Break, HistoryEntry, HistoryKey, KeyHistory, Size, shown_reason
 from ..rpc import ServerState
 
 GLOBAL_LABEL = "(global)"
@@ -231,12 +231,15 @@ def cache_key(scope: str | None, key: str | None) -> HistoryKey:
 
 def cache_view(state: ServerState, key: HistoryKey, names: Names | None = None) -> CacheView:
     """The key's prefix-stability history: counts, recent reports, the last break; the
-    skipped steps held in a layer `names` does not name (None: every layer's) unnamed."""
+    steps held in a layer `names` does not name (None: every layer's), skipped or named in
+    a reason, unnamed."""
     reports = state.reports
     kept, evicted = reports.get(key)
     history = kept or KeyHistory(None, deque())
     recent = list(history.recent)
     last = history.last_break
+    if last is not None:  # its reason in the viewer's words
+        last = replace(last, reason=shown_reason(last.reason, last.steps, names))
     recomputed = Size(history.recomputed_bytes, history.recomputed_tokens)
     return CacheView(
         label=key.describe(),
@@ -247,7 +250,7 @@ def cache_view(state: ServerState, key: HistoryKey, names: Names | None = None) 
         breakers=history.top_breakers(),
         recomputed=size_text(recomputed),
         recent=[_report_row(entry, names) for entry in reversed(recent)],
-        bars=_bars(recent),
+        bars=_bars(recent, names),
         chart=(CHART_WIDTH, CHART_HEIGHT),
         first_at=_clock(recent[0].at) if recent else "",
         last_at=_clock(recent[-1].at) if recent else "",
@@ -273,7 +276,7 @@ def _report_row(entry: HistoryEntry, names: Names | None) -> ReportRow:
     verdict = {
         "first": "first report: nothing to compare",
         "stable": "prefix unchanged",
-        "break": f"broke at {entry.seen.first_changed}: {entry.seen.reason}",
+        "break": f"broke at {entry.seen.first_changed}: {_reason(entry, names)}",
     }[state]
     observed = ""
     if entry.observed_cached_tokens is not None:
@@ -298,6 +301,10 @@ def skipped_text(step: Skipped) -> str:
     return f"{step.kind.value}{name} ({where}): {step.reason}: {step.message}"
 
 
+def _reason(entry: HistoryEntry, names: Names | None) -> str:
+    return shown_reason(entry.seen.reason, entry.seen.steps, names)
+
+
 def _skipped(entry: HistoryEntry, names: Names | None) -> list[str]:
     shown = [skipped_text(step) for step in shown_skipped(entry.skipped, names)]
     if entry.skipped_count > len(shown):
@@ -305,7 +312,7 @@ def _skipped(entry: HistoryEntry, names: Names | None) -> list[str]:
     return shown
 
 
-def _bars(recent: list[HistoryEntry]) -> list[Bar]:
+def _bars(recent: list[HistoryEntry], names: Names | None) -> list[Bar]:
     """One bar per recent report, oldest left; its height is the share of the prefix kept."""
     if not recent:
         return []
@@ -316,7 +323,7 @@ def _bars(recent: list[HistoryEntry]) -> list[Bar]:
         share = _stable_share(entry)
         height = max(2.0, inner_h * share)
         state = _state(entry)
-        title = f"#{entry.sequence} at {_clock(entry.at)}: " + _report_row(entry, None).verdict
+        title = f"#{entry.sequence} at {_clock(entry.at)}: " + _report_row(entry, names).verdict
         if state == "break":
             title += f" ({size_text(entry.seen.recomputed)} recomputed)"
         if entry.skipped_count:

@@ -44,19 +44,33 @@ class Origin:
     depth: int = 0  # for SCOPE: 0 is the assembly's own scope, 1 its parent, ...
     listener: str = ""
     for_scope: str | None = None  # the assembly's scope, for the description
+    held: str | None = None  # a listener's or rule's layer (None: the global one)
+    everywhere: bool = False  # a listener or rule registered with `global`
+
+    @property
+    def step(self) -> bool:
+        """Whether a listener or rule made it: who is shown its name depends on `held`."""
+        return self.kind in (OriginKind.LISTENER, OriginKind.RULE)
 
     def describe(self) -> str:
         if self.kind is OriginKind.BUILTIN:
             return "built-in"
         if self.kind is OriginKind.GLOBAL:
             return "global"
-        if self.kind is OriginKind.LISTENER:
-            return f'listener "{self.listener}"'
-        if self.kind is OriginKind.RULE:
-            return f'rule "{self.listener}"'
+        if self.step:  # one shown without its name (reports/shown.py) by its layer alone
+            if not self.listener:
+                return unnamed_step(self.kind.value, self.held, self.everywhere)
+            return f'{self.kind.value} "{self.listener}"'
         if self.depth == 0:
             return f'scope "{self.scope}"'
         return f'scope "{self.scope}" (ancestor of "{self.for_scope}")'
+
+
+def unnamed_step(kind: str, held: str | None, everywhere: bool) -> str:
+    """How a listener or rule is named to a caller not shown its name: its kind and its layer,
+    the global one when it runs everywhere (`a listener (global)`, `a rule in scope "x"`)."""
+    where = " (global)" if everywhere or held is None else f' in scope "{held}"'
+    return f"a {kind}{where}"
 
 
 # Each part -> where it came from; kinds: section, context, tool, variable.
@@ -79,6 +93,7 @@ class Step:
     listener: str
     values: Values
     kind: str = "listener"  # what made it: "listener" or "rule" (its name is `listener`)
+    origin: Origin | None = None  # who made it, with its layer; None for the first step
 
     def describe(self) -> str:
         """`listener "name"` or `rule "name"`, as a reason names the step; "" for the first
@@ -93,7 +108,11 @@ class Trace:
     chain: tuple[str, ...]
     steps: list[Step] = field(default_factory=list)
 
-    def record(self, listener: str, values: Values, kind: str = "listener") -> None:
-        """Add the step `listener` (a listener, or a rule of that name) made, with the values
-        it left (origins.snapshot)."""
-        self.steps.append(Step(listener=listener, values=values, kind=kind))
+    def record(self, values: Values, origin: Origin | None = None) -> None:
+        """Add the step `origin` (a listener or rule; None for what the registrations gave)
+        made, with the values it left (origins.snapshot)."""
+        if origin is None:
+            self.steps.append(Step(listener="", values=values))
+            return
+        kind = "rule" if origin.kind is OriginKind.RULE else "listener"
+        self.steps.append(Step(origin.listener, values, kind, origin))

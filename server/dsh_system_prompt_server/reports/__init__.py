@@ -12,6 +12,7 @@ from .live_prompt import LivePrompt, StaticPrompt
 from .report import build_report
 from .reporter import Reported, Reporter
 from .settings import ReportSettings
+from .shown import Shows, shown_origin, shown_reason
 from .tokens import TOKENIZERS, Tokenizer, load_tokenizer
 from .tool_order import Freeze
 from .values import (
@@ -44,6 +45,7 @@ __all__ = [
     "ReportSettings",
     "Reported",
     "Reporter",
+    "Shows",
     "Size",
     "Stability",
     "StaticPrompt",
@@ -51,4 +53,6 @@ __all__ = [
     "ToolOrdering",
     "build_report",
     "load_tokenizer",
+    "shown_origin",
+    "shown_reason",
 ]

@@ -4,10 +4,10 @@ A key is the assembly's scope unless the caller names one (`report_key`, e.g.
 one per conversation), so two agents sharing a scope need not see each
 other's assemblies as breaks. Everything is bounded: `depth` recent reports
 per key, `max_keys` keys and `max_bytes` of memory (prefix text, diffs, records with
-their reasons, the first `MAX_SKIPPED` steps each report went on without and the counts
-of all of them by kind and reason, each counted as Python holds it); the least
-recently reported keys go first, and the sidecar remembers (up to `4 * max_keys`)
-which keys it evicted so it never calls them new.
+their reasons and the steps those name, the first `MAX_SKIPPED` steps each report went on
+without and the counts of all of them by kind and reason, each counted as Python holds
+it); the least recently reported keys go first, and the sidecar remembers (up to
+`4 * max_keys`) which keys it evicted so it never calls them new.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Literal
 
-from ..registry import Kind, Skipped
+from ..registry import Kind, Origin, Skipped
 from .values import MAX_SKIPPED, Layout, PrefixStability, Previous, Report
 
 MAX_BREAKERS = 16  # parts counted per key; the least counted goes to make room
@@ -88,6 +88,7 @@ class Break:
     first_changed: str
     reason: str
     diff: str
+    steps: tuple[Origin, ...] = ()  # the listeners and rules `reason` names (shown.py)
 
 
 @dataclass
@@ -198,6 +199,7 @@ class ReportHistory:
                 first_changed=entry.seen.first_changed,
                 reason=entry.seen.reason,
                 diff=report.stability.diff,
+                steps=entry.seen.steps,
             )
             kept.break_bytes = _held_bytes(kept.last_break)  # its texts counted here too
         self._bytes += kept.bytes - counted

@@ -25,6 +25,7 @@ from dsh_system_prompt_core import (
 
 from ..registry import (
     Assembly,
+    Kind,
     Origin,
     OriginKind,
     Origins,
@@ -90,6 +91,8 @@ def build_report(
     if seen.first_changed and assembly.skipped:  # a step left out may be why it broke
         skipped = _skipped_words(assembly.skipped)
         seen = replace(seen, reason=f"{seen.reason}; this assembly skipped {skipped}")
+    if seen.reason:  # kept with the steps it names, so each reader is shown its own words
+        seen = replace(seen, steps=_named_steps(seen.reason, assembly, current, previous))
         stability = replace(stability, seen=seen)
     report = Report(
         tokenizer=tokenizer.name if tokenizer else "",
@@ -110,6 +113,24 @@ def build_report(
 
 
 _UNKNOWN = Origin(kind=OriginKind.GLOBAL)
+
+
+def _named_steps(
+    reason: str, assembly: Assembly, current: Previous, previous: Previous | None
+) -> tuple[Origin, ...]:
+    """The listeners and rules (with their layers) that `reason` names: of the parts' origins,
+    either trace's steps and the skipped steps, each once."""
+    made: list[Origin | None] = [*(assembly.origins or {}).values()]
+    for trace in (current.trace, previous.trace if previous else None):
+        made += [step.origin for step in trace.steps] if trace else []
+    kinds = {Kind.LISTENER: OriginKind.LISTENER, Kind.RULE: OriginKind.RULE}
+    made += [
+        Origin(kinds[s.kind], listener=s.name, held=s.scope, everywhere=s.everywhere)
+        for s in assembly.skipped[:MAX_SKIPPED]
+        if s.kind in kinds
+    ]
+    steps = {o: None for o in made if o is not None and o.step and o.describe() in reason}
+    return tuple(steps)
 
 
 def _skipped_words(steps: tuple[Skipped, ...]) -> str:

@@ -97,6 +97,8 @@ class PrefixStability:
     first_changed: str
     reason: str
     recomputed: Size  # prefix bytes/tokens after the first change
+    # the listeners and rules `reason` names, with their layers: shown per caller (shown.py)
+    steps: tuple[Origin, ...] = ()
 
     @property
     def broke(self) -> bool:

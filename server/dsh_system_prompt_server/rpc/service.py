@@ -13,7 +13,7 @@ from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from google.protobuf.message import Message
 
-from ..guard import Gate
+from ..guard import Gate, shown_steps
 from ..registry import AnyRegistration, Failure
 from ..wire import (
     SKIPPED_TRAILER,
@@ -196,7 +196,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
             prompt = request.prompt_tokens if request.HasField("prompt_tokens") else None
             entry = self._state.reporter.observe(key, request.cached_tokens, prompt)
             self._state.metrics.usage_observed(key, entry)
-            return pb.ReportUsageResponse(entry=history_entry_to_proto(entry))
+            return pb.ReportUsageResponse(entry=history_entry_to_proto(entry, shown_steps()))
 
         return await self._unary(context, observe)
 
@@ -206,7 +206,8 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         def history() -> pb.GetCacheHistoryResponse:
             key = history_key(self._state.registry.limits, request.scope, request.report_key)
             kept, evicted = self._state.reports.get(key)
-            return pb.GetCacheHistoryResponse(history=history_to_proto(key, kept, evicted))
+            shows = shown_steps()  # a step held outside the caller's scopes is named by its layer
+            return pb.GetCacheHistoryResponse(history=history_to_proto(key, kept, evicted, shows))
 
         return await self._unary(context, history)
 

@@ -7,7 +7,7 @@ from typing import Any
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import Reason
 
-from ..registry import Origin, OriginKind, PartKind, ServiceError, Status
+from ..registry import Origin, OriginKind, PartKind, ServiceError, Status, shown_skipped
 from ..reports import (
     Freeze,
     HistoryEntry,
@@ -16,8 +16,11 @@ from ..reports import (
     Layout,
     PrefixStability,
     Report,
+    Shows,
     Size,
     ToolOrdering,
+    shown_origin,
+    shown_reason,
 )
 from .convert import change_kind_to_proto, skipped_to_proto
 
@@ -35,7 +38,8 @@ _PART_KINDS = {
 }
 
 
-def report_to_proto(report: Report, key: HistoryKey) -> pb.AssemblyReport:
+def report_to_proto(report: Report, key: HistoryKey, shows: Shows) -> pb.AssemblyReport:
+    """`report` as a caller shown the steps of the layers `shows` names sees it."""
     stability = report.stability
     return pb.AssemblyReport(
         tokenizer=report.tokenizer,
@@ -43,7 +47,7 @@ def report_to_proto(report: Report, key: HistoryKey) -> pb.AssemblyReport:
             pb.PartReport(
                 kind=_PART_KINDS[part.kind],
                 name=part.name,
-                source=source_to_proto(part.origin),
+                source=source_to_proto(shown_origin(part.origin, shows)),
                 bytes=part.bytes,
                 tokens=part.tokens,
                 fingerprint=part.fingerprint,
@@ -55,20 +59,20 @@ def report_to_proto(report: Report, key: HistoryKey) -> pb.AssemblyReport:
         prompt=size_to_proto(report.prompt),
         context_snapshot=size_to_proto(report.context_snapshot),
         stability=pb.PrefixStability(
-            **_prefix_fields(stability.seen),
+            **_prefix_fields(stability.seen, shows),
             messages_recomputed=stability.messages_recomputed,
             diff=stability.diff,
             previous_evicted=stability.previous_evicted,
         ),
         variables=[
-            pb.VariableReport(name=name, source=source_to_proto(origin))
+            pb.VariableReport(name=name, source=source_to_proto(shown_origin(origin, shows)))
             for name, origin in report.variables
         ],
         render_error=report.render_error,
         tool_order=_tool_order(report.tool_order),
         prefix_layout=_LAYOUTS[report.layout],
         history_key=key.describe(),
-        skipped=[skipped_to_proto(step) for step in report.skipped],
+        skipped=[skipped_to_proto(step) for step in shown_skipped(report.skipped, shows)],
     )
 
 
@@ -83,16 +87,16 @@ def layout_from_proto(value: int, default: Layout) -> Layout:
     return next((layout for layout, wire in _LAYOUTS.items() if wire == value), default)
 
 
-def _prefix_fields(seen: PrefixStability) -> dict[str, Any]:
+def _prefix_fields(seen: PrefixStability, shows: Shows) -> dict[str, Any]:
     """What a report's stability and a history entry both say of the prefix, named as both
-    messages (PrefixStability, CacheHistoryEntry) name it."""
+    messages (PrefixStability, CacheHistoryEntry) name it; the reason in `shows`' words."""
     return {
         "has_previous": seen.has_previous,
         "stable_bytes": seen.stable_bytes,
         "stable_tokens": seen.stable_tokens,
         "prefix": size_to_proto(seen.prefix),
         "first_changed": seen.first_changed,
-        "reason": seen.reason,
+        "reason": shown_reason(seen.reason, seen.steps, shows),
         "recomputed": size_to_proto(seen.recomputed),
     }
 
@@ -104,12 +108,13 @@ def history_key_from_proto(scope: str, report_key: str) -> HistoryKey:
     return HistoryKey(kind="scope", name=scope or None)
 
 
-def history_entry_to_proto(entry: HistoryEntry) -> pb.CacheHistoryEntry:
+def history_entry_to_proto(entry: HistoryEntry, shows: Shows) -> pb.CacheHistoryEntry:
+    """A kept report as a caller shown the steps of the layers `shows` names sees it."""
     return pb.CacheHistoryEntry(
         sequence=entry.sequence,
         revision=entry.revision,
         prefix_layout=_LAYOUTS[entry.layout],
-        **_prefix_fields(entry.seen),
+        **_prefix_fields(entry.seen, shows),
         observed_cached_tokens=entry.observed_cached_tokens,
         observed_prompt_tokens=entry.observed_prompt_tokens,
         skipped_counts=[
@@ -121,8 +126,10 @@ def history_entry_to_proto(entry: HistoryEntry) -> pb.CacheHistoryEntry:
     )
 
 
-def history_to_proto(key: HistoryKey, kept: KeyHistory | None, evicted: bool) -> pb.CacheHistory:
-    """A key's history; an unknown key has an empty one."""
+def history_to_proto(
+    key: HistoryKey, kept: KeyHistory | None, evicted: bool, shows: Shows
+) -> pb.CacheHistory:
+    """A key's history as `shows` names its steps; an unknown key has an empty one."""
     if kept is None:
         return pb.CacheHistory(key=key.describe(), recomputed=pb.Size(), evicted=evicted)
     return pb.CacheHistory(
@@ -131,7 +138,7 @@ def history_to_proto(key: HistoryKey, kept: KeyHistory | None, evicted: bool) ->
         breaks=kept.breaks,
         breakers=[pb.PartBreaks(part=part, count=count) for part, count in kept.top_breakers()],
         recomputed=pb.Size(bytes=kept.recomputed_bytes, tokens=kept.recomputed_tokens),
-        recent=[history_entry_to_proto(entry) for entry in kept.recent],
+        recent=[history_entry_to_proto(entry, shows) for entry in kept.recent],
     )
 
 

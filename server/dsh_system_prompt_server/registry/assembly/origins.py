@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..model import SIDECAR_OWNER, AnyRegistration, Assembly
+from ..model import SIDECAR_OWNER, AnyRegistration, Assembly, runs_everywhere
 from ..provenance import Origin, OriginKind, Origins, PartKind, Values
 
 
@@ -20,16 +20,17 @@ def entry_origin(entry: AnyRegistration, chain: list[str]) -> Origin:
     )
 
 
-def record_changes(
-    origins: Origins,
-    before: Assembly,
-    after: Assembly,
-    listener: str,
-    step: OriginKind = OriginKind.LISTENER,
-) -> None:
-    """Credit the step `listener` (a listener, or a rule by `step`) with every part of `after`
-    it added or changed since `before`."""
-    origin = Origin(kind=step, listener=listener)
+def step_origin(entry: AnyRegistration, step: OriginKind = OriginKind.LISTENER) -> Origin:
+    """The origin of what the listener (or rule, by `step`) `entry` makes, with the layer it
+    is held in: a report names it only to who is shown its name (reports/shown.py)."""
+    return Origin(
+        kind=step, listener=entry.name, held=entry.scope, everywhere=runs_everywhere(entry)
+    )
+
+
+def record_changes(origins: Origins, before: Assembly, after: Assembly, origin: Origin) -> None:
+    """Credit the step `origin` (a listener or rule) with every part of `after` it added or
+    changed since `before`."""
     for kind, old, new in (
         (PartKind.SECTION, before.sections, after.sections),
         (PartKind.CONTEXT, before.contexts, after.contexts),

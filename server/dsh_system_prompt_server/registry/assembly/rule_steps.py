@@ -11,7 +11,7 @@ from ..limits import Limits
 from ..model import AssembleContext, Assembly, RuleRegistration
 from ..provenance import OriginKind, Origins, Trace
 from ..rules import Inputs, Rule, apply_yielding
-from .origins import record_changes, snapshot
+from .origins import record_changes, snapshot, step_origin
 from .plan import Plan
 
 
@@ -60,8 +60,9 @@ async def run_rule(
         return current
     budget.ran(rule, "ok")
     if result is not current:
+        made = step_origin(rule, OriginKind.RULE)
         if origins is not None:
-            record_changes(origins, current, result, rule.name, OriginKind.RULE)
+            record_changes(origins, current, result, made)
         if trace is not None:
-            trace.record(rule.name, snapshot(result), "rule")
+            trace.record(snapshot(result), made)
     return result

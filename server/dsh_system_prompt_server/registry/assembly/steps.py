@@ -32,7 +32,7 @@ from ..model import (
 from ..provenance import Origins, PartKind, Trace
 from ..rules import Inputs
 from .invariants import validate
-from .origins import entry_origin, record_changes, snapshot
+from .origins import entry_origin, record_changes, snapshot, step_origin
 from .plan import Plan
 from .prelude import part_text, prelude, resolved
 from .rule_steps import rule_inputs, run_rule
@@ -99,7 +99,7 @@ async def _run(
     if origins is not None:
         origins.update(_registered_origins(plan, values))
         trace = Trace(chain=tuple(plan.chain))
-        trace.record("", snapshot(assembly))
+        trace.record(snapshot(assembly))
     inputs = rule_inputs(plan, context, limits)
     if plan.rules_only and inputs is not None:  # no listener: none of its machinery
         result = await _rules(plan.listeners, assembly, inputs, timeout, origins, trace)
@@ -432,14 +432,15 @@ class _Waterfall:
             index += 1  # a rule done, or a step disposed while the assembly ran: skipped
         assert isinstance(entry, ListenerRegistration)
         listener = entry
+        made = step_origin(listener)  # the listener with its layer, as reports name it
         from_next: list[Assembly] = []
         passed_on: list[errors.Failure] = []
 
         async def next_(handed: Assembly) -> Assembly:
             if origins is not None:  # what the listener changed before next()
-                record_changes(origins, current, handed, listener.name)
+                record_changes(origins, current, handed, made)
             if trace is not None:
-                trace.record(listener.name, snapshot(handed))
+                trace.record(snapshot(handed), made)
             rest = self.step(index + 1, handed)
             # Awaited in place (no task to hand over to), but every _FLAT_EVERY listeners
             # in a task of its own, whose frames do not nest: 1,000 listeners stay in bounds.
@@ -469,9 +470,10 @@ class _Waterfall:
             return from_next[0]  # the rest ran once: what it returned stands
         timeout.answered(listener)
         if origins is not None:  # what it changed after next(), or instead of it
-            record_changes(origins, from_next[0] if from_next else current, result, listener.name)
+            before = from_next[0] if from_next else current
+            record_changes(origins, before, result, made)
         if trace is not None:
-            trace.record(listener.name, snapshot(result))
+            trace.record(snapshot(result), made)
         return result
 
     async def cached_tail(self, index: int, given: Assembly, cached: _Cached) -> Assembly:

@@ -25,7 +25,7 @@ from ...registry import (
     shown_failure,
     shown_skipped,
 )
-from ...reports import Freeze, HistoryKey, Layout, Reporter
+from ...reports import Freeze, HistoryKey, Layout, Reporter, Shows
 from ...telemetry import Metrics, Throttled, logger
 from ...wire import (
     Pieces,
@@ -112,15 +112,17 @@ class Assembler:
         except Failure as error:
             raise _shown(error) from None
         self._count_skipped(assembly.skipped)
-        # the caller's answer (and its report) names only the steps its credential is shown
-        shown = shown_skipped(assembly.skipped, shown_steps())
-        if shown is not assembly.skipped:
-            assembly = dataclasses.replace(assembly, skipped=shown)
-        # before rendering: a report names a failing part, never fails
+        shows = shown_steps()
+        # before rendering: a report names a failing part, never fails; it keeps every step's
+        # name for its key's readers, and is shown to this caller in its own words
         report = None
         if request.report:
             revision = self._registry.revision
-            assembly, report = self._report(request, revision, assembly, layout, freeze)
+            assembly, report = self._report(request, revision, assembly, layout, freeze, shows)
+        # the caller's answer names only the steps its credential is shown
+        shown = shown_skipped(assembly.skipped, shows)
+        if shown is not assembly.skipped:
+            assembly = dataclasses.replace(assembly, skipped=shown)
         caches = self.parts.of(plan)
         rendered = _rendered(assembly, caches) if request.render else None
         payload = caches.payload(assembly)
@@ -171,9 +173,10 @@ class Assembler:
         assembly: Assembly,
         default: Layout,
         freeze: Freeze,
+        shows: Shows,
     ) -> tuple[Assembly, pb.AssemblyReport]:
         """The assembly as reported (its tools in the key's stable order, when configured)
-        and its report."""
+        and its report, as a caller shown the steps of the layers `shows` names sees it."""
         key = history_key(self._registry.limits, request.context.scope, request.report_key)
         layout = layout_from_proto(request.prefix_layout, default)
         settings = self._registry.settings
@@ -182,7 +185,7 @@ class Assembler:
             stable = frozenset(settings.tool_order or ()) - {TOOL_ORDER_REST}
         reported = self._reporter.report(key, assembly, layout, revision, stable, freeze)
         self._metrics.reported(reported)
-        return reported.assembly, report_to_proto(reported.report, key)
+        return reported.assembly, report_to_proto(reported.report, key, shows)
 
     def _check_sendable(self, size: int, with_report: bool) -> None:
         """Fail with a reason here rather than let gRPC refuse to send it without one."""

@@ -87,7 +87,7 @@ class ScopePrompt:
             report, _ = build_report(prompt.assembly, self._tokenizer, self._layout, None)
         assembly = prompt.assembly
         response.assembly.CopyFrom(assembly_to_proto(assembly))
-        response.report.CopyFrom(report_to_proto(report, self._key))
+        response.report.CopyFrom(report_to_proto(report, self._key, None))  # shared by its watchers
         if self._render:
             try:
                 text, snapshot = render_prompt(assembly), render_context_snapshot(assembly)

@@ -1,0 +1,41 @@
+"""A report's texts as one caller is shown them: listeners and rules held outside its
+credential's scopes named by their layer alone.
+
+A report and its key's history keep their reasons as written, naming every step, with the
+steps each names and the layers they are held in (`PrefixStability.steps`, `Break.steps`);
+whoever answers a caller (Assemble's report, GetCacheHistory, the admin page) renders them
+here for that caller's `shows` (guard.shown_steps), as an assembly's `skipped` is
+(registry.shown_skipped; docs/operations.md, "Trust model").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from ..registry import Origin
+
+Shows = Callable[[str | None], bool] | None  # the layers whose steps are named; None: all
+
+
+def hidden(origin: Origin, shows: Shows) -> bool:
+    """Whether `origin` is a listener or rule whose name the caller is not shown."""
+    return shows is not None and origin.step and not shows(origin.held)
+
+
+def shown_origin(origin: Origin, shows: Shows) -> Origin:
+    """`origin` as the caller is shown it: a step held outside its scopes without its name,
+    in the global layer when it runs everywhere."""
+    if not hidden(origin, shows):
+        return origin
+    held = None if origin.everywhere else origin.held
+    return replace(origin, listener="", held=held)
+
+
+def shown_reason(reason: str, steps: tuple[Origin, ...], shows: Shows) -> str:
+    """`reason` with each of the `steps` it names that the caller is not shown by name
+    described by its layer alone (`a listener (global)`)."""
+    for origin in sorted(steps, key=lambda step: -len(step.describe())):  # longest first
+        if hidden(origin, shows):
+            reason = reason.replace(origin.describe(), shown_origin(origin, shows).describe())
+    return reason
