@@ -115,10 +115,10 @@ async def test_cache_history_names_only_the_steps_shown(sidecar: Sidecar, who: s
     check(response.history.recent[-1].reason, who)
 
 
-@pytest.mark.parametrize("who", ["dash", *NAMED])
-async def test_the_admin_cache_view_names_only_the_steps_shown(sidecar: Sidecar, who: str) -> None:
+async def admin_page(sidecar: Sidecar, who: str, path: str) -> str:
+    """The admin page at `path` as `who` reads it, its quotes unescaped, in `steps`' state."""
     assert sidecar.admin is not None
-    url = sidecar.admin.url.rstrip("/") + "/cache?scope=carol"
+    url = sidecar.admin.url.rstrip("/") + path
     async with (
         steps(sidecar),
         aiohttp.ClientSession() as session,
@@ -126,5 +126,22 @@ async def test_the_admin_cache_view_names_only_the_steps_shown(sidecar: Sidecar,
     ):
         assert response.status == 200
         page = await response.text()
+    return page.replace("&#34;", '"').replace("&quot;", '"')
+
+
+@pytest.mark.parametrize("who", ["dash", *NAMED])
+async def test_the_admin_cache_view_names_only_the_steps_shown(sidecar: Sidecar, who: str) -> None:
+    page = await admin_page(sidecar, who, "/cache?scope=carol")
     assert 'id="last-break"' in page
-    check(page.replace("&#34;", '"').replace("&quot;", '"'), who)
+    check(page, who)
+
+
+@pytest.mark.parametrize("who", ["dash", *NAMED])
+async def test_the_admin_prompt_view_names_only_the_steps_shown(sidecar: Sidecar, who: str) -> None:
+    """Its list of the steps that run for the scope, as the Scopes view lists them."""
+    page = await admin_page(sidecar, who, "/prompt?scope=carol")
+    if who in NAMED:
+        assert STAMP in page and FAILING in page
+    else:
+        assert STAMP not in page and FAILING not in page
+        assert page.count("a listener (global)") == 2

@@ -318,7 +318,7 @@ class Pages:
     def _live(self, view: str, query: Any, reach: Reach) -> Live:
         state = self._state
         if view == "prompt":
-            return self._prompt(_scope(state, query))
+            return self._prompt(_scope(state, query), reach.names)
         if view == "cache":
             key = views.cache_key(_scope(state, query), _bounded(state, query.get("key")))
 
@@ -348,9 +348,10 @@ class Pages:
         shared = ("scopes", number, reach.key)
         return Live(lambda: state.registry.revision, scopes, shared=shared)
 
-    def _prompt(self, scope: str | None) -> Live:
-        """The Prompt view: its own watcher, and only the changes of the scope's chain."""
-        watcher = PromptWatcher(self._state, scope)
+    def _prompt(self, scope: str | None, names: views.Names | None) -> Live:
+        """The Prompt view: its own watcher, and only the changes of the scope's chain; the
+        steps held in a layer `names` does not name (None: every layer's) unnamed."""
+        watcher = PromptWatcher(self._state, scope, names)
         registry = self._state.registry
 
         async def prompt() -> tuple[str, dict[str, Any]]:

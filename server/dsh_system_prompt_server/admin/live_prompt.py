@@ -11,10 +11,17 @@ from dataclasses import dataclass, field, replace
 
 from dsh_system_prompt_core import RenderFailure, interpolate
 
-from ..registry import PartKey, PartKind, RegistryError
-from ..reports import LivePrompt, PartPrint, Previous, Size, Stability
+from ..registry import (
+    PartKey,
+    PartKind,
+    RegistryError,
+    StepRegistration,
+    runs_everywhere,
+    unnamed_step,
+)
+from ..reports import LivePrompt, PartPrint, Previous, Size, Stability, shown_origin, shown_reason
 from ..rpc import ServerState
-from .views import GLOBAL_LABEL, listener_name, origin_class, size_text
+from .views import GLOBAL_LABEL, Names, listener_name, origin_class, size_text
 
 
 @dataclass(frozen=True)
@@ -61,9 +68,10 @@ class PromptView:
 class PromptWatcher:
     """The prompt of one scope as it changes, each compared with the one before."""
 
-    def __init__(self, state: ServerState, scope: str | None) -> None:
+    def __init__(self, state: ServerState, scope: str | None, names: Names | None = None) -> None:
         self._state = state
         self._scope = scope
+        self._names = names  # the layers whose steps it names (None: every layer's)
         self._live = LivePrompt(state.registry, scope, state.tokenizer)
         self._view: PromptView | None = None
 
@@ -77,6 +85,13 @@ class PromptWatcher:
         self._view = await self._build()
         return self._view
 
+    def _step(self, entry: StepRegistration) -> str:
+        """A step of the plan as the viewer is shown it: by its layer alone when held in one
+        its credential does not name."""
+        if self._names is None or self._names(entry.scope):
+            return listener_name(entry)
+        return unnamed_step(entry.kind.value, entry.scope, runs_everywhere(entry))
+
     async def _build(self) -> PromptView:
         state, scope = self._state, self._scope
         registry = state.registry
@@ -88,18 +103,19 @@ class PromptWatcher:
             revision=registry.revision,
             layout=state.prefix_layout.value,
             tokenizer=state.tokenizer.name if state.tokenizer else "",
-            listeners=[listener_name(e) for e in registry.plan(scope).listeners],
+            listeners=[self._step(e) for e in registry.plan(scope).listeners],
         )
         try:
             prompt = await self._live.next(state.prefix_layout)
         except RegistryError as error:
             return replace(view, error=error.message)
         report = prompt.report
-        verdict = None if prompt.before is None else _verdict(report.stability)
+        names = self._names
+        verdict = None if prompt.before is None else _verdict(report.stability, names)
         before = _fingerprints(prompt.before)
         variables = prompt.assembly.variables
         parts = [
-            _prompt_part(part, prompt.laid_out, variables, prompt.placeholders)
+            _prompt_part(part, prompt.laid_out, variables, prompt.placeholders, names)
             for part, _ in report.parts
         ]
         if before is not None:
@@ -148,6 +164,7 @@ def _prompt_part(
     laid_out: Previous,
     variables: dict[str, str | None],
     placeholders: frozenset[PartKey],
+    names: Names | None,
 ) -> PromptPart:
     if part.kind is PartKind.CONTEXT:
         try:
@@ -160,7 +177,7 @@ def _prompt_part(
         kind=part.kind,
         name=part.name,
         origin=origin_class(part.origin),
-        source=part.origin.describe(),
+        source=shown_origin(part.origin, names).describe(),
         text=text,
         size=size_text(Size(part.bytes, part.tokens)),
         dynamic=part.key in placeholders,
@@ -168,11 +185,11 @@ def _prompt_part(
     )
 
 
-def _verdict(stability: Stability) -> Verdict:
+def _verdict(stability: Stability, names: Names | None) -> Verdict:
     return Verdict(
         broke=bool(stability.seen.reason),
         first_changed=stability.seen.first_changed,
-        reason=stability.seen.reason,
+        reason=shown_reason(stability.seen.reason, stability.seen.steps, names),
         stable=size_text(Size(stability.seen.stable_bytes, stability.seen.stable_tokens)),
         recomputed=size_text(stability.seen.recomputed),
         diff=stability.diff,

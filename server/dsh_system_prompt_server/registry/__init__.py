@@ -55,8 +55,9 @@ from .model import (
     ToolSet,
     ValueRegistration,
     new_id,
+    runs_everywhere,
 )
-from .provenance import Origin, OriginKind, Origins, PartKey, PartKind, Step, Trace
+from .provenance import Origin, OriginKind, Origins, PartKey, PartKind, Step, Trace, unnamed_step
 from .reach import Reach
 from .registry import Registry
 from .rules import Inputs, OperatorRule, Rule, apply, read_rules
@@ -131,9 +132,11 @@ __all__ = [
     "quota_exceeded",
     "quota_limit",
     "read_rules",
+    "runs_everywhere",
     "shown_failure",
     "shown_skipped",
     "too_large",
+    "unnamed_step",
     "validate_tool_order",
     "value_bytes",
 ]
