@@ -17,6 +17,7 @@ import aiohttp
 import dsh_system_prompt as dsp
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh_system_prompt import Mutation, Rule, RulePart
 from dsh_system_prompt_server import Sidecar
 from helpers import SidecarFactory, credentialed, raw_channel, raw_stub
 
@@ -145,3 +146,24 @@ async def test_the_admin_prompt_view_names_only_the_steps_shown(sidecar: Sidecar
     else:
         assert STAMP not in page and FAILING not in page
         assert page.count("a listener (global)") == 2
+
+
+@pytest.mark.parametrize("who", ["dash", *NAMED])
+async def test_a_prompt_watch_report_names_only_the_steps_shown(sidecar: Sidecar, who: str) -> None:
+    """A global rule of the admin's, held in bob's scope, writes carol's intro: the report
+    of `who`'s WatchPrompt of carol names it as a source only to who is shown its name."""
+    intro = Rule([Mutation.upsert_sections(RulePart("intro", 5, "'Hi.'"))])
+    async with dsp.connect(sidecar.address, token=TOKENS["admin"]) as admin:
+        await (await admin.scope("carol")).section("rules", 10, "Be precise.")
+        await (await admin.scope("bob")).rule("admins-rule", intro, global_=True)
+        async with raw_channel(sidecar.address) as channel:
+            request = pb.WatchPromptRequest(scope="carol")
+            stream = raw_stub(channel).WatchPrompt(request, metadata=bearer(who))
+            first = await stream.read()
+            stream.cancel()
+    (part,) = [part for part in first.report.parts if part.name == "intro"]
+    assert part.source.kind == pb.SOURCE_KIND_RULE
+    if who in NAMED:
+        assert (part.source.rule, part.source.description) == ("admins-rule", 'rule "admins-rule"')
+    else:
+        assert (part.source.rule, part.source.description) == ("", "a rule (global)")

@@ -12,7 +12,7 @@ from .live_prompt import LivePrompt, StaticPrompt
 from .report import build_report
 from .reporter import Reported, Reporter
 from .settings import ReportSettings
-from .shown import Shows, shown_origin, shown_reason
+from .shown import Shows, hidden, shown_origin, shown_reason
 from .tokens import TOKENIZERS, Tokenizer, load_tokenizer
 from .tool_order import Freeze
 from .values import (
@@ -52,6 +52,7 @@ __all__ = [
     "Tokenizer",
     "ToolOrdering",
     "build_report",
+    "hidden",
     "load_tokenizer",
     "shown_origin",
     "shown_reason",

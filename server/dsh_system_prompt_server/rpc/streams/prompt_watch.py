@@ -14,8 +14,17 @@ from collections.abc import Sequence
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_core import RenderFailure, render_context_snapshot, render_prompt
 
-from ...registry import ChangeEvent, Missed, Registry, RegistryError
-from ...reports import HistoryKey, Layout, LivePrompt, StaticPrompt, Tokenizer, build_report
+from ...registry import ChangeEvent, Missed, Origin, Registry, RegistryError
+from ...reports import (
+    HistoryKey,
+    Layout,
+    LivePrompt,
+    Shows,
+    StaticPrompt,
+    Tokenizer,
+    build_report,
+    hidden,
+)
 from ...wire import assembly_to_proto, change_to_proto, report_to_proto
 
 MAX_CHANGES_LISTED = 64  # per message; the rest of a burst is counted, not listed
@@ -47,21 +56,33 @@ class ScopePrompt:
         self._revision = -1  # of the prompt built last
         self._prompt: StaticPrompt | None = None  # None: the static parts do not assemble
         self._error = ""  # why they do not
-        self._encoded: dict[bool, bytes] = {}  # first message or not -> response encoding
+        # first message or not, and the steps its caller is not shown by name -> encoding
+        self._encoded: dict[tuple[bool, frozenset[Origin]], bytes] = {}
         self._sizes: dict[bool, int] = {}  # the same, the last encoding's size at any revision
         self.watchers = 0  # streams that show it; the last to leave drops it
 
-    async def encoded(self, first: bool) -> bytes:
+    async def encoded(self, first: bool, shows: Shows = None) -> bytes:
         """The response's shared part at the registry's revision: the revision, the
-        assembly, its rendering and report (with no previous when `first`), or the error."""
+        assembly, its rendering and report (with no previous when `first`), or the error;
+        its steps named as `shows` names them (shared by the callers shown the same)."""
         async with self._lock:
             if self._revision != self._registry.revision:
                 await self._build()
-            encoded = self._encoded.get(first)
+            key = (first, self._hidden(shows))
+            encoded = self._encoded.get(key)
             if encoded is None:
-                encoded = self._encoded[first] = self._encode(first)
+                encoded = self._encoded[key] = self._encode(first, shows)
                 self._sizes[first] = len(encoded)
             return encoded
+
+    def _hidden(self, shows: Shows) -> frozenset[Origin]:
+        """The rules (the live prompt runs no listener) its report names that `shows` does
+        not name: what tells one caller's encoding from another's."""
+        prompt = self._prompt
+        if prompt is None or shows is None:
+            return frozenset()
+        made = [*(prompt.assembly.origins or {}).values(), *prompt.report.stability.seen.steps]
+        return frozenset(origin for origin in made if hidden(origin, shows))
 
     async def size(self, first: bool) -> int:
         """About what `encoded(first)` takes: the last encoding's size (a revision's prompt is
@@ -76,7 +97,7 @@ class ScopePrompt:
         except RegistryError as error:
             self._prompt, self._error = None, error.message
 
-    def _encode(self, first: bool) -> bytes:
+    def _encode(self, first: bool, shows: Shows) -> bytes:
         response = pb.WatchPromptResponse(revision=self._revision, incarnation=self._incarnation)
         prompt = self._prompt
         if prompt is None:
@@ -87,7 +108,7 @@ class ScopePrompt:
             report, _ = build_report(prompt.assembly, self._tokenizer, self._layout, None)
         assembly = prompt.assembly
         response.assembly.CopyFrom(assembly_to_proto(assembly))
-        response.report.CopyFrom(report_to_proto(report, self._key, None))  # shared by its watchers
+        response.report.CopyFrom(report_to_proto(report, self._key, shows))
         if self._render:
             try:
                 text, snapshot = render_prompt(assembly), render_context_snapshot(assembly)
@@ -111,10 +132,13 @@ class PromptWatch:
         """About what the next message takes: its shared part (its changes are bounded)."""
         return await self.shown.size(self._first)
 
-    async def prompt(self, changes: Sequence[ChangeEvent | Missed] = ()) -> bytes:
+    async def prompt(
+        self, changes: Sequence[ChangeEvent | Missed] = (), shows: Shows = None
+    ) -> bytes:
         """The scope's prompt now with `changes` (what led to it since the stream's last
-        message), encoded: the shared part joined with this stream's changes."""
-        shared = await self.shown.encoded(self._first)
+        message), encoded: the shared part joined with this stream's changes; its report's
+        steps named as `shows` names them."""
+        shared = await self.shown.encoded(self._first, shows)
         self._first = False
         events = [change for change in changes if isinstance(change, ChangeEvent)]
         missed = sum(change.count for change in changes if isinstance(change, Missed))

@@ -352,7 +352,7 @@ class Watches:
         try:
             # the bytes in flight are given back once written; the pace's turn once built
             async with in_flight.reserved(await watch.size(), key), pace.turn(key) as paced:
-                prompt = await watch.prompt()
+                prompt = await watch.prompt((), shows)
                 paced.spent(len(prompt))  # the next turn waits for these bytes' time
                 yield self._charged(sharer, prompt)
                 del prompt
@@ -366,7 +366,7 @@ class Watches:
                     burst = [_shown(item, shows) for item in burst]
                     turn = await self.turns.take()
                     try:
-                        prompt = await watch.prompt(burst)  # built in the turn: at its pace
+                        prompt = await watch.prompt(burst, shows)  # built in the turn: at its pace
                         paced.spent(len(prompt))
                         turn.spent(len(prompt))
                         yield self._charged(sharer, prompt)
