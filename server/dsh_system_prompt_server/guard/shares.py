@@ -68,10 +68,12 @@ class ShareSettings:
     # Its thread's use, too: on a host with CPU to spare a flood keeps the loop's thread
     # full while its timers run on time (0.13-0.29 ms late under a flood of refused calls that
     # made a credentialed client's Assembles 13 times slower; 0.5-0.6 ms calm), as gRPC
-    # queues the calls in its core, not in the loop. Near full, not at half: a loop with time
-    # to spare holds nobody (at half, a lone busy agent beside an idle one would wait).
+    # queues the calls in its core, not in the loop. Near what it reaches when full, not at
+    # half: a loop with time to spare holds nobody (at half, a lone busy agent beside an
+    # idle one would wait). Full is 0.72-0.84 under a flood, the rest being gRPC's threads':
+    # at 0.9 shares never applied and a wrong-token flood made others 13.8 times slower.
     busy: float = setting(
-        0.9,
+        0.7,
         Number(0.0, 1.0),
         "shares apply also while the event loop's thread is busy this much of the time (its"
         " CPU time over the time passed, averaged over `window_s`); 0: never",
