@@ -151,8 +151,8 @@ async def test_a_flood_without_a_token_waits_for_its_share_and_a_credentialed_cl
     make_sidecar: SidecarFactory, tmp_path: Path
 ) -> None:
     sidecar = await sharing_sidecar(make_sidecar, tmp_path)
-    shares = sidecar.state.shares
     refused, lit = await asyncio.gather(flood(sidecar.address, 2.0), light(sidecar.address, 2.0))
+    shares = sidecar.state.shares
     assert _refused(sidecar, "UNAUTHENTICATED") == refused > 0
     assert (shares.waits_of(ANONYMOUS) > 0, shares.waits_of(LIGHT), lit > 0) == (True, 0, True)
     waits = sidecar.metrics.registry.get_sample_value("dsp_share_waits_total")
