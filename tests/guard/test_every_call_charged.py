@@ -9,7 +9,6 @@ here is the mechanism, on a real sidecar driven over real sockets.
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 from pathlib import Path
 from typing import Any
@@ -172,24 +171,3 @@ async def test_a_flood_waits_once_the_loops_thread_is_busy_however_on_time_it_ru
     assert lit > 0 and refused > 0
     assert (shares.waits_of(ANONYMOUS) > 0) is waits
     assert shares.waits_of(LIGHT) == 0
-
-
-async def test_a_refused_call_leaves_no_cycle_for_the_garbage_collector(sidecar: Sidecar) -> None:
-    # raised, gRPC's abort kept each refused call's state (its RPCState, context and a
-    # dozen frames) in a cycle with its exception until a collection
-    async with raw_channel(sidecar.address) as channel:
-        stub = raw_stub(channel)
-        request = pb.AssembleRequest(context=pb.AssembleContext(scope="light"))
-        gc.collect()
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        try:
-            for _ in range(20):
-                with pytest.raises(grpc.aio.AioRpcError) as refused:
-                    await stub.Assemble(request, metadata=WRONG)
-                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            gc.collect()
-            kept = {type(thing).__name__ for thing in gc.garbage}
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
-    assert not kept & {"RPCState", "AbortError", "_ServicerContext"}, kept

@@ -213,26 +213,18 @@ class _Call:
         self.interceptor = interceptor
         self.method = method
 
-    async def admitted(self, context: Any, streaming: bool) -> Credential | None:
+    async def admitted(self, context: Any, streaming: bool) -> Credential:
         """The call's credential (`identifying` found it); UNAUTHENTICATED without one,
-        before anything the call sent is parsed: raised on a stream, set on a unary-request
-        call's context, which then returns (None here). Raised, gRPC's abort keeps each
-        refused call's state (its RPCState, context and a dozen frames, 48 objects) in a
-        reference cycle with its exception until a garbage collection: a flood's, waiting
-        for their share, lived long enough for the full ones."""
+        before anything the call sent is parsed."""
         credential = _PRESENTED.get()
         if credential is not None:
             return credential
         self.interceptor.on_refused(Reason.UNAUTHENTICATED)
-        if not streaming:
-            context.set_code(_UNAUTHENTICATED.code)
-            context.set_details(_UNAUTHENTICATED.details)
-            context.set_trailing_metadata(_UNAUTHENTICATED.trailing_metadata)
-            return None
-        # Refusing before the client's first message lands can reach the client as
-        # INTERNAL instead of this status (grpc/grpc#36066): wait for it, briefly.
-        with contextlib.suppress(TimeoutError, grpc.RpcError):
-            await asyncio.wait_for(context.read(), _FIRST_MESSAGE_WAIT_S)
+        if streaming:
+            # Refusing before the client's first message lands can reach the client as
+            # INTERNAL instead of this status (grpc/grpc#36066): wait for it, briefly.
+            with contextlib.suppress(TimeoutError, grpc.RpcError):
+                await asyncio.wait_for(context.read(), _FIRST_MESSAGE_WAIT_S)
         await context.abort_with_status(_UNAUTHENTICATED)
         raise AssertionError("abort_with_status returned")  # pragma: no cover
 
@@ -271,7 +263,6 @@ def _streamed(call: _Call, behaviour: Behaviour) -> Behaviour:
 
     async def streamed(requests: Any, context: Any) -> Any:
         credential = await call.admitted(context, streaming=True)
-        assert credential is not None  # a stream's refusal is raised
         stream = call.opened(context, credential)
         checked = _CheckedStream(context, call, stream)
         try:
@@ -288,8 +279,6 @@ def _unary(call: _Call, behaviour: Behaviour, streams: bool) -> Behaviour:
 
     async def unary(request: Any, context: Any) -> Any:
         credential = await call.admitted(context, streaming=False)
-        if credential is None:
-            return None  # refused: its status is set on the context
         message = call.interceptor.read(call.method, request)
         stream = call.opened(context, credential) if streams else None
         await call.check(context, message, credential, stream)
