@@ -104,9 +104,10 @@ class ShareSettings:
     window_s: float = setting(
         0.5,
         Seconds(most=60.0),
-        "how fast a client's measured use forgets (its decay's time), and the lateness's average",
+        "how fast a client's measured use forgets (its decay's time), and the loop's lateness"
+        " and its thread's busy time are averaged over",
     )
-    beat_s: float = 0.025  # how often the loop's lateness is measured
+    beat_s: float = 0.025  # how often the loop's lateness and its thread's time are measured
     refresh_s: float = 0.1  # how often the fair share is recomputed from everyone's use
     idle: float = 1e-5  # a client using less than this (10 µs a second) is forgotten
 
@@ -163,7 +164,7 @@ class Shares:
         self._lag = 0.0  # how late the loop ran lately, seconds
         self._busy = 0.0  # how much of the time the loop's thread was busy lately
         self._cpu_at = 0.0  # the loop's thread's CPU time at the last beat
-        self._busy_at = -math.inf  # when it last ran late, or its calls took `busy` of it
+        self._busy_at = -math.inf  # when it last ran late, or its thread was `busy` that much
         self._beat: asyncio.TimerHandle | None = None
         self._charged = False  # a call or message was charged since the last beat
         self._quiet_at = 0.0  # when the last beat found nothing charged (the loop's time)

@@ -127,7 +127,7 @@ class Assembler:
         rendered = _rendered(assembly, caches) if request.render else None
         payload = caches.payload(assembly)
         skipped = [skipped_to_proto(step) for step in assembly.skipped]
-        self.parts.used(plan, caches)
+        self.parts.used(plan)
         response = assemble_response(
             assembly,
             self._registry.revision,

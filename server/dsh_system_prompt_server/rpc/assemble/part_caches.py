@@ -210,9 +210,10 @@ class PartBudget:
             caches = plan.part_caches = PartCaches()
         return caches
 
-    def used(self, plan: Plan, caches: PartCaches) -> None:
-        """Count `plan`'s `caches` as they are now, most recently used; empty others past
-        the budget."""
+    def used(self, plan: Plan) -> None:
+        """Count `plan`'s caches as they are now, most recently used; empty others past the
+        budget."""
+        caches = self.of(plan)
         key = id(caches)
         kept = self._kept.pop(key, None)
         if kept is not None:
