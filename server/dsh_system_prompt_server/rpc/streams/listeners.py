@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -116,16 +117,22 @@ class Listeners(Broker[pb.ListenRequest, pb.ListenResponse, "ListenerStream"]):
         )
         listener.registration = (owner, entry.id)
         listener.place = place
-        listener.on_invalidate = lambda request: self._invalidate(listener, request)
+        # what it uses, not the listener: a closure over it left an ended stream to the collector
+        listener.on_invalidate = functools.partial(self._invalidate, listener.registration, outbox)
         registered = pb.ListenerRegistered(
             registration_id=entry.id, revision=self._registry.revision, features=features
         )
         return listener, pb.ListenResponse(registered=registered)
 
-    def _invalidate(self, listener: ListenerStream, request: pb.CacheInvalidate) -> None:
-        self._registry.invalidate_listener(*listener.registration)
+    def _invalidate(
+        self,
+        registration: tuple[str, str],
+        outbox: Outbox[pb.ListenResponse],
+        request: pb.CacheInvalidate,
+    ) -> None:
+        self._registry.invalidate_listener(*registration)
         done = pb.CacheInvalidated(invalidate_id=request.invalidate_id)
-        listener.outbox.send(pb.ListenResponse(invalidated=done))
+        outbox.send(pb.ListenResponse(invalidated=done))
 
     def close(self, listener: ListenerStream) -> None:
         listener.end()

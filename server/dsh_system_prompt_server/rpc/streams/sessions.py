@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -270,7 +271,8 @@ class Sessions(Broker[pb.OpenSessionRequest, pb.OpenSessionResponse, Session]):
             requests=self._requests,
         )
         session.each_answer = FEATURE_EACH_ANSWER in start.start.features
-        session.on_invalidate = lambda request: self._invalidate(session, request)
+        # what it uses, not the session: a closure over it left an ended stream to the collector
+        session.on_invalidate = functools.partial(self._invalidate, session.id, outbox)
         # its bytes and listeners count against its client; a session whose client the
         # sidecar cannot tell apart (a unix socket without credentials) is its own client
         owner = client or Client(f"session:{session.id}", f"the session {session.id}")
@@ -285,12 +287,17 @@ class Sessions(Broker[pb.OpenSessionRequest, pb.OpenSessionResponse, Session]):
         )
         return session, pb.OpenSessionResponse(opened=opened)
 
-    def _invalidate(self, session: Session, request: pb.CacheInvalidate) -> None:
+    def _invalidate(
+        self,
+        session_id: str,
+        outbox: Outbox[pb.OpenSessionResponse],
+        request: pb.CacheInvalidate,
+    ) -> None:
         limits = self._registry.limits  # a count over it ends the stream with its status
         limits.check_count("cache invalidation provider_keys", len(request.provider_keys))
-        self._registry.invalidate_providers(session.id, set(request.provider_keys))
+        self._registry.invalidate_providers(session_id, set(request.provider_keys))
         done = pb.CacheInvalidated(invalidate_id=request.invalidate_id)
-        session.outbox.send(pb.OpenSessionResponse(invalidated=done))
+        outbox.send(pb.OpenSessionResponse(invalidated=done))
 
     def client_name(self, session_id: str) -> str:
         """The client name an open session started with; "" for any other id."""

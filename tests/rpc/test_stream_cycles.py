@@ -1,0 +1,75 @@
+"""What a stream leaves when it ends is freed at once: nothing of it waits in a reference
+cycle for the garbage collector, whose full collections (tens of thousands of objects in
+the hostile soak) pause every call on the loop."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Awaitable, Callable
+
+import dsh_system_prompt as dsp
+from dsh_system_prompt_server import Sidecar
+
+SERVER = "dsh_system_prompt_server."
+# an ended listener stream's own objects, and the last assembly it was handed
+STREAM_KINDS = {"ListenerStream", "Outbox", "Replies", "Reference", "Assembly", "Part"}
+
+
+async def left_for_collector(work: Callable[[], Awaitable[object]]) -> set[str]:
+    """The sidecar's kinds of object that `work` left in reference cycles (the client runs
+    in this process too: its own are left out)."""
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        await work()
+        gc.collect()
+        kinds = {type(thing).__name__ for thing in gc.garbage if _sidecars(thing)}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    return kinds
+
+
+def _sidecars(thing: object) -> bool:
+    module = type(thing).__module__
+    return module.startswith(SERVER) or module.endswith("system_prompt_pb2")
+
+
+async def passing(
+    assembly: dsp.PromptAssembly, context: dsp.AssembleContext, next_: dsp.Next
+) -> dsp.PromptAssembly:
+    return await next_(assembly)
+
+
+async def with_sections(client: dsp.Client) -> dsp.Client:
+    """`client`, its sidecar's assemblies holding 20 sections of its."""
+    for index in range(20):
+        await client.section(f"part-{index}", index, f"Part {index}.")
+    return client
+
+
+async def test_an_ended_listener_stream_leaves_nothing_for_the_collector(
+    client: dsp.Client,
+) -> None:
+    await with_sections(client)
+
+    async def listen_then_dispose() -> None:
+        for _ in range(3):
+            off = await client.on_assemble(passing)
+            for _ in range(3):
+                await client.assemble()
+            await off()
+            await client.assemble()  # a plan without it: nothing else holds its stream
+
+    assert not await left_for_collector(listen_then_dispose) & STREAM_KINDS
+
+
+async def test_an_ended_session_stream_leaves_nothing_for_the_collector(
+    sidecar: Sidecar, client: dsp.Client
+) -> None:
+    async def connect_then_close() -> None:
+        for _ in range(3):
+            async with dsp.connect(sidecar.address) as other:
+                await other.assemble()
+
+    assert "Session" not in await left_for_collector(connect_then_close)
