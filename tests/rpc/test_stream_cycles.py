@@ -1,6 +1,6 @@
-"""What a stream leaves when it ends is freed at once: nothing of it waits in a reference
-cycle for the garbage collector, whose full collections (tens of thousands of objects in
-the hostile soak) pause every call on the loop."""
+"""What a stream leaves when it ends, and what a failed assembly leaves, is freed at once:
+nothing of it waits in a reference cycle for the garbage collector, whose full collections
+(tens of thousands of objects in the hostile soak) pause every call on the loop."""
 
 from __future__ import annotations
 
@@ -8,11 +8,15 @@ import gc
 from collections.abc import Awaitable, Callable
 
 import dsh_system_prompt as dsp
+import pytest
 from dsh_system_prompt_server import Sidecar
+from helpers import ClientFactory
 
 SERVER = "dsh_system_prompt_server."
 # an ended listener stream's own objects, and the last assembly it was handed
 STREAM_KINDS = {"ListenerStream", "Outbox", "Replies", "Reference", "Assembly", "Part"}
+# an assembly's waterfall through a listener
+WATERFALL_KINDS = {"_Waterfall", "ListenerInvocation", "Budget", "Skips", "_Cached", "Origin"}
 
 
 async def left_for_collector(work: Callable[[], Awaitable[object]]) -> set[str]:
@@ -39,6 +43,12 @@ async def passing(
     assembly: dsp.PromptAssembly, context: dsp.AssembleContext, next_: dsp.Next
 ) -> dsp.PromptAssembly:
     return await next_(assembly)
+
+
+async def failing(
+    assembly: dsp.PromptAssembly, context: dsp.AssembleContext, next_: dsp.Next
+) -> dsp.PromptAssembly:
+    raise RuntimeError("no")
 
 
 async def with_sections(client: dsp.Client) -> dsp.Client:
@@ -73,3 +83,17 @@ async def test_an_ended_session_stream_leaves_nothing_for_the_collector(
                 await other.assemble()
 
     assert "Session" not in await left_for_collector(connect_then_close)
+
+
+async def test_an_assembly_a_listener_failed_leaves_none_of_its_waterfall_for_the_collector(
+    connect: ClientFactory,
+) -> None:
+    client = await with_sections(await connect())
+    await client.on_assemble(failing)
+
+    async def fail() -> None:
+        for _ in range(3):
+            with pytest.raises(dsp.SystemPromptError):
+                await client.assemble()
+
+    assert not await left_for_collector(fail) & WATERFALL_KINDS

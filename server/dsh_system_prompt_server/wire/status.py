@@ -59,6 +59,8 @@ class _WithReason(grpc.Status):  # type: ignore[misc]
 
 async def abort(context: grpc.aio.ServicerContext[object, object], error: Failure) -> NoReturn:
     """End the call with `error`'s status."""
+    # the frames `error` passed (a waterfall's) would wait for the collector on the abort's cycle
+    error.__traceback__ = None
     await context.abort_with_status(to_grpc_status(error))
     raise AssertionError("abort_with_status returned")  # pragma: no cover
 
