@@ -52,11 +52,12 @@ def status_code(span: ReadableSpan) -> object:
     return (span.attributes or {}).get("rpc.grpc.status_code")
 
 
-async def test_every_call_is_traced_then_identified_then_shared_then_authorized_then_parsed(
+async def test_every_call_is_traced_then_ended_identified_shared_authorized_then_parsed(
     guarded: Sidecar,
 ) -> None:
     assert [interception.name for interception in guarded.interceptions] == [
         "tracing",
+        "status",
         "identity",
         "shares",
         "auth",
@@ -64,10 +65,11 @@ async def test_every_call_is_traced_then_identified_then_shared_then_authorized_
     ]
 
 
-async def test_without_tracing_or_credentials_only_shares_and_parsing_are_there(
+async def test_without_tracing_or_credentials_only_status_shares_and_parsing_are_there(
     sidecar: Sidecar,
 ) -> None:
-    assert [interception.name for interception in sidecar.interceptions] == ["shares", "parsing"]
+    names = [interception.name for interception in sidecar.interceptions]
+    assert names == ["status", "shares", "parsing"]
 
 
 async def test_a_call_refused_its_credential_is_traced_with_its_status(

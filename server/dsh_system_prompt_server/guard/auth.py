@@ -43,7 +43,6 @@ from ..wire import (
     Method,
     abort,
     request_of,
-    to_grpc_status,
 )
 from .access import describe, session_of
 from .clients import CALLER, STEP_NAMES, VALUES
@@ -57,9 +56,12 @@ _MESSAGE = "missing or invalid bearer token (send 'authorization: Bearer <token>
 # Where grpc puts a verified client certificate's names (grpc's auth context keys).
 _CERTIFICATE_NAMES = ("x509_common_name", "x509_subject_alternative_name")
 # Every refusal for want of a credential is the same status: built once, not per refused call.
-_UNAUTHENTICATED = to_grpc_status(
-    ServiceError(Status.UNAUTHENTICATED, Reason.UNAUTHENTICATED, _MESSAGE)
-)
+
+
+def _unauthenticated() -> ServiceError:
+    return ServiceError(Status.UNAUTHENTICATED, Reason.UNAUTHENTICATED, _MESSAGE)
+
+
 # The credential the call being served presented (None: none, or a wrong one), found by
 # `identifying`; each gRPC call runs in a context of its own, so one never sees another's.
 _PRESENTED: ContextVar[Credential | None] = ContextVar("presented", default=None)
@@ -225,8 +227,7 @@ class _Call:
             # INTERNAL instead of this status (grpc/grpc#36066): wait for it, briefly.
             with contextlib.suppress(TimeoutError, grpc.RpcError):
                 await asyncio.wait_for(context.read(), _FIRST_MESSAGE_WAIT_S)
-        await context.abort_with_status(_UNAUTHENTICATED)
-        raise AssertionError("abort_with_status returned")  # pragma: no cover
+        raise _unauthenticated()  # its status: handlers.ending
 
     async def check(
         self, context: Any, message: Any, credential: Credential, stream: OpenStream | None = None
@@ -234,7 +235,7 @@ class _Call:
         denial = self.interceptor.denial(self.method, message, credential, stream)
         if denial is not None:
             self.interceptor.on_refused(denial.reason)
-            await abort(context, denial)
+            raise denial  # its status: handlers.ending
 
     def opened(self, context: Any, credential: Credential) -> OpenStream:
         """A stream admitted with `credential`, to decide again while it is open."""

@@ -182,7 +182,7 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
                     state.metrics.assemble_seconds.observe(time.perf_counter() - started)
         except Failure as error:
             state.metrics.assembly_failed(error.reason)
-            await abort(context, error)
+            raise  # its status: handlers.ending
         if answered.skipped:
             trailer = skipped_trailer(answered.skipped)
             context.set_trailing_metadata(((SKIPPED_TRAILER, trailer),))
@@ -268,11 +268,9 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
             await abort(context, error)
 
     async def _unary(self, context: Context, action: Callable[[], Reply]) -> Reply:
-        try:
-            with self._state.gate.call():
-                return action()
-        except Failure as error:
-            await abort(context, error)
+        """`action`'s reply, within the gate; a Failure is the call's status (handlers.ending)."""
+        with self._state.gate.call():
+            return action()
 
 
 def _deadline(context: Context) -> float | None:

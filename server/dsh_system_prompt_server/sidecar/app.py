@@ -29,6 +29,7 @@ from ..wire import (
     bind_failure,
     check_listen,
     claim_unix_socket,
+    ending,
     host_and_port,
     parsing,
 )
@@ -155,12 +156,15 @@ def interceptions(
     tracing: Tracing | None, auth: AuthInterceptor | None, shares: Shares
 ) -> list[Interception]:
     """What every call passes through, the first outermost: its span (so a refused call is
-    traced too), the credential it presents, its client's share of the loop (a call without
-    a valid credential, health's and reflection's charged too: to the anonymous share), its
+    traced too), the status a Failure ending it makes (set, not raised, on a unary call's
+    context: handlers.ending), the credential it presents, its client's share of the loop
+    (a call without a valid credential, health's and reflection's charged too: to the
+    anonymous share), its
     refusal without a valid credential and the policy on its request (the parse's time
     counted), then its request parsed. Tracing off, or no credentials, those are not there
     at all: nothing per call."""
     listed = [] if tracing is None else [Interception("tracing", tracing.around)]
+    listed.append(Interception("status", ending))
     if auth is not None:
         listed.append(Interception("identity", auth.identifying))
     listed.append(Interception("shares", sharing(shares, anonymous=auth is not None)))

@@ -64,6 +64,7 @@ from .handlers import (
     add_service,
     assemble_request,
     check_assemble_size,
+    ending,
     parsing,
     request_of,
 )
@@ -110,6 +111,7 @@ __all__ = [
     "context_from_proto",
     "context_to_proto",
     "delimited",
+    "ending",
     "failure_policy_from_proto",
     "filter_from_proto",
     "freeze_from_proto",

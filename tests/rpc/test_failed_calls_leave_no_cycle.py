@@ -1,0 +1,98 @@
+"""A unary call that fails ends with its status set on its context (wire/handlers.py
+`ending`), not gRPC's raised abort, which kept each failed call's state (its RPCState,
+context and a dozen frames) in a reference cycle with the exception until a full garbage
+collection: a flood's refused calls made those 50-95 ms long. Each test fails with the
+raised abort; the clients still get the status, with its reason."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+from dsh.systemprompt.v1 import system_prompt_pb2 as pb
+from dsh_system_prompt_server import Sidecar
+from guard.test_fair_shares import credentials
+from helpers import SidecarFactory, raw_channel, raw_stub
+
+CALL_STATE = {"RPCState", "AbortError", "_ServicerContext"}
+REASON_TRAILER = "dsh-error-reason"
+WRONG = (("authorization", "Bearer not-a-token-of-this-sidecar"),)
+
+
+async def _left_for_the_collector(
+    sidecar: Sidecar,
+    call: Callable[[grpc.aio.Channel], Awaitable[object]],
+    code: grpc.StatusCode,
+    reason: str,
+) -> set[str]:
+    """The types of call state that 20 failed calls left in cycles, each failing as told."""
+    async with raw_channel(sidecar.address) as channel:
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for _ in range(20):
+                with pytest.raises(grpc.aio.AioRpcError) as failed:
+                    await call(channel)
+                assert failed.value.code() == code
+                assert dict(failed.value.trailing_metadata() or ())[REASON_TRAILER] == reason
+            gc.collect()
+            return {type(thing).__name__ for thing in gc.garbage} & CALL_STATE
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+
+
+async def test_a_call_refused_its_credential_leaves_no_cycle(
+    make_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    sidecar = await make_sidecar(**credentials(tmp_path))
+    request = pb.AssembleRequest(context=pb.AssembleContext(scope="light"))
+    left = await _left_for_the_collector(
+        sidecar,
+        lambda channel: raw_stub(channel).Assemble(request, metadata=WRONG),
+        grpc.StatusCode.UNAUTHENTICATED,
+        "UNAUTHENTICATED",
+    )
+    assert not left
+
+
+async def test_a_failed_assembly_leaves_no_cycle(sidecar: Sidecar) -> None:
+    request = pb.AssembleRequest(context=pb.AssembleContext(fields_json="[not json"))
+    left = await _left_for_the_collector(
+        sidecar,
+        lambda channel: raw_stub(channel).Assemble(request),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_JSON",
+    )
+    assert not left
+
+
+async def test_a_refused_registration_leaves_no_cycle(sidecar: Sidecar) -> None:
+    request = pb.RegisterSectionRequest(session_id="no-such-session", name="s", text="t")
+    left = await _left_for_the_collector(
+        sidecar,
+        lambda channel: raw_stub(channel).RegisterSection(request),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "UNKNOWN_SESSION",
+    )
+    assert not left
+
+
+async def test_a_request_that_does_not_parse_leaves_no_cycle(sidecar: Sidecar) -> None:
+    def dispose_of_bytes(channel: grpc.aio.Channel) -> Awaitable[object]:
+        method = channel.unary_unary(
+            "/dsh.systemprompt.v1.SystemPromptService/Dispose",
+            request_serializer=bytes,
+            response_deserializer=bytes,
+        )
+        sent: Awaitable[object] = method(b"\xff\xff\xff")  # no DisposeRequest
+        return sent
+
+    left = await _left_for_the_collector(
+        sidecar, dispose_of_bytes, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_VALUE"
+    )
+    assert not left
