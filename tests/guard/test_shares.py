@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import math
 import time
@@ -410,6 +411,31 @@ async def test_a_held_call_cancelled_while_it_waits_for_its_next_step_is_cancell
     with contextlib.suppress(asyncio.CancelledError):
         await task
     assert task.cancelled() and cleaned.is_set() and shares.waiting("hog") == 0
+
+
+class _Held:
+    """What a call's frame holds (a stream's state, the last assembly)."""
+
+
+async def test_a_metered_call_that_ends_on_its_cancel_leaves_no_cycle_for_the_collector() -> None:
+    async def work(held: _Held) -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # as a stream ends on its cancel
+            await asyncio.sleep(10)
+
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        task = asyncio.create_task(Shares().metered("a", work(_Held())))
+        await asyncio.sleep(0)
+        task.cancel()  # as a client's cancel of its stream
+        await task
+        del task
+        gc.collect()
+        left = [thing for thing in gc.garbage if isinstance(thing, _Held)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert not left
 
 
 def _busy(seconds: float) -> None:

@@ -443,6 +443,8 @@ def _stepped(
             return value
         finally:
             charge(time.perf_counter() - started)
+            # a cancellation thrown in holds this frame in its traceback: not the other way too
+            thrown = None
         try:
             sent, thrown = (yield awaited), None
         except BaseException as error:  # a cancellation thrown into the task: work's to handle
