@@ -60,26 +60,33 @@ async def test_a_call_refused_its_credential_leaves_no_cycle(
     assert not left
 
 
-async def test_a_failed_assembly_leaves_no_cycle(sidecar: Sidecar) -> None:
-    request = pb.AssembleRequest(context=pb.AssembleContext(fields_json="[not json"))
-    left = await _left_for_the_collector(
-        sidecar,
-        lambda channel: raw_stub(channel).Assemble(request),
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "INVALID_JSON",
-    )
-    assert not left
+def _failed_assembly(channel: grpc.aio.Channel) -> Awaitable[object]:
+    bad_fields = pb.AssembleContext(fields_json="[not json")
+    sent: Awaitable[object] = raw_stub(channel).Assemble(pb.AssembleRequest(context=bad_fields))
+    return sent
 
 
-async def test_a_refused_registration_leaves_no_cycle(sidecar: Sidecar) -> None:
+def _refused_registration(channel: grpc.aio.Channel) -> Awaitable[object]:
     request = pb.RegisterSectionRequest(session_id="no-such-session", name="s", text="t")
-    left = await _left_for_the_collector(
-        sidecar,
-        lambda channel: raw_stub(channel).RegisterSection(request),
-        grpc.StatusCode.FAILED_PRECONDITION,
-        "UNKNOWN_SESSION",
-    )
-    assert not left
+    sent: Awaitable[object] = raw_stub(channel).RegisterSection(request)
+    return sent
+
+
+@pytest.mark.parametrize(
+    ("call", "code", "reason"),
+    [
+        (_failed_assembly, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_JSON"),
+        (_refused_registration, grpc.StatusCode.FAILED_PRECONDITION, "UNKNOWN_SESSION"),
+    ],
+    ids=["a failed assembly", "a refused registration"],
+)
+async def test_a_failed_call_leaves_no_cycle(
+    sidecar: Sidecar,
+    call: Callable[[grpc.aio.Channel], Awaitable[object]],
+    code: grpc.StatusCode,
+    reason: str,
+) -> None:
+    assert not await _left_for_the_collector(sidecar, call, code, reason)
 
 
 async def test_a_request_that_does_not_parse_leaves_no_cycle(sidecar: Sidecar) -> None:
