@@ -365,54 +365,6 @@ async def test_a_metered_call_cancelled_while_it_waits_is_cancelled_inside() -> 
     assert task.cancelled() and cleaned.is_set()
 
 
-async def _three_steps() -> str:
-    for _ in range(2):
-        await asyncio.sleep(0)
-    return "done"
-
-
-async def test_a_held_call_over_its_share_waits_before_each_next_step() -> None:
-    shares = Shares(ShareSettings(max_wait_s=0.1, floor=0.0, refresh_s=0.0))
-    shares.late(1.0, 1.0)
-    shares.charge("hog", 100.0)  # over throughout: each wait lasts max_wait_s
-    shares.charge("light", 0.001)
-    started = time.monotonic()
-    assert await shares.metered("hog", _three_steps(), held=True) == "done"
-    assert time.monotonic() - started >= 0.2  # before its second and third steps
-
-
-async def test_a_call_not_held_or_within_its_share_takes_its_steps_at_once() -> None:
-    shares = Shares(ShareSettings(max_wait_s=10.0, floor=0.0, refresh_s=0.0))
-    shares.late(1.0, 1.0)
-    shares.charge("hog", 100.0)
-    shares.charge("light", 0.001)
-    await asyncio.wait_for(shares.metered("hog", _three_steps()), 1.0)  # a session's stream
-    await asyncio.wait_for(shares.metered("light", _three_steps(), held=True), 1.0)
-    assert shares.waits_of("hog") == shares.waits_of("light") == 0
-
-
-async def test_a_held_call_cancelled_while_it_waits_for_its_next_step_is_cancelled_inside() -> None:
-    shares = Shares(ShareSettings(max_wait_s=10.0, floor=0.0, refresh_s=0.0))
-    shares.late(1.0, 1.0)
-    cleaned = asyncio.Event()
-
-    async def work() -> None:
-        try:
-            shares.charge("hog", 100.0)  # over from its first step on
-            await asyncio.sleep(0)
-        finally:
-            cleaned.set()
-
-    shares.charge("light", 0.001)
-    task = asyncio.create_task(shares.metered("hog", work(), held=True))
-    await asyncio.sleep(0.05)
-    assert shares.waiting("hog") == 1 and not cleaned.is_set()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    assert task.cancelled() and cleaned.is_set() and shares.waiting("hog") == 0
-
-
 class _Held:
     """What a call's frame holds (a stream's state, the last assembly)."""
 

@@ -141,7 +141,7 @@ class AuthInterceptor:
         return self.streams.revise(self._authenticator.identify, self._registry, self.opened)
 
     def identifying(self, method: Method, behaviour: Behaviour) -> Behaviour:
-        """The `identity` interception, outermost but for tracing: every call's credential
+        """The `identity` interception, inside tracing and the status: every call's credential
         found (health's and reflection's too) and made its CALLER, before its client's share
         is asked for; a call without one goes on to be refused by `around`."""
 

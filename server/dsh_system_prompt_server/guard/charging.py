@@ -37,8 +37,7 @@ def wire_s(size: int) -> float:
 
 def sharing(shares: Shares, anonymous: bool = False) -> Callable[[Method, Behaviour], Behaviour]:
     """The `shares` interception: every method's calls (SystemPromptService's, health's,
-    reflection's) made to wait for their client's share (before each step, but for a session's
-    or listener's stream, whose steps serve others' assemblies), and metered against it: their
+    reflection's) made to wait for their client's share, and metered against it: their
     steps; gRPC's work for the call (`CALL_S`) and for each message the client sends on its
     stream, or is sent on a stream it asked for alone (a watch, a listing, reflection's
     answers; `MESSAGE_S`); and the bytes of a unary call's request and encoded response.
@@ -65,7 +64,7 @@ def sharing(shares: Shares, anonymous: bool = False) -> Callable[[Method, Behavi
             PAYER.set(Payer(shares, key))  # what it queues on others' streams: paying.py
             if streams:  # a unary call reads and writes no message through its context
                 context = _MeteredStream(context, lambda: shares.charge(key, MESSAGE_S), writes)
-            response = await shares.metered(key, behaviour(request, context), held=writes)
+            response = await shares.metered(key, behaviour(request, context))
             if isinstance(response, bytes):
                 shares.charge(key, wire_s(len(response)))
                 if len(response) > LARGE_RESPONSE_BYTES:  # sent in its client's turn

@@ -15,10 +15,7 @@ than `fair_share.busy` of the time (gRPC queues a flood's calls in its core, so 
 keeps full on a host with CPU to spare runs its timers on time); when it has not,
 the time the clients' calls take is split equally among the clients that use it,
 and one more than 1.25 times over its split waits, its waiting calls let go one at a
-time, first come first; a call it has in flight that works for it alone (not a session's
-or listener's stream, which work for others' assemblies) waits in the same line before
-each of its next steps, as fair queuing serves a flow's work in turn, not only its start.
-What a call costs is its steps' time plus what gRPC does
+time, first come first. What a call costs is its steps' time plus what gRPC does
 around them, which no step sees (charging.py meters them). A client is one told
 apart by its credential or its address (`share_key`): over loopback or a unix socket
 without credentials nobody waits for anyone. Once credentials are configured, every call
@@ -33,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import math
 import time
 import types
@@ -284,18 +280,9 @@ class Shares:
             else loop.call_later(delay, self._let_go, key)
         )
 
-    async def metered(self, key: str, work: Coroutine[Any, Any, T], held: bool = False) -> T:
-        """`work` run to its end, the time of each of its steps counted against `key`;
-        `held` (a call that works for its client alone), each step after the first waits
-        for `key`'s turn while `key` is over its share, as a new call would."""
-        between = functools.partial(self._held, key) if held else None
-        return await _stepped(work, functools.partial(self.charge, key), between)
-
-    def _held(self, key: str) -> Coroutine[Any, Any, None] | None:
-        """`key`'s turn when it is to wait for it now, else None (no coroutine made)."""
-        if key not in self._lines and not self.wait_s(key):
-            return None
-        return self.turn(key)
+    async def metered(self, key: str, work: Coroutine[Any, Any, T]) -> T:
+        """`work` run to its end, the time of each of its steps counted against `key`."""
+        return await _stepped(work, lambda seconds: self.charge(key, seconds))
 
     def lag_s(self) -> float:
         """How late the loop ran lately: a timer's lateness, averaged."""
@@ -425,13 +412,10 @@ def share_key(client: Client | None, anonymous: bool = False) -> str | None:
 # By hand: only its driver sees each step, and the time a call awaits is no one's use of the loop
 @types.coroutine
 def _stepped(
-    work: Coroutine[Any, Any, T],
-    charge: Callable[[float], None],
-    between: Callable[[], Coroutine[Any, Any, None] | None] | None = None,
+    work: Coroutine[Any, Any, T], charge: Callable[[float], None]
 ) -> Generator[Any, Any, T]:
     """Drive `work` as its task would, timing each step (from one await to the next): the
-    time a step holds the loop is what a call costs everyone else. Before each step after
-    the first, what `between` returns (a wait, or None) is awaited."""
+    time a step holds the loop is what a call costs everyone else."""
     sent: Any = None
     thrown: BaseException | None = None
     while True:
@@ -449,9 +433,3 @@ def _stepped(
             sent, thrown = (yield awaited), None
         except BaseException as error:  # a cancellation thrown into the task: work's to handle
             sent, thrown = None, error
-        wait = None if between is None or thrown is not None else between()
-        if wait is not None:
-            try:
-                yield from wait.__await__()
-            except BaseException as error:  # cancelled while it waited: work's to handle
-                thrown = error
