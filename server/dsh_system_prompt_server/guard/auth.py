@@ -41,7 +41,6 @@ from ..wire import (
     Context,
     ContextAround,
     Method,
-    abort,
     request_of,
 )
 from .access import describe, session_of
@@ -55,10 +54,11 @@ _FIRST_MESSAGE_WAIT_S = 1.0
 _MESSAGE = "missing or invalid bearer token (send 'authorization: Bearer <token>')"
 # Where grpc puts a verified client certificate's names (grpc's auth context keys).
 _CERTIFICATE_NAMES = ("x509_common_name", "x509_subject_alternative_name")
-# Every refusal for want of a credential is the same status: built once, not per refused call.
 
 
 def _unauthenticated() -> ServiceError:
+    """A refusal for want of a credential: every one the same, so its status is built once
+    (wire/status.py)."""
     return ServiceError(Status.UNAUTHENTICATED, Reason.UNAUTHENTICATED, _MESSAGE)
 
 
@@ -252,7 +252,7 @@ class _Call:
             if error is not stream.ending:
                 raise
             self.interceptor.on_refused(error.reason)  # counted as a refusal, by its reason
-            await abort(context, error)
+            raise  # its status: handlers.ending
 
 
 def _denied(message: str) -> ServiceError:

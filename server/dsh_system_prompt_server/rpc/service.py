@@ -17,7 +17,6 @@ from ..guard import Gate, shown_steps
 from ..registry import AnyRegistration, Failure
 from ..wire import (
     SKIPPED_TRAILER,
-    abort,
     history_entry_to_proto,
     history_to_proto,
     skipped_trailer,
@@ -261,11 +260,8 @@ class SystemPromptService(pb_grpc.SystemPromptServiceServicer):
         self, context: Context, serve: Callable[[Context, Gate], Awaitable[None]]
     ) -> None:
         """Serve a stream with its broker; a refusal to open, or a stall that ends it, is its
-        status."""
-        try:
-            await serve(context, self._state.gate)
-        except Failure as error:
-            await abort(context, error)
+        status (handlers.ending)."""
+        await serve(context, self._state.gate)
 
     async def _unary(self, context: Context, action: Callable[[], Reply]) -> Reply:
         """`action`'s reply, within the gate; a Failure is the call's status (handlers.ending)."""

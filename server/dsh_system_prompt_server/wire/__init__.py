@@ -76,7 +76,7 @@ from .report_messages import (
     layout_from_proto,
     report_to_proto,
 )
-from .status import abort, bad_request, shutting_down, to_grpc_status, unknown_session
+from .status import bad_request, shutting_down, unknown_session
 
 __all__ = [
     "RAW_REQUESTS",
@@ -91,7 +91,6 @@ __all__ = [
     "Method",
     "Pieces",
     "ProvideRequests",
-    "abort",
     "add_service",
     "anonymous_registration",
     "assemble_request",
@@ -134,7 +133,6 @@ __all__ = [
     "skipped_trailer",
     "text_from_proto",
     "timeout_from_proto",
-    "to_grpc_status",
     "tool_field",
     "tool_from_proto",
     "tools_from_proto",
