@@ -266,6 +266,20 @@ async def traced_growth(work: Callable[[], Awaitable[object]]) -> int:
         tracemalloc.stop()
 
 
+async def garbage_left(work: Callable[[], Awaitable[object]]) -> list[object]:
+    """What `work` left in reference cycles, for the garbage collector alone to free (in
+    this process: the in-process sidecar's too), as gc.DEBUG_SAVEALL keeps it."""
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        await work()
+        gc.collect()
+        return list(gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
 @dataclass
 class RawListener:
     """A listener written straight on the stubs, as another language would."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import gc
 import json
 import math
 import time
@@ -15,6 +14,7 @@ import time
 import pytest
 from dsh_system_prompt_server.guard.clients import CALLER, client_of
 from dsh_system_prompt_server.guard.shares import ANONYMOUS, Shares, ShareSettings, share_key
+from helpers import garbage_left
 
 
 class Clock:
@@ -374,20 +374,13 @@ async def test_a_metered_call_that_ends_on_its_cancel_leaves_no_cycle_for_the_co
         with contextlib.suppress(asyncio.CancelledError):  # as a stream ends on its cancel
             await asyncio.sleep(10)
 
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
+    async def cancelled() -> None:
         task = asyncio.create_task(Shares().metered("a", work(_Held())))
         await asyncio.sleep(0)
         task.cancel()  # as a client's cancel of its stream
         await task
-        del task
-        gc.collect()
-        left = [thing for thing in gc.garbage if isinstance(thing, _Held)]
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-    assert not left
+
+    assert not [thing for thing in await garbage_left(cancelled) if isinstance(thing, _Held)]
 
 
 def _busy(seconds: float) -> None:

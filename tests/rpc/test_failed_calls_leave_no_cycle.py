@@ -6,7 +6,6 @@ raised abort; the clients still get the status, with its reason."""
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh_system_prompt_server import Sidecar
 from guard.test_fair_shares import credentials
-from helpers import SidecarFactory, raw_channel, raw_stub
+from helpers import SidecarFactory, garbage_left, raw_channel, raw_stub
 
 CALL_STATE = {"RPCState", "AbortError", "_ServicerContext"}
 REASON_TRAILER = "dsh-error-reason"
@@ -31,19 +30,15 @@ async def _left_for_the_collector(
 ) -> set[str]:
     """The types of call state that 20 failed calls left in cycles, each failing as told."""
     async with raw_channel(sidecar.address) as channel:
-        gc.collect()
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        try:
+
+        async def fail() -> None:
             for _ in range(20):
                 with pytest.raises(grpc.aio.AioRpcError) as failed:
                     await call(channel)
                 assert failed.value.code() == code
                 assert dict(failed.value.trailing_metadata() or ())[REASON_TRAILER] == reason
-            gc.collect()
-            return {type(thing).__name__ for thing in gc.garbage} & CALL_STATE
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
+
+        return {type(thing).__name__ for thing in await garbage_left(fail)} & CALL_STATE
 
 
 async def test_a_call_refused_its_credential_leaves_no_cycle(

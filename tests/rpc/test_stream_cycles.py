@@ -4,13 +4,12 @@ nothing of it waits in a reference cycle for the garbage collector, whose full c
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Awaitable, Callable
 
 import dsh_system_prompt as dsp
 import pytest
 from dsh_system_prompt_server import Sidecar
-from helpers import ClientFactory
+from helpers import ClientFactory, garbage_left
 
 SERVER = "dsh_system_prompt_server."
 # an ended listener stream's own objects, and the last assembly it was handed
@@ -22,16 +21,7 @@ WATERFALL_KINDS = {"_Waterfall", "ListenerInvocation", "Budget", "Skips", "_Cach
 async def left_for_collector(work: Callable[[], Awaitable[object]]) -> set[str]:
     """The sidecar's kinds of object that `work` left in reference cycles (the client runs
     in this process too: its own are left out)."""
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        await work()
-        gc.collect()
-        kinds = {type(thing).__name__ for thing in gc.garbage if _sidecars(thing)}
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-    return kinds
+    return {type(thing).__name__ for thing in await garbage_left(work) if _sidecars(thing)}
 
 
 def _sidecars(thing: object) -> bool:
