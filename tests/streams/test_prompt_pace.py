@@ -5,12 +5,14 @@ last (WatchPrompt coalesces)."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import dsh_system_prompt as dsp
 import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
-from dsh_system_prompt_server import Sidecar
+from dsh_system_prompt_server import Sidecar, load_config
 from dsh_system_prompt_server.rpc.streams.prompt_pace import PromptPace
+from dsh_system_prompt_server.sidecar.reload import Reloader
 from helpers import SidecarFactory, eventually, raw_channel, raw_stub
 
 PART = 40_000
@@ -81,3 +83,43 @@ async def test_a_reloaded_rate_holds_a_waiter_only_to_the_bytes_owed_at_it(rate:
     assert not waiter.done()  # held by the pace
     pace.resize(rate)
     await asyncio.wait_for(waiter, END_WAIT_S)
+
+
+async def test_a_reload_that_sets_a_rate_grants_no_turn_beside_one_granted_without(
+    make_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    """A turn granted while no rate is set is still out when a reload sets one: the next
+    watcher's turn waits for it to be spent, as it would behind a turn granted at the rate."""
+    config = tmp_path / "sidecar.toml"
+    config.write_text("prompt_bytes_per_s = 0\nprompt_coalesce_s = 0\n")
+    sidecar = await make_sidecar(prompt_bytes_per_s=0, prompt_coalesce_s=0)
+    reloader = Reloader(sidecar, str(config), lambda: load_config(config))
+    watches = sidecar.state.watches
+    async with dsp.connect(sidecar.address) as client, raw_channel(sidecar.address) as channel:
+        memory = await client.section("memory", 1, "before")
+        stub = raw_stub(channel)
+        plain = aiter(stub.WatchPrompt(pb.WatchPromptRequest()))
+        await anext(plain)
+        await memory.update("then")
+        await anext(plain)  # its next prompt's size is known now: it waits for no build
+        await eventually(lambda: watches.prompts_in_flight.bytes == 0, "the prompt written")
+        (shown,) = watches.shared_prompts()
+        async with shown._lock:  # a build in progress: the watcher's next turn waits on it
+            await memory.update("after")
+            await eventually(
+                lambda: watches.prompts_in_flight.bytes > 0, "its turn taken, its build waiting"
+            )
+            config.write_text(f"prompt_bytes_per_s = {RATE}\nprompt_coalesce_s = 0\n")
+            reloaded = reloader.reload("SIGHUP")
+            assert reloaded is not None and reloaded.applied == ["prompt_bytes_per_s"]
+            rendered = asyncio.ensure_future(
+                anext(aiter(stub.WatchPrompt(pb.WatchPromptRequest(render=True))))
+            )
+            await eventually(
+                lambda: rendered.done() or watches.prompt_pace.waiting() == 1,
+                "the other watcher sent or waiting",
+            )
+            assert not rendered.done()  # a turn is out: the new rate allows no second
+        assert (await asyncio.wait_for(rendered, END_WAIT_S)).rendered.prompt  # once spent
+        latest = await asyncio.wait_for(anext(plain), END_WAIT_S)
+        assert latest.revision == sidecar.registry.revision

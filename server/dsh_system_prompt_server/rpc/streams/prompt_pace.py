@@ -18,6 +18,10 @@ each client with waiters in rotation; a client the sidecar cannot tell apart is
 one client), so one client's thousand watchers delay another's by one message
 each round, not by a thousand. The shared prompt is rebuilt within a turn, so it
 is rebuilt no more often than the pace sends it.
+
+With a rate set, one turn is out at a time. A turn granted with none set counts too,
+until it is spent: a reload that sets a rate while such turns are out grants the next
+turn only once they are all spent, never one beside them.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ class PromptPace:
         self.bytes_per_s = bytes_per_s
         self.written = 0  # bytes charged, ever
         self._free_at = 0.0  # loop time from which the bytes charged so far are paid for
-        self._busy = False  # a turn is out, not yet spent
+        self._out = 0  # turns granted, not yet spent (those granted with no bound too)
         self._timer: asyncio.TimerHandle | None = None  # the next grant, once the rate allows
         # each client's waiters, in arrival order; clients in turn (the dict's order)
         self._queues: dict[str | None, deque[asyncio.Future[None]]] = {}
@@ -74,9 +78,18 @@ class PromptPace:
     @contextlib.asynccontextmanager
     async def turn(self, client: str | None) -> AsyncIterator[Paced]:
         """Wait for `client`'s turn to write one prompt; the block builds it and spends it."""
-        if not self.bytes_per_s:
-            yield Paced(self)
-            return
+        if self.bytes_per_s:
+            await self._granted(client)
+        else:
+            self._out += 1  # out at once, but out: a rate a reload sets waits for it
+        paced = Paced(self)
+        try:
+            yield paced
+        finally:
+            paced.spent(0)  # unspent (its block failed): the next one's turn now
+
+    async def _granted(self, client: str | None) -> None:
+        """Wait in `client`'s queue until the grant counts this turn out."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queues.setdefault(client, deque()).append(future)
         self._schedule()
@@ -84,27 +97,22 @@ class PromptPace:
             await future
         except BaseException:
             if future.done() and not future.cancelled():  # granted as it was cancelled
-                self._busy = False
+                self._out -= 1
                 self._schedule()
             future.cancel()  # left in its queue: the grant passes over it
             raise
-        paced = Paced(self)
-        try:
-            yield paced
-        finally:
-            paced.spent(0)  # unspent (its block failed): the next one's turn now
 
     def _spent(self, size: int) -> None:
         loop = asyncio.get_running_loop()
         self.written += size
         if self.bytes_per_s:
             self._free_at = max(self._free_at, loop.time()) + size / self.bytes_per_s
-        self._busy = False
+        self._out -= 1
         self._schedule()
 
     def _schedule(self) -> None:
         """Grant the next turn now if the rate allows, or set the timer for when it will."""
-        if self._busy or self._timer is not None or not self._queues:
+        if (self.bytes_per_s and self._out) or self._timer is not None or not self._queues:
             return
         loop = asyncio.get_running_loop()
         if self.bytes_per_s and self._free_at > loop.time():
@@ -129,6 +137,6 @@ class PromptPace:
             if queue:
                 self._queues[client] = queue  # back of the rotation
             future.set_result(None)
-            self._busy = bool(self.bytes_per_s)
-            if self._busy:
+            self._out += 1
+            if self.bytes_per_s:  # one at a time; with no bound, every waiter at once
                 return
