@@ -122,3 +122,6 @@ async def test_an_open_listing_withholds_sizes_once_its_reader_loses_values(
     assert sum(map(len, sizes)) == VARIABLES
     assert sizes[0] and set(sizes[0]) == {len("pin-4821")}  # before the reload
     assert sizes[-1] and set(sizes[-1]) == {0}  # built after it
+    # each batch built wholly before the reload or wholly after it: none begins with an
+    # entry built while the batch before it was still being written
+    assert [index for index, batch in enumerate(sizes) if len(set(batch)) > 1] == []

@@ -296,16 +296,20 @@ class Watches:
         sizes: Callable[[], bool],
         shows: Shows | None,
     ) -> Iterator[pb.ListRegistrationsResponse]:
+        def info_of(entry: AnyRegistration) -> pb.RegistrationInfo:
+            if shows is not None and entry.kind in STEPS and not shows(entry.scope):
+                return anonymous_registration(entry)  # as the caller's watch shows its events
+            owner = self._owner_name(entry.owner)
+            return registration_to_proto(entry, owner, with_values, sizes())
+
         batch, size = self._batch(revision), 0
         for entry in entries:
-            if shows is not None and entry.kind in STEPS and not shows(entry.scope):
-                info = anonymous_registration(entry)  # as the caller's watch shows its events
-            else:
-                owner = self._owner_name(entry.owner)
-                info = registration_to_proto(entry, owner, with_values, sizes())
+            info = info_of(entry)
             size += info.ByteSize() if with_values else 0
             if len(batch.registrations) >= _BATCH_COUNT or size > _BATCH_BYTES:
                 yield batch
+                # shown again once that batch was taken: a reload meanwhile reaches it too
+                info = info_of(entry)
                 batch, size = self._batch(revision), info.ByteSize() if with_values else 0
             batch.registrations.append(info)
         yield batch
