@@ -20,7 +20,7 @@ from typing import Any
 import dsh_system_prompt as dsp
 from dsh_system_prompt_server import load_config
 from dsh_system_prompt_server.sidecar.reload import Reloader
-from helpers import SidecarFactory, metric, next_events
+from helpers import SidecarFactory, eventually, metric, next_events
 
 TOKENS = {
     "hog": "hog-token-0123456789",
@@ -194,3 +194,38 @@ async def test_over_loopback_without_credentials_nobody_is_held(
 
     await asyncio.gather(*(loop(1.0) for _ in range(4)))  # connections, not clients
     assert _metric(sidecar, "dsp_share_waits_total") == 0
+
+
+async def test_a_clients_new_call_waits_for_what_its_running_calls_will_cost(
+    make_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    sidecar = await sharing_sidecar(make_sidecar, tmp_path)
+    shares = sidecar.state.shares
+    answer = asyncio.Event()
+
+    async def held(ctx: dsp.AssembleContext) -> str:
+        await answer.wait()
+        return "late"
+
+    async with (
+        dsp.connect(sidecar.address, token=TOKENS["hog"]) as hog_client,
+        dsp.connect(sidecar.address, token=TOKENS["light"]) as light_client,
+    ):
+        await light_client.assemble(scope="light", timeout=30)
+        scope = await hog_client.scope("hog")
+        await scope.section("held", 1, held)
+        running = [
+            asyncio.create_task(hog_client.assemble(scope="hog", timeout=30)) for _ in range(3)
+        ]
+        await eventually(lambda: shares.running_calls(HOG) == 3, "three running calls")
+        shares.late(1.0, 1.0)  # as if the loop had run a second late
+        shares.charge(LIGHT, 1.0)
+        shares.charge(HOG, 1.5)  # within 1.25 times its split by its use alone (of 2.5)
+        await asyncio.sleep(shares.settings.refresh_s)  # the split is of both
+        assert shares.wait_s(HOG) == 0
+        new = asyncio.create_task(hog_client.assemble(scope="light", timeout=30))
+        # but its three running calls are expected to cost what its calls cost lately
+        await eventually(lambda: shares.waiting(HOG) == 1, "the new call waiting")
+        answer.set()
+        await asyncio.wait_for(asyncio.gather(*running, new), 10)
+        assert shares.running_calls(HOG) == 0

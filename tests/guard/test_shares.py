@@ -241,11 +241,17 @@ async def test_a_clients_waiting_calls_go_one_at_a_time_each_within_its_share() 
     assert times[-1] - times[0] > 0.2, times  # each after the one before has decayed
 
 
-async def test_a_call_that_comes_while_others_wait_goes_after_them() -> None:
+def _hog_over_until_the_split_grows() -> Shares:
+    """Shares on the real clock holding "hog" over its split for seconds."""
     shares = Shares(ShareSettings(window_s=1.0, floor=0.0, refresh_s=0.0, max_wait_s=10.0))
     shares.late(1.0, 1.0)
     shares.charge("hog", 2.0)
     shares.charge("light", 0.001)
+    return shares
+
+
+async def test_a_call_that_comes_while_others_wait_goes_after_them() -> None:
+    shares = _hog_over_until_the_split_grows()
     order: list[str] = []
 
     async def call(name: str) -> None:
@@ -387,3 +393,59 @@ def _busy(seconds: float) -> None:
     until = time.perf_counter() + seconds
     while time.perf_counter() < until:
         json.dumps(list(range(100)))
+
+
+def test_a_starting_call_counts_each_running_call_at_what_its_clients_calls_cost_lately() -> None:
+    clock = Clock()
+    shares = late_shares(clock)
+    for _ in range(4):  # four calls ended, 0.1 s of the loop each
+        with shares.running_call("hog"):
+            shares.charge("hog", 0.1)
+    shares.charge("light", 0.6)
+    assert shares.wait_s("hog") == 0 and shares.wait_s("hog", starting=True) == 0
+    with shares.running_call("hog"), shares.running_call("hog"), shares.running_call("hog"):
+        assert shares.running_calls("hog") == 3
+        assert shares.wait_s("hog") == 0  # a write of a running call: its use alone
+        # 0.4 and 3 x 0.1 is more than 1.25 times its split of 1.0, 0.5
+        assert shares.wait_s("hog", starting=True) == pytest.approx(math.log(0.7 / 0.5))
+    assert shares.running_calls("hog") == 0
+
+
+def test_a_client_that_ended_no_call_has_its_running_calls_counted_at_its_use() -> None:
+    shares = late_shares(Clock())
+    with shares.running_call("hog"):
+        shares.charge("hog", 0.3)
+        shares.charge("light", 0.6)
+        # no call ended: one a window at least, so the running one costs 0.3 too
+        assert shares.wait_s("hog", starting=True) == pytest.approx(math.log(0.6 / 0.45))
+
+
+async def test_a_running_calls_writes_go_before_its_clients_new_calls() -> None:
+    shares = _hog_over_until_the_split_grows()
+    order: list[str] = []
+
+    async def call(name: str, starting: bool) -> None:
+        await shares.turn("hog", starting=starting)
+        order.append(name)
+
+    new = asyncio.create_task(call("new call", True))
+    await asyncio.sleep(0.01)
+    write = asyncio.create_task(call("write", False))
+    await asyncio.sleep(0.01)
+    assert shares.waiting("hog") == 2
+    shares.charge("light", 10.0)  # the split grows: the hog is within its share again
+    await asyncio.wait_for(asyncio.gather(new, write), 1.0)
+    assert order == ["write", "new call"]
+
+
+async def test_a_new_call_overdue_goes_while_running_calls_writes_still_wait() -> None:
+    shares = Shares(ShareSettings(max_wait_s=0.1, floor=0.0, refresh_s=0.0))
+    shares.late(1.0, 1.0)
+    shares.charge("hog", 100.0)  # over throughout: its calls go only as overdue
+    shares.charge("light", 0.001)
+    new = asyncio.create_task(shares.turn("hog", starting=True))
+    await asyncio.sleep(0.05)
+    write = asyncio.create_task(shares.turn("hog"))
+    await asyncio.wait_for(new, 1.0)
+    assert not write.done()  # its own max_wait_s is not up
+    await asyncio.wait_for(write, 1.0)

@@ -57,18 +57,21 @@ def sharing(shares: Shares, anonymous: bool = False) -> Callable[[Method, Behavi
             if key is None:
                 return await behaviour(request, context)
             try:
-                await shares.turn(key)
+                await shares.turn(key, starting=True)
             finally:  # counted before its steps, for the next one waiting; a deadline
                 # that ended the wait did not spare gRPC its work
                 shares.charge(key, CALL_S + wire_s(_size(request)))
             PAYER.set(Payer(shares, key))  # what it queues on others' streams: paying.py
             if streams:  # a unary call reads and writes no message through its context
                 context = _MeteredStream(context, lambda: shares.charge(key, MESSAGE_S), writes)
-            response = await shares.metered(key, behaviour(request, context))
-            if isinstance(response, bytes):
-                shares.charge(key, wire_s(len(response)))
-                if len(response) > LARGE_RESPONSE_BYTES:  # sent in its client's turn
-                    await shares.turn(key)
+                return await shares.metered(key, behaviour(request, context))
+            # a stream's work is judged message by message; a unary call's, before it starts
+            with shares.running_call(key):
+                response = await shares.metered(key, behaviour(request, context))
+                if isinstance(response, bytes):
+                    shares.charge(key, wire_s(len(response)))
+                    if len(response) > LARGE_RESPONSE_BYTES:  # sent in its client's turn
+                        await shares.turn(key)
             return response
 
         return in_turn

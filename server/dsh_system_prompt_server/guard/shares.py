@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import math
 import time
 import types
@@ -40,6 +41,8 @@ from typing import Any, TypeVar
 from ..config import Number, Seconds, setting
 from ..registry import Client
 from .clients import CREDENTIALED, IDENTIFIED
+from .running import Running
+from .use import Use
 
 T = TypeVar("T")
 # Once credentials are configured, the key of the calls that present no valid credential
@@ -112,33 +115,29 @@ class ShareSettings:
     idle: float = 1e-5  # a client using less than this (10 µs a second) is forgotten
 
 
-class Use:
-    """The share of the loop's time one client took lately: seconds per second, each
-    second's use weighing less as it ages (an exponential decay over `window_s`)."""
-
-    __slots__ = ("at", "rate")
-
-    def __init__(self) -> None:
-        self.rate = 0.0
-        self.at = 0.0
-
-    def now(self, now: float, window_s: float) -> float:
-        """The rate at `now`, decayed since it was last added to."""
-        return self.rate * math.exp((self.at - now) / window_s) if now > self.at else self.rate
-
-    def add(self, now: float, window_s: float, seconds: float) -> None:
-        self.rate = self.now(now, window_s) + seconds / window_s
-        self.at = now
+_Waiters = collections.deque[tuple[float, asyncio.Future[None]]]
 
 
 @dataclass
 class _Line:
-    """One client's calls and writes waiting for its turn, first come first."""
+    """One client's calls and writes waiting for its turn, first come first: those of its
+    calls already running (their next message, a write) before new calls."""
 
-    waiters: collections.deque[tuple[float, asyncio.Future[None]]] = field(
-        default_factory=collections.deque
-    )
+    going: _Waiters = field(default_factory=collections.deque)  # of calls already running
+    new: _Waiters = field(default_factory=collections.deque)  # calls to start
     handle: asyncio.Handle | None = None  # when the first one is looked at next
+
+    def first(self) -> tuple[_Waiters, bool] | None:
+        """The waiters looked at next, and whether they are new calls; None: nobody waits."""
+        for waiters in (self.going, self.new):
+            while waiters and waiters[0][1].done():  # cancelled while it waited
+                waiters.popleft()
+        if self.going:
+            return self.going, False
+        return (self.new, True) if self.new else None
+
+    def all(self) -> list[asyncio.Future[None]]:
+        return [waiter for _, waiter in (*self.going, *self.new)]
 
 
 class Shares:
@@ -156,6 +155,7 @@ class Shares:
         self._clock = clock
         self._cpu = cpu
         self._uses: dict[str, Use] = {}
+        self._running = Running()  # each client's calls started and not ended
         self._waited: dict[str, int] = {}  # how often each client waited, while it is seen
         self._lines: dict[str, _Line] = {}  # the calls of each client waiting for its turn
         self._total = Use()
@@ -202,15 +202,19 @@ class Shares:
         """The share of the loop above which a client waits now (inf when nobody does)."""
         return self._fair
 
-    def wait_s(self, key: str) -> float:
+    def wait_s(self, key: str, starting: bool = False) -> float:
         """How long `key` must wait for its use to fall back to its fair share (0: none):
-        once more than `over` times past it, until it is back to it."""
+        once more than `over` times past it, until it is back to it. A call `starting`
+        counts what the client's running calls are expected to cost too (running.py)."""
         now = self._clock()
         if now - self._refreshed >= self.settings.refresh_s:
             self._refresh(now)  # not judged against a split from before the loop caught up
         if self._fair == math.inf:
             return 0.0
         rate = self.use(key)
+        if starting:
+            window = self.settings.window_s
+            rate += self._running.expected_s(key, rate, now, window) / window
         split = self._fair * self._weight(key)
         if rate <= split * self.settings.over:
             return 0.0
@@ -221,51 +225,71 @@ class Shares:
         credential."""
         return self.settings.anonymous if key.startswith(ANONYMOUS) else 1.0
 
-    async def turn(self, key: str | None) -> None:
+    async def turn(self, key: str | None, starting: bool = False) -> None:
         """Return once `key` may go on: at once unless the loop is busy and `key` is over
-        its fair share or has calls waiting already. A client's waiting calls and writes go
-        one at a time, in the order they came, each once the client is back to its share
-        (the one let go before has taken its first step by then, and counts), or once it
-        has waited `max_wait_s` (a client whose streams work for others may stay over its
-        share; its own calls, a Dispose among them, still go on). A call's deadline still
-        ends a wait; None, a client not told apart, never waits."""
+        its fair share or has calls waiting already. A call `starting` is judged with what
+        the client's running calls are expected to cost (`running`). A client's waiting
+        calls and writes go one at a time, in the order they came (those of its calls
+        already running first, as a request started is never queued behind new ones), each
+        once the client is back to its share (the one let go before has taken its first
+        step by then, and counts), or once it has waited `max_wait_s` (a client whose
+        streams work for others may stay over its share; its own calls, a Dispose among
+        them, still go on). A call's deadline still ends a wait; None, a client not told
+        apart, never waits."""
         if key is None:
             return
         line = self._lines.get(key)
         if line is None:
-            if not self.wait_s(key):
+            if not self.wait_s(key, starting):
                 return
             line = self._lines[key] = _Line()
         self._waited[key] = self._waited.get(key, 0) + 1
         self.on_wait()
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        line.waiters.append((self._clock(), waiter))
-        if line.handle is None or not self.wait_s(key):  # back within its share: go now
+        (line.new if starting else line.going).append((self._clock(), waiter))
+        if line.handle is None or not self.wait_s(key, starting):  # within its share: go now
             self._look_again(key, line, 0.0)
         await waiter  # one cancelled after it was let go costs the next one a moment only
+
+    @contextlib.contextmanager
+    def running_call(self, key: str) -> Generator[None]:
+        """Count a call of `key` as running while inside: its next calls starting are judged
+        with what it is expected to cost (`turn`)."""
+        self._running.begin(key)
+        try:
+            yield
+        finally:
+            self._running.end(key, self._clock(), self.settings.window_s)
+
+    def running_calls(self, key: str) -> int:
+        """How many unary calls of `key` run now (`running_call`)."""
+        return self._running.calls(key)
 
     def waiting(self, key: str) -> int:
         """How many calls and writes of `key` wait for their turn now."""
         line = self._lines.get(key)
-        return 0 if line is None else sum(not waiter.done() for _, waiter in line.waiters)
+        return 0 if line is None else sum(not waiter.done() for waiter in line.all())
 
     def _let_go(self, key: str) -> None:
         """Let `key`'s first waiting call go if it may, and look again when it may."""
         line = self._lines[key]
         line.handle = None
-        while line.waiters and line.waiters[0][1].done():  # cancelled while it waited
-            line.waiters.popleft()
-        if not line.waiters:
+        first = line.first()
+        if first is None:
             del self._lines[key]
             return
-        since, waiter = line.waiters[0]
-        wait = self.wait_s(key)
+        waiters, starting = first
+        if line.new and line.new[0][0] + self.settings.max_wait_s <= self._clock():
+            waiters, starting = line.new, True  # overdue: it goes, running calls waiting or not
+        since, waiter = waiters[0]
+        wait = self.wait_s(key, starting)
         overdue_in = since + self.settings.max_wait_s - self._clock()
         if wait and overdue_in > 0:
-            # looked at again at least every refresh_s: the split may have changed
+            # looked at again at least every refresh_s: the split may have changed, and
+            # a running call may have ended
             self._look_again(key, line, min(wait, overdue_in, self.settings.refresh_s))
             return
-        line.waiters.popleft()
+        waiters.popleft()
         waiter.set_result(None)
         # after the call let go has taken its first step: its cost counts for the next
         self._look_again(key, line, 0.0)
@@ -331,7 +355,7 @@ class Shares:
         for line in self._lines.values():
             if line.handle is not None:
                 line.handle.cancel()
-            for _, waiter in line.waiters:
+            for waiter in line.all():
                 if not waiter.done():
                     waiter.set_result(None)
         self._lines.clear()
@@ -375,6 +399,7 @@ class Shares:
             if use.now(now, window) < idle:
                 del self._uses[key]
                 self._waited.pop(key, None)
+                self._running.forget(key)
         lag_s, busy = self.settings.lag_s, self.settings.busy
         if (lag_s and self._lag >= lag_s) or (busy and self._busy >= busy):
             self._busy_at = now
