@@ -1,10 +1,13 @@
 """The plans the registry keeps between assemblies: one per scope key, reused until a
 change to what it is made of (its chain's revision, `revisions`), the 1,024 most
-recently used."""
+recently used. A disposal drops the plans made of its layer at once: they are stale, and
+what they hold (the disposed registrations, a listener's stream and last assembly) goes
+with them rather than when the key is assembled again or evicted."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 
 from .assembly import Plan, plan_of
 from .callbacks import ListenerIndex
@@ -37,6 +40,8 @@ class PlanCache:
         self._revisions = revisions
         self.reaches = Reaches()  # each owner's, bound by the layer above (registry/reach.py)
         self._plans: OrderedDict[_Key, Plan] = OrderedDict()
+        # each scope key: the keys of the kept plans whose chain it is on
+        self._made_of: dict[str, set[_Key]] = {}
         self.cleared = 0  # moves with every clear(): what was kept for a plan before goes
 
     def plan(self, scope: str | None, include_runtime_context: bool, asked: str | None) -> Plan:
@@ -64,7 +69,19 @@ class PlanCache:
     def clear(self) -> None:
         """Forget every plan (an owner's reach changed: no revision says so)."""
         self._plans.clear()
+        self._made_of.clear()
         self.cleared += 1
+
+    def drop(self, layers: Iterable[str | None]) -> None:
+        """Forget the plans made of `layers` (None: the global layer, which every plan is
+        made of): a disposal there left them stale."""
+        for layer in layers:
+            if layer is None:
+                self._plans.clear()
+                self._made_of.clear()
+                return
+            for key in self._made_of.pop(layer, set()):
+                self._forget(key)
 
     def _kept(self, key: _Key) -> Plan | None:
         plan = self._plans.get(key)
@@ -74,10 +91,21 @@ class PlanCache:
         return plan
 
     def _keep(self, key: _Key, plan: Plan) -> None:
+        self._forget(key)  # the plan it replaces may have been made of another chain
         self._plans[key] = plan
-        self._plans.move_to_end(key)
+        for layer in plan.chain:
+            self._made_of.setdefault(layer, set()).add(key)
         if len(self._plans) > _PLANS_KEPT:
-            self._plans.popitem(last=False)
+            self._forget(next(iter(self._plans)))
+
+    def _forget(self, key: _Key) -> None:
+        plan = self._plans.pop(key, None)
+        for layer in plan.chain if plan is not None else ():
+            keys = self._made_of.get(layer)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._made_of[layer]
 
     def _make_plan(self, chain: list[str], revision: int, include_runtime_context: bool) -> Plan:
         layers = self._layers.along(chain)

@@ -370,7 +370,7 @@ class Registry(Inspection, Invalidation, Reaching):
         self._unlink(entry)
         self._admission.released(entry)
         self.ejector.forget(entry)
-        self._publish(entry, Action.UNREGISTERED, reason)
+        self._plans.drop(self._publish(entry, Action.UNREGISTERED, reason))  # what they held
 
     # -- assembly ---------------------------------------------------------------------
 
@@ -484,11 +484,14 @@ class Registry(Inspection, Invalidation, Reaching):
         else:
             self._layers.remove(entry)
 
-    def _publish(self, entry: AnyRegistration, action: Action, reason: str = "") -> None:
+    def _publish(
+        self, entry: AnyRegistration, action: Action, reason: str = ""
+    ) -> tuple[str | None, ...]:
+        """Say `entry` changed; returns the layers that changed (None: the global one)."""
         fingerprint = "" if action is Action.UNREGISTERED else entry.fingerprint
         rebound = self._scopes.rebound()  # a scope handle's: keys whose chain it changed
         event = self.changes.publish_entry(entry, action, fingerprint, reason, rebound)
-        self.layer_revisions.published(entry, event.revision, self._scopes.knows, rebound)
+        return self.layer_revisions.published(entry, event.revision, self._scopes.knows, rebound)
 
 
 def _key(handle: ScopeHandle | None) -> str | None:

@@ -45,18 +45,19 @@ class LayerRevisions:
         revision: int,
         known: Callable[[str], bool],
         rebound: Iterable[str] = (),
-    ) -> None:
+    ) -> tuple[str | None, ...]:
         """`entry`'s change, numbered `revision`, is out: a step that runs everywhere
         changes every chain, whichever layer it was made in; a key whose parent binding
         it made or undid (`rebound`) changes as its layer would, since a chain kept from
         before still names it (a key forgotten with its parent otherwise reads as it
         did); a scope handle's end may have left keys no one holds (`known` says which
-        are held)."""
-        self.changed(None if runs_everywhere(entry) else entry.scope, revision)
-        for key in rebound:
-            self.changed(key, revision)
+        are held). Returns the layers it changed."""
+        layers = (None if runs_everywhere(entry) else entry.scope, *rebound)
+        for layer in layers:
+            self.changed(layer, revision)
         if isinstance(entry, ScopeHandle) and entry.disposed:
             self.sweep(known)
+        return layers
 
     def of(self, keys: Iterable[str]) -> int:
         """The revision of the chain of `keys` (and the global layer)."""
