@@ -262,11 +262,19 @@ class Connection:
     async def dispose(self, record: Registration) -> None:
         """Dispose `record` (and, for a scope, everything made through it)."""
         for child in self.journal.made_through(record):
-            await self._forget(child)
-        await self._forget(record)
-        if self.closed or not self.connected.is_set() or not record.registration_id:
-            return  # the sidecar has nothing of it now; nothing to replay later either
-        await self._dispose_on(self.session_id, record)
+            self._forget(child)
+            await child.release()
+        self._forget(record)
+        # A listener's stream's end disposes it; else, or if it did not end so, a Dispose.
+        if self._holds(record) and await record.end(self.call_timeout):
+            return
+        await record.release()
+        if self._holds(record):  # else the sidecar has nothing of it now, nor a replay later
+            await self._dispose_on(self.session_id, record)
+
+    def _holds(self, record: Registration) -> bool:
+        """Whether the sidecar may hold `record` on the current session."""
+        return not self.closed and self.connected.is_set() and bool(record.registration_id)
 
     async def _dispose_on(self, session_id: str, record: Registration) -> None:
         request = pb.DisposeRequest(session_id=session_id, registration_id=record.registration_id)
@@ -312,7 +320,6 @@ class Connection:
         elif record.provider_key is not None and self._session is not None:
             await self._session.invalidate([record.provider_key], self.call_timeout)
 
-    async def _forget(self, record: Registration) -> None:
+    def _forget(self, record: Registration) -> None:
         self.journal.forget(record)
         self.providers.remove(record.provider_key)
-        await record.release()

@@ -32,6 +32,8 @@ class _Call(Protocol):
 
     async def read(self) -> object: ...  # a response, or grpc.aio.EOF at the end
 
+    async def done_writing(self) -> None: ...
+
 
 class Dispatch:
     """One callback stream's reader, its running answers by id, and its writes."""
@@ -45,7 +47,8 @@ class Dispatch:
         # A kind without a handler (a second confirmation, a newer sidecar's) is ignored.
         self._handlers: dict[str, Handler] = {"invalidated": self._invalidated, **handlers}
         # Written in order, one at a time; a write's future hears its end, if anyone asked.
-        self._writes: deque[tuple[Message, asyncio.Future[None] | None]] = deque()
+        # None: the half-close, after the writes before it.
+        self._writes: deque[tuple[Message | None, asyncio.Future[None] | None]] = deque()
         self._writing = False
         self._starting = False  # _write_next is on it: a write done at once returns there
         self._running: dict[int, asyncio.Task[None]] = {}
@@ -105,13 +108,22 @@ class Dispatch:
         self._write_in_turn(request, written)
         await written
 
+    async def done_writing(self) -> None:
+        """Half-close the stream once what was written before is written, and wait for
+        it; raises as `write` does."""
+        if self.call is None:
+            raise asyncio.InvalidStateError("the stream is not open")
+        written = asyncio.get_running_loop().create_future()
+        self._write_in_turn(None, written)
+        await written
+
     def send(self, request: Message) -> None:
         """Write an answer after those before it, without waiting for it; a stream that
         is over has failed its request already."""
         if self.call is not None:
             self._write_in_turn(request, None)
 
-    def _write_in_turn(self, request: Message, written: asyncio.Future[None] | None) -> None:
+    def _write_in_turn(self, request: Message | None, written: asyncio.Future[None] | None) -> None:
         self._writes.append((request, written))
         if not self._writing:
             self._write_next()
@@ -125,7 +137,8 @@ class Dispatch:
             while not self._writing and self._writes:
                 request, written = self._writes.popleft()
                 self._writing = True
-                step_through(self.call.write(request), functools.partial(self._written, written))
+                writing = self.call.done_writing() if request is None else self.call.write(request)
+                step_through(writing, functools.partial(self._written, written))
         finally:
             self._starting = False
 

@@ -113,6 +113,29 @@ class ListenerStream:
     async def _write_invalidate(self, invalidate: pb.CacheInvalidate) -> None:
         await self._stream.write(pb.ListenRequest(invalidate=invalidate))
 
+    async def end(self, timeout: float) -> bool:
+        """Dispose the listener through its own stream: half-closed, the sidecar disposes
+        it and then ends the stream with OK. True once that end came within `timeout`: the
+        listener is gone, no assembly sees it any more. False when the stream was over
+        already, ended otherwise (the listener may be away, not gone) or not in time: then
+        it is for a Dispose to say. The stream is closed here either way."""
+        reader = self._reader
+        if reader is None or reader.done() or self._closing:
+            await self.close()
+            return False
+        self._closing = True  # its end is this client's: nothing to install again
+        self._stream.cancel_all()  # their answers would come after the half-close
+        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError, TimeoutError):
+            await asyncio.wait_for(self._half_closed(reader), timeout)
+        ended = reader.done() and not reader.cancelled() and reader.exception() is None
+        ended = ended and not self._stream.end_reason  # OK: the sidecar disposed it
+        await self.close()
+        return ended
+
+    async def _half_closed(self, reader: asyncio.Task[None]) -> None:
+        await self._stream.done_writing()
+        await asyncio.wait([reader])  # a wait cut short leaves the reader to close()
+
     async def close(self) -> None:
         self._closing = True
         self._stream.cancel_all()

@@ -72,6 +72,13 @@ class Registration(ABC):
     async def release(self) -> None:  # noqa: B027  (a hook: only a listener holds more)
         """Let go of what this client holds for it besides the record."""
 
+    async def end(self, timeout: float) -> bool:
+        """Release it, disposing it on the sidecar if it has a way of its own (a
+        listener's stream); True once the sidecar confirmed it within `timeout`, False
+        when a Dispose is still to be sent."""
+        await self.release()
+        return False
+
     def scope_id(self) -> str:
         return "" if self.scope is None else self.scope.registration_id
 
@@ -142,6 +149,11 @@ class ListenerRegistration(Registration):
         if self.stream is not None:
             await self.stream.close()
             self.stream = None
+
+    async def end(self, timeout: float) -> bool:
+        """Its stream's half-close disposes it: no Dispose is sent after it."""
+        stream, self.stream = self.stream, None
+        return stream is not None and await stream.end(timeout)
 
 
 async def send(record: Registration, session_id: str, timeout: float) -> None:

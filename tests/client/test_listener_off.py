@@ -1,0 +1,74 @@
+"""A listener's `off()` disposes it through its own stream: half-closed, the sidecar
+disposes it and ends the stream with OK, so no Dispose follows (it was refused NOT_FOUND
+when the stream's cancel had disposed it first), and once `off()` returns no assembly
+sees the listener."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import dsh_system_prompt as dsp
+import grpc
+from dsh_system_prompt_server import Sidecar
+from dsh_system_prompt_server.rpc.streams.listeners import ListenerStream
+from helpers import ClientFactory, section_names
+
+Next = Callable[..., Awaitable[dsp.PromptAssembly]]
+ROUNDS = 20
+
+
+async def marking(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Next) -> object:
+    assembly.sections.append(dsp.AssembledSection("mark", "seen"))
+    return await next_()
+
+
+class Disposes:
+    """The Dispose calls a client makes, and the status of each the sidecar refused."""
+
+    def __init__(self, client: dsp.Client) -> None:
+        stub = client._connection.stub
+        self._rpc = stub.Dispose
+        self.calls = 0
+        self.refused: list[grpc.StatusCode] = []
+        stub.Dispose = self
+
+    async def __call__(self, request: Any, **options: Any) -> Any:
+        self.calls += 1
+        try:
+            return await self._rpc(request, **options)
+        except grpc.RpcError as error:
+            self.refused.append(error.code())
+            raise
+
+
+def listener_streams(sidecar: Sidecar) -> list[ListenerStream]:
+    values = [entry.value for entry in sidecar.registry.registrations()]
+    return [value for value in values if isinstance(value, ListenerStream)]
+
+
+async def test_off_sends_no_dispose_after_the_stream_s_end_disposed_the_listener(
+    client: dsp.Client,
+) -> None:
+    disposes = Disposes(client)
+    scope = await client.scope("agent")
+    for registrar in [client, scope]:
+        off = await registrar.on_assemble(marking)
+        assert "mark" in section_names(await client.assemble(scope="agent"))
+        await off()
+    assert (disposes.calls, disposes.refused) == (0, [])
+    off_section = await client.section("plain", 1, "text")
+    await off_section()  # a registration without a stream of its own: one Dispose
+    assert (disposes.calls, disposes.refused) == (1, [])
+
+
+async def test_once_off_returns_no_assembly_sees_the_listener(
+    sidecar: Sidecar, connect: ClientFactory
+) -> None:
+    owner, assembler = await connect(), await connect()
+    for _ in range(ROUNDS):
+        off = await owner.on_assemble(marking)
+        assert "mark" in section_names(await assembler.assemble())
+        await off()
+        assert listener_streams(sidecar) == []
+        assert "mark" not in section_names(await assembler.assemble())
