@@ -4,7 +4,7 @@
  * and its end heard once. Written once for both streams.
  */
 
-import type { ClientDuplexStream } from "@grpc/grpc-js";
+import type { ClientDuplexStream, StatusObject } from "@grpc/grpc-js";
 import { Confirmation } from "./async.js";
 import { NoAnswer, protocolError, streamEnded } from "./errors.js";
 
@@ -20,8 +20,8 @@ export interface Opening<Response, Opened> {
   confirm(first: Response): Opened | undefined;
   /** Every message after the confirmation. */
   receive(message: Response): void;
-  /** The stream is over, `opened` or not: what runs on it has nowhere to answer. */
-  ended(opened: boolean): void;
+  /** The stream is over, `opened` or not, with `status`: what runs on it has nowhere to answer. */
+  ended(opened: boolean, status: StatusObject): void;
 }
 
 /** Write `start` on `stream`; resolves to what its confirmation opened, within `timeoutMs`. */
@@ -53,7 +53,7 @@ export function openCallbackStream<Request, Response, Opened>(
   });
   stream.on("error", () => undefined); // the status below says it all
   stream.on("status", (status) => {
-    opening.ended(opened);
+    opening.ended(opened, status);
     if (!opened) confirmation.fail(streamEnded(opening.endedEarly, status));
   });
   stream.write(start);

@@ -325,11 +325,19 @@ export class Connection {
     for (const child of [...this.registrations]) {
       if (child.scope === registration) this.#forget(child);
     }
+    const stream = registration.stream;
+    registration.stream = undefined;
     this.#forget(registration);
-    if (this.closed || !this.connected || !registration.registrationId) {
-      return; // the sidecar has nothing of it now; nothing to replay later either
-    }
+    // A listener's stream's end disposes it; else, or if it did not end so, a Dispose.
+    if (stream !== undefined && this.#holds(registration) && (await stream.end(this.callTimeoutMs))) return;
+    stream?.close();
+    if (!this.#holds(registration)) return; // the sidecar has nothing of it now, nor a replay later
     await this.#disposeOn(this.sessionId, registration);
+  }
+
+  /** Whether the sidecar may hold `registration` on the current session. */
+  #holds(registration: Registration): boolean {
+    return !this.closed && this.connected && registration.registrationId !== "";
   }
 
   /**

@@ -3,7 +3,7 @@
 import { create } from "@bufbuild/protobuf";
 import type { ClientDuplexStream } from "@grpc/grpc-js";
 import * as pb from "./gen/dsh/systemprompt/v1/system_prompt_pb.js";
-import { Deferred } from "./async.js";
+import { Deferred, within } from "./async.js";
 import { FEATURE_CALLBACK_CACHE, Invalidations } from "./callbackCache.js";
 import { openCallbackStream } from "./callbackStream.js";
 import { contextFromProto } from "./convert.js";
@@ -65,6 +65,9 @@ export class ListenerStream {
   #ejected = "";
   #call: ListenStream | undefined;
   #closing = false;
+  /** Resolves at the stream's end: whether it ended with OK (the sidecar disposed the listener). */
+  readonly #over = new Deferred<boolean>();
+  #ended = false;
   /** What the sidecar confirmed (`part-slots`, else `tool-slots`): only that do replies carry. */
   #slotted: Slotted = undefined;
   /** With `part-slots`, the last invocation's parts: the next one's slots refer to them. */
@@ -110,7 +113,9 @@ export class ListenerStream {
         return kind.value.registrationId;
       },
       receive: (message) => this.#receive(message),
-      ended: (opened) => {
+      ended: (opened, status) => {
+        this.#ended = true;
+        this.#over.resolve(status.code === Code.OK);
         this.#invalidations.release(); // the listener's cached results went with its stream
         for (const id of [...this.#running.keys()]) this.#abandon(id); // their replies have nowhere to go
         if (!opened || this.#closing) return;
@@ -167,6 +172,27 @@ export class ListenerStream {
     const send = (invalidate: pb.CacheInvalidate): void =>
       this.write(create(pb.ListenRequestSchema, { kind: { case: "invalidate", value: invalidate } }));
     await this.#invalidations.await(send, timeoutMs);
+  }
+
+  /**
+   * Dispose the listener through its own stream: half-closed, the sidecar disposes it and
+   * then ends the stream with OK. Resolves true once that end came within `timeoutMs`: the
+   * listener is gone, no assembly sees it any more. False when the stream was over already,
+   * ended otherwise (the listener may be away, not gone) or not in time: then it is for a
+   * Dispose to say. The stream is closed here either way.
+   */
+  async end(timeoutMs: number): Promise<boolean> {
+    const call = this.#call;
+    if (call === undefined || this.#closing || this.#ended) {
+      this.close();
+      return false;
+    }
+    this.#closing = true; // its end is this client's: nothing to install again
+    for (const id of [...this.#running.keys()]) this.#abandon(id); // their answers would come after it
+    call.end(); // after what was written before
+    const ended = await within(this.#over.promise, timeoutMs);
+    this.close();
+    return ended === true;
   }
 
   /** End the stream: the sidecar removes the listener. */

@@ -38,6 +38,29 @@ function listenCounter(): { interceptor: grpc.Interceptor; counts: number[] } {
   return { interceptor, counts };
 }
 
+/** An interceptor counting the Dispose calls made, and the status code of each refused. */
+function disposeCounter(): { interceptor: grpc.Interceptor; calls: () => number; refused: grpc.status[] } {
+  let calls = 0;
+  const refused: grpc.status[] = [];
+  const interceptor: grpc.Interceptor = (options, nextCall) => {
+    if (!options.method_definition.path.endsWith("/Dispose")) return new grpc.InterceptingCall(nextCall(options));
+    calls += 1;
+    const requester = new grpc.RequesterBuilder()
+      .withStart((metadata, listener, next) => {
+        const watching = new grpc.ListenerBuilder()
+          .withOnReceiveStatus((status, nextStatus) => {
+            if (status.code !== grpc.status.OK) refused.push(status.code);
+            nextStatus(status);
+          })
+          .build();
+        next(metadata, { ...listener, ...watching });
+      })
+      .build();
+    return new grpc.InterceptingCall(nextCall(options), requester);
+  };
+  return { interceptor, calls: () => calls, refused };
+}
+
 test("listeners run in registration order, prepended ones first", async () => {
   const client = await harness.connect();
   const log: string[] = [];
@@ -179,6 +202,33 @@ test("a disposed listener is not invoked again", async () => {
   const assembly = await client.assemble();
   assert.deepEqual(log, ["gone"]);
   assert.deepEqual(ownSections(assembly), []);
+});
+
+test("off() sends no Dispose after the listener stream's end disposed the listener", async () => {
+  const { interceptor, calls, refused } = disposeCounter();
+  const client = await harness.connect({ interceptors: [interceptor] });
+  const scope = await client.scope("agent");
+  for (const registrar of [client, scope]) {
+    const off = await registrar.onAssemble(appending("mark"));
+    assert.deepEqual(ownSections(await client.assemble({ scope: "agent" })), ["mark"]);
+    await off(); // half-closed: the sidecar disposed it, then ended the stream with OK
+  }
+  assert.deepEqual([calls(), refused], [0, []]); // it was refused NOT_FOUND after the stream's cancel
+  const offSection = await client.section("plain", 1, "Plain.");
+  await offSection(); // a registration without a stream of its own: one Dispose
+  assert.deepEqual([calls(), refused], [1, []]);
+});
+
+test("once off() resolves, no assembly sees the listener", async () => {
+  const owner = await harness.connect();
+  const assembler = await harness.connect();
+  for (let round = 0; round < 20; round += 1) {
+    const off = await owner.onAssemble(appending("mark"));
+    assert.deepEqual(ownSections(await assembler.assemble()), ["mark"]);
+    await off();
+    const seen = await Promise.all([owner.assemble(), assembler.assemble()]); // on its connection too
+    assert.deepEqual(seen.map(ownSections), [[], []]);
+  }
 });
 
 test("a listener may register and assemble while it is invoked", async () => {
