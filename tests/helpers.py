@@ -21,6 +21,7 @@ import pytest
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server import Sidecar
+from dsh_system_prompt_server.rpc.streams.listeners import ListenerStream
 
 SidecarFactory = Callable[..., Awaitable[Sidecar]]
 
@@ -52,6 +53,18 @@ IDENTITY = "You are an AI agent powered by DeepSeek Harness."
 def metric(sidecar: Sidecar, name: str, **labels: str) -> float:
     """A sample of the sidecar's own metrics; 0 while it has never been counted."""
     return sidecar.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def listener_streams(sidecar: Sidecar) -> list[ListenerStream]:
+    """The streams of the listeners the (in-process) sidecar has registered."""
+    values = [entry.value for entry in sidecar.registry.registrations()]
+    return [value for value in values if isinstance(value, ListenerStream)]
+
+
+async def marking(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Any) -> object:
+    """A listener that adds section "mark" and hands the assembly on."""
+    assembly.sections.append(dsp.AssembledSection("mark", "seen"))
+    return await next_()
 
 
 def section_names(assembly: dsp.PromptAssembly) -> list[str]:

@@ -5,22 +5,14 @@ sees the listener."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import dsh_system_prompt as dsp
 import grpc
 from dsh_system_prompt_server import Sidecar
-from dsh_system_prompt_server.rpc.streams.listeners import ListenerStream
-from helpers import ClientFactory, section_names
+from helpers import ClientFactory, listener_streams, marking, section_names
 
-Next = Callable[..., Awaitable[dsp.PromptAssembly]]
 ROUNDS = 20
-
-
-async def marking(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Next) -> object:
-    assembly.sections.append(dsp.AssembledSection("mark", "seen"))
-    return await next_()
 
 
 class Disposes:
@@ -40,11 +32,6 @@ class Disposes:
         except grpc.RpcError as error:
             self.refused.append(error.code())
             raise
-
-
-def listener_streams(sidecar: Sidecar) -> list[ListenerStream]:
-    values = [entry.value for entry in sidecar.registry.registrations()]
-    return [value for value in values if isinstance(value, ListenerStream)]
 
 
 async def test_off_sends_no_dispose_after_the_stream_s_end_disposed_the_listener(

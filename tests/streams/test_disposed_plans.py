@@ -5,25 +5,10 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Awaitable, Callable
 
-import dsh_system_prompt as dsp
 import pytest
 from dsh_system_prompt_server import Sidecar
-from dsh_system_prompt_server.rpc.streams.listeners import ListenerStream
-from helpers import ClientFactory, eventually
-
-Next = Callable[..., Awaitable[dsp.PromptAssembly]]
-
-
-async def marking(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Next) -> object:
-    assembly.sections.append(dsp.AssembledSection("mark", "seen"))
-    return await next_()
-
-
-def listener_streams(sidecar: Sidecar) -> list[ListenerStream]:
-    values = [entry.value for entry in sidecar.registry.registrations()]
-    return [value for value in values if isinstance(value, ListenerStream)]
+from helpers import ClientFactory, eventually, listener_streams, marking
 
 
 @pytest.mark.parametrize("disposing", ["the listener", "its scope", "its session"])

@@ -9,8 +9,14 @@ import dsh_system_prompt as dsp
 import grpc
 import pytest
 from dsh_system_prompt_server import Sidecar
-from dsh_system_prompt_server.rpc.streams.listeners import ListenerStream
-from helpers import ClientFactory, SidecarFactory, section_names, tool, tool_names
+from helpers import (
+    ClientFactory,
+    SidecarFactory,
+    listener_streams,
+    section_names,
+    tool,
+    tool_names,
+)
 
 Next = Callable[..., Awaitable[dsp.PromptAssembly]]
 
@@ -26,11 +32,6 @@ def appending(name: str, log: list[str] | None = None) -> Callable[..., Awaitabl
 
     listener.__qualname__ = name
     return listener
-
-
-def listener_streams(sidecar: Sidecar) -> list[ListenerStream]:
-    values = [entry.value for entry in sidecar.registry.registrations()]
-    return [value for value in values if isinstance(value, ListenerStream)]
 
 
 async def test_listeners_run_in_registration_order_with_prepend_first(
