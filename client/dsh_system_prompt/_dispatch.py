@@ -90,6 +90,10 @@ class Dispatch:
         if task is not None:
             task.cancel()
 
+    def runs(self, task: asyncio.Task[Any] | None) -> bool:
+        """Whether `task` answers one of this stream's requests."""
+        return task is not None and task in self._running.values()
+
     def running(self) -> int:
         """How many requests are being answered now."""
         return len(self._running)

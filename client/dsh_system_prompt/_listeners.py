@@ -124,17 +124,28 @@ class ListenerStream:
             await self.close()
             return False
         self._closing = True  # its end is this client's: nothing to install again
-        self._stream.cancel_all()  # their answers would come after the half-close
-        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError, TimeoutError):
-            await asyncio.wait_for(self._half_closed(reader), timeout)
+        # off() called by the listener itself: its invocation is cancelled by the end it waits for
+        own = self._stream.runs(asyncio.current_task())
+        ending = asyncio.ensure_future(self._half_closed(reader, timeout))
+        while not ending.done():
+            try:
+                await asyncio.shield(ending)
+            except asyncio.CancelledError:
+                if not own:  # cancelled by its caller
+                    ending.cancel()
+                    await self.close()
+                    raise
         ended = reader.done() and not reader.cancelled() and reader.exception() is None
         ended = ended and not self._stream.end_reason  # OK: the sidecar disposed it
         await self.close()
         return ended
 
-    async def _half_closed(self, reader: asyncio.Task[None]) -> None:
-        await self._stream.done_writing()
-        await asyncio.wait([reader])  # a wait cut short leaves the reader to close()
+    async def _half_closed(self, reader: asyncio.Task[None], timeout: float) -> None:
+        """Half-close the stream (answers written before go first) and wait for its end."""
+        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError, TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._stream.done_writing()
+                await asyncio.wait([reader])  # a wait cut short leaves the reader to close()
 
     async def close(self) -> None:
         self._closing = True
@@ -158,6 +169,8 @@ class ListenerStream:
         self._ejected = ejected.message or ejected.reason or "ejected"
 
     def _start(self, invocation: pb.ListenerInvocation) -> None:
+        if self._closing:
+            return  # off() half-closed the stream: its end fails this invocation
         # Read here, in the stream's order: each invocation is the base of the next.
         invocation_id = invocation.invocation_id
         slots = invocation.slots if self.part_slots else pb.PartSlots()

@@ -5,12 +5,13 @@ sees the listener."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import dsh_system_prompt as dsp
 import grpc
 from dsh_system_prompt_server import Sidecar
-from helpers import ClientFactory, listener_streams, marking, section_names
+from helpers import ClientFactory, eventually, listener_streams, marking, section_names
 
 ROUNDS = 20
 
@@ -59,3 +60,27 @@ async def test_once_off_returns_no_assembly_sees_the_listener(
         await off()
         assert listener_streams(sidecar) == []
         assert "mark" not in section_names(await assembler.assemble())
+
+
+async def test_a_listener_may_call_its_own_off(sidecar: Sidecar, connect: ClientFactory) -> None:
+    owner, assembler = await connect(), await connect()
+    returned: list[str] = []
+
+    async def once(assembly: dsp.PromptAssembly, ctx: dsp.AssembleContext, next_: Any) -> object:
+        try:
+            await off()  # the stream's end cancels this invocation: off() still returns
+        except BaseException as error:
+            returned.append(repr(error))
+            raise
+        returned.append("returned")
+        return await next_()
+
+    disposes = Disposes(owner)
+    off = await owner.on_assemble(once)
+    with contextlib.suppress(dsp.SystemPromptError):  # its stream ended under this assembly
+        await assembler.assemble()
+    await eventually(lambda: returned != [], "off() returns or raises")
+    assert returned == ["returned"]
+    assert disposes.refused == []
+    assert listener_streams(sidecar) == []
+    await assembler.assemble()  # without it, and without failing
