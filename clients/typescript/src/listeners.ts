@@ -128,6 +128,7 @@ export class ListenerStream {
   #receive(message: pb.ListenResponse): void {
     const kind = message.kind;
     if (kind.case === "invocation") {
+      if (this.#closing) return; // off() half-closed the stream: its end fails this invocation
       const sent = this.#read(kind.value);
       if (sent !== undefined && !this.#running.has(kind.value.invocationId)) void this.#invoke(kind.value, sent); // else: a repeat, running
     } else if (kind.case === "nextResult") {

@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import * as grpc from "@grpc/grpc-js";
 import * as dsp from "../src/index.js";
-import { failure, ownSections, sectionNames, toolNames, useSidecar } from "./helpers.js";
+import { failure, ownSections, sectionNames, toolNames, useSidecar, waitFor } from "./helpers.js";
 
 const harness = useSidecar();
 
@@ -229,6 +229,24 @@ test("once off() resolves, no assembly sees the listener", async () => {
     const seen = await Promise.all([owner.assemble(), assembler.assemble()]); // on its connection too
     assert.deepEqual(seen.map(ownSections), [[], []]);
   }
+});
+
+test("a listener may call its own off()", async () => {
+  const { interceptor, refused } = disposeCounter();
+  const owner = await harness.connect({ interceptors: [interceptor] });
+  const assembler = await harness.connect();
+  const outcome: string[] = [];
+  const off = await owner.onAssemble(async (assembly, _context, next) => {
+    await off().then(
+      () => outcome.push("resolved"),
+      (error: unknown) => outcome.push(String(error)),
+    );
+    return next(assembly);
+  });
+  await assembler.assemble().catch(() => undefined); // its stream ended under this assembly
+  await waitFor(() => outcome.length > 0, "off() settles");
+  assert.deepEqual([outcome, refused], [["resolved"], []]);
+  assert.deepEqual(ownSections(await assembler.assemble()), []);
 });
 
 test("a listener may register and assemble while it is invoked", async () => {
