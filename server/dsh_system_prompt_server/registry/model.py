@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar
 
-from .provenance import Origins, Trace
+from .provenance import Origin, OriginKind, Origins, Trace
 
 if TYPE_CHECKING:
     from .errors import Failure
@@ -124,6 +124,17 @@ class Skipped:
     reason: str  # the failure's stable reason (PROVIDER_TIMEOUT, LISTENER_FAILED, ...)
     message: str
     everywhere: bool = False  # a step registered with `global`, wherever it is held
+
+    def origin(self) -> Origin | None:
+        """The listener or rule skipped, as a report names a step (with its layer); None for
+        a dynamic provider, which is no step of the waterfall."""
+        kind = _STEP_ORIGINS.get(self.kind)
+        if kind is None:
+            return None
+        return Origin(kind, listener=self.name, held=self.scope, everywhere=self.everywhere)
+
+
+_STEP_ORIGINS = {Kind.LISTENER: OriginKind.LISTENER, Kind.RULE: OriginKind.RULE}
 
 
 class Action(enum.Enum):

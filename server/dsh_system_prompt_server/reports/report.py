@@ -25,7 +25,6 @@ from dsh_system_prompt_core import (
 
 from ..registry import (
     Assembly,
-    Kind,
     Origin,
     OriginKind,
     Origins,
@@ -123,12 +122,7 @@ def _named_steps(
     made: list[Origin | None] = [*(assembly.origins or {}).values()]
     for trace in (current.trace, previous.trace if previous else None):
         made += [step.origin for step in trace.steps] if trace else []
-    kinds = {Kind.LISTENER: OriginKind.LISTENER, Kind.RULE: OriginKind.RULE}
-    made += [
-        Origin(kinds[s.kind], listener=s.name, held=s.scope, everywhere=s.everywhere)
-        for s in assembly.skipped[:MAX_SKIPPED]
-        if s.kind in kinds
-    ]
+    made += [step.origin() for step in assembly.skipped[:MAX_SKIPPED]]
     steps = {o: None for o in made if o is not None and o.step and o.describe() in reason}
     return tuple(steps)
 
