@@ -11,7 +11,6 @@ from dataclasses import dataclass, replace
 from dsh_system_prompt_core import Reason
 
 from .model import AnyRegistration, ChangeEvent, Kind, Skipped, ToolSet, runs_everywhere
-from .provenance import unnamed_step
 from .rules import Rule
 
 # Kinds whose value a listing can show (the others hold no value of their own).
@@ -62,8 +61,10 @@ def shown_failure(step: Skipped, shows: Callable[[str | None], bool] | None) -> 
 
 def _unnamed(step: Skipped) -> tuple[str | None, str]:
     """The layer a step not shown by name is shown in, and the words that describe it."""
-    scope = None if step.everywhere or step.scope is None else step.scope
-    return scope, unnamed_step(step.kind.value, scope, step.everywhere)
+    origin = step.origin()
+    assert origin is not None  # a listener or rule (STEPS)
+    shown = origin.unnamed()
+    return shown.held, shown.describe()
 
 
 def _anonymous_skip(step: Skipped) -> Skipped:

@@ -7,7 +7,7 @@ these) and `origins` (which records them) both import it, not each other.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 class PartKind(enum.StrEnum):
@@ -51,6 +51,11 @@ class Origin:
     def step(self) -> bool:
         """Whether a listener or rule made it: who is shown its name depends on `held`."""
         return self.kind in (OriginKind.LISTENER, OriginKind.RULE)
+
+    def unnamed(self) -> Origin:
+        """This step as a caller not shown its name is shown it: without its name, in its
+        layer, or the global one when it runs everywhere (described by `unnamed_step`)."""
+        return replace(self, listener="", held=None if self.everywhere else self.held)
 
     def describe(self) -> str:
         if self.kind is OriginKind.BUILTIN:

@@ -11,7 +11,6 @@ here for that caller's `shows` (guard.shown_steps), as an assembly's `skipped` i
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 from ..registry import Origin
 
@@ -26,10 +25,7 @@ def hidden(origin: Origin, shows: Shows) -> bool:
 def shown_origin(origin: Origin, shows: Shows) -> Origin:
     """`origin` as the caller is shown it: a step held outside its scopes without its name,
     in the global layer when it runs everywhere."""
-    if not hidden(origin, shows):
-        return origin
-    held = None if origin.everywhere else origin.held
-    return replace(origin, listener="", held=held)
+    return origin.unnamed() if hidden(origin, shows) else origin
 
 
 def shown_reason(reason: str, steps: tuple[Origin, ...], shows: Shows) -> str:
