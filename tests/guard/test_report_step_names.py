@@ -118,10 +118,15 @@ async def test_cache_history_names_only_the_steps_shown(sidecar: Sidecar, who: s
 
 async def admin_page(sidecar: Sidecar, who: str, path: str) -> str:
     """The admin page at `path` as `who` reads it, its quotes unescaped, in `steps`' state."""
+    async with steps(sidecar):
+        return await page_now(sidecar, who, path)
+
+
+async def page_now(sidecar: Sidecar, who: str, path: str) -> str:
+    """The admin page at `path` as `who` reads it now, its quotes unescaped."""
     assert sidecar.admin is not None
     url = sidecar.admin.url.rstrip("/") + path
     async with (
-        steps(sidecar),
         aiohttp.ClientSession() as session,
         session.get(url, headers=dict(bearer(who))) as response,
     ):
@@ -167,3 +172,44 @@ async def test_a_prompt_watch_report_names_only_the_steps_shown(sidecar: Sidecar
         assert (part.source.rule, part.source.description) == ("admins-rule", 'rule "admins-rule"')
     else:
         assert (part.source.rule, part.source.description) == ("", "a rule (global)")
+
+
+SAME = "shared-name"  # carol's listener's name, and the admin's global one's
+
+
+@pytest.mark.parametrize("who", ["carol", "dash", "admin"])
+async def test_a_step_shown_keeps_its_name_beside_a_hidden_one_of_the_same_name(
+    sidecar: Sidecar, who: str
+) -> None:
+    """carol's listener stamps her rules and the admin's global listener of the same kind and
+    name, held in bob's scope, fails under IGNORE: a reader of carol's scope is shown her
+    listener by name and the admin's by its layer alone, each where the reason names it, in
+    GetCacheHistory, Assemble's report and the admin Cache view's last break. Before, a step
+    was found in the reason by its name, so both were hidden."""
+    async with (
+        dsp.connect(sidecar.address, token=TOKENS["admin"]) as admin,
+        dsp.connect(sidecar.address, token=TOKENS["carol"]) as carol,
+    ):
+        own = await carol.scope("carol")
+        await own.section("rules", 10, "Be precise.")
+        await own.on_assemble(stamp, name=SAME)
+        ignore = dsp.FailurePolicy.IGNORE
+        await (await admin.scope("bob")).on_assemble(
+            fails, global_=True, name=SAME, failure_policy=ignore
+        )
+        for turn in (1, 2):
+            await assemble(sidecar, "admin", turn)
+        async with raw_channel(sidecar.address) as channel:
+            request = pb.GetCacheHistoryRequest(scope="carol")
+            history = await raw_stub(channel).GetCacheHistory(request, metadata=bearer(who))
+        reasons = [history.history.recent[-1].reason]
+        page = "" if who == "carol" else await page_now(sidecar, who, "/cache?scope=carol")
+        if who != "dash":  # a reader never reports
+            reasons.append((await assemble(sidecar, who, 3)).stability.reason)
+    hidden = "a listener (global)" if who != "admin" else f'listener "{SAME}"'
+    expected = (
+        f'listener "{SAME}" changed section "rules";'
+        f" this assembly skipped {hidden} (LISTENER_FAILED)"
+    )
+    assert reasons == [expected] * len(reasons)
+    assert who == "carol" or f"</strong>: {expected}." in page  # an agent reads no admin page

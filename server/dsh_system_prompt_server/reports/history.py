@@ -19,8 +19,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Literal
 
-from ..registry import Kind, Origin, Skipped
+from ..registry import Kind, Skipped
 from .values import MAX_SKIPPED, Layout, PrefixStability, Previous, Report
+from .words import Named
 
 MAX_BREAKERS = 16  # parts counted per key; the least counted goes to make room
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # limits.max_report_history_bytes
@@ -88,7 +89,7 @@ class Break:
     first_changed: str
     reason: str
     diff: str
-    steps: tuple[Origin, ...] = ()  # the listeners and rules `reason` names (shown.py)
+    steps: tuple[Named, ...] = ()  # where `reason` names each listener and rule (shown.py)
 
 
 @dataclass

@@ -45,6 +45,7 @@ from .values import (
     Size,
     Stability,
 )
+from .words import Words, joined, said
 
 TOOL_SEPARATOR = "\n"  # between two tools' JSON in the tool block
 BLOCK_SEPARATOR = SECTION_SEPARATOR  # between the tool block and the system prompt
@@ -88,11 +89,8 @@ def build_report(
     stability, stable_count = _stability(current, previous, whole, evicted)
     seen = stability.seen
     if seen.first_changed and assembly.skipped:  # a step left out may be why it broke
-        skipped = _skipped_words(assembly.skipped)
-        seen = replace(seen, reason=f"{seen.reason}; this assembly skipped {skipped}")
-    if seen.reason:  # kept with the steps it names, so each reader is shown its own words
-        seen = replace(seen, steps=_named_steps(seen.reason, assembly, current, previous))
-        stability = replace(stability, seen=seen)
+        why = said(seen.words, "; this assembly skipped ", _skipped_words(assembly.skipped))
+        stability = replace(stability, seen=replace(seen, reason=why.text, steps=why.steps))
     report = Report(
         tokenizer=tokenizer.name if tokenizer else "",
         layout=layout,
@@ -114,25 +112,19 @@ def build_report(
 _UNKNOWN = Origin(kind=OriginKind.GLOBAL)
 
 
-def _named_steps(
-    reason: str, assembly: Assembly, current: Previous, previous: Previous | None
-) -> tuple[Origin, ...]:
-    """The listeners and rules (with their layers) that `reason` names: of the parts' origins,
-    either trace's steps and the skipped steps, each once."""
-    made: list[Origin | None] = [*(assembly.origins or {}).values()]
-    for trace in (current.trace, previous.trace if previous else None):
-        made += [step.origin for step in trace.steps] if trace else []
-    made += [step.origin() for step in assembly.skipped[:MAX_SKIPPED]]
-    steps = {o: None for o in made if o is not None and o.step and o.describe() in reason}
-    return tuple(steps)
-
-
-def _skipped_words(steps: tuple[Skipped, ...]) -> str:
+def _skipped_words(steps: tuple[Skipped, ...]) -> Words:
     """The first `MAX_SKIPPED` steps by name, the rest counted: a reason stays a few names
     long however many callbacks failed (the history keeps one per recent report)."""
-    named = ", ".join(f'{s.kind.value} "{s.name}" ({s.reason})' for s in steps[:MAX_SKIPPED])
+    named = joined(", ", (said(_skipped_name(s), f" ({s.reason})") for s in steps[:MAX_SKIPPED]))
     more = len(steps) - MAX_SKIPPED
-    return f"{named} and {more} more" if more > 0 else named
+    return said(named, f" and {more} more") if more > 0 else named
+
+
+def _skipped_name(step: Skipped) -> Origin | str:
+    """A skipped listener or rule kept with its layer, as its origin describes it (`listener
+    "x"`); a provider, or a step without a name, in words alone."""
+    origin = step.origin()
+    return origin if origin is not None and step.name else f'{step.kind.value} "{step.name}"'
 
 
 def _lay_out(

@@ -1,8 +1,9 @@
 """A report's texts as one caller is shown them: listeners and rules held outside its
 credential's scopes named by their layer alone.
 
-A report and its key's history keep their reasons as written, naming every step, with the
-steps each names and the layers they are held in (`PrefixStability.steps`, `Break.steps`);
+A report and its key's history keep their reasons as written, naming every step, with
+where each names a step and the layer it is held in (`PrefixStability.steps`, `Break.steps`:
+words.py), so that two steps of one kind and name in different layers are told apart;
 whoever answers a caller (Assemble's report, GetCacheHistory, the admin page) renders them
 here for that caller's `shows` (guard.shown_steps), as an assembly's `skipped` is
 (registry.shown_skipped; docs/operations.md, "Trust model").
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..registry import Origin
+from .words import Named
 
 Shows = Callable[[str | None], bool] | None  # the layers whose steps are named; None: all
 
@@ -28,10 +30,12 @@ def shown_origin(origin: Origin, shows: Shows) -> Origin:
     return origin.unnamed() if hidden(origin, shows) else origin
 
 
-def shown_reason(reason: str, steps: tuple[Origin, ...], shows: Shows) -> str:
-    """`reason` with each of the `steps` it names that the caller is not shown by name
-    described by its layer alone (`a listener (global)`)."""
-    for origin in sorted(steps, key=lambda step: -len(step.describe())):  # longest first
+def shown_reason(reason: str, steps: tuple[Named, ...], shows: Shows) -> str:
+    """`reason` with each place of the `steps` that names a step the caller is not shown by
+    name describing it by its layer alone (`a listener (global)`): a step of the same kind and
+    name held in a layer it is shown keeps its name."""
+    for at, origin in sorted(steps, key=lambda named: -named.at):  # the last first
         if hidden(origin, shows):
-            reason = reason.replace(origin.describe(), shown_origin(origin, shows).describe())
+            end = at + len(origin.describe())
+            reason = reason[:at] + shown_origin(origin, shows).describe() + reason[end:]
     return reason

@@ -13,6 +13,7 @@ from array import array
 from dataclasses import dataclass
 
 from ..registry import Origin, PartKey, PartKind, Skipped, Trace
+from .words import Named, Words
 
 
 class Layout(enum.StrEnum):
@@ -97,12 +98,17 @@ class PrefixStability:
     first_changed: str
     reason: str
     recomputed: Size  # prefix bytes/tokens after the first change
-    # the listeners and rules `reason` names, with their layers: shown per caller (shown.py)
-    steps: tuple[Origin, ...] = ()
+    # where `reason` names each listener and rule, with its layer: shown per caller (shown.py)
+    steps: tuple[Named, ...] = ()
 
     @property
     def broke(self) -> bool:
         return self.has_previous and bool(self.reason)
+
+    @property
+    def words(self) -> Words:
+        """`reason` with where it names each listener and rule."""
+        return Words(self.reason, self.steps)
 
     @property
     def stable_share(self) -> float | None:
@@ -131,18 +137,25 @@ class Stability:
 
     @classmethod
     def compared(
-        cls, prefix: Size, stable: Size, why: tuple[str, str] | None = None, diff: str = ""
+        cls, prefix: Size, stable: Size, why: tuple[str, Words] | None = None, diff: str = ""
     ) -> Stability:
         """`stable` of `prefix` is the previous report's; the rest is recomputed. Where it
         broke (`why`: the first changed part and the reason), every message after the
         prefix is recomputed too."""
-        first_changed, reason = why or ("", "")
+        first_changed, reason = why or ("", Words())
         tokens = None
         if prefix.tokens is not None and stable.tokens is not None:
             tokens = prefix.tokens - stable.tokens
         recomputed = Size(bytes=prefix.bytes - stable.bytes, tokens=tokens)
         seen = PrefixStability(
-            True, stable.bytes, stable.tokens, prefix, first_changed, reason, recomputed
+            True,
+            stable.bytes,
+            stable.tokens,
+            prefix,
+            first_changed,
+            reason.text,
+            recomputed,
+            steps=reason.steps,
         )
         return cls(seen, messages_recomputed=why is not None, diff=diff)
 

@@ -81,7 +81,8 @@ class ScopePrompt:
         prompt = self._prompt
         if prompt is None or shows is None:
             return frozenset()
-        made = [*(prompt.assembly.origins or {}).values(), *prompt.report.stability.seen.steps]
+        steps = (named.origin for named in prompt.report.stability.seen.steps)
+        made = [*(prompt.assembly.origins or {}).values(), *steps]
         return frozenset(origin for origin in made if hidden(origin, shows))
 
     async def size(self, first: bool) -> int:
