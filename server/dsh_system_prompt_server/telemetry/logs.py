@@ -49,8 +49,9 @@ def logger(name: str) -> logging.Logger:
 
 
 class Throttled:
-    """Warnings at most one per key every `every_s` seconds: the ones held back are counted
-    in the next line of their key. At most `keys` keys are remembered (the oldest dropped)."""
+    """Warnings (and errors) at most one per key every `every_s` seconds: the ones held back
+    are counted in the next line of their key. At most `keys` keys are remembered (the
+    oldest dropped)."""
 
     def __init__(self, log: logging.Logger, every_s: float = 10.0, keys: int = 1024) -> None:
         self._log = log
@@ -59,6 +60,22 @@ class Throttled:
         self._seen: OrderedDict[Hashable, tuple[float, int]] = OrderedDict()  # last, held
 
     def warning(self, key: Hashable, message: str, *args: object) -> None:
+        self._emit(logging.WARNING, key, message, args)
+
+    def error(
+        self, key: Hashable, message: str, *args: object, exc_info: BaseException | None = None
+    ) -> None:
+        """An error line (with `exc_info`'s traceback), as throttled as warnings are."""
+        self._emit(logging.ERROR, key, message, args, exc_info)
+
+    def _emit(
+        self,
+        level: int,
+        key: Hashable,
+        message: str,
+        args: tuple[object, ...],
+        exc_info: BaseException | None = None,
+    ) -> None:
         now = time.monotonic()
         last, held = self._seen.get(key, (-self._every_s, 0))
         if now - last < self._every_s:
@@ -70,4 +87,4 @@ class Throttled:
             self._seen.popitem(last=False)
         if held:
             message += f" ({held} more like it held back in {self._every_s:g}s)"
-        self._log.warning(message, *args)
+        self._log.log(level, message, *args, exc_info=exc_info)

@@ -27,6 +27,7 @@ from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from ..registry import LIMIT_KEYS, Failure, Limits, too_large
+from ..telemetry import Throttled, logger
 from .status import abort, bad_request, set_status
 
 Context: TypeAlias = "grpc.aio.ServicerContext[object, object]"
@@ -223,8 +224,11 @@ def ending(method: Method, behaviour: Behaviour) -> Behaviour:
     is set on its context, and the call returns: raised, gRPC's abort keeps the call's state
     (its RPCState, context and a dozen frames) in a reference cycle with the exception until
     a full garbage collection, and a flood's refused calls made those 50-95 ms long. A
-    stream's is raised."""
+    stream's is raised. Any other exception is a bug of the sidecar's: logged with its
+    traceback (once per method and kind each 10 s), then raised, and gRPC ends the call
+    UNKNOWN, as before, when the operator saw nothing of it."""
     unary = not (method.client_streaming or method.server_streaming)
+    bugs = Throttled(logger("rpc"), every_s=10.0)
 
     async def ended(request: Any, context: Context) -> Any:
         try:
@@ -234,6 +238,13 @@ def ending(method: Method, behaviour: Behaviour) -> Behaviour:
                 await abort(context, error)
             set_status(context, error)
             return None
+        except grpc.aio.AbortError:
+            raise  # a status the call set itself (health's, reflection's)
+        except Exception as error:
+            message = "%s failed on a bug, %s: %s; the call ends UNKNOWN"
+            kind = type(error).__name__
+            bugs.error(kind, message, method.name, kind, error, exc_info=error)
+            raise
 
     return ended
 
