@@ -376,11 +376,14 @@ func (c *conn) register(ctx context.Context, r *registration) error {
 	return nil
 }
 
-// dispose disposes r (and, for a scope, forgets what was made through it).
+// dispose disposes r (and, for a scope, forgets what was made through it). A
+// listener's stream's end disposes it; else, or if it did not end so, a Dispose.
 func (c *conn) dispose(ctx context.Context, r *registration) error {
 	c.ops.Lock()
 	defer c.ops.Unlock()
 	c.mu.Lock()
+	stream := r.stream
+	r.stream = nil // ended below, not closed by forget
 	kept := c.regs[:0]
 	for _, other := range c.regs {
 		if other == r || other.scope == r {
@@ -390,7 +393,16 @@ func (c *conn) dispose(ctx context.Context, r *registration) error {
 		}
 	}
 	c.regs = kept
-	if c.closed || !c.connected || r.id == "" {
+	held := c.holding(r)
+	c.mu.Unlock()
+	if stream != nil {
+		if held && stream.end(ctx, c.callTimeout) {
+			return nil // its stream's end disposed it
+		}
+		stream.close() // when not held; end closed it already
+	}
+	c.mu.Lock()
+	if !c.holding(r) {
 		c.mu.Unlock()
 		return nil // the sidecar has nothing of it now, and no replay will make it
 	}
@@ -410,6 +422,11 @@ func (c *conn) dispose(ctx context.Context, r *registration) error {
 		return nil // gone already: disposers stay idempotent
 	}
 	return err
+}
+
+// holding says whether the sidecar may hold r on the current session; c.mu is held.
+func (c *conn) holding(r *registration) bool {
+	return !c.closed && c.connected && r.id != ""
 }
 
 // forget drops r from this client; c.mu is held.

@@ -5,10 +5,12 @@ package dsp
 import (
 	"context"
 	"fmt"
+	"io"
 	"reflect"
 	"runtime"
 	"strings"
 	"sync"
+	"time"
 
 	pb "dsh.dev/dsh-system-prompt/clients/go/gen/dsh/systemprompt/v1"
 	"google.golang.org/grpc/codes"
@@ -126,6 +128,10 @@ type listenerStream struct {
 	closing bool
 	ejected bool   // the sidecar said it ejected the listener: its stream's end is not a loss
 	why     string // what the sidecar said of it
+	ended   bool   // the stream is over
+	endedOK bool   // with OK, the listener not ejected: the sidecar disposed it on the half-close
+
+	over chan struct{} // closed once the stream is over
 }
 
 type invocation struct {
@@ -161,7 +167,7 @@ func startListener(waiting context.Context, c *conn, owner *registration, listen
 	owner.revision = registered.GetRevision()
 	s := &listenerStream{
 		c: c, owner: owner, sessionID: start.GetSessionId(), listener: listener, stream: stream, cancel: cancel,
-		slotting: slottingOf(start, registered), running: map[uint64]*invocation{},
+		slotting: slottingOf(start, registered), running: map[uint64]*invocation{}, over: make(chan struct{}),
 		callbackCache: contains(registered.GetFeatures(), featureCallbackCache),
 	}
 	go s.read()
@@ -182,11 +188,13 @@ func (s *listenerStream) read() {
 		message, err := s.stream.Recv()
 		if err != nil {
 			s.mu.Lock()
+			s.ended, s.endedOK = true, err == io.EOF && !s.ejected // before the cancels: off() may wait on one
 			s.abandonAll()
 			lost, ejected, why := !s.closing, s.ejected, s.why
 			s.mu.Unlock()
 			s.invalidations.release()
 			s.cancel()
+			close(s.over)
 			if lost && ejected {
 				s.c.listenerEjected(s.owner, s.sessionID, why) // installed again on a new stream, after a backoff
 			} else if lost {
@@ -236,8 +244,11 @@ func (s *listenerStream) abandonAll() {
 // invoke starts an invocation, read here in the stream's order: with part-slots
 // each one is the base of the next, whether it is answered, repeated or cancelled.
 func (s *listenerStream) invoke(message *pb.ListenerInvocation) {
-	if s.lostBase {
-		return // the stream is half-closed: nothing could be answered
+	s.mu.Lock()
+	closing := s.closing
+	s.mu.Unlock()
+	if s.lostBase || closing {
+		return // the stream is half-closed (or off() half-closes it): its end fails this invocation
 	}
 	var slots *pb.PartSlots // without part-slots none are read, and no base is kept
 	if s.slotting == slotsParts {
@@ -325,6 +336,40 @@ func (s *listenerStream) refuse(id uint64, err error) {
 		InvocationId: id, Message: err.Error(),
 	}}})
 	_ = s.stream.CloseSend()
+}
+
+// end disposes the listener through its own stream: half-closed, the sidecar
+// removes the listener and then ends the stream with OK. True once that end
+// came within timeout and before ctx ended: the listener is gone, no assembly
+// sees it any more. False when the stream was over or closing already, ended
+// otherwise (the listener may be away, not gone) or not in time: then it is for
+// a Dispose to say. The stream is closed either way. What runs goes on until
+// the end, which cancels it (answers written before the half-close go first);
+// invocations that come after the half-close are not started. A listener may
+// call it from its own invocation, even with that invocation's ctx: the end
+// cancels that ctx only once it is recorded here.
+func (s *listenerStream) end(ctx context.Context, timeout time.Duration) bool {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	s.mu.Lock()
+	over := s.ended || s.closing
+	s.closing = true // its end is this client's: nothing to install again
+	s.mu.Unlock()
+	if !over {
+		s.sendMu.Lock()
+		err := s.stream.CloseSend()
+		s.sendMu.Unlock()
+		if err == nil {
+			select {
+			case <-s.over:
+			case <-ctx.Done():
+			}
+		}
+	}
+	s.close()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !over && s.endedOK
 }
 
 // close ends the stream: the sidecar removes the listener.
