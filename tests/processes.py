@@ -71,6 +71,15 @@ async def cli_output(*args: str) -> str:
     return out
 
 
+def replace_file(path: Path, text: str) -> None:
+    """Give `path` the contents `text` at once: a complete file renamed over it, as a
+    ConfigMap's swap does. Rewritten in place, a file is empty until written, and a test
+    process held off the CPU that long under load let the poller apply it empty."""
+    new = path.with_name(path.name + ".new")
+    new.write_text(text, encoding="utf-8")
+    os.replace(new, path)
+
+
 @contextlib.asynccontextmanager
 async def serve_config(
     config: Path, text: str, *args: str

@@ -11,7 +11,7 @@ import pytest
 from dsh_system_prompt_server import Registry, RegistrySettings, parse_config
 from dsh_system_prompt_server.config import ConfigError
 from helpers import eventually, tool, tool_names
-from processes import serve_config
+from processes import replace_file, serve_config
 
 from rules.stock import GITHUB_FIRST, NO_WEB
 
@@ -88,13 +88,13 @@ async def test_config_rules_reload_live_and_a_bad_edit_changes_nothing(tmp_path:
     async with serve_config(config, NO_WEB, "--config-poll", "0.1") as (served, client):
         await client.tools([tool("bash"), tool("net_fetch"), tool("web_fetch")])
         assert tool_names(await client.assemble()) == ["bash", "net_fetch"]
-        config.write_text(NO_WEB.replace("web_", "net_"), encoding="utf-8")
+        replace_file(config, NO_WEB.replace("web_", "net_"))
 
         async def reloaded() -> bool:
             return tool_names(await client.assemble()) == ["bash", "web_fetch"]
 
         await eventually(reloaded, "the reloaded rule", timeout=10)
-        config.write_text(NO_WEB.replace("startsWith", "startsWit"), encoding="utf-8")
+        replace_file(config, NO_WEB.replace("startsWith", "startsWit"))
         await eventually(lambda: "keeping the running config" in served.logs(), "the log line")
         kept = served.logs().split("keeping the running config")[1]
         assert (

@@ -22,13 +22,13 @@ from helpers import (
     tool,
     tool_names,
 )
-from processes import Served, serve, serve_config
+from processes import Served, replace_file, serve, serve_config
 
 ORDER = 'tool_order = ["b", "<unlisted-tools>", "a"]\n'
 
 
 def write(path: Path, text: str) -> None:
-    path.write_text(text, encoding="utf-8")
+    replace_file(path, text)
 
 
 def serving(
