@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -13,7 +14,8 @@ import grpc.aio
 from dsh.systemprompt.v1 import system_prompt_pb2 as pb
 from dsh.systemprompt.v1 import system_prompt_pb2_grpc as pb_grpc
 from dsh_system_prompt_server import Sidecar
-from helpers import SidecarFactory, eventually, metric
+from dsh_system_prompt_server.rpc.streams.listeners import ListenerStream
+from helpers import SidecarFactory, eventually, listener_streams, metric
 
 MARK = "redacted-by-policy"
 BIG = "x" * (100 * 1024)
@@ -46,13 +48,16 @@ async def _mark_everything(listener: Any, pace_s: float = 0.0) -> None:
         await asyncio.sleep(pace_s)
         if message.WhichOneof("kind") != "invocation":
             continue
-        assembly = pb.PromptAssembly()
-        assembly.CopyFrom(message.invocation.assembly)
-        assembly.sections.add(name=MARK, text="checked")
-        result = pb.ListenerResult(
-            invocation_id=message.invocation.invocation_id, assembly=assembly
-        )
-        await listener.write(pb.ListenRequest(result=result))
+        await _answer_marked(listener, message.invocation)
+
+
+async def _answer_marked(listener: Any, invocation: pb.ListenerInvocation) -> None:
+    """Answer `invocation` with its assembly, marked."""
+    assembly = pb.PromptAssembly()
+    assembly.CopyFrom(invocation.assembly)
+    assembly.sections.add(name=MARK, text="checked")
+    result = pb.ListenerResult(invocation_id=invocation.invocation_id, assembly=assembly)
+    await listener.write(pb.ListenRequest(result=result))
 
 
 def _reason(error: BaseException) -> str:
@@ -98,9 +103,10 @@ async def test_an_invocation_that_finds_no_room_in_time_fails_only_its_assembly(
 ) -> None:
     # The listener reads nothing for a while (less than the write timeout): once gRPC's
     # buffers and the stream's window are full, an invocation is being written, the next
-    # is queued, and the ones after find the queue at its bound and wait; past the
-    # listener's time they fail LISTENER_UNAVAILABLE (no timeout of the listener's, which
-    # would count toward its ejection), and the stream stays open for the assemblies after.
+    # is queued, and the one after finds the queue at its bound and waits; past the
+    # listener's time it fails LISTENER_UNAVAILABLE (no timeout of the listener's, which
+    # would count toward its ejection), those that got in time out LISTENER_TIMEOUT, and
+    # the stream stays open for the assembly after.
     sidecar = await make_sidecar(
         provider_timeout_s=10, eject_after_timeouts=0, limits={"max_outbox_bytes": 1 << 20}
     )
@@ -108,23 +114,77 @@ async def test_an_invocation_that_finds_no_room_in_time_fails_only_its_assembly(
         await _big_sections(stub, session_id)
         start = pb.ListenStart(session_id=session_id, name="slow", timeout_s=0.5)
         listener = await _install(stub, start)
-        replies = []
-        for _ in range(8):  # in this order
-            replies.append(asyncio.ensure_future(stub.Assemble(pb.AssembleRequest(), timeout=20)))
-            await asyncio.sleep(0.05)
-        failed = await asyncio.gather(*replies, return_exceptions=True)
-        marking = asyncio.ensure_future(_mark_everything(listener))  # it reads again
-        reply = await stub.Assemble(pb.AssembleRequest(), timeout=20)
-        marking.cancel()
+        [stream] = listener_streams(sidecar)
+        failed = await _until_one_finds_no_room(stub, stream)
+        read: list[str] = []
+        reading = asyncio.ensure_future(_mark_only(listener, "after", read))  # it reads again
+        # what was sent before is read first: the next assembly's invocation is then the
+        # only one the listener has to answer within its time
+        await eventually(
+            lambda: len(read) == stream.messages_sent, "the listener read all it was sent", 10
+        )
+        reply = await stub.Assemble(_tagged("after"), timeout=20)
+        reading.cancel()
         listener.cancel()
     reasons = [_reason(error) for error in failed]
-    waited = reasons.index("LISTENER_UNAVAILABLE")  # the first that found no room
-    assert reasons == ["LISTENER_TIMEOUT"] * waited + ["LISTENER_UNAVAILABLE"] * (8 - waited)
-    assert "its stream had no room for this invocation within 0.5s" in (
-        failed[-1].details() or ""  # type: ignore[union-attr]
-    )
+    # how many got in before the stream was full is gRPC's (its buffers and windows)
+    got_in = [str(index) in read for index in range(len(failed))]
+    assert reasons == ["LISTENER_TIMEOUT" if sent else "LISTENER_UNAVAILABLE" for sent in got_in]
+    assert "LISTENER_UNAVAILABLE" in reasons
+    for error, reason in zip(failed, reasons, strict=True):
+        if reason == "LISTENER_UNAVAILABLE":
+            assert "its stream had no room for this invocation within 0.5s" in (
+                error.details() or ""
+            )
     assert MARK in [s.name for s in reply.assembly.sections]
     assert _stalled(sidecar) == 0
+
+
+_MOST_ASSEMBLIES = 24  # ~29 MiB of invocations: more than gRPC's buffers and windows hold
+
+
+async def _until_one_finds_no_room(
+    stub: pb_grpc.SystemPromptServiceStub, stream: ListenerStream
+) -> list[Any]:
+    """Assemblies one after the other (tagged with their index), each once the one before
+    is in the stream or waits for room, until one waiting found no room within the
+    listener's time (one let in meanwhile: more go); how each failed, in order."""
+    failed: list[Any] = []
+    going: list[asyncio.Future[Any]] = []
+    while "LISTENER_UNAVAILABLE" not in (reasons := [_reason(error) for error in failed]):
+        index = len(failed) + len(going)
+        assert index < _MOST_ASSEMBLIES, f"none failed finding no room in time: {reasons}"
+        in_or_waiting = _in_or_waiting(stream, stream.messages_sent)
+        going.append(asyncio.ensure_future(stub.Assemble(_tagged(str(index)), timeout=20)))
+        await eventually(in_or_waiting, f"assembly {index} in the stream or waiting", 10)
+        if stream.outbox.waiting():  # the stream is full: see how the one waiting ends
+            failed += await asyncio.gather(*going, return_exceptions=True)
+            going = []
+    return failed
+
+
+def _in_or_waiting(stream: ListenerStream, sent: int) -> Callable[[], bool]:
+    """Whether the stream took an invocation past its first `sent` messages, or one waits
+    for room (a cancel counts too: the next assembly then only goes a little sooner)."""
+    return lambda: stream.outbox.waiting() > 0 or stream.messages_sent > sent
+
+
+def _tagged(tag: str) -> pb.AssembleRequest:
+    """An assembly whose invocations say `tag` (the listener reads it in their context)."""
+    return pb.AssembleRequest(context=pb.AssembleContext(fields_json=json.dumps({"tag": tag})))
+
+
+async def _mark_only(listener: Any, tag: str, read: list[str]) -> None:
+    """Read every message, noting in `read` the tag of each invocation (the kind of any
+    other: "cancel"), and answer, marked, only the invocations tagged `tag`."""
+    while (message := await listener.read()) is not grpc.aio.EOF:
+        if message.WhichOneof("kind") != "invocation":
+            read.append(message.WhichOneof("kind"))
+            continue
+        read.append(json.loads(message.invocation.context.fields_json)["tag"])
+        if read[-1] != tag:
+            continue
+        await _answer_marked(listener, message.invocation)
 
 
 async def _big_sections(stub: pb_grpc.SystemPromptServiceStub, session_id: str) -> None:
