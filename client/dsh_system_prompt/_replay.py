@@ -73,10 +73,9 @@ class Registration(ABC):
         """Let go of what this client holds for it besides the record."""
 
     async def end(self, timeout: float) -> bool:
-        """Release it, disposing it on the sidecar if it has a way of its own (a
-        listener's stream); True once the sidecar confirmed it within `timeout`, False
-        when a Dispose is still to be sent."""
-        await self.release()
+        """Dispose it on the sidecar if it has a way of its own (a listener's stream):
+        True once the sidecar confirmed it within `timeout`, False when a Dispose is still
+        to be sent (`release` lets go of the rest either way)."""
         return False
 
     def scope_id(self) -> str:
