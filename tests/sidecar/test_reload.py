@@ -27,10 +27,6 @@ from processes import Served, replace_file, serve, serve_config
 ORDER = 'tool_order = ["b", "<unlisted-tools>", "a"]\n'
 
 
-def write(path: Path, text: str) -> None:
-    replace_file(path, text)
-
-
 def serving(
     config: Path, text: str, poll: str = "0.1"
 ) -> contextlib.AbstractAsyncContextManager[tuple[Served, dsp.Client]]:
@@ -48,7 +44,7 @@ async def test_an_edited_config_file_changes_the_next_assembly(tmp_path: Path) -
     config = tmp_path / "sidecar.toml"
     async with serving(config, 'persona = "Before."\n') as (served, client):
         assert await persona(client) == "Before."
-        write(config, 'persona = "After."\n')
+        replace_file(config, 'persona = "After."\n')
 
         async def after() -> bool:
             return await persona(client) == "After."
@@ -62,7 +58,7 @@ async def test_sighup_reloads_the_tool_order(tmp_path: Path) -> None:
     async with serving(config, "", poll="0") as (served, client):
         await client.tools([tool("a"), tool("b")])
         assert tool_names(await client.assemble()) == ["a", "b"]
-        write(config, ORDER)
+        replace_file(config, ORDER)
         served.process.send_signal(signal.SIGHUP)
 
         async def reordered() -> bool:
@@ -76,7 +72,7 @@ async def test_a_bad_edit_changes_nothing_and_is_logged(tmp_path: Path) -> None:
     config = tmp_path / "sidecar.toml"
     async with serving(config, 'persona = "Kept."\n' + ORDER) as (served, client):
         await client.tools([tool("a"), tool("b")])
-        write(config, 'persona = "Lost."\ntool_order = ["b", "a"]\n')  # no <unlisted-tools>
+        replace_file(config, 'persona = "Lost."\ntool_order = ["b", "a"]\n')  # no <unlisted-tools>
         await eventually(lambda: "keeping the running config" in served.logs(), "the log line")
         assert '"<unlisted-tools>"' in served.logs().split("keeping the running config")[1]
         assembly = await client.assemble()
@@ -86,11 +82,11 @@ async def test_a_bad_edit_changes_nothing_and_is_logged(tmp_path: Path) -> None:
 
 async def test_a_key_that_needs_a_restart_says_so_and_keeps_its_value(tmp_path: Path) -> None:
     config = tmp_path / "sidecar.toml"
-    write(config, 'persona = "One."\n')
+    replace_file(config, 'persona = "One."\n')
     async with serve(
         "--listen", "127.0.0.1:0", "--config", str(config), "--config-poll", "0.1"
     ) as served:
-        write(config, 'persona = "Two."\nmetrics_listen = "127.0.0.1:1"\n')
+        replace_file(config, 'persona = "Two."\nmetrics_listen = "127.0.0.1:1"\n')
         await eventually(lambda: "metrics_listen" in served.logs(), "the restart notice")
         assert "config key 'metrics_listen' changed" in served.logs()
         assert "takes effect only at a restart" in served.logs()
@@ -131,7 +127,7 @@ async def test_a_watcher_sees_a_reload_as_change_events(tmp_path: Path) -> None:
     config = tmp_path / "sidecar.toml"
     async with serving(config, "") as (_, client):
         changes = await client.watch_changes()
-        write(config, "include_runtime_context = false\n")
+        replace_file(config, "include_runtime_context = false\n")
         event = await anext(aiter(changes))
         assert isinstance(event, dsp.ChangeEvent)
         assert (event.kind, event.action, event.name) == (
@@ -148,13 +144,13 @@ async def test_a_config_file_read_mid_write_is_not_applied(
     make_sidecar: SidecarFactory, tmp_path: Path
 ) -> None:
     config = tmp_path / "sidecar.toml"
-    write(config, 'persona = "Before."\n')
+    replace_file(config, 'persona = "Before."\n')
     sidecar = await make_sidecar(persona="Before.")
     reloader = Reloader(sidecar, str(config), lambda: load_config(config))
-    write(config, "")  # `>` truncates first: one poll may see the file empty
+    replace_file(config, "")  # `>` truncates first: one poll may see the file empty
     assert reloader.poll() is None
     assert (await sidecar.registry.assemble()).sections[-1].text == "Before."
-    write(config, 'persona = "After."\n')
+    replace_file(config, 'persona = "After."\n')
     assert reloader.poll() is None  # seen once: maybe still being written
     assert reloader.poll() is not None
     assert (await sidecar.registry.assemble()).sections[-1].text == "After."
@@ -173,7 +169,7 @@ async def test_the_poller_logs_a_bad_edit_and_applies_the_next_good_one(
         config.write_bytes(bad)
         await eventually(lambda: "keeping the running config" in served.logs(), "the log line")
         assert "Traceback" not in served.logs()
-        write(config, 'persona = "Two."\n')
+        replace_file(config, 'persona = "Two."\n')
 
         async def applied() -> bool:
             return await persona(client) == "Two."
@@ -206,7 +202,7 @@ async def test_a_reload_applies_the_cache_byte_bounds_it_says_it_applied(
     make_sidecar: SidecarFactory, tmp_path: Path
 ) -> None:
     config = tmp_path / "sidecar.toml"
-    write(
+    replace_file(
         config, "[limits]\nmax_response_cache_bytes = 1048576\nmax_report_history_bytes = 2097152\n"
     )
     sidecar = await make_sidecar()
