@@ -99,3 +99,21 @@ async def test_a_prompt_watchers_first_prompt_costs_its_client_its_bytes(
         first = await asyncio.wait_for(anext(prompts), 10)
         assert first.assembly is not None and first.assembly.sections[-1].text == parts[-1]
         assert charged_s(sidecar, HOG) - before >= wire_s(sum(map(len, parts)))
+
+
+async def test_a_providers_answer_costs_the_client_whose_assembly_asked_for_it_its_bytes(
+    make_sidecar: SidecarFactory, tmp_path: Path
+) -> None:
+    sidecar = await counting_sidecar(make_sidecar, tmp_path)
+    answer = "x" * (3 << 20)  # over max_text_bytes: each assembly fails once it is read
+    async with (
+        dsp.connect(sidecar.address, token=TOKENS["light"]) as provider,
+        dsp.connect(sidecar.address, token=TOKENS["hog"]) as asker,
+    ):
+        await provider.section("wide", 1, lambda ctx: answer)
+        before = charged_s(sidecar, HOG)
+        for turn in range(8):
+            with pytest.raises(dsp.SystemPromptError):
+                await asker.assemble(fields={"turn": turn})
+    # read by the sidecar in no call's step: the asking client pays, as for its request
+    assert charged_s(sidecar, HOG) - before >= 8 * wire_s(len(answer))

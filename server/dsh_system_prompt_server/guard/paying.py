@@ -16,7 +16,9 @@ what a connection has in flight rather than on its new requests only, a message 
 queues on a callback stream (an invocation, a next result, a provide request) waits for
 its client's turn before it is built (`Outbox.put`), and a write the outbox starts later
 on costs that client its time. Large unary responses (over HTTP/2's initial window) wait
-for the same turn before gRPC sends them.
+for the same turn before gRPC sends them. The answers a callback stream reads for a call
+(a provider's, a listener's) cost that call's client their bytes too (`wire_s`, charged
+by the exchange the call opened: rpc/streams/broker.py `Replies`), as its request does.
 """
 
 from __future__ import annotations

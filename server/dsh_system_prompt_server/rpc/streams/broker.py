@@ -25,7 +25,7 @@ import grpc.aio
 from dsh_system_prompt_core import Reason
 from google.protobuf.message import Message as ProtoMessage
 
-from ...guard import Gate
+from ...guard import Gate, Payer, payer, wire_s
 from ...registry import Registry, ServiceError
 from ...telemetry import Metrics, logger
 from ...wire import bad_request
@@ -204,7 +204,9 @@ class Replies(Generic[R]):
         self._ended = False
 
     def open(self, key: int) -> None:
-        self._open[key] = exchange = _Exchange[R]()
+        """Open exchange `key` for the call being served: its client pays for reading the
+        replies (`deliver`)."""
+        self._open[key] = exchange = _Exchange[R](payer())
         if self._ended:
             exchange.end()
 
@@ -212,9 +214,14 @@ class Replies(Generic[R]):
         """The exchange is over (answered or abandoned): later replies to it are dropped."""
         self._open.pop(key, None)
 
-    def deliver(self, key: int, reply: R) -> None:
+    def deliver(self, key: int, reply: R, size: int) -> None:
+        """Hand `reply` (`size` bytes on the wire) to exchange `key`, if it is open. The
+        client whose call opened it pays for reading it, as it pays for the request it
+        answers (guard/paying.py): a burst's 240 KB answers were read in no call's step."""
         exchange = self._open.get(key)
         if exchange is not None:
+            if exchange.payer is not None:
+                exchange.payer.charge(wire_s(size))
             exchange.put(reply)
 
     async def next(self, key: int, timeout: float | None) -> R:
@@ -232,7 +239,8 @@ class Replies(Generic[R]):
 class _Exchange(Generic[R]):
     """One exchange's replies: kept in order, one waiter at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, paying: Payer | None) -> None:
+        self.payer = paying  # who pays for reading its replies
         self._replies: deque[R] = deque()
         self._waiter: asyncio.Future[R] | None = None
         self._ended = False

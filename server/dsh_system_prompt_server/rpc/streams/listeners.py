@@ -267,7 +267,7 @@ class ListenerStream:
         if kind == "invalidate":
             self.on_invalidate(request.invalidate)
             return
-        self._replies.deliver(getattr(request, kind).invocation_id, request)
+        self._replies.deliver(getattr(request, kind).invocation_id, request, request.ByteSize())
 
     def end(self) -> None:
         """The stream is over (closed or disposed): waiting invocations fail."""

@@ -195,7 +195,7 @@ class Session:
         invalidation."""
         kind = request.WhichOneof("kind")
         if kind == "provided":
-            self._replies.deliver(request.provided.call_id, request.provided)
+            self._replies.deliver(request.provided.call_id, request.provided, request.ByteSize())
         elif kind == "invalidate":
             self.on_invalidate(request.invalidate)
 
