@@ -61,9 +61,9 @@ func WithWaitForReady(timeout time.Duration) Option {
 // a listener, a change stream or a prompt watch, a registration, a disposal);
 // default 10 s.
 // Past it, or past the ctx's deadline when that comes first (the error then
-// names the caller's deadline), the call fails UNAVAILABLE (SIDECAR_UNAVAILABLE)
-// and, for a registration, update or disposal, the client opens a new session
-// and replays.
+// names the caller's deadline; not a disposal's, which its ctx does not bound),
+// the call fails UNAVAILABLE (SIDECAR_UNAVAILABLE) and, for a registration,
+// update or disposal, the client opens a new session and replays.
 func WithCallTimeout(timeout time.Duration) Option {
 	return func(o *options) { o.callTimeout = timeout }
 }
@@ -234,7 +234,7 @@ type Scope struct {
 	Parent string
 }
 
-// Dispose closes the handle and disposes everything registered through it. Idempotent.
+// Dispose disposes the handle and all made through it, whatever ctx does (as Registration's). Idempotent.
 func (s *Scope) Dispose(ctx context.Context) error {
 	return s.c.dispose(ctx, s.scope)
 }

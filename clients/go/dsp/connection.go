@@ -379,6 +379,7 @@ func (c *conn) register(ctx context.Context, r *registration) error {
 // dispose disposes r (and, for a scope, forgets what was made through it). A
 // listener's stream's end disposes it; else, or if it did not end so, a Dispose.
 func (c *conn) dispose(ctx context.Context, r *registration) error {
+	ctx = detached{ctx} // it completes, the caller waiting, whatever ctx does, as Python's off() from a listener's invocation
 	c.ops.Lock()
 	defer c.ops.Unlock()
 	c.mu.Lock()

@@ -18,7 +18,10 @@ type Registration struct {
 	disposed bool
 }
 
-// Dispose removes the registration; calling it again does nothing.
+// Dispose removes the registration; calling it again does nothing. It runs to
+// its end, within the client's call timeout, whatever ctx does: a ctx cancelled
+// or past its deadline (a listener's own invocation's, say) neither cuts it
+// short nor leaves the registration on the sidecar; ctx's values go with its calls.
 func (d *Registration) Dispose(ctx context.Context) error {
 	d.c.ops.Lock()
 	done := d.disposed

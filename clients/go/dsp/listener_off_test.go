@@ -23,7 +23,11 @@ type disposeCalls struct {
 	calls   atomic.Int32
 	mu      sync.Mutex
 	refused []string
+	traces  []any // what each call's ctx carried under traceKey
 }
+
+// traceKey keys a value (tracing metadata, say) that a disposal's calls carry from the caller's ctx.
+type traceKey struct{}
 
 func (d *disposeCalls) option() dsp.Option {
 	return dsp.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
@@ -31,11 +35,12 @@ func (d *disposeCalls) option() dsp.Option {
 		err := invoker(ctx, method, req, reply, cc, opts...)
 		if method == "/dsh.systemprompt.v1.SystemPromptService/Dispose" {
 			d.calls.Add(1)
+			d.mu.Lock()
+			d.traces = append(d.traces, ctx.Value(traceKey{}))
 			if err != nil {
-				d.mu.Lock()
 				d.refused = append(d.refused, status.Code(err).String())
-				d.mu.Unlock()
 			}
+			d.mu.Unlock()
 		}
 		return err
 	}))
@@ -128,5 +133,69 @@ func TestAListenerMayDisposeItselfFromItsInvocation(t *testing.T) {
 	}
 	if owner.SessionID() != session {
 		t.Fatal("a listener disposing itself made the session again")
+	}
+}
+
+// cancelled is a ctx already cancelled, carrying "trace-7" under traceKey.
+func cancelled() context.Context {
+	ctx, cancel := context.WithCancel(context.WithValue(bg, traceKey{}, "trace-7"))
+	cancel()
+	return ctx
+}
+
+func TestADisposeWhoseCtxIsCancelledStillDisposes(t *testing.T) {
+	disposes := &disposeCalls{}
+	client := connect(t, shared(t), disposes.option())
+	off := must[*dsp.Registration](t)(client.OnAssemble(bg, marking))
+	if !marked(t, client) {
+		t.Fatal("the listener did not run")
+	}
+	check(t, off.Dispose(cancelled())) // was: context canceled, its Dispose refused Canceled
+	disposes.want(t, 0)                // its stream's end disposed it
+	if marked(t, client) {
+		t.Fatal("an assembly saw the listener after its Dispose returned")
+	}
+	section := must[*dsp.Handle[string]](t)(client.Section(bg, "go-off-mark", 1, "Seen."))
+	check(t, section.Dispose(cancelled())) // a Dispose, made whatever the ctx
+	disposes.want(t, 1)
+	if marked(t, client) {
+		t.Fatal("an assembly saw the section after its Dispose returned")
+	}
+	if disposes.traces[0] != "trace-7" {
+		t.Fatalf("the Dispose carried %v, not the caller's ctx's value", disposes.traces[0])
+	}
+}
+
+func TestAListenerMayDisposeItselfWithItsInvocationsCtxOnceCancelled(t *testing.T) {
+	disposes := &disposeCalls{}
+	owner := connect(t, shared(t), disposes.option())
+	assembler := connect(t, shared(t))
+	var off atomic.Pointer[dsp.Registration]
+	var invoked atomic.Int32
+	running, returned := make(chan struct{}), make(chan error, 1)
+	off.Store(must[*dsp.Registration](t)(owner.OnAssemble(bg, func(ctx context.Context, a *dsp.Assembly, _ dsp.AssembleContext, next *dsp.Next) (*dsp.Assembly, error) {
+		if invoked.Add(1) > 1 { // invoked again: it was not disposed
+			return marking(ctx, a, dsp.AssembleContext{}, next)
+		}
+		close(running)
+		<-ctx.Done() // the assembly was cancelled: the sidecar cancels this invocation
+		returned <- off.Load().Dispose(ctx)
+		return nil, ctx.Err()
+	})))
+	ctx, cancel := context.WithCancel(bg)
+	assembled := make(chan struct{})
+	go func() {
+		defer close(assembled)
+		_, _ = assembler.Assemble(ctx)
+	}()
+	<-running
+	cancel()
+	<-assembled
+	if err := <-returned; err != nil { // was: context canceled, and a Dispose refused Canceled
+		t.Fatalf("a listener's own Dispose with its cancelled ctx: %v", err)
+	}
+	disposes.want(t, 0)
+	if marked(t, assembler) || marked(t, owner) {
+		t.Fatal("an assembly saw the listener after its Dispose returned")
 	}
 }

@@ -279,7 +279,6 @@ func TestACallCutShortByTheCallersDeadlineSaysSoNotTheCallTimeout(t *testing.T) 
 	s.silentDisposals.Store(true)
 	for what, call := range map[string]func(context.Context) error{
 		"Update":         func(ctx context.Context) error { _, err := handle.Update(ctx, "New."); return err },
-		"Dispose":        func(ctx context.Context) error { return handle.Dispose(ctx) },
 		"a registration": func(ctx context.Context) error { _, err := client.Section(ctx, "silent", 2, "S."); return err },
 	} {
 		err := call(within(t, scriptedCallTimeout/5))
@@ -296,7 +295,15 @@ func TestACallCutShortByTheCallersDeadlineSaysSoNotTheCallTimeout(t *testing.T) 
 		waitFor(t, "the new session", func() bool { return client.Connected() && client.SessionID() == session.id })
 		handle = must[*dsp.Handle[string]](t)(client.Section(bg, "s", 1, "Old."))
 	}
-	_, err := handle.Update(within(t, 10*time.Second), "New.")
+	err := handle.Dispose(within(t, scriptedCallTimeout/5)) // a disposal runs to its end whatever its ctx
+	if failed := failure(t, err); failed.Message != "sidecar unavailable: no answer to Dispose within 500ms" {
+		t.Fatalf("a Dispose its caller's deadline would cut short names the call timeout: %q", failed.Message)
+	}
+	<-session.done
+	session = <-s.sessions
+	waitFor(t, "the new session", func() bool { return client.Connected() && client.SessionID() == session.id })
+	handle = must[*dsp.Handle[string]](t)(client.Section(bg, "s", 1, "Old."))
+	_, err = handle.Update(within(t, 10*time.Second), "New.")
 	if failed := failure(t, err); failed.Message != "sidecar unavailable: no answer to Update within 500ms" || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a call its caller gives longer names the call timeout, a deadline: %q", failed.Message)
 	}
