@@ -39,7 +39,7 @@ Out = TypeVar("Out", bound=Message)
 Out_contra = TypeVar("Out_contra", contravariant=True)
 In = TypeVar("In", bound=ProtoMessage)
 In_contra = TypeVar("In_contra", contravariant=True)
-R = TypeVar("R")
+R = TypeVar("R", bound=ProtoMessage)
 _log = logger("streams")
 
 
@@ -214,14 +214,14 @@ class Replies(Generic[R]):
         """The exchange is over (answered or abandoned): later replies to it are dropped."""
         self._open.pop(key, None)
 
-    def deliver(self, key: int, reply: R, size: int) -> None:
-        """Hand `reply` (`size` bytes on the wire) to exchange `key`, if it is open. The
-        client whose call opened it pays for reading it, as it pays for the request it
-        answers (guard/paying.py): a burst's 240 KB answers were read in no call's step."""
+    def deliver(self, key: int, reply: R) -> None:
+        """Hand `reply` to exchange `key`, if it is open. The client whose call opened it
+        pays for reading its bytes, as it pays for the request it answers (guard/paying.py):
+        a burst's 240 KB answers were read in no call's step."""
         exchange = self._open.get(key)
         if exchange is not None:
-            if exchange.payer is not None:
-                exchange.payer.charge(wire_s(size))
+            if exchange.payer is not None:  # sized only when someone pays
+                exchange.payer.charge(wire_s(reply.ByteSize()))
             exchange.put(reply)
 
     async def next(self, key: int, timeout: float | None) -> R:

@@ -267,7 +267,7 @@ class ListenerStream:
         if kind == "invalidate":
             self.on_invalidate(request.invalidate)
             return
-        self._replies.deliver(getattr(request, kind).invocation_id, request, request.ByteSize())
+        self._replies.deliver(getattr(request, kind).invocation_id, request)
 
     def end(self) -> None:
         """The stream is over (closed or disposed): waiting invocations fail."""

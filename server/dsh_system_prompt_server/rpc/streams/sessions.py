@@ -195,7 +195,7 @@ class Session:
         invalidation."""
         kind = request.WhichOneof("kind")
         if kind == "provided":
-            self._replies.deliver(request.provided.call_id, request.provided, request.ByteSize())
+            self._replies.deliver(request.provided.call_id, request.provided)
         elif kind == "invalidate":
             self.on_invalidate(request.invalidate)
 
