@@ -397,10 +397,11 @@ func (c *conn) dispose(ctx context.Context, r *registration) error {
 	held := c.holding(r)
 	c.mu.Unlock()
 	if stream != nil {
-		if held && stream.end(ctx, c.callTimeout) {
+		if !held {
+			stream.close()
+		} else if stream.end(ctx, c.callTimeout) { // which closes it either way
 			return nil // its stream's end disposed it
 		}
-		stream.close() // when not held; end closed it already
 	}
 	c.mu.Lock()
 	if !c.holding(r) {

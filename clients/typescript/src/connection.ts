@@ -329,8 +329,10 @@ export class Connection {
     registration.stream = undefined;
     this.#forget(registration);
     // A listener's stream's end disposes it; else, or if it did not end so, a Dispose.
-    if (stream !== undefined && this.#holds(registration) && (await stream.end(this.callTimeoutMs))) return;
-    stream?.close();
+    if (stream !== undefined) {
+      if (!this.#holds(registration)) stream.close();
+      else if (await stream.end(this.callTimeoutMs)) return; // end closes it either way
+    }
     if (!this.#holds(registration)) return; // the sidecar has nothing of it now, nor a replay later
     await this.#disposeOn(this.sessionId, registration);
   }
